@@ -1,0 +1,67 @@
+"""Ensemble: preprocess, then two models in parallel, then keep the more confident answer.
+
+    python examples/ensemble.py            # embedded local cluster, HTTP, cleans up
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `models` when run as a script
+
+from models import BigNet, SmallNet, digits_28, ensure_models, preprocess_batch  # noqa: E402
+
+from executors import default_cluster  # noqa: E402
+from flow import ColumnType, Flow  # noqa: E402
+
+
+def preprocess(table):
+    return preprocess_batch(table["img"])
+
+
+def pick(row):
+    """The answer of the more confident model."""
+    if row.conf >= row.conf_right:
+        return row.cls, row.conf
+    return row.cls_right, row.conf_right
+
+
+def build() -> Flow:
+    flow = Flow("ensemble", schema={"img": ColumnType.tensor(np.uint8, (28, 28))})
+    img = flow.map(preprocess, names=["img"], batching=True)
+    small = img.map(SmallNet, names=["cls", "conf"], batching=True)
+    big = img.map(BigNet, names=["cls", "conf"], batching=True)
+    small.join(big).map(pick, names=["cls", "conf"])
+    return flow
+
+
+def main(n: int = 20) -> float:
+    cluster = default_cluster()
+    ensure_models(cluster.kvs)
+    flow = build()
+    images, labels = digits_28()
+    test_x, test_y = images[-n:], labels[-n:]
+    d = flow.deploy()
+    try:
+        print(d.explain())
+        with httpx.Client(timeout=30) as http:
+            rows = http.post(d.url, json=[{"img": img.tolist()} for img in test_x]).raise_for_status().json()["rows"]
+        predicted = [r["cls"] for r in rows]
+        local = flow.run([{"img": img} for img in test_x], kvs=cluster.kvs)
+        assert predicted == local["cls"].tolist(), "deployed and in-process answers differ"
+        accuracy = float(np.mean(np.asarray(predicted) == test_y))
+        for r, y in list(zip(rows, test_y))[:5]:
+            print(f"qid {r['qid']}: predicted {r['cls']} (confidence {r['conf']:.2f}), true {y}")
+        print(f"ensemble accuracy on {n} held-out digits over HTTP: {accuracy:.0%}")
+        return accuracy
+    finally:
+        d.undeploy()
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,302 @@
+"""The user's side of a local cluster: start or find one, deploy flows, call them.
+
+    cluster = LocalCluster().start()          # or LocalCluster.connect(dir) for `flowserve up`
+    d = cluster.deploy(flow)                  # optimized plan, built on the executors
+    d.invoke([{"x": 1}])                      # HTTP under the hood; returns a Table
+    d.undeploy(); cluster.stop()
+
+``flow.deploy()`` uses a process-wide embedded cluster started on first use (or the
+`flowserve up` cluster when one is running in the default directory).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import cloudpickle
+import httpx
+
+from executors.config import ClusterConfig
+from executors.daemon import STATE_FILE
+from executors.errors import ClusterStartError, DeployError, InvocationError
+from executors.httpcodec import ARROW
+from executors.placement import PLAN_KEY, VERSION_KEY
+from flow.table import Table
+from kvs import KVS
+from kvs.server import _pdeathsig_preexec, _terminate
+
+DEFAULT_DIR = Path(os.environ.get("FLOWSERVE_HOME", Path.home() / ".flowserve"))
+
+
+def _progress(msg: str) -> None:
+    if os.environ.get("FLOWSERVE_QUIET") != "1":
+        print(f"[flowserve] {msg}", file=sys.stderr, flush=True)
+
+
+class LocalCluster:
+    """A local cluster: KVS server, gateway and executor processes on this machine."""
+
+    def __init__(self, config: ClusterConfig | None = None, *, detached: bool = False):
+        self.config = config or ClusterConfig()
+        self.detached = detached  # True: outlives this process (flowserve up)
+        self.dir: Path | None = Path(self.config.dir) if self.config.dir else None
+        self._owns_dir = False
+        self.proc: subprocess.Popen | None = None
+        self.state: dict = {}
+        self._kvs: KVS | None = None
+        self._http: httpx.Client | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self, timeout: float = 120.0) -> "LocalCluster":
+        if self.dir is None:
+            self.dir = Path(tempfile.mkdtemp(prefix="flowserve-"))
+            self._owns_dir = True
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / STATE_FILE).unlink(missing_ok=True)
+        _progress(f"starting local cluster ({self.config.executors} executors) in {self.dir}")
+        t0 = time.monotonic()
+        cmd = [sys.executable, "-m", "executors.daemon", "--dir", str(self.dir),
+               "--config", json.dumps(self.config.to_json())]
+        env = dict(os.environ)
+        # executors unpickle user functions by reference: give them the caller's import path
+        env["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p)
+        log = open(self.dir / "daemon.out", "ab")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                     preexec_fn=None if self.detached else _pdeathsig_preexec(),
+                                     start_new_session=self.detached)
+        log.close()
+        state_file = self.dir / STATE_FILE
+        while not state_file.exists():
+            if self.proc.poll() is not None:
+                raise ClusterStartError(f"the local cluster exited with {self.proc.returncode}:\n{self._log_tail()}")
+            if time.monotonic() - t0 > timeout:
+                self.stop()
+                raise ClusterStartError(f"the local cluster did not start within {timeout:.0f} s:\n{self._log_tail()}")
+            time.sleep(0.05)
+        self.state = json.loads(state_file.read_text())
+        if not self.detached:
+            atexit.register(self.stop)
+        _progress(f"local cluster ready at {self.url} in {time.monotonic() - t0:.1f} s")
+        return self
+
+    @classmethod
+    def connect(cls, dir_: str | os.PathLike = DEFAULT_DIR) -> "LocalCluster":
+        """Attach to a running cluster (e.g. `flowserve up`) by its directory."""
+        state_file = Path(dir_) / STATE_FILE
+        if not state_file.exists():
+            raise ClusterStartError(f"no cluster is running in {dir_} (start one with `flowserve up`)")
+        c = cls(ClusterConfig(dir=str(dir_)))
+        c.state = json.loads(state_file.read_text())
+        try:
+            c.http.get("/healthz", timeout=5).raise_for_status()
+        except httpx.HTTPError as e:
+            raise ClusterStartError(f"the cluster in {dir_} does not answer at {c.url}: {e}") from None
+        return c
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop the cluster gracefully (in-flight requests finish), then remove its files."""
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+        if self._kvs is not None:
+            self._kvs.close()
+            self._kvs = None
+        if self.proc is not None:
+            _terminate(self.proc, timeout)
+            self.proc = None
+        elif self.state.get("pid"):
+            try:
+                os.kill(self.state["pid"], 15)
+                deadline = time.monotonic() + timeout
+                while time.monotonic() < deadline and Path(self.dir, STATE_FILE).exists():
+                    time.sleep(0.05)
+            except ProcessLookupError:
+                pass
+        if self._owns_dir and self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        self.state = {}
+
+    def _log_tail(self, n: int = 40) -> str:
+        lines = []
+        for name in ("daemon.out", "cluster.log"):
+            p = self.dir / name
+            if p.exists():
+                lines += p.read_text(errors="replace").splitlines()[-n:]
+        return "\n".join(lines)
+
+    def __enter__(self) -> "LocalCluster":
+        return self if self.state else self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- access -----------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return self.state["url"]
+
+    @property
+    def kvs(self) -> KVS:
+        """A client of the cluster's key-value store (put lookup data here)."""
+        if self._kvs is None:
+            self._kvs = KVS.from_url(self.state["kvs_url"])
+        return self._kvs
+
+    @property
+    def http(self) -> httpx.Client:
+        if self._http is None:
+            headers = {"Authorization": f"Bearer {self.state['token']}"} if self.state.get("token") else {}
+            self._http = httpx.Client(base_url=self.url, headers=headers, timeout=60)
+        return self._http
+
+    def status(self) -> dict:
+        flows = self.http.get("/flows").json()["flows"]
+        out = {"url": self.url, "health": self.http.get("/healthz").json(), "flows": []}
+        for f in flows:
+            out["flows"].append(self.http.get(f"/flows/{f['name']}").json())
+        return out
+
+    # -- deploy -------------------------------------------------------------------------------
+
+    def deploy(self, flow, *, optimize: bool = True, rules=None, options=None) -> "Deployment":
+        """Optimize ``flow``, register its plan and build its stages on the executors."""
+        from optimizer import Plan
+
+        if optimize:
+            from optimizer import optimize as run_optimizer
+
+            plan = run_optimizer(flow, rules=rules, options=options)
+        else:
+            plan = Plan.from_flow(flow)
+        _register_by_value(plan)
+        version = int(self.kvs.redis.incr(VERSION_KEY.format(flow=flow.name)))
+        self.kvs.put_trusted(PLAN_KEY.format(flow=flow.name, version=version), plan)
+        _progress(f"deploying flow {flow.name!r} v{version} ({len(plan.stages)} stages)")
+        r = httpx.post(f"{self.url}/admin/deploy", json={"flow": flow.name, "version": version},
+                       headers={"Authorization": f"Bearer {self.state['admin_token']}"},
+                       timeout=self.config.load_timeout_s + 30)
+        if r.status_code != 200:
+            raise DeployError(f"deploying flow {flow.name!r} failed ({r.status_code}): {r.json().get('message', r.text)}")
+        return Deployment(self, flow.name, plan)
+
+    def undeploy(self, name: str) -> None:
+        httpx.delete(f"{self.url}/admin/flows/{name}", headers={"Authorization": f"Bearer {self.state['admin_token']}"})
+
+
+def _register_by_value(plan) -> None:
+    """Ship user code from scripts and test modules inside the plan (not by import path),
+    so executors need not import the user's files; installed packages stay by reference."""
+    for stage in plan.stages.values():
+        for node in stage.nodes:
+            for fn in _callables(node.op):
+                mod = sys.modules.get(getattr(fn, "__module__", None) or "")
+                path = getattr(mod, "__file__", None) or ""
+                if mod is not None and mod.__name__ != "__main__" and path and "site-packages" not in path \
+                        and not path.startswith(sys.base_prefix):
+                    try:
+                        cloudpickle.register_pickle_by_value(mod)
+                    except ValueError:
+                        pass
+
+
+def _callables(op):
+    for attr in ("fn", "init", "pred", "valid"):
+        v = getattr(op, attr, None)
+        if callable(v):
+            yield v
+    for alt in getattr(op, "alternatives", ()) or ():
+        yield alt
+    anyof = getattr(op, "anyof", None)
+    if anyof is not None:
+        yield from _callables(anyof)
+
+
+class Deployment:
+    """A deployed flow: ``.url`` to POST to, ``.invoke(rows)`` from Python, ``.explain()``."""
+
+    def __init__(self, cluster: LocalCluster, name: str, plan):
+        self.cluster = cluster
+        self.name = name
+        self.plan = plan
+
+    @property
+    def url(self) -> str:
+        return f"{self.cluster.url}/flows/{self.name}"
+
+    def explain(self) -> str:
+        return self.plan.explain()
+
+    def invoke(self, rows, timeout: float | None = None) -> Table:
+        """Run the flow on rows (dict, list of dicts, DataFrame, Table) over HTTP; a Table back.
+
+        Uses Arrow IPC both ways so types survive exactly. Errors raise InvocationError
+        with the HTTP status and the server's message.
+        """
+        import pyarrow as pa
+
+        if isinstance(rows, dict) and not any(isinstance(v, (list, tuple)) and not isinstance(v, str) for v in rows.values()):
+            rows = [rows]
+        table = Table.from_any(rows)
+        arrow = table.to_arrow().drop_columns(["qid"])
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, arrow.schema) as w:
+            w.write_table(arrow)
+        r = self.cluster.http.post(f"/flows/{self.name}", content=sink.getvalue().to_pybytes(),
+                                   headers={"Content-Type": ARROW, "Accept": ARROW},
+                                   timeout=timeout or self.cluster.config.request_timeout_s + 10)
+        if r.status_code != 200:
+            try:
+                body = r.json()
+            except ValueError:
+                body = {"message": r.text}
+            raise InvocationError(f"flow {self.name!r} answered {r.status_code}: {body.get('message')}",
+                                  r.status_code, body)
+        return Table.from_arrow(pa.ipc.open_stream(r.content).read_all(), qid="qid")
+
+    def undeploy(self) -> None:
+        self.cluster.undeploy(self.name)
+
+    def __enter__(self) -> "Deployment":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.undeploy()
+
+    def __repr__(self) -> str:
+        return f"Deployment({self.name!r} at {self.url})"
+
+
+_default_lock = threading.Lock()
+_default: LocalCluster | None = None
+
+
+def default_cluster() -> LocalCluster:
+    """The `flowserve up` cluster if one runs in the default directory, else an embedded one."""
+    global _default
+    with _default_lock:
+        if _default is not None and _default.state:
+            return _default
+        if (DEFAULT_DIR / STATE_FILE).exists():
+            try:
+                _default = LocalCluster.connect(DEFAULT_DIR)
+                return _default
+            except ClusterStartError:
+                pass
+        _default = LocalCluster().start()
+        return _default
+
+
+def deploy(flow, cluster=None, **kwargs) -> Deployment:
+    """``flow.deploy()``: on ``cluster``, or the default local cluster."""
+    return (cluster or default_cluster()).deploy(flow, **kwargs)

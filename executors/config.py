@@ -1,0 +1,82 @@
+"""Settings of a local cluster: one frozen, validated object with documented defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+
+def default_executors() -> int:
+    """One executor per core, at least two."""
+    return max(2, os.cpu_count() or 2)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """How the embedded local cluster runs.
+
+    host/port: where the gateway listens (default 127.0.0.1 and a free port; bind
+        0.0.0.0 only on purpose, and then set ``token``).
+    executors: CPU executor processes (default: one per core, at least 2).
+    gpu_executors: GPU-class executor processes (default 0; stages with gpu=True then
+        run on CPU executors, with a warning).
+    threads: worker threads per executor.
+    token: optional bearer token the gateway requires on /flows calls.
+    max_body_bytes: request bodies above this get 413 (default 64 MiB).
+    request_timeout_s: a request not answered within this gets 504.
+    load_timeout_s: how long building a flow's stages (loading models) may take.
+    max_retries: re-runs of a request whose executor died.
+    restart_executors: the supervisor restarts an executor that dies (default True).
+    persistence: keep the KVS on disk (AOF) so it survives a restart (`flowserve up`).
+    dir: where state, logs and sockets live (None: a private temporary directory).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    executors: int = dataclasses.field(default_factory=default_executors)
+    gpu_executors: int = 0
+    threads: int = 4
+    token: str | None = None
+    max_body_bytes: int = 64 * 1024 * 1024
+    request_timeout_s: float = 30.0
+    load_timeout_s: float = 300.0
+    max_retries: int = 2
+    restart_executors: bool = True
+    persistence: bool = False
+    dir: str | None = None
+
+    def __post_init__(self):
+        def need(cond: bool, field: str, what: str):
+            if not cond:
+                raise ValueError(f"ClusterConfig.{field} must be {what}, got {getattr(self, field)!r}")
+
+        need(isinstance(self.host, str) and bool(self.host), "host", "a host name or address")
+        need(_int(self.port) and 0 <= self.port < 65536, "port", "an int in 0..65535 (0: a free port)")
+        need(_int(self.executors) and self.executors >= 1, "executors", "an int >= 1")
+        need(_int(self.gpu_executors) and self.gpu_executors >= 0, "gpu_executors", "an int >= 0")
+        need(_int(self.threads) and 1 <= self.threads <= 256, "threads", "an int in 1..256")
+        need(self.token is None or (isinstance(self.token, str) and len(self.token) >= 8), "token",
+             "None or a string of at least 8 characters")
+        need(_int(self.max_body_bytes) and self.max_body_bytes >= 1024, "max_body_bytes", "an int >= 1024")
+        need(_num(self.request_timeout_s) and self.request_timeout_s > 0, "request_timeout_s", "a number > 0")
+        need(_num(self.load_timeout_s) and self.load_timeout_s > 0, "load_timeout_s", "a number > 0")
+        need(_int(self.max_retries) and 0 <= self.max_retries <= 10, "max_retries", "an int in 0..10")
+        need(isinstance(self.persistence, bool), "persistence", "a bool")
+        need(isinstance(self.restart_executors, bool), "restart_executors", "a bool")
+        need(self.dir is None or isinstance(self.dir, (str, os.PathLike)), "dir", "None or a path")
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "ClusterConfig":
+        return cls(**doc)
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)

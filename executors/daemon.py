@@ -1,0 +1,201 @@
+"""The local cluster process: the KVS server, the executors, the gateway, a supervisor.
+
+``flow.deploy()`` starts one of these as a child that dies with the caller; ``flowserve up``
+starts one that outlives the shell. It writes ``<dir>/cluster.json`` (mode 0600: it holds
+the KVS password and the admin token) once the gateway answers.
+
+    python -m executors.daemon --dir /tmp/fs --config '{"executors": 2}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import uvicorn
+
+from executors.config import ClusterConfig
+from executors.dispatcher import Dispatcher
+from executors.gateway import Gateway, make_app
+from executors.metrics import Metrics
+from executors.wire import pack
+from kvs import KVS, RedisServer
+from kvs.server import _free_port, _pdeathsig_preexec, _terminate
+
+log = logging.getLogger("flowserve.cluster")
+STATE_FILE = "cluster.json"
+
+
+class ExecutorProcess:
+    """One executor child process; restarted by the supervisor when it dies."""
+
+    def __init__(self, id_: str, address: str, device: str, kvs_url: str, threads: int, logdir: Path):
+        self.id, self.address, self.device = id_, address, device
+        self.kvs_url, self.threads, self.logdir = kvs_url, threads, logdir
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+
+    def start(self) -> None:
+        logfile = open(self.logdir / f"{self.id}.log", "ab")
+        cmd = [sys.executable, "-m", "executors.executor", "--id", self.id, "--address", self.address,
+               "--kvs", self.kvs_url, "--device", self.device, "--threads", str(self.threads)]
+        self.proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     preexec_fn=_pdeathsig_preexec())
+        logfile.close()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class ClusterDaemon:
+    def __init__(self, config: ClusterConfig, dir_: Path):
+        self.config = config
+        self.dir = dir_
+        self.logdir = dir_ / "logs"
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        os.chmod(dir_, 0o700)  # sockets and state are this user's only
+        self.admin_token = secrets.token_urlsafe(24)
+        self.redis = RedisServer(dir=dir_ / "redis", appendonly=config.persistence,
+                                 password=secrets.token_urlsafe(24), die_with_parent=True)
+        self.port = config.port or _free_port()
+        self.executors: list[ExecutorProcess] = []
+        self.metrics = Metrics()
+        self.dispatcher: Dispatcher | None = None
+        self._supervisor: asyncio.Task | None = None
+
+    def run(self) -> None:
+        self.redis.start()
+        kvs_url = self.redis.url
+        self.store = KVS.from_url(kvs_url)
+        for i in range(self.config.executors + self.config.gpu_executors):
+            device = "cpu" if i < self.config.executors else "gpu"
+            ex = ExecutorProcess(f"{device}{i}", f"ipc://{self.dir}/e{i}.ipc", device, kvs_url,
+                                 self.config.threads, self.logdir)
+            ex.start()
+            self.executors.append(ex)
+        server = uvicorn.Server(uvicorn.Config(self._app(), host=self.config.host, port=self.port,
+                                               log_level="warning", lifespan="on", timeout_graceful_shutdown=30))
+        try:
+            server.run()
+        finally:
+            self._shutdown()
+
+    def _app(self):
+        self.dispatcher = Dispatcher(f"ipc://{self.dir}/gateway.ipc", self.config.max_retries, self.metrics)
+        for ex in self.executors:
+            self.dispatcher.add_executor(ex.id, ex.address, ex.device)
+        self.gateway = Gateway(self.dispatcher, self.store, token=self.config.token, admin_token=self.admin_token,
+                               max_body_bytes=self.config.max_body_bytes,
+                               request_timeout_s=self.config.request_timeout_s,
+                               load_timeout_s=self.config.load_timeout_s, metrics=self.metrics)
+        return make_app(self.gateway, on_startup=[self._started], on_shutdown=[self._stopping])
+
+    async def _started(self) -> None:
+        self.dispatcher.start()
+        await self._wait_executors()
+        self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
+        self._write_state()
+        log.info("local cluster ready at http://%s:%s", self.config.host, self.port)
+
+    async def _wait_executors(self) -> None:
+        for ex in self.executors:
+            if not await self._ping(ex, timeout=60):
+                raise RuntimeError(f"executor {ex.id} did not start; see {self.logdir / (ex.id + '.log')}")
+
+    async def _ping(self, ex: ExecutorProcess, timeout: float) -> bool:
+        d = self.dispatcher
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and ex.alive():
+            token = f"ping-{ex.id}-{time.monotonic_ns()}"
+            fut = asyncio.get_running_loop().create_future()
+            d._waiters[token] = fut
+            d._send(ex.address, pack({"type": "ping", "reply": d.address, "token": token}))
+            try:
+                await asyncio.wait_for(fut, 0.5)
+                return True
+            except asyncio.TimeoutError:
+                continue
+            finally:
+                d._waiters.pop(token, None)
+        return False
+
+    async def _supervise(self) -> None:
+        """Restart dead executors and rebuild their flows; requests in flight are re-run."""
+        while True:
+            await asyncio.sleep(0.1)
+            for ex in self.executors:
+                if ex.alive() or not self.gateway.accepting:
+                    continue
+                if self.dispatcher.executors[ex.id].alive:
+                    log.warning("executor %s died (exit %s)", ex.id, ex.proc.returncode)
+                    self.dispatcher.executor_died(ex.id)
+                if not self.config.restart_executors:
+                    continue
+                log.warning("restarting executor %s", ex.id)
+                ex.restarts += 1
+                ex.start()
+                if await self._ping(ex, timeout=60):
+                    for name, f in list(self.dispatcher.flows.items()):
+                        stages = {s: [ex.id] for s, ids in f.placement.items() if ex.id in ids}
+                        await self.dispatcher.load(name, f.version, stages, self.config.load_timeout_s)
+                    self.dispatcher.executor_back(ex.id)
+
+    async def _stopping(self) -> None:
+        """Graceful stop: refuse new requests, let in-flight ones finish (bounded)."""
+        self.gateway.accepting = False
+        deadline = time.monotonic() + self.config.request_timeout_s
+        while self.dispatcher.requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if self._supervisor:
+            self._supervisor.cancel()
+
+    def _write_state(self) -> None:
+        state = {"url": f"http://{self.config.host}:{self.port}", "kvs_url": self.redis.url,
+                 "admin_token": self.admin_token, "token": self.config.token, "pid": os.getpid(),
+                 "executors": [e.id for e in self.executors], "started": time.time()}
+        path = self.dir / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(state, f)
+        os.replace(tmp, path)
+
+    def _shutdown(self) -> None:
+        for ex in self.executors:
+            if ex.proc is not None and ex.proc.poll() is None:
+                ex.proc.terminate()
+        for ex in self.executors:
+            if ex.proc is not None:
+                _terminate(ex.proc, 10)
+        self.store.close()
+        self.redis.stop()
+        (self.dir / STATE_FILE).unlink(missing_ok=True)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m executors.daemon", description="Run a FlowServe local cluster.")
+    p.add_argument("--dir", required=True, help="state, logs and sockets directory")
+    p.add_argument("--config", default="{}", help="ClusterConfig fields as JSON")
+    args = p.parse_args(argv)
+    dir_ = Path(args.dir).resolve()
+    dir_.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(level=os.environ.get("FLOWSERVE_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+                        handlers=[logging.FileHandler(dir_ / "cluster.log"), logging.StreamHandler()])
+    config = ClusterConfig.from_json(json.loads(args.config))
+    daemon = ClusterDaemon(config, dir_)
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))  # uvicorn stops on SIGINT
+    daemon.run()
+
+
+if __name__ == "__main__":
+    main()

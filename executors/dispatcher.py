@@ -1,0 +1,317 @@
+"""The gateway's scheduler: picks replicas per stage, sends requests, gathers answers.
+
+It runs on the gateway's asyncio loop. Per request it picks, for every stage, the
+executor(s) that will run it (least loaded; all competing copies; for continuation
+stages the whole replica set, among which rows are routed by key hash), embeds that
+routing table in the message, and sends the request's rows to the first stages. Data then
+moves executor to executor; the sink's executor sends the result back here.
+
+Every accepted request is answered exactly once: by its result, its first error, a
+deadline (504), or no executor (503). A request touching an executor that died is re-run
+from the start on the others (stages are pure), at most ``max_retries`` times; answers
+from an older attempt are ignored, so no request is answered twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from executors.errors import DeadlineExceededError, NoExecutorError, status_for
+from executors.routing import complete, deliveries
+from executors.wire import WireError, pack, unpack
+from flow.table import Table
+from optimizer.plan import INPUT, Plan
+
+log = logging.getLogger("flowserve.gateway")
+
+
+class RequestFailed(Exception):
+    """A request's error as the client will see it: HTTP status and a JSON body."""
+
+    def __init__(self, status: int, body: dict):
+        super().__init__(body.get("message", ""))
+        self.status = status
+        self.body = body
+
+
+@dataclass
+class ExecutorInfo:
+    id: str
+    address: str
+    device: str = "cpu"
+    alive: bool = True
+    inflight: int = 0
+    loaded: set = field(default_factory=set)  # (flow, version) pairs built there
+
+
+@dataclass
+class DeployedFlow:
+    plan: Plan
+    version: int
+    placement: dict[str, list[str]]  # stage -> executor ids that host a replica
+    stats: dict = field(default_factory=dict)  # stage -> recent latencies (ms)
+
+
+@dataclass
+class Request:
+    id: int
+    flow: DeployedFlow
+    table: Table
+    deadline: float
+    future: asyncio.Future
+    attempt: int = 0
+    retries_left: int = 2
+    executors: set = field(default_factory=set)
+    parts: dict = field(default_factory=dict)  # path -> Table (sink output)
+    started: float = field(default_factory=time.perf_counter)
+
+
+class Dispatcher:
+    def __init__(self, address: str, max_retries: int = 2, metrics=None):
+        self.address = address
+        self.ctx = zmq.asyncio.Context.instance()
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.setsockopt(zmq.LINGER, 0)
+        self.pull.bind(address)
+        self.push: dict[str, zmq.asyncio.Socket] = {}
+        self.executors: dict[str, ExecutorInfo] = {}
+        self.flows: dict[str, DeployedFlow] = {}
+        self.requests: dict[int, Request] = {}
+        self.max_retries = max_retries
+        self.metrics = metrics
+        self._ids = itertools.count(1)
+        self._qids = itertools.count(1)
+        self._rr = itertools.count()
+        self._waiters: dict[str, asyncio.Future] = {}
+        self._recv_task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._recv_task = asyncio.get_running_loop().create_task(self._receive())
+
+    async def close(self) -> None:
+        if self._recv_task:
+            self._recv_task.cancel()
+        for s in self.push.values():
+            s.close(0)
+        self.pull.close(0)
+
+    # -- membership -----------------------------------------------------------------------
+
+    def add_executor(self, id_: str, address: str, device: str = "cpu") -> None:
+        self.executors[id_] = ExecutorInfo(id_, address, device)
+
+    def executor_died(self, id_: str) -> None:
+        """Mark an executor dead and re-run (or fail) the requests that touched it."""
+        info = self.executors.get(id_)
+        if info is None:
+            return
+        info.alive = False
+        info.loaded.clear()
+        info.inflight = 0
+        sock = self.push.pop(info.address, None)
+        if sock is not None:
+            sock.close(0)
+        for req in list(self.requests.values()):
+            if id_ in req.executors:
+                self._retry(req, f"executor {id_} died")
+
+    def executor_back(self, id_: str) -> None:
+        info = self.executors.get(id_)
+        if info is not None:
+            info.alive = True
+
+    def _socket(self, address: str) -> zmq.asyncio.Socket:
+        sock = self.push.get(address)
+        if sock is None:
+            sock = self.ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 100_000)
+            sock.connect(address)
+            self.push[address] = sock
+        return sock
+
+    def _send(self, address: str, frames: list) -> None:
+        self._socket(address).send_multipart(frames, copy=False)
+
+    # -- loading --------------------------------------------------------------------------
+
+    async def load(self, flow: str, version: int, placement: dict[str, list[str]], timeout: float) -> dict:
+        """Ask every executor to build its stages of a flow; returns executor -> error or None."""
+        per_exec: dict[str, list[str]] = {}
+        for stage, ids in placement.items():
+            for i in ids:
+                per_exec.setdefault(i, []).append(stage)
+        waits = {}
+        for ex_id, stages in per_exec.items():
+            info = self.executors[ex_id]
+            token = f"load-{next(self._ids)}"
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters[token] = fut
+            waits[ex_id] = (token, fut)
+            self._send(info.address, pack({"type": "load", "flow": flow, "version": version,
+                                           "stages": sorted(set(stages)), "reply": self.address, "token": token}))
+        results = {}
+        for ex_id, (token, fut) in waits.items():
+            try:
+                reply = await asyncio.wait_for(fut, timeout)
+                results[ex_id] = reply.get("error")
+                if not reply.get("error"):
+                    self.executors[ex_id].loaded.add((flow, version))
+            except asyncio.TimeoutError:
+                results[ex_id] = f"executor {ex_id} did not load the flow within {timeout:.0f} s"
+            finally:
+                self._waiters.pop(token, None)
+        return results
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def new_qids(self, n: int) -> np.ndarray:
+        start = next(self._qids)
+        for _ in range(n - 1):
+            next(self._qids)
+        return np.arange(start, start + n, dtype=np.int64)
+
+    async def submit(self, name: str, table: Table, timeout: float) -> Table:
+        flow = self.flows[name]
+        loop = asyncio.get_running_loop()
+        req = Request(next(self._ids), flow, table, time.time() + timeout, loop.create_future(),
+                      retries_left=self.max_retries)
+        self.requests[req.id] = req
+        try:
+            self._dispatch(req)
+            return await asyncio.wait_for(asyncio.shield(req.future), timeout)
+        except asyncio.TimeoutError:
+            raise RequestFailed(504, {"error": "DeadlineExceededError",
+                                      "message": f"flow {name!r}: no answer within {timeout:g} s"}) from None
+        finally:
+            self._finish(req)
+
+    def _finish(self, req: Request) -> None:
+        if self.requests.pop(req.id, None) is not None:
+            for ex in req.executors:
+                info = self.executors.get(ex)
+                if info is not None and info.inflight > 0:
+                    info.inflight -= 1
+
+    def _dispatch(self, req: Request) -> None:
+        plan = req.flow.plan
+        try:
+            routes = self._routes(req.flow)
+        except NoExecutorError as e:
+            self._resolve(req, error=RequestFailed(503, {"error": "NoExecutorError", "message": str(e)}))
+            return
+        used = {self._by_address[a] for addrs in routes.values() for a in addrs}
+        for ex in used - req.executors:
+            self.executors[ex].inflight += 1
+        req.executors |= used
+        req.parts = {}
+        base = {"type": "run", "req": req.id, "att": req.attempt, "flow": plan.flow_name,
+                "ver": req.flow.version, "from": INPUT, "routes": routes, "gw": self.address,
+                "dl": req.deadline, "trace": []}
+        for consumer in self._input_consumers(plan):
+            stage = plan.stages[consumer]
+            for d in deliveries(req.table, stage, routes[consumer]):
+                self._send(d.address, pack(dict(base, stage=consumer, path=list(d.path)), {"t": d.table}))
+
+    @property
+    def _by_address(self) -> dict[str, str]:
+        return {i.address: i.id for i in self.executors.values()}
+
+    @staticmethod
+    def _input_consumers(plan: Plan) -> list[str]:
+        return [s.name for s in plan.stages.values() if INPUT in s.inputs]
+
+    def _routes(self, flow: DeployedFlow) -> dict[str, list[str]]:
+        """Per stage, the addresses that run it for this request."""
+        routes = {}
+        key = (flow.plan.flow_name, flow.version)
+        for name, stage in flow.plan.stages.items():
+            live = [self.executors[i] for i in flow.placement[name]
+                    if self.executors[i].alive and key in self.executors[i].loaded]
+            if not live:
+                raise NoExecutorError(f"flow {flow.plan.flow_name!r}: no live executor hosts stage {name!r}")
+            if stage.continuation is not None:
+                routes[name] = sorted(e.address for e in live)
+                continue
+            k = stage.competitive
+            turn = next(self._rr)
+            ranked = sorted(live, key=lambda e: (e.inflight, (hash(e.id) + turn) % 1009))
+            chosen = [ranked[j % len(ranked)] for j in range(k)]
+            routes[name] = [e.address for e in chosen]
+        return routes
+
+    def _retry(self, req: Request, why: str) -> None:
+        if req.future.done():
+            return
+        if req.retries_left <= 0 or time.time() >= req.deadline:
+            self._resolve(req, error=RequestFailed(503, {"error": "NoExecutorError",
+                                                         "message": f"request failed after retries: {why}"}))
+            return
+        req.retries_left -= 1
+        req.attempt += 1
+        log.warning("re-running request %s (attempt %s): %s", req.id, req.attempt, why)
+        if self.metrics:
+            self.metrics.retries.labels(req.flow.plan.flow_name).inc()
+        self._dispatch(req)
+
+    def _resolve(self, req: Request, result: Table | None = None, error: Exception | None = None) -> None:
+        if req.future.done():
+            return
+        if error is not None:
+            req.future.set_exception(error)
+        else:
+            req.future.set_result(result)
+
+    # -- answers -----------------------------------------------------------------------------
+
+    async def _receive(self) -> None:
+        while True:
+            frames = await self.pull.recv_multipart(copy=False)
+            try:
+                header, tables = unpack(frames)
+                self._on_message(header, tables)
+            except WireError as e:
+                log.warning("dropped a malformed message: %s", e)
+            except Exception:
+                log.exception("error handling an answer")
+
+    def _on_message(self, h: dict, tables: dict) -> None:
+        kind = h.get("type")
+        if kind in ("loaded", "pong"):
+            fut = self._waiters.get(h.get("token"))
+            if fut is not None and not fut.done():
+                fut.set_result(h)
+            return
+        req = self.requests.get(h.get("req"))
+        if req is None or h.get("att") != req.attempt:
+            return  # answered already, or from an attempt that was superseded
+        if kind == "error":
+            status = int(h.get("status", 500))
+            body = {k: h.get(k) for k in ("error", "message", "operator", "qid") if h.get(k) is not None}
+            self._resolve(req, error=RequestFailed(status, body))
+        elif kind == "result":
+            path = tuple(tuple(p) for p in h.get("path", ()))
+            req.parts.setdefault(path, tables["t"])
+            if complete(req.parts):
+                parts = [req.parts[p] for p in sorted(req.parts)]
+                out = parts[0] if len(parts) == 1 else Table.concat(parts)
+                if self.metrics:
+                    self.metrics.observe_trace(req.flow.plan.flow_name, h.get("trace", ()))
+                self._record(req.flow, h.get("trace", ()))
+                self._resolve(req, result=out)
+
+    @staticmethod
+    def _record(flow: DeployedFlow, trace) -> None:
+        for stage, _ex, ms, batch in trace:
+            recent = flow.stats.setdefault(stage, [])
+            recent.append(float(ms))
+            if len(recent) > 200:
+                del recent[:100]

@@ -1,0 +1,66 @@
+"""Runtime errors, and the HTTP status each error gives a client.
+
+    ClusterError                   the runtime itself (rooted at flow.FlowError)
+    ├── ClusterStartError          the local cluster did not come up (message has the log tail)
+    ├── DeployError                a flow could not be deployed (names the flow and stage)
+    ├── NoExecutorError            (retryable) no live executor can run a stage   -> 503
+    ├── DeadlineExceededError      (retryable) the request's deadline passed       -> 504
+    └── InvocationError            an HTTP call to a deployed flow failed; carries .status and
+                                   .body (the server's JSON error)
+"""
+
+from __future__ import annotations
+
+from flow.exceptions import (
+    DataError,
+    FlowError,
+    LookupKeyError,
+    NoValidResultError,
+    OperatorError,
+    RetryableError,
+    RowRejectedError,
+)
+
+
+class ClusterError(FlowError):
+    """Something in the runtime (cluster, gateway, executors) went wrong."""
+
+
+class ClusterStartError(ClusterError):
+    """The local cluster did not start; the message includes the tail of its log."""
+
+
+class DeployError(ClusterError, ValueError):
+    """A flow could not be deployed."""
+
+
+class NoExecutorError(ClusterError, RetryableError):
+    """No live executor can run a stage right now."""
+
+
+class DeadlineExceededError(ClusterError, RetryableError):
+    """The request's deadline passed before it was answered."""
+
+
+class InvocationError(ClusterError):
+    """An HTTP call to a deployed flow failed; ``status`` and ``body`` say how."""
+
+    def __init__(self, message: str, status: int, body: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.body = body or {}
+
+
+def status_for(error: BaseException) -> int:
+    """The HTTP status for an error raised while answering a request."""
+    if isinstance(error, (RowRejectedError, NoValidResultError, LookupKeyError)):
+        return 422  # the operator could not give a valid answer for this input
+    if isinstance(error, OperatorError):
+        return 500
+    if isinstance(error, DataError):
+        return 400
+    if isinstance(error, NoExecutorError):
+        return 503
+    if isinstance(error, DeadlineExceededError):
+        return 504
+    return 500

@@ -1,0 +1,374 @@
+"""An executor process: hosts any stage of any deployed flow and runs it on worker threads.
+
+One IO thread owns the receiving ZeroMQ socket: it decodes messages, gathers each
+request's inputs per stage (all inputs, all parts of a key-split input, the first of
+competing copies, the first valid of competing alternatives) and hands ready work to a
+thread pool, or to the stage's batcher. Workers run the stage and send its output straight
+to the consumers' executors (or the sink's result to the gateway). Redis is only read for
+the plans (once per deploy) and for lookup data, through this executor's local cache.
+
+    python -m executors.executor --id e0 --address ipc:///tmp/fs/e0 --kvs redis://...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import zmq
+
+from executors.batcher import Batcher, WorkItem
+from executors.errors import status_for
+from executors.placement import PLAN_KEY
+from executors.routing import complete, deliveries
+from executors.wire import WireError, pack, unpack
+from flow.context import set_store
+from flow.exceptions import FlowError, NoValidResultError, OperatorError
+from flow.table import Table
+from optimizer.plan import INPUT, Plan
+
+log = logging.getLogger("flowserve.executor")
+
+DONE_MEMORY = 100_000  # (request, stage) pairs remembered to drop late competing copies
+
+
+@dataclass
+class Pending:
+    """Inputs of one stage for one request attempt, as they arrive."""
+
+    parts: dict = field(default_factory=dict)  # from-stage -> {path: Table}
+    order: list = field(default_factory=list)  # first_valid: alternatives in arrival order
+    trace: list = field(default_factory=list)
+    deadline: float = 0.0
+
+
+class HostedStage:
+    """A stage built once on this executor (the replica), with its consumers' info."""
+
+    def __init__(self, plan: Plan, name: str, version: int):
+        self.plan = plan
+        self.version = version
+        self.stage = plan.stages[name]
+        self.bound = self.stage.instantiate()
+        self.consumers = plan.consumers()[name]
+        self.is_sink = plan.sink == name
+        self.batcher: Batcher | None = None
+
+
+class Executor:
+    def __init__(self, executor_id: str, address: str, kvs_url: str, device: str = "cpu",
+                 threads: int = 4, gpu_available: bool = False):
+        self.id = executor_id
+        self.address = address
+        self.device = device
+        self.kvs_url = kvs_url
+        self.store = _open_store(kvs_url)
+        set_store(self.store)  # operator code may read it (model weights in init)
+        self.ctx = zmq.Context.instance()
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.setsockopt(zmq.LINGER, 0)
+        self.pull.bind(address)
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{executor_id}-worker")
+        self.hosted: dict[tuple[str, int, str], HostedStage] = {}
+        self.latest: dict[str, int] = {}
+        self.pending: dict[tuple, Pending] = {}
+        self.done: OrderedDict = OrderedDict()
+        self._local = threading.local()
+        self._stopping = threading.Event()
+        self.inflight = 0
+        self._inflight_lock = threading.Lock()
+
+    # -- sockets ---------------------------------------------------------------------------
+
+    def send(self, address: str, frames: list) -> None:
+        """Send on this thread's own socket to ``address`` (ZeroMQ sockets are per thread)."""
+        socks = getattr(self._local, "socks", None)
+        if socks is None:
+            socks = self._local.socks = {}
+        sock = socks.get(address)
+        if sock is None:
+            sock = self.ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.setsockopt(zmq.SNDHWM, 100_000)
+            sock.connect(address)
+            socks[address] = sock
+        sock.send_multipart(frames, copy=False)
+
+    # -- main loop --------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        log.info("executor %s listening on %s (%s)", self.id, self.address, self.device)
+        poller = zmq.Poller()
+        poller.register(self.pull, zmq.POLLIN)
+        last_gc = time.monotonic()
+        while not self._stopping.is_set():
+            if poller.poll(200):
+                frames = self.pull.recv_multipart(copy=False)
+                try:
+                    self.handle(frames)
+                except WireError as e:
+                    log.warning("dropped a malformed message: %s", e)
+                except Exception:  # never let one message take the executor down
+                    log.exception("error handling a message")
+            now = time.monotonic()
+            if now - last_gc > 1.0:
+                self._expire(time.time())
+                last_gc = now
+        self.pool.shutdown(wait=True)  # graceful: in-flight work finishes
+
+    def stop(self, *_):
+        self._stopping.set()
+
+    def handle(self, frames) -> None:
+        header, tables = unpack(frames)
+        kind = header.get("type")
+        if kind == "run":
+            self.on_run(header, tables.get("t"))
+        elif kind == "load":
+            self.pool.submit(self.on_load, header)
+        elif kind == "ping":
+            self.send(header["reply"], pack({"type": "pong", "executor": self.id, "token": header.get("token")}))
+        else:
+            log.warning("unknown message type %r", kind)
+
+    # -- deploy ---------------------------------------------------------------------------------
+
+    def on_load(self, header: dict) -> None:
+        flow, version = header["flow"], int(header["version"])
+        reply = {"type": "loaded", "executor": self.id, "flow": flow, "version": version,
+                 "token": header.get("token")}
+        try:
+            plan = self.store.get(PLAN_KEY.format(flow=flow, version=version), trusted=True)
+            for name in header.get("stages") or list(plan.stages):
+                self.host(plan, name, version)
+            self.latest[flow] = version
+        except Exception as e:  # report it to the deployer instead of dying
+            log.exception("loading flow %s v%s failed", flow, version)
+            reply["error"] = f"{type(e).__name__}: {e}"
+        self.send(header["reply"], pack(reply))
+
+    def host(self, plan: Plan, name: str, version: int) -> HostedStage:
+        key = (plan.flow_name, version, name)
+        hosted = self.hosted.get(key)
+        if hosted is None:
+            hosted = HostedStage(plan, name, version)
+            if hosted.stage.batch is not None:
+                hosted.batcher = Batcher(hosted, self.run_batch, self._stopping)
+            self.hosted[key] = hosted
+        return hosted
+
+    # -- gathering inputs --------------------------------------------------------------------
+
+    def on_run(self, h: dict, table: Table | None) -> None:
+        key = (h["flow"], int(h["ver"]), h["stage"])
+        hosted = self.hosted.get(key)
+        if hosted is None:
+            plan = self.store.get(PLAN_KEY.format(flow=key[0], version=key[1]), trusted=True)
+            hosted = self.host(plan, key[2], key[1])
+        stage = hosted.stage
+        src = h["from"]
+        path = tuple(tuple(p) for p in h.get("path", ()))
+        rid = (h["req"], h["att"], h["stage"])
+        if stage.continuation is not None:
+            rid += (path,)  # each key group of a request runs on its own
+        if rid in self.done:
+            return  # a late competing copy, or a retry's leftover
+        if stage.continuation is not None:
+            # a continuation runs on its own key group; its consumer merges the groups
+            self._mark_done(rid)
+            self.dispatch(hosted, WorkItem(h, [table], path, list(h.get("trace", ()))))
+            return
+        pend = self.pending.get(rid)
+        if pend is None:
+            pend = self.pending[rid] = Pending(deadline=float(h.get("dl", time.time() + 60)))
+        parts = pend.parts.setdefault(src, {})
+        if path in parts:
+            return  # this part came already (competing copies send the same parts)
+        parts[path] = table
+        pend.trace.extend(h.get("trace", ()))
+        if not complete(parts):
+            return
+        if stage.wait == "first_valid":
+            pend.order.append(src)
+            self._first_valid(hosted, h, rid, pend)
+            return
+        if all(s in pend.parts and complete(pend.parts[s]) for s in set(stage.inputs)):
+            inputs = [_merge(pend.parts[s]) for s in stage.inputs]
+            del self.pending[rid]
+            self._mark_done(rid)
+            self.dispatch(hosted, WorkItem(h, inputs, (), pend.trace))
+
+    def _first_valid(self, hosted: HostedStage, h: dict, rid, pend: Pending) -> None:
+        """Alternatives race: per row, the first arrived result that is valid wins."""
+        stage, head = hosted.stage, hosted.bound.head
+        tables = [_merge(pend.parts[s]) for s in pend.order]
+        valid = [t for t in tables if t is not None]
+        if not valid:
+            base = None
+            chosen = np.full(0, -1, dtype=np.int64)
+        else:
+            base = valid[0]
+            chosen = np.full(len(base), -1, dtype=np.int64)
+        try:
+            for a, t in enumerate(tables):
+                free = chosen < 0
+                if t is None or not free.any():
+                    continue
+                ok = head.accepts(t) & free
+                chosen[ok] = a
+        except OperatorError as e:
+            self._fail(h, e)
+            del self.pending[rid]
+            self._mark_done(rid)
+            return
+        if base is not None and (chosen >= 0).all():
+            parts = [tables[a].take([i]) for i, a in enumerate(chosen)] if len(set(chosen.tolist())) > 1 \
+                else [tables[int(chosen[0])]] if len(chosen) else [base]
+            table = Table.concat(parts) if len(parts) > 1 else parts[0]
+            del self.pending[rid]
+            self._mark_done(rid)
+            self.dispatch(hosted, WorkItem(h, [table], (), pend.trace, after_head=True))
+        elif len(pend.order) == len(set(stage.inputs)):
+            name = stage.nodes[0].name
+            bad = np.flatnonzero(chosen < 0)
+            qid = int(base.qid[bad[0]]) if base is not None and len(bad) else None
+            self._fail(h, NoValidResultError(
+                f"operator {name!r}: no alternative gave a valid result", operator=name, qid=qid))
+            del self.pending[rid]
+            self._mark_done(rid)
+
+    def _mark_done(self, rid) -> None:
+        self.done[rid] = True
+        if len(self.done) > DONE_MEMORY:
+            self.done.popitem(last=False)
+
+    def _expire(self, now: float) -> None:
+        for rid in [r for r, p in self.pending.items() if p.deadline < now]:
+            del self.pending[rid]
+
+    # -- running ------------------------------------------------------------------------------
+
+    def dispatch(self, hosted: HostedStage, item: WorkItem) -> None:
+        if hosted.batcher is not None:
+            hosted.batcher.put(item)
+        else:
+            self.pool.submit(self.run_one, hosted, item)
+
+    def run_one(self, hosted: HostedStage, item: WorkItem) -> None:
+        t0 = time.perf_counter()
+        try:
+            out = self._execute(hosted, item.inputs, item.after_head)
+        except FlowError as e:
+            self._fail(item.header, e, hosted)
+            return
+        except Exception as e:  # a bug in user code outside an operator's guard
+            log.exception("stage %s failed", hosted.stage.name)
+            self._fail(item.header, e, hosted)
+            return
+        self.forward(hosted, item, out, (time.perf_counter() - t0) * 1000, 1)
+
+    def run_batch(self, hosted: HostedStage, items: list[WorkItem]) -> None:
+        """Run several requests as one merged Table, then split the output back by qid."""
+        if len(items) == 1:
+            return self.run_one(hosted, items[0])
+        t0 = time.perf_counter()
+        try:
+            merged = [Table.concat([it.inputs[k] for it in items]) for k in range(len(items[0].inputs))]
+            out = self._execute(hosted, merged, items[0].after_head)
+        except Exception:
+            # one bad request must not fail the others: run each alone to isolate it
+            for it in items:
+                self.run_one(hosted, it)
+            return
+        ms = (time.perf_counter() - t0) * 1000
+        owner = {}
+        for k, it in enumerate(items):
+            for t in it.inputs:
+                for q in t.qid.tolist():
+                    owner[q] = k
+        rows = [[] for _ in items]
+        for i, q in enumerate(out.qid.tolist()):
+            rows[owner[q]].append(i)
+        for k, it in enumerate(items):
+            self.forward(hosted, it, out.take(np.asarray(rows[k], dtype=np.int64)), ms, len(items))
+
+    def _execute(self, hosted: HostedStage, inputs: list[Table], after_head: bool) -> Table:
+        bound = hosted.bound
+        if not after_head:
+            return bound(inputs, self.store)
+        out = inputs[0]
+        for node, b in zip(hosted.stage.nodes[1:], bound.bound[1:]):
+            out = b([out], self.store)
+        return out
+
+    def forward(self, hosted: HostedStage, item: WorkItem, out: Table, ms: float, batch: int) -> None:
+        h = item.header
+        trace = item.trace + [[hosted.stage.name, self.id, round(ms, 3), batch]]
+        base = {"type": "run", "req": h["req"], "att": h["att"], "flow": h["flow"], "ver": h["ver"],
+                "from": hosted.stage.name, "routes": h["routes"], "gw": h["gw"], "dl": h.get("dl"), "trace": trace}
+        if hosted.is_sink:
+            msg = dict(base, type="result", path=list(item.path))
+            self.send(h["gw"], pack(msg, {"t": out}))
+        for consumer in hosted.consumers:
+            stage = hosted.plan.stages[consumer]
+            for d in deliveries(out, stage, h["routes"][consumer], item.path):
+                self.send(d.address, pack(dict(base, stage=consumer, path=list(d.path)), {"t": d.table}))
+
+    def _fail(self, h: dict, error: BaseException, hosted: HostedStage | None = None) -> None:
+        if hosted is not None and hosted.consumers and all(
+                hosted.plan.stages[c].wait == "first_valid" for c in hosted.consumers):
+            # an alternative that fails is just not valid: the choice may still succeed
+            base = {k: h[k] for k in ("req", "att", "flow", "ver", "routes", "gw") if k in h}
+            for c in hosted.consumers:
+                for addr in h["routes"][c]:
+                    self.send(addr, pack(dict(base, type="run", stage=c, **{"from": hosted.stage.name},
+                                              dl=h.get("dl"), path=[], invalid=str(error))))
+            return
+        msg = {"type": "error", "req": h["req"], "att": h["att"], "status": status_for(error),
+               "error": type(error).__name__, "message": str(error),
+               "operator": getattr(error, "operator", None), "qid": getattr(error, "qid", None)}
+        if not isinstance(error, FlowError):
+            msg["message"] = f"stage {h['stage']!r} raised {type(error).__name__}: {error}"
+        self.send(h["gw"], pack(msg))
+
+
+def _merge(parts: dict) -> Table:
+    if len(parts) == 1:
+        return next(iter(parts.values()))
+    return Table.concat([parts[p] for p in sorted(parts)])
+
+
+def _open_store(url: str):
+    from kvs import CachedKVS
+
+    return CachedKVS.from_url(url)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m executors.executor", description="Run one FlowServe executor.")
+    p.add_argument("--id", required=True, help="executor id, unique in the cluster")
+    p.add_argument("--address", required=True, help="ZeroMQ address to bind, e.g. ipc:///tmp/fs/e0")
+    p.add_argument("--kvs", required=True, help="Redis URL of the cluster's KVS")
+    p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    p.add_argument("--threads", type=int, default=4)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("FLOWSERVE_LOG_LEVEL", "WARNING"),
+                        format=f"%(asctime)s executor {args.id} %(levelname)s %(message)s")
+    ex = Executor(args.id, args.address, args.kvs, device=args.device, threads=args.threads)
+    signal.signal(signal.SIGTERM, ex.stop)
+    signal.signal(signal.SIGINT, ex.stop)
+    ex.serve()
+
+
+if __name__ == "__main__":
+    main()

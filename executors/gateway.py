@@ -1,0 +1,230 @@
+"""The HTTP gateway (Starlette under uvicorn): the API applications call.
+
+    POST /flows/{name}      run a deployed flow on one row (object) or rows (list), or Arrow
+    GET  /flows             deployed flows and their input schemas
+    GET  /flows/{name}      the plan, per-stage replicas and recent latency
+    GET  /healthz           liveness
+    GET  /metrics           Prometheus text
+    GET  /openapi.json      the contract, machine-readable
+    POST /admin/deploy      (cluster token) load a registered plan onto executors
+    DELETE /admin/flows/{name}   (cluster token) undeploy
+
+A client may shorten its deadline with ``X-Request-Timeout: <seconds>``.
+Errors are JSON ``{"error": <type>, "message": ..., "operator"?, "qid"?}`` with status
+400 (malformed body, schema mismatch), 401 (token), 404 (unknown flow), 413 (body too
+large), 422 (an operator rejected the row / no valid alternative / missing lookup key),
+500 (an operator raised), 503 (no executor), 504 (deadline). No traceback reaches a client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import time
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from executors.dispatcher import DeployedFlow, Dispatcher, RequestFailed
+from executors.errors import status_for
+from executors.httpcodec import ARROW, BadRequestError, arrow_bytes, json_rows, parse_body, to_table
+from executors.metrics import Metrics
+from executors.openapi import openapi_document
+from flow.exceptions import DataError, FlowError
+
+log = logging.getLogger("flowserve.gateway")
+
+
+def _error(status: int, error: str, message: str, **extra) -> JSONResponse:
+    body = {"error": error, "message": message}
+    body.update({k: v for k, v in extra.items() if v is not None})
+    return JSONResponse(body, status_code=status)
+
+
+class Gateway:
+    """Holds the dispatcher and the settings the HTTP handlers need."""
+
+    def __init__(self, dispatcher: Dispatcher, store, *, token: str | None, admin_token: str,
+                 max_body_bytes: int, request_timeout_s: float, load_timeout_s: float, metrics: Metrics):
+        self.dispatcher = dispatcher
+        self.store = store
+        self.token = token
+        self.admin_token = admin_token
+        self.max_body_bytes = max_body_bytes
+        self.request_timeout_s = request_timeout_s
+        self.load_timeout_s = load_timeout_s
+        self.metrics = metrics
+        self.accepting = True
+
+    # -- auth -------------------------------------------------------------------------
+
+    @staticmethod
+    def _bearer_ok(request: Request, token: str | None) -> bool:
+        if not token:
+            return True
+        got = request.headers.get("authorization", "")
+        return got.startswith("Bearer ") and hmac.compare_digest(got[7:].encode(), token.encode())
+
+    # -- handlers -------------------------------------------------------------------------
+
+    async def invoke(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        if not self._bearer_ok(request, self.token):
+            return _error(401, "Unauthorized", "missing or wrong bearer token")
+        flow = self.dispatcher.flows.get(name)
+        if flow is None:
+            return _error(404, "UnknownFlow", f"no deployed flow named {name!r}; GET /flows lists them")
+        if not self.accepting:
+            return _error(503, "ShuttingDown", "the gateway is shutting down")
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            return _error(413, "PayloadTooLarge", f"body of {declared} bytes is over the limit of {self.max_body_bytes}")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > self.max_body_bytes:
+                return _error(413, "PayloadTooLarge", f"body is over the limit of {self.max_body_bytes} bytes")
+        t0 = time.perf_counter()
+        schema = flow.plan.input_schema
+        try:
+            rows = parse_body(bytes(body), request.headers.get("content-type", ""), schema)
+            table = to_table(rows, self.dispatcher.new_qids(len(rows)), schema)
+            if schema is not None:
+                from flow.validation import check_schema
+
+                table = check_schema(name, schema, table)
+        except (BadRequestError, DataError) as e:
+            self.metrics.errors.labels(name, "400").inc()
+            return _error(400, type(e).__name__, str(e))
+        timeout = self.request_timeout_s
+        asked = request.headers.get("x-request-timeout")
+        if asked is not None:
+            try:  # a client may ask for less time than the server allows, never more
+                timeout = min(timeout, max(0.001, float(asked)))
+            except ValueError:
+                return _error(400, "BadRequest", f"X-Request-Timeout must be seconds, got {asked!r}")
+        try:
+            result = await self.dispatcher.submit(name, table, timeout)
+        except RequestFailed as e:
+            self.metrics.errors.labels(name, str(e.status)).inc()
+            self.metrics.requests.labels(name, str(e.status)).inc()
+            return JSONResponse(e.body, status_code=e.status)
+        self.metrics.latency.labels(name).observe((time.perf_counter() - t0) * 1000)
+        self.metrics.requests.labels(name, "200").inc()
+        if ARROW in request.headers.get("accept", ""):
+            return Response(arrow_bytes(result), media_type=ARROW)
+        return Response(json_rows(result), media_type="application/json")
+
+    async def list_flows(self, request: Request) -> Response:
+        flows = []
+        for name, f in sorted(self.dispatcher.flows.items()):
+            schema = f.plan.input_schema
+            flows.append({"name": name, "version": f.version, "url": f"/flows/{name}",
+                          "input_schema": None if schema is None else {c: t.to_json() for c, t in schema.items()}})
+        return JSONResponse({"flows": flows})
+
+    async def describe_flow(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        f = self.dispatcher.flows.get(name)
+        if f is None:
+            return _error(404, "UnknownFlow", f"no deployed flow named {name!r}")
+        return JSONResponse(describe(f, self.dispatcher))
+
+    async def healthz(self, request: Request) -> Response:
+        alive = [e.id for e in self.dispatcher.executors.values() if e.alive]
+        return JSONResponse({"status": "ok", "executors": len(alive), "flows": sorted(self.dispatcher.flows)})
+
+    async def metrics_text(self, request: Request) -> Response:
+        for name, f in self.dispatcher.flows.items():
+            for stage, ids in f.placement.items():
+                self.metrics.replicas.labels(name, stage).set(len(ids))
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(openapi_document(self.dispatcher.flows))
+
+    async def deploy(self, request: Request) -> Response:
+        if not self._bearer_ok(request, self.admin_token):
+            return _error(401, "Unauthorized", "admin calls need the cluster token")
+        try:
+            doc = await request.json()
+            name, version = str(doc["flow"]), int(doc["version"])
+        except (ValueError, KeyError, TypeError):
+            return _error(400, "BadRequest", 'body must be {"flow": name, "version": n}')
+        from executors.placement import PLAN_KEY, place
+
+        try:
+            plan = self.store.get(PLAN_KEY.format(flow=name, version=version), trusted=True)
+        except FlowError as e:
+            return _error(404, "UnknownPlan", f"flow {name!r} version {version} is not registered: {e}")
+        try:
+            placement = place(plan, self.dispatcher.executors)
+        except FlowError as e:
+            return _error(503, type(e).__name__, str(e))
+        errors = await self.dispatcher.load(name, version, placement, self.load_timeout_s)
+        failed = {k: v for k, v in errors.items() if v}
+        if failed:
+            return _error(500, "DeployError", f"flow {name!r}: building stages failed: {failed}")
+        self.dispatcher.flows[name] = DeployedFlow(plan, version, placement)
+        log.info("deployed flow %s v%s", name, version)
+        return JSONResponse(describe(self.dispatcher.flows[name], self.dispatcher))
+
+    async def undeploy(self, request: Request) -> Response:
+        if not self._bearer_ok(request, self.admin_token):
+            return _error(401, "Unauthorized", "admin calls need the cluster token")
+        name = request.path_params["name"]
+        if self.dispatcher.flows.pop(name, None) is None:
+            return _error(404, "UnknownFlow", f"no deployed flow named {name!r}")
+        return JSONResponse({"undeployed": name})
+
+
+def describe(f: DeployedFlow, dispatcher: Dispatcher) -> dict:
+    stages = []
+    for name, stage in f.plan.stages.items():
+        recent = sorted(f.stats.get(name, ()))
+        p50 = recent[len(recent) // 2] if recent else None
+        stages.append({
+            "name": name, "inputs": list(stage.inputs), "device": stage.device,
+            "replicas": len(f.placement[name]), "executors": f.placement[name],
+            "competitive": stage.competitive, "wait": stage.wait, "continuation": stage.continuation,
+            "batch": None if stage.batch is None else {"max_batch_size": stage.batch.max_batch_size,
+                                                       "max_wait_ms": stage.batch.max_wait_ms},
+            "p50_ms": p50,
+        })
+    try:
+        explained = f.plan.explain()
+    except Exception as e:  # describing must never fail a deploy
+        explained = f"(explain failed: {type(e).__name__}: {e})"
+    return {"name": f.plan.flow_name, "version": f.version, "sink": f.plan.sink, "stages": stages,
+            "explain": explained}
+
+
+def make_app(gateway: Gateway, on_startup=(), on_shutdown=()) -> Starlette:
+    g = gateway
+    routes = [
+        Route("/flows", g.list_flows, methods=["GET"]),
+        Route("/flows/{name}", g.invoke, methods=["POST"]),
+        Route("/flows/{name}", g.describe_flow, methods=["GET"]),
+        Route("/healthz", g.healthz, methods=["GET"]),
+        Route("/metrics", g.metrics_text, methods=["GET"]),
+        Route("/openapi.json", g.openapi, methods=["GET"]),
+        Route("/admin/deploy", g.deploy, methods=["POST"]),
+        Route("/admin/flows/{name}", g.undeploy, methods=["DELETE"]),
+    ]
+
+    async def server_error(request, exc):  # last resort: never a traceback to a client
+        log.exception("unhandled error on %s", request.url.path)
+        return _error(500, "InternalError", f"{type(exc).__name__}: {exc}")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        for fn in on_startup:
+            await fn()
+        yield
+        for fn in on_shutdown:
+            await fn()
+
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={Exception: server_error})

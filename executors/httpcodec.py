@@ -1,0 +1,139 @@
+"""Request bodies to Tables and Tables to response bodies (JSON or Arrow IPC stream).
+
+JSON: a request is one row as an object or several rows as a list of objects; n-d array
+columns are nested lists, converted by the flow's schema; bytes columns are base64
+strings. Responses are ``{"rows": [...]}`` with every output column and the ``qid``;
+NaN and missing values are ``null``. Arrow: ``application/vnd.apache.arrow.stream`` both
+ways (the request must not carry a ``qid`` column: the gateway assigns query ids).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+from flow.exceptions import DataError, DataTypeError, SchemaError
+from flow.table import Table
+from flow.types import ColumnType
+
+ARROW = "application/vnd.apache.arrow.stream"
+JSON = "application/json"
+
+
+class BadRequestError(DataError, ValueError):
+    """The body is not valid JSON/Arrow, or not rows of the flow's input."""
+
+
+def parse_body(body: bytes, content_type: str, schema: dict[str, ColumnType] | None):
+    """The rows of a request body: a list of row dicts (JSON) or a pyarrow Table."""
+    ctype = (content_type or JSON).split(";")[0].strip().lower()
+    if ctype == ARROW:
+        import pyarrow as pa
+
+        try:
+            return pa.ipc.open_stream(body).read_all()
+        except (pa.ArrowInvalid, OSError) as e:
+            raise BadRequestError(f"body is not an Arrow IPC stream: {e}") from None
+    if ctype not in (JSON, "text/json", ""):
+        raise BadRequestError(f"unsupported Content-Type {content_type!r}; use {JSON} or {ARROW}")
+    try:
+        doc = json.loads(body or b"null")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequestError(f"body is not valid JSON: {e}") from None
+    rows = [doc] if isinstance(doc, dict) else doc
+    if not isinstance(rows, list) or not rows:
+        raise BadRequestError("body must be a JSON object (one row) or a non-empty list of objects (rows)")
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise BadRequestError(f"row {i}: expected a JSON object, got {type(r).__name__}")
+        if "qid" in r:
+            raise BadRequestError(f"row {i}: 'qid' is assigned by the server; remove it from the request")
+    if schema:
+        rows = [_convert_row(r, schema, i) for i, r in enumerate(rows)]
+    return rows
+
+
+def _convert_row(row: dict, schema: dict[str, ColumnType], i: int) -> dict:
+    out = dict(row)
+    for name, t in schema.items():
+        if name not in row or row[name] is None:
+            continue
+        v = row[name]
+        if t.kind == "bytes":
+            if not isinstance(v, str):
+                raise DataTypeError(f"row {i}: column {name!r} should be bytes as a base64 string, got {type(v).__name__}")
+            try:
+                out[name] = base64.b64decode(v, validate=True)
+            except ValueError:
+                raise DataTypeError(f"row {i}: column {name!r} is not valid base64") from None
+        elif t.kind == "tensor":
+            try:
+                arr = np.asarray(v, dtype=t.dtype)
+            except (ValueError, TypeError):
+                raise DataTypeError(f"row {i}: column {name!r} should be {t} (nested lists of numbers)") from None
+            if arr.shape != t.shape:
+                raise DataTypeError(f"row {i}: column {name!r} should have shape {t.shape}, got {arr.shape}")
+            out[name] = arr
+        elif t.kind == "float" and isinstance(v, int) and not isinstance(v, bool):
+            out[name] = float(v)
+    return out
+
+
+def to_table(rows, qids: np.ndarray, schema) -> Table:
+    """The input Table for parsed rows with the gateway's qids (schema errors name the column)."""
+    if type(rows).__module__.startswith("pyarrow"):
+        if "qid" in rows.column_names:
+            raise SchemaError("column 'qid' is assigned by the server; remove it from the request")
+        return Table.from_arrow(rows, qid=qids, schema=schema)
+    return Table.from_pylist(rows, qid=qids, schema=schema)
+
+
+def json_rows(table: Table) -> bytes:
+    """``{"rows": [...]}`` for a result Table."""
+    return json.dumps({"rows": table.to_pylist()}, default=_json_default, allow_nan=False,
+                      separators=(",", ":")).encode() if not _has_nan(table) else \
+        json.dumps({"rows": _clean(table.to_pylist())}, default=_json_default, separators=(",", ":")).encode()
+
+
+def arrow_bytes(table: Table) -> bytes:
+    import pyarrow as pa
+
+    t = table.to_arrow()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    return sink.getvalue().to_pybytes()
+
+
+def _json_default(v: Any):
+    if isinstance(v, np.ndarray):
+        return _clean(v.tolist())
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(v)).decode()
+    if isinstance(v, np.generic):
+        return v.item()
+    raise TypeError(f"cannot send a {type(v).__name__} as JSON")
+
+
+def _has_nan(table: Table) -> bool:
+    for name, t in table.schema.items():
+        if t.kind == "float" or (t.kind == "tensor" and t.dtype.kind == "f"):
+            if np.isnan(table.column(name).values).any():
+                return True
+    return False
+
+
+def _clean(v):
+    if isinstance(v, float):
+        return None if math.isnan(v) or math.isinf(v) else v
+    if isinstance(v, list):
+        return [_clean(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, np.ndarray):
+        return _clean(v.tolist())
+    return v

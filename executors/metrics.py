@@ -1,0 +1,40 @@
+"""Prometheus metrics of the gateway (scraped at GET /metrics).
+
+Per-stage figures come from the trace each answer carries: every stage appends
+(stage, executor, run time in ms, batch size, queue length) as the request passes.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_MS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10000)
+
+
+class Metrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("flowserve_requests", "Requests answered", ["flow", "status"], registry=r)
+        self.latency = Histogram("flowserve_request_latency_ms", "End-to-end request latency (ms)",
+                                 ["flow"], buckets=_MS, registry=r)
+        self.stage_latency = Histogram("flowserve_stage_latency_ms", "Stage run time per call (ms)",
+                                       ["flow", "stage"], buckets=_MS, registry=r)
+        self.batch_size = Histogram("flowserve_stage_batch_size", "Size of the batch each request ran in, per stage",
+                                    ["flow", "stage"], buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
+        self.queue = Gauge("flowserve_stage_queue_length", "Requests waiting for a stage's batcher",
+                           ["flow", "stage"], registry=r)
+        self.errors = Counter("flowserve_errors", "Requests answered with an error", ["flow", "status"], registry=r)
+        self.retries = Counter("flowserve_retries", "Requests re-run after an executor died", ["flow"], registry=r)
+        self.replicas = Gauge("flowserve_stage_replicas", "Replicas hosting a stage", ["flow", "stage"], registry=r)
+
+    def observe_trace(self, flow: str, trace) -> None:
+        for entry in trace:
+            stage, _executor, ms, batch = entry[:4]
+            self.stage_latency.labels(flow, stage).observe(float(ms))
+            self.batch_size.labels(flow, stage).observe(int(batch))
+            if len(entry) > 4:
+                self.queue.labels(flow, stage).set(int(entry[4]))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

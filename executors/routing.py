@@ -1,0 +1,89 @@
+"""Where a stage's output goes: one replica, all competing copies, or key groups by hash.
+
+Shared by the gateway (sending a request's rows to the first stages) and executors
+(sending a stage's output to its consumers), so both route the same way.
+
+Continuation stages (a per-row ``lookup(column=...)`` at their head) are routed by
+rendezvous (highest-random-weight) hashing of each row's key onto the stage's replicas:
+the same key always lands on the same executor while the replica set is unchanged, so
+that executor's local cache holds it after the first read; when a replica is added or
+removed only the keys of that replica move (about 1/n of them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from flow.table import Table
+
+
+Path = tuple  # of (index, count) pairs: where a part sits in the tree of key splits
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One message to send: ``table`` to ``address``; ``path`` locates it among the parts
+    of a key-split output (empty: the whole output)."""
+
+    address: str
+    table: Table
+    path: Path = ()
+
+
+def rendezvous(key, addresses: list[str]) -> str:
+    """The address with the highest hash weight for ``key`` (stable, minimal movement)."""
+    kb = key if isinstance(key, bytes) else str(key).encode()
+    best, best_score = addresses[0], b""
+    for addr in addresses:
+        score = hashlib.blake2b(kb + b"\x00" + addr.encode(), digest_size=8).digest()
+        if score > best_score:
+            best, best_score = addr, score
+    return best
+
+
+def deliveries(table: Table, stage, addresses: list[str], path: Path = ()) -> list[Delivery]:
+    """Messages that carry ``table`` to consumer ``stage`` whose replicas are ``addresses``.
+
+    ``path``: the table is itself one part of a key-split output; a continuation consumer
+    splits it further (the path grows), others get it as that part and merge all parts.
+    """
+    if not addresses:
+        return []
+    if stage.continuation is not None:
+        return _by_key(table, stage.continuation, addresses, path)
+    if len(addresses) > 1:
+        # competing copies: every copy runs, the consumer keeps the first answer
+        return [Delivery(a, table, path) for a in addresses]
+    return [Delivery(addresses[0], table, path)]
+
+
+def _by_key(table: Table, column: str, addresses: list[str], path: Path) -> list[Delivery]:
+    if len(addresses) == 1 or len(table) == 0 or column not in table.columns:
+        return [Delivery(addresses[0], table, path + ((0, 1),))]
+    keys = table.column(column).to_list()
+    groups: dict[str, list[int]] = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(rendezvous(k, addresses), []).append(i)
+    n = len(groups)
+    return [Delivery(addr, table.take(np.asarray(idx)), path + ((p, n),))
+            for p, (addr, idx) in enumerate(sorted(groups.items()))]
+
+
+def complete(paths) -> bool:
+    """True if the parts at ``paths`` make up a whole output (every split fully present)."""
+    paths = set(paths)
+    if () in paths:
+        return len(paths) == 1
+    if not paths:
+        return False
+    n = next(iter(paths))[0][1]
+    children: dict[int, set] = {}
+    for p in paths:
+        (i, count), rest = p[0], p[1:]
+        if count != n:
+            return False
+        children.setdefault(i, set()).add(rest)
+    return set(children) == set(range(n)) and all(complete(c) for c in children.values())

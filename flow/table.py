@@ -1,0 +1,670 @@
+"""The Table: typed, named columns plus a ``qid`` column saying which query each row answers.
+
+Every request row is one query with its own qid; operators keep the qid of the row they
+came from, so the rows of many requests can be merged into one Table (batching) and split
+back by qid. Input Tables have unique qids; after a join on a duplicated key several rows
+can share a qid (they all answer that query).
+
+    t = Table.from_pylist([{"x": 1, "img": np.zeros((2, 2))}, {"x": 2, "img": np.ones((2, 2))}])
+    t.schema                      # {'x': int, 'img': tensor[float64, (2, 2)]}
+    [r.x for r in t.rows()]       # [1, 2]
+    t["img"].shape                # (2, 2, 2): one contiguous array
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from flow.exceptions import DataTypeError, SchemaError
+from flow.types import ColumnType, build_column, unify
+
+QID = "qid"
+
+
+class Column:
+    """One column's storage: values (row axis first) and a validity mask (None = all valid).
+
+    A float column treats NaN as missing: its mask is False wherever the value is NaN, and
+    its storage holds NaN wherever the mask is False (so ``to_numpy()`` needs no copy).
+    """
+
+    __slots__ = ("type", "values", "valid")
+
+    def __init__(self, type_: ColumnType, values: np.ndarray, valid: np.ndarray | None = None):
+        if valid is not None:
+            valid = np.asarray(valid, dtype=bool)
+            if valid.shape != (len(values),):
+                raise SchemaError(f"validity mask has shape {valid.shape}, the column has {len(values)} rows")
+        if type_.kind == "float" and len(values):
+            nan = np.isnan(values)
+            if valid is None:
+                valid = ~nan if nan.any() else None
+            else:
+                valid = valid & ~nan
+                if not nan[~valid].all():
+                    values = values.copy()
+                    values[~valid] = np.nan
+        self.type = type_
+        self.values = values
+        self.valid = valid if valid is None or not valid.all() else None
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def cell(self, i: int):
+        if self.valid is not None and not self.valid[i]:
+            return None
+        v = self.values[i]
+        if self.type.kind == "tensor":
+            return v
+        return v.item() if isinstance(v, np.generic) else v
+
+    def take(self, idx: np.ndarray) -> "Column":
+        """Rows at ``idx``; an index of -1 gives a missing value (outer joins).
+
+        Unlike numpy, -1 never means "the last row": ``Table.take`` refuses negative
+        positions, and only the join uses -1, for "no matching row".
+        """
+        idx = np.asarray(idx, dtype=np.int64)
+        missing = idx < 0
+        any_missing = bool(missing.any())
+        if len(self.values) == 0:
+            if not missing.all():
+                raise IndexError(f"row index {int(idx[~missing][0])} out of range for a column of 0 rows")
+            values = np.empty((len(idx),) + self.values.shape[1:], dtype=self.values.dtype)
+            if self.type.kind != "null" and len(idx):
+                values[...] = self.type.fill_value()
+            valid = np.zeros(len(idx), dtype=bool)
+            return Column(self.type, values, valid)
+        safe = np.where(missing, 0, idx) if any_missing else idx
+        values = self.values[safe]
+        valid = self.valid[safe] if self.valid is not None else None
+        if any_missing:
+            valid = ~missing if valid is None else (valid & ~missing)
+            if self.type.kind == "null":
+                pass
+            elif self.type.kind == "tensor":
+                values[missing] = 0
+            else:
+                values[missing] = self.type.fill_value()
+        return Column(self.type, values, valid)
+
+    def as_type(self, type_: ColumnType) -> "Column":
+        if type_ == self.type:
+            return self
+        if self.type.kind == "null":
+            values = np.empty((len(self),) + type_.shape, dtype=type_.dtype)
+            if len(self):
+                values[...] = type_.fill_value()
+            return Column(type_, values, np.zeros(len(self), dtype=bool))
+        values = self.values.astype(type_.dtype)
+        if type_.kind == "float" and self.valid is not None:
+            values[~self.valid] = np.nan
+        return Column(type_, values, self.valid)
+
+    def to_numpy(self) -> np.ndarray:
+        """Values with missing ones as NaN (float) or None (other kinds, as an object array)."""
+        if self.valid is None or self.type.kind in ("float", "null"):
+            return self.values  # float storage already holds NaN where missing
+        out = np.empty(len(self), dtype=object)
+        if self.type.kind == "tensor":  # a slice assignment would try to broadcast the arrays
+            for i, v in enumerate(self.to_list()):
+                out[i] = v
+        else:
+            out[:] = self.to_list()
+        return out
+
+    def to_list(self) -> list:
+        if self.type.kind == "tensor":
+            return [self.cell(i) for i in range(len(self))]
+        if self.valid is None:
+            return self.values.tolist()
+        return [v if ok else None for v, ok in zip(self.values.tolist(), self.valid)]
+
+    def equals(self, other: "Column") -> bool:
+        if self.type != other.type or len(self) != len(other):
+            return False
+        mine = self.valid if self.valid is not None else np.ones(len(self), bool)
+        theirs = other.valid if other.valid is not None else np.ones(len(other), bool)
+        if not np.array_equal(mine, theirs):
+            return False
+        if self.type.kind in ("str", "bytes", "null"):
+            return all(a == b for a, b, ok in zip(self.values, other.values, mine) if ok)
+        a, b = self.values[mine], other.values[mine]
+        if self.type.kind == "float" or (self.type.kind == "tensor" and a.dtype.kind == "f"):
+            return bool(np.array_equal(a, b, equal_nan=True))
+        return bool(np.array_equal(a, b))
+
+
+class Row:
+    """A view of one row: ``row.conf``, ``row["conf"]``, ``row.qid``, ``row.as_dict()``."""
+
+    __slots__ = ("_table", "_i")
+
+    def __init__(self, table: "Table", i: int):
+        self._table = table
+        self._i = i
+
+    @property
+    def qid(self) -> int:
+        return int(self._table._qid[self._i])
+
+    def __getitem__(self, name: str):
+        if name == QID:
+            return self.qid
+        try:
+            col = self._table._cols[name]
+        except KeyError:
+            raise KeyError(f"row has no column {name!r}; columns are {self._table.columns}") from None
+        return col.cell(self._i)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            return self[name]
+        except KeyError as e:
+            raise AttributeError(e.args[0]) from None
+
+    def keys(self) -> list[str]:
+        return list(self._table.columns)
+
+    def get(self, name: str, default=None):
+        return self[name] if name in self._table._cols or name == QID else default
+
+    def as_dict(self, qid: bool = False) -> dict[str, Any]:
+        out = {QID: self.qid} if qid else {}
+        out.update((n, c.cell(self._i)) for n, c in self._table._cols.items())
+        return out
+
+    def __repr__(self) -> str:
+        return f"Row({self.as_dict(qid=True)!r})"
+
+
+class Table:
+    """Typed, named columns plus a ``qid`` column of query ids. Immutable by convention.
+
+    Build one with ``Table.from_pylist``, ``from_dict``, ``from_pandas``, ``from_arrow``, or
+    ``Table.from_any`` for any of those. ``qid=`` gives the query ids: a sequence of ints, the
+    name of a column that holds them, or None for 0..n-1.
+    """
+
+    __slots__ = ("_qid", "_cols")
+
+    def __init__(self, columns: Mapping[str, Column], qid: np.ndarray):
+        self._cols = dict(columns)
+        self._qid = qid
+        for name, col in self._cols.items():
+            if len(col) != len(qid):
+                raise SchemaError(f"column {name!r} has {len(col)} rows, the table has {len(qid)}")
+
+    # -- constructors ---------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], qid=None, schema: Mapping[str, Any] | None = None) -> "Table":
+        """From a dict of columns: ``{"x": [1, 2], "img": np.zeros((2, 28, 28))}``."""
+        if not isinstance(data, Mapping):
+            raise DataTypeError(f"from_dict expects a mapping of column name to values, got {type(data).__name__}")
+        data = dict(data)
+        qids = _take_qid_column(data, qid)
+        columns: dict[str, Column] = {}
+        n = None
+        for name, values in data.items():
+            _check_column_name(name)
+            if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+                raise DataTypeError(f"column {name!r}: expected a sequence of values, got {type(values).__name__}")
+            want = ColumnType.parse(schema[name], name) if schema and name in schema else None
+            ctype, arr, valid = build_column(values, name, want)
+            if n is not None and len(arr) != n:
+                raise SchemaError(f"column {name!r} has {len(arr)} rows, other columns have {n}")
+            n = len(arr)
+            columns[name] = Column(ctype, arr, valid)
+        if n is None:
+            n = len(qids) if qids is not None else 0
+        return cls(columns, _make_qids(qids, n))
+
+    @classmethod
+    def from_pylist(cls, rows: Sequence[Mapping[str, Any]], qid=None, schema: Mapping[str, Any] | None = None) -> "Table":
+        """From a list of row dicts: ``[{"x": 1}, {"x": 2}]``. All rows need the same keys."""
+        rows = list(rows)
+        names: list[str] = []
+        for i, row in enumerate(rows):
+            if not isinstance(row, Mapping):
+                raise DataTypeError(f"row {i}: expected a mapping of column to value, got {type(row).__name__}")
+            if i == 0:
+                names = list(row.keys())
+            elif set(row.keys()) != set(names):
+                diff = sorted(set(row.keys()) ^ set(names))
+                raise SchemaError(f"row {i} has different columns than row 0: {diff}")
+        if schema is not None and not rows:
+            names = list(schema)
+        data = {n: [r[n] for r in rows] for n in names}
+        return cls.from_dict(data, qid=qid, schema=schema)
+
+    @classmethod
+    def from_pandas(cls, df, qid=None, schema: Mapping[str, Any] | None = None) -> "Table":
+        """From a pandas DataFrame; object columns holding arrays become tensor columns."""
+        import pandas as pd
+
+        if not isinstance(df, pd.DataFrame):
+            raise DataTypeError(f"from_pandas expects a DataFrame, got {type(df).__name__}")
+        if df.columns.duplicated().any():
+            dup = df.columns[df.columns.duplicated()][0]
+            raise SchemaError(f"duplicate column name {dup!r}")
+        data = {}
+        hints: dict[str, ColumnType] = {}
+        stored = df.attrs.get(PANDAS_SCHEMA_ATTR) if isinstance(df.attrs.get(PANDAS_SCHEMA_ATTR), Mapping) else {}
+        for name in df.columns:
+            s = df[name]
+            hint = _pandas_type_hint(s, stored.get(name))
+            if hint is not None:
+                hints[name] = hint
+            if s.dtype.kind in "biuf" and not hasattr(s.dtype, "numpy_dtype"):
+                data[name] = s.to_numpy()  # plain numpy dtypes (NaN in floats = missing)
+            elif hasattr(s.dtype, "numpy_dtype") and s.dtype.kind in "biuf" and not s.hasnans:
+                data[name] = s.to_numpy(dtype=s.dtype.numpy_dtype)  # nullable dtypes without NA
+            else:  # object, str, categorical, nullable with NA: missing (None/NaN/NA/NaT) -> None
+                values = s.tolist()
+                for i in np.flatnonzero(s.isna().to_numpy()):
+                    values[i] = None
+                data[name] = values
+        table = cls.from_dict(data, qid=qid, schema=schema)
+        return _apply_hints(table, hints, schema)
+
+    @classmethod
+    def from_arrow(cls, table, qid=None, schema: Mapping[str, Any] | None = None) -> "Table":
+        """From a pyarrow Table; fixed_shape_tensor columns become tensor columns."""
+        import pyarrow as pa
+
+        if isinstance(table, pa.RecordBatch):
+            table = pa.Table.from_batches([table])
+        if not isinstance(table, pa.Table):
+            raise DataTypeError(f"from_arrow expects a pyarrow Table, got {type(table).__name__}")
+        names = table.column_names
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise SchemaError(f"duplicate column name {dup!r}")
+        data: dict[str, Any] = {}
+        hints: dict[str, ColumnType] = {}
+        for name in names:
+            data[name] = _arrow_column_values(table.column(name), name)
+            hint = _arrow_type_hint(table.schema.field(name).type)
+            if hint is not None:
+                hints[name] = hint
+        return _apply_hints(cls.from_dict(data, qid=qid, schema=schema), hints, schema)
+
+    @classmethod
+    def from_any(cls, data, qid=None, schema: Mapping[str, Any] | None = None) -> "Table":
+        """A Table from a Table, DataFrame, pyarrow Table, list of row dicts or dict of columns."""
+        if isinstance(data, Table):
+            return data
+        mod = type(data).__module__.split(".")[0]
+        if mod == "pandas":
+            return cls.from_pandas(data, qid=qid, schema=schema)
+        if mod == "pyarrow":
+            return cls.from_arrow(data, qid=qid, schema=schema)
+        if isinstance(data, Mapping):
+            return cls.from_dict(data, qid=qid, schema=schema)
+        if isinstance(data, (list, tuple)):
+            return cls.from_pylist(data, qid=qid, schema=schema)
+        raise DataTypeError(
+            f"cannot make a Table from {type(data).__name__}; pass a pandas DataFrame, a pyarrow "
+            f"Table, a list of row dicts or a dict of columns"
+        )
+
+    @classmethod
+    def empty(cls, schema: Mapping[str, Any] | None = None) -> "Table":
+        """A Table of no rows with the given column types: ``Table.empty({"x": int})``."""
+        cols = {}
+        for name, t in (schema or {}).items():
+            _check_column_name(name)
+            t = ColumnType.parse(t, name)
+            cols[name] = Column(t, np.empty((0,) + t.shape, dtype=t.dtype))
+        return cls(cols, np.empty(0, dtype=np.int64))
+
+    # -- access -----------------------------------------------------------------------
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Column names, without ``qid``."""
+        return tuple(self._cols)
+
+    @property
+    def schema(self) -> dict[str, ColumnType]:
+        return {n: c.type for n, c in self._cols.items()}
+
+    @property
+    def qid(self) -> np.ndarray:
+        return self._qid
+
+    @property
+    def num_rows(self) -> int:
+        return len(self._qid)
+
+    def __len__(self) -> int:
+        return len(self._qid)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._cols or name == QID
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        """A column as a numpy array (missing values as NaN for floats, else None)."""
+        if name == QID:
+            return self._qid
+        return self._column(name).to_numpy()
+
+    def column(self, name: str) -> Column:
+        return self._column(name)
+
+    def _column(self, name: str) -> Column:
+        try:
+            return self._cols[name]
+        except KeyError:
+            raise SchemaError(f"no column {name!r}; columns are {list(self._cols)}") from None
+
+    def row(self, i: int) -> Row:
+        return Row(self, i)
+
+    def rows(self) -> Iterator[Row]:
+        return (Row(self, i) for i in range(len(self)))
+
+    __iter__ = rows
+
+    # -- conversion -------------------------------------------------------------------
+
+    def to_pylist(self, qid: bool = True) -> list[dict[str, Any]]:
+        lists = {n: c.to_list() for n, c in self._cols.items()}
+        qids = self._qid.tolist()
+        out = []
+        for i in range(len(self)):
+            row = {QID: qids[i]} if qid else {}
+            for n, values in lists.items():
+                row[n] = values[i]
+            out.append(row)
+        return out
+
+    def to_dict(self, qid: bool = True) -> dict[str, Any]:
+        out = {QID: self._qid} if qid else {}
+        out.update((n, c.to_numpy()) for n, c in self._cols.items())
+        return out
+
+    def to_pandas(self):
+        """A DataFrame with a ``qid`` column first. Missing values: NaN in float columns,
+        ``pd.NA`` in int (``Int64``) and bool (``boolean``) columns, None in the others.
+        Tensor columns become object columns of arrays. The column types are kept in
+        ``df.attrs`` so that ``Table.from_pandas(df, qid="qid")`` restores empty and
+        all-missing columns with their type."""
+        import pandas as pd
+
+        data: dict[str, Any] = {QID: self._qid}
+        for n, c in self._cols.items():
+            kind = c.type.kind
+            if kind in ("int", "bool") and c.valid is not None:
+                data[n] = pd.array(c.values, dtype="Int64" if kind == "int" else "boolean", copy=True)
+                data[n][~c.valid] = pd.NA
+            elif kind == "tensor":  # one array (or None) per row
+                cells = np.empty(len(c), dtype=object)
+                for i, v in enumerate(c.to_list()):
+                    cells[i] = v
+                data[n] = cells
+            elif kind in ("bytes", "null"):
+                data[n] = pd.Series(c.to_numpy(), dtype=object)
+            else:
+                data[n] = c.to_numpy()
+        df = pd.DataFrame(data)
+        df.attrs[PANDAS_SCHEMA_ATTR] = {n: c.type.to_json() for n, c in self._cols.items()}
+        return df
+
+    def to_arrow(self):
+        import pyarrow as pa
+
+        arrays = [pa.array(self._qid, type=pa.int64())]
+        for c in self._cols.values():
+            arrays.append(_column_to_arrow(c))
+        return pa.Table.from_arrays(arrays, names=[QID, *self._cols])
+
+    # -- relational building blocks -------------------------------------------------------
+
+    def take(self, idx) -> "Table":
+        """Rows at the given positions, in that order (duplicates allowed, no negatives)."""
+        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+        if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
+            bad = int(idx[(idx < 0) | (idx >= len(self))][0])
+            raise IndexError(f"row position {bad} out of range for a table of {len(self)} rows")
+        return Table({n: c.take(idx) for n, c in self._cols.items()}, self._qid[idx])
+
+    def filter(self, mask) -> "Table":
+        """The rows where ``mask`` (one bool per row) is True."""
+        mask = np.asarray(mask, dtype=bool)
+        if mask.shape != (len(self),):
+            raise ValueError(f"filter mask has shape {mask.shape}, the table has {len(self)} rows")
+        return self.take(np.flatnonzero(mask))
+
+    def select(self, names: Iterable[str]) -> "Table":
+        return Table({n: self._column(n) for n in names}, self._qid)
+
+    def with_columns(self, columns: Mapping[str, Column], keep: bool = True) -> "Table":
+        base = dict(self._cols) if keep else {}
+        base.update(columns)
+        return Table(base, self._qid)
+
+    def with_qid(self, qid) -> "Table":
+        return Table(self._cols, np.asarray(qid, dtype=np.int64))
+
+    @staticmethod
+    def concat(tables: Sequence["Table"]) -> "Table":
+        """Rows of all tables, in order; columns must match by name (types unify)."""
+        tables = list(tables)
+        if not tables:
+            return Table.empty()
+        names = tables[0].columns
+        for t in tables[1:]:
+            if set(t.columns) != set(names):
+                raise SchemaError(
+                    f"cannot concatenate tables with columns {list(names)} and {list(t.columns)}"
+                )
+        cols: dict[str, Column] = {}
+        for n in names:
+            parts = [t._cols[n] for t in tables]
+            ctype = parts[0].type
+            for p in parts[1:]:
+                ctype = unify(ctype, p.type, n)
+            parts = [p.as_type(ctype) for p in parts]
+            values = np.concatenate([p.values for p in parts]) if parts else None
+            if any(p.valid is not None for p in parts):
+                valid = np.concatenate([p.valid if p.valid is not None else np.ones(len(p), bool) for p in parts])
+            else:
+                valid = None
+            cols[n] = Column(ctype, values, valid)
+        return Table(cols, np.concatenate([t._qid for t in tables]))
+
+    def split_by_qid(self) -> dict[int, "Table"]:
+        """One Table per qid, rows in their original order (used to split a batch)."""
+        if len(self) == 0:
+            return {}
+        order = np.argsort(self._qid, kind="stable")
+        sorted_qid = self._qid[order]
+        bounds = np.flatnonzero(np.diff(sorted_qid)) + 1
+        out = {}
+        for chunk in np.split(order, bounds):
+            out[int(self._qid[chunk[0]])] = self.take(chunk)
+        return out
+
+    def sort_by_qid(self) -> "Table":
+        return self.take(np.argsort(self._qid, kind="stable"))
+
+    # -- comparison and display ----------------------------------------------------------
+
+    def equals(self, other: "Table") -> bool:
+        """Same qids, columns (names, order, types) and values, in the same row order."""
+        return (
+            isinstance(other, Table)
+            and self.columns == other.columns
+            and np.array_equal(self._qid, other._qid)
+            and all(c.equals(other._cols[n]) for n, c in self._cols.items())
+        )
+
+    def __eq__(self, other) -> bool:
+        return self.equals(other) if isinstance(other, Table) else NotImplemented
+
+    __hash__ = None  # mutable-looking container: not hashable
+
+    def __repr__(self) -> str:
+        head = ", ".join(f"{n}: {t}" for n, t in self.schema.items())
+        return f"Table({len(self)} rows; qid, {head})"
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+
+def _check_column_name(name) -> None:
+    if not isinstance(name, str) or not name:
+        raise SchemaError(f"column names must be non-empty strings, got {name!r}")
+    if name == QID:
+        raise SchemaError(
+            "column 'qid' is reserved for query ids; rename it, or pass qid='qid' to use it as the query ids"
+        )
+
+
+def _take_qid_column(data: dict, qid):
+    if isinstance(qid, str):
+        if qid not in data:
+            raise SchemaError(f"qid={qid!r} names no column; columns are {list(data)}")
+        return data.pop(qid)
+    return qid
+
+
+def _make_qids(qids, n: int) -> np.ndarray:
+    if qids is None:
+        return np.arange(n, dtype=np.int64)
+    arr = np.asarray(list(qids) if not isinstance(qids, np.ndarray) else qids)
+    if arr.ndim != 1 or len(arr) != n:
+        raise SchemaError(f"qid: expected {n} query ids, got {arr.shape}")
+    if len(arr) and arr.dtype.kind not in "iu":
+        raise DataTypeError(f"column 'qid': query ids must be integers, got dtype {arr.dtype}")
+    if arr.dtype.kind == "u" and len(arr) and arr.max() > np.iinfo(np.int64).max:
+        raise DataTypeError(f"column 'qid': query id {arr.max()} does not fit in int64")
+    return arr.astype(np.int64)
+
+
+PANDAS_SCHEMA_ATTR = "flowserve_schema"
+
+
+def _apply_hints(table: "Table", hints: Mapping[str, ColumnType], schema) -> "Table":
+    """Give columns that came out ``null`` (no values to infer from) their source's type."""
+    fixed = {}
+    for name, hint in hints.items():
+        if schema and name in schema:
+            continue
+        col = table._cols.get(name)
+        if col is not None and col.type.kind == "null" and hint.kind != "null":
+            fixed[name] = col.as_type(hint)
+    return table.with_columns(fixed) if fixed else table
+
+
+def _pandas_type_hint(s, stored) -> ColumnType | None:
+    try:
+        if isinstance(stored, Mapping):
+            return ColumnType.from_json(stored)
+    except (KeyError, TypeError, ValueError):
+        pass
+    import pandas as pd
+
+    if isinstance(s.dtype, pd.StringDtype):
+        return ColumnType("str")
+    kind = s.dtype.kind
+    return {"b": ColumnType("bool"), "i": ColumnType("int"), "u": ColumnType("int"),
+            "f": ColumnType("float")}.get(kind)
+
+
+def _arrow_type_hint(t) -> ColumnType | None:
+    import pyarrow as pa
+
+    if isinstance(t, pa.FixedShapeTensorType):
+        return ColumnType.tensor(t.value_type.to_pandas_dtype(), t.shape)
+    if pa.types.is_fixed_size_list(t) and (pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)
+                                           or pa.types.is_boolean(t.value_type)):
+        return ColumnType.tensor(t.value_type.to_pandas_dtype(), (t.list_size,))
+    if pa.types.is_boolean(t):
+        return ColumnType("bool")
+    if pa.types.is_integer(t):
+        return ColumnType("int")
+    if pa.types.is_floating(t):
+        return ColumnType("float")
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or getattr(pa.types, "is_string_view", lambda _: False)(t):
+        return ColumnType("str")
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return ColumnType("bytes")
+    return None
+
+
+def _is_na(v) -> bool:
+    if v is None:
+        return True
+    try:
+        import pandas as pd
+
+        return bool(pd.isna(v)) if np.ndim(v) == 0 else False
+    except (TypeError, ValueError):
+        return False
+
+
+def _arrow_column_values(chunked, name: str):
+    import pyarrow as pa
+
+    if chunked.num_chunks == 1:
+        arr = chunked.chunk(0)
+    elif chunked.num_chunks == 0:
+        arr = pa.array([], type=chunked.type)
+    else:
+        arr = chunked.combine_chunks()
+    if isinstance(arr.type, pa.FixedShapeTensorType):
+        return _arrow_tensor_values(arr.storage, tuple(arr.type.shape), arr.type.value_type, name)
+    if arr.null_count == 0 and (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)
+                                or pa.types.is_boolean(arr.type)):
+        return arr.to_numpy(zero_copy_only=False)
+    if pa.types.is_null(arr.type):
+        return [None] * len(arr)
+    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type):
+        return [None if v is None else np.asarray(v) for v in arr.to_pylist()]
+    return arr.to_pylist()
+
+
+def _arrow_tensor_values(storage, shape: tuple, value_type, name: str):
+    """A fixed-size-list array as one (n, *shape) array, or a list with None for null rows."""
+    import pyarrow as pa
+
+    n, size = len(storage), int(np.prod(shape))
+    child = storage.values.slice(storage.offset * size, n * size)
+    row_valid = storage.is_valid().to_numpy(zero_copy_only=False) if storage.null_count else np.ones(n, bool)
+    if child.null_count:
+        elem_ok = child.is_valid().to_numpy(zero_copy_only=False).reshape(n, size).all(axis=1)
+        if (row_valid & ~elem_ok).any():
+            raise DataTypeError(f"column {name!r}: a tensor row has missing elements; only whole rows may be missing")
+        child = child.fill_null(pa.scalar(0, type=child.type) if not pa.types.is_boolean(child.type) else False)
+    values = child.to_numpy(zero_copy_only=False).reshape((n,) + shape)
+    if row_valid.all():
+        return values
+    return [values[i] if row_valid[i] else None for i in range(n)]
+
+
+def _column_to_arrow(col: Column):
+    import pyarrow as pa
+
+    kind = col.type.kind
+    mask = None if col.valid is None else ~col.valid
+    if kind == "tensor":
+        n = len(col)
+        flat = pa.array(col.values.reshape(n, -1).reshape(-1) if n else np.empty(0, col.type.dtype))
+        size = int(np.prod(col.type.shape))
+        storage = pa.FixedSizeListArray.from_arrays(flat, size, mask=pa.array(mask) if mask is not None else None)
+        ttype = pa.fixed_shape_tensor(flat.type, list(col.type.shape))
+        return pa.ExtensionArray.from_storage(ttype, storage)
+    if kind == "null":
+        return pa.nulls(len(col))
+    arrow_type = {"int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(),
+                  "str": pa.string(), "bytes": pa.binary()}[kind]
+    return pa.array(col.values, type=arrow_type, mask=mask)

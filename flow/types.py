@@ -1,0 +1,309 @@
+"""Column types of a Table, and inference of a column's type from Python or numpy values.
+
+A column is one of: ``int`` (int64), ``float`` (float64), ``bool``, ``str``, ``bytes``,
+``tensor`` (same-shape numeric n-d arrays, stored as one contiguous array with the row
+axis first), or ``null`` (every value missing, type not yet known). Any column may hold
+missing values (``None``), which appear after left/outer joins and from operators that
+return ``None``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from flow.exceptions import DataTypeError
+
+SCALAR_KINDS = ("int", "float", "bool", "str", "bytes")
+KINDS = SCALAR_KINDS + ("tensor", "null")
+
+_STORAGE = {
+    "int": np.dtype(np.int64),
+    "float": np.dtype(np.float64),
+    "bool": np.dtype(np.bool_),
+    "str": np.dtype(object),
+    "bytes": np.dtype(object),
+    "null": np.dtype(object),
+}
+_FILL = {"int": 0, "float": np.nan, "bool": False, "str": "", "bytes": b"", "null": None}
+
+
+@dataclass(frozen=True)
+class ColumnType:
+    """The type of one column: a kind, and for tensors the element dtype and row shape."""
+
+    kind: str
+    dtype: np.dtype | None = None
+    shape: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown column kind {self.kind!r}; expected one of {KINDS}")
+        if self.kind == "tensor":
+            if self.dtype is None:
+                raise ValueError("a tensor column type needs a dtype")
+            object.__setattr__(self, "dtype", np.dtype(self.dtype))
+            object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        else:
+            object.__setattr__(self, "dtype", _STORAGE[self.kind])
+            if self.shape:
+                raise ValueError(f"a {self.kind} column has no row shape, got {self.shape}")
+
+    @classmethod
+    def tensor(cls, dtype, shape: Sequence[int]) -> "ColumnType":
+        return cls("tensor", np.dtype(dtype), tuple(shape))
+
+    @property
+    def storage_dtype(self) -> np.dtype:
+        return self.dtype
+
+    def fill_value(self):
+        """The placeholder stored where a value is missing (it is masked out)."""
+        if self.kind == "tensor":
+            return np.zeros(self.shape, dtype=self.dtype)
+        return _FILL[self.kind]
+
+    def __str__(self) -> str:
+        if self.kind == "tensor":
+            return f"tensor[{self.dtype}, {self.shape}]"
+        return self.kind
+
+    __repr__ = __str__
+
+    def to_json(self) -> dict:
+        if self.kind == "tensor":
+            return {"kind": "tensor", "dtype": self.dtype.str, "shape": list(self.shape)}
+        return {"kind": self.kind}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "ColumnType":
+        if doc.get("kind") == "tensor":
+            return cls.tensor(np.dtype(doc["dtype"]), doc["shape"])
+        return cls(doc["kind"])
+
+    @classmethod
+    def parse(cls, spec: Any, column: str) -> "ColumnType":
+        """Accept a ColumnType, a kind name, a Python type, or a numpy dtype."""
+        if isinstance(spec, ColumnType):
+            return spec
+        if isinstance(spec, str) and spec in KINDS and spec != "tensor":
+            return cls(spec)
+        by_python = {int: "int", float: "float", bool: "bool", str: "str", bytes: "bytes"}
+        if isinstance(spec, type) and spec in by_python:
+            return cls(by_python[spec])
+        try:
+            dt = np.dtype(spec)
+        except TypeError:
+            dt = None
+        if dt is not None and dt.kind in "iub f":
+            return cls(_kind_of_dtype(dt))
+        raise DataTypeError(
+            f"column {column!r}: cannot understand type {spec!r}; use int, float, bool, str, "
+            f"bytes or ColumnType.tensor(dtype, shape)"
+        )
+
+
+def _kind_of_dtype(dt: np.dtype) -> str | None:
+    if dt.kind == "b":
+        return "bool"
+    if dt.kind in "iu":
+        return "int"
+    if dt.kind == "f":
+        return "float"
+    if dt.kind == "U":
+        return "str"
+    if dt.kind == "S":
+        return "bytes"
+    return None
+
+
+def _value_kind(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        return "bool"
+    if isinstance(value, (int, np.integer)):
+        return "int"
+    if isinstance(value, (float, np.floating)):
+        return "float"
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "bytes"
+    if isinstance(value, (np.ndarray, list, tuple)):
+        return "tensor"
+    return "other"
+
+
+def _as_tensor(value: Any, column: str) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "biuf":
+        raise DataTypeError(
+            f"column {column!r}: array values must be numeric or bool, got dtype {arr.dtype}"
+            + (" (are the rows of different lengths?)" if arr.dtype == object else "")
+        )
+    return arr
+
+
+def build_column(values: Any, column: str, type_: ColumnType | None = None):
+    """Turn a sequence or array of values into (ColumnType, storage array, valid mask | None).
+
+    Raises DataTypeError naming ``column`` for ragged tensors, mixed or unsupported types.
+    """
+    if _is_pandas_series(values):
+        if isinstance(values.dtype, np.dtype) and values.dtype.kind in "biuf":
+            values = values.to_numpy()  # NaN in floats = missing, handled below
+        elif values.dtype.kind in "biuf" and not values.hasnans:  # nullable dtypes without NA
+            values = values.to_numpy(dtype=values.dtype.numpy_dtype)
+        else:  # object, str, nullable: every kind of missing (None, NaN, NA, NaT) -> None
+            missing = values.isna().to_numpy()
+            values = [None if m else v for v, m in zip(values.tolist(), missing)]
+    if isinstance(values, np.ndarray) and values.dtype != object:
+        return _from_typed_array(values, column, type_)
+    if isinstance(values, (str, bytes, np.generic)) or not hasattr(values, "__iter__"):
+        raise DataTypeError(f"column {column!r}: expected a sequence of values, got {type(values).__name__}")
+    values = list(values)
+    valid = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+    present = [v for v in values if v is not None]
+    kind = type_.kind if type_ is not None else _infer_kind(present, column)
+    if kind == "null":
+        if present:
+            raise DataTypeError(f"column {column!r}: expected null (all values missing), got {type(present[0]).__name__}")
+        return ColumnType("null"), np.full(len(values), None, dtype=object), _mask_or_none(valid)
+    if kind == "tensor":
+        return _tensor_column(values, valid, present, column, type_)
+    ctype = ColumnType(kind)
+    fill = ctype.fill_value()
+    filled = [fill if v is None else v for v in values]
+    _check_scalars(present, kind, column)
+    if kind in ("str", "bytes"):
+        arr = np.empty(len(filled), dtype=object)
+        arr[:] = [bytes(v) if kind == "bytes" else v for v in filled]
+    else:
+        try:
+            arr = np.asarray(filled, dtype=ctype.dtype)
+        except OverflowError:
+            big = next(v for v in present if isinstance(v, int) and not _INT64_MIN <= v <= _INT64_MAX)
+            raise DataTypeError(f"column {column!r}: {big} does not fit in int64") from None
+        if kind == "float":  # NaN is a missing value, as in pandas (and JSON has no NaN)
+            nan = np.isnan(arr)
+            if nan.any():
+                valid &= ~nan
+    return ctype, arr, _mask_or_none(valid)
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _is_pandas_series(values) -> bool:
+    return type(values).__name__ == "Series" and type(values).__module__.startswith("pandas")
+
+
+def _mask_or_none(valid: np.ndarray) -> np.ndarray | None:
+    return None if valid.all() else valid
+
+
+def _infer_kind(present: list, column: str) -> str:
+    kinds = {_value_kind(v) for v in present}
+    if not kinds:
+        return "null"
+    if "other" in kinds:
+        bad = next(v for v in present if _value_kind(v) == "other")
+        raise DataTypeError(
+            f"column {column!r}: unsupported value type {type(bad).__name__}; supported are "
+            f"int, float, bool, str, bytes and numeric arrays"
+        )
+    if kinds == {"int", "float"}:
+        return "float"
+    if len(kinds) > 1:
+        raise DataTypeError(f"column {column!r}: mixed value types {sorted(kinds)}")
+    return kinds.pop()
+
+
+def _check_scalars(present: list, kind: str, column: str) -> None:
+    allowed = {
+        "int": (int, np.integer),
+        "float": (int, float, np.integer, np.floating),
+        "bool": (bool, np.bool_),
+        "str": (str,),
+        "bytes": (bytes, bytearray, memoryview),
+    }[kind]
+    for v in present:
+        if not isinstance(v, allowed) or (kind in ("int", "float") and isinstance(v, (bool, np.bool_))):
+            raise DataTypeError(f"column {column!r}: expected {kind}, got {type(v).__name__} {v!r:.40}")
+
+
+def _tensor_column(values, valid, present, column, type_):
+    arrays = [_as_tensor(v, column) for v in present]
+    shapes = {a.shape for a in arrays}
+    if len(shapes) > 1:
+        raise DataTypeError(
+            f"column {column!r}: ragged tensor column, rows have shapes {sorted(shapes)[:4]}; "
+            f"all rows of a tensor column must have the same shape"
+        )
+    if type_ is not None and type_.kind == "tensor":
+        dtype, shape = type_.dtype, type_.shape
+        if arrays and arrays[0].shape != shape:
+            raise DataTypeError(f"column {column!r}: expected shape {shape}, got {arrays[0].shape}")
+    elif arrays:
+        dtype, shape = np.result_type(*arrays), arrays[0].shape
+    else:
+        raise DataTypeError(f"column {column!r}: cannot infer a tensor shape from no values")
+    if shape == ():
+        raise DataTypeError(f"column {column!r}: 0-d arrays are scalars; store them as numbers")
+    out = np.zeros((len(values),) + shape, dtype=dtype)
+    if valid.all():
+        if arrays:
+            out[...] = np.stack(arrays)
+    else:
+        out[valid] = np.stack(arrays) if arrays else out[valid]
+    return ColumnType.tensor(dtype, shape), out, _mask_or_none(valid)
+
+
+def _from_typed_array(arr: np.ndarray, column: str, type_: ColumnType | None):
+    if arr.ndim == 0:
+        raise DataTypeError(f"column {column!r}: expected a sequence of values, got a 0-d array")
+    if arr.ndim > 1:
+        if arr.dtype.kind not in "biuf":
+            raise DataTypeError(f"column {column!r}: tensor dtype must be numeric or bool, got {arr.dtype}")
+        ctype = ColumnType.tensor(arr.dtype, arr.shape[1:])
+        if type_ is not None and type_ != ctype:
+            if type_.kind != "tensor" or type_.shape != ctype.shape:
+                raise DataTypeError(f"column {column!r}: expected {type_}, got {ctype}")
+            return type_, np.ascontiguousarray(arr, dtype=type_.dtype), None
+        return ctype, np.ascontiguousarray(arr), None
+    kind = _kind_of_dtype(arr.dtype)
+    if kind is None:
+        raise DataTypeError(f"column {column!r}: unsupported dtype {arr.dtype}")
+    if kind in ("str", "bytes"):
+        return build_column(arr.tolist(), column, type_)
+    if type_ is not None and type_.kind != kind:
+        if not (type_.kind == "float" and kind == "int"):
+            raise DataTypeError(f"column {column!r}: expected {type_}, got {kind} (dtype {arr.dtype})")
+        kind = "float"
+    if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and len(arr) and arr.max() > _INT64_MAX:
+        raise DataTypeError(f"column {column!r}: {arr.max()} does not fit in int64")
+    ctype = ColumnType(kind)
+    out = np.ascontiguousarray(arr, dtype=ctype.dtype)
+    if kind == "float":  # NaN is a missing value
+        nan = np.isnan(out)
+        if nan.any():
+            return ctype, out, ~nan
+    return ctype, out, None
+
+
+def unify(a: ColumnType, b: ColumnType, column: str) -> ColumnType:
+    """The type two columns of the same name share when their rows are put together."""
+    if a == b:
+        return a
+    if a.kind == "null":
+        return b
+    if b.kind == "null":
+        return a
+    if {a.kind, b.kind} == {"int", "float"}:
+        return ColumnType("float")
+    if a.kind == b.kind == "tensor" and a.shape == b.shape:
+        return ColumnType.tensor(np.result_type(a.dtype, b.dtype), a.shape)
+    raise DataTypeError(f"column {column!r}: cannot combine {a} with {b}")

@@ -1,0 +1,55 @@
+"""FlowServe's key-value store: Redis-backed, with an executor-local cache.
+
+Lookups, registered flows and functions, membership and metrics live here.
+
+    from kvs import RedisServer, CachedKVS, KVSRef
+
+    with RedisServer() as server:                 # embedded redis-server, free port
+        store = CachedKVS.from_url(server.url)    # KVS.from_url for no local cache
+        store.put("emb/1", np.zeros((512, 512)))
+        store.get("emb/1")                        # network read, then cached
+        store.get("emb/1")                        # local hit: microseconds
+        KVSRef("emb/1").resolve(store)            # pass refs downstream, not data
+
+Modules: ``client`` (KVS), ``cache`` (CachedKVS), ``tracking`` (invalidations),
+``serialization`` (the codec), ``server`` (RedisServer), ``ref``, ``options``,
+``exceptions``.
+"""
+
+from kvs.cache import CachedKVS, CacheStats
+from kvs.client import KVS, MISSING
+from kvs.exceptions import (
+    KeyNotFoundError,
+    KVSConnectionError,
+    KVSError,
+    KVSTypeError,
+    KVSValueError,
+    SerializationError,
+    ServerStartError,
+)
+from kvs.options import KVSOptions
+from kvs.ref import KVSRef
+from kvs.serialization import decode, dumps_trusted, encode, loads_trusted
+from kvs.server import RedisServer, find_server_binary
+
+__all__ = [
+    "KVS",
+    "CachedKVS",
+    "CacheStats",
+    "KVSOptions",
+    "KVSRef",
+    "RedisServer",
+    "find_server_binary",
+    "MISSING",
+    "encode",
+    "decode",
+    "dumps_trusted",
+    "loads_trusted",
+    "KVSError",
+    "KVSConnectionError",
+    "KeyNotFoundError",
+    "SerializationError",
+    "ServerStartError",
+    "KVSTypeError",
+    "KVSValueError",
+]

@@ -1,0 +1,301 @@
+"""``KVS``: the Redis-backed key-value store client used by every FlowServe process.
+
+Values go through the codec in ``kvs.serialization`` (numpy arrays, Tables, bytes, str,
+JSON-able data, ``KVSRef``); ``.redis`` gives the raw ``redis.Redis`` for the hashes
+other layers keep (membership, metrics).
+
+Connection errors and timeouts are retried with exponential backoff for at most
+``options.retry_timeout`` seconds, then raised as ``KVSConnectionError`` (retryable,
+names the URL); the pool reconnects by itself when the server comes back. redis-py's
+pool notices a ``fork`` (it checks the pid) and opens fresh sockets in the child.
+
+    >>> store = KVS.from_url("redis://127.0.0.1:6379/0", retry_timeout=1.0)  # doctest: +SKIP
+    >>> store.put("w", np.ones(3)); store.get("w")                             # doctest: +SKIP
+    array([1., 1., 1.])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.exceptions import AuthenticationError, AuthorizationError
+
+from kvs.exceptions import (
+    KeyNotFoundError,
+    KVSConnectionError,
+    KVSError,
+    KVSTypeError,
+    KVSValueError,
+    SerializationError,
+)
+from kvs.options import KVSOptions
+from kvs.serialization import decode, dumps_trusted, encode
+
+T = TypeVar("T")
+
+#: Default for ``get``/``mget``'s ``default``: raise ``KeyNotFoundError`` instead.
+MISSING: Any = object()
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced by ``***``, safe for messages and logs."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def check_key(key: Any) -> str:
+    """Keys are ``str``; anything else is a ``KVSTypeError`` naming the type."""
+    if type(key) is not str:
+        if isinstance(key, str):
+            return str(key)
+        raise KVSTypeError(f"KVS keys must be str, got {type(key).__name__} ({key!r})")
+    return key
+
+
+def make_pool(url: str, options: KVSOptions, connection_class=None, **extra) -> redis.ConnectionPool:
+    """A blocking redis-py pool for ``url`` without redis-py's own retries (``Retrier``
+    does them, bounded by time). Raises ``KVSValueError`` quoting a malformed URL."""
+    if not isinstance(url, str):
+        raise KVSTypeError(f"url must be a str, got {type(url).__name__} ({url!r})")
+    kwargs = dict(
+        socket_timeout=options.socket_timeout,
+        socket_connect_timeout=options.connect_timeout,
+        max_connections=options.max_connections,
+        timeout=options.socket_timeout,  # how long to wait for a free connection
+        client_name=options.client_name,
+        retry=None,  # no hidden retries inside redis-py: one time budget, ours
+        # RESP2 explicitly (redis-py 8 defaults to RESP3): the cache's invalidation
+        # protocol (tracking REDIRECT + pub/sub) is the RESP2 one, on every Redis >= 6
+        protocol=2,
+        **extra,
+    )
+    if connection_class is not None:
+        kwargs["connection_class"] = connection_class
+    try:
+        pool = redis.BlockingConnectionPool.from_url(url, **kwargs)
+    except ValueError as exc:
+        raise KVSValueError(f"bad Redis URL {redact_url(url)!r}: {exc}") from None
+    return pool
+
+
+class Retrier:
+    """Runs a Redis call, retrying connection errors and timeouts with exponential
+    backoff (jittered) until ``options.retry_timeout`` has passed since the first
+    failure; then raises ``KVSConnectionError`` naming the (redacted) URL.
+
+    Authentication failures and command errors are not retried: they will not fix
+    themselves, so they surface at once as ``KVSError``.
+    """
+
+    def __init__(self, url: str, options: KVSOptions):
+        self.url = redact_url(url)
+        self.options = options
+
+    def __call__(self, fn: Callable[[], T], what: str = "call") -> T:
+        failures = 0
+        deadline = None
+        while True:
+            try:
+                return fn()
+            except (AuthenticationError, AuthorizationError) as exc:
+                raise KVSError(f"Redis at {self.url} refused the credentials: {exc}") from exc
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.options.retry_timeout
+                remaining = deadline - now
+                if remaining <= 0:
+                    raise KVSConnectionError(
+                        f"Redis at {self.url} unreachable: {what} failed "
+                        f"{failures + 1} time(s) within retry_timeout="
+                        f"{self.options.retry_timeout:g} s; last error: {exc}",
+                        url=self.url,
+                    ) from exc
+                delay = min(self.options.backoff_cap, self.options.backoff_base * 2**failures)
+                failures += 1
+                # jitter in [delay/2, delay]: spread reconnects of many executors
+                time.sleep(min(remaining, delay * (0.5 + random.random() / 2)))
+            except redis.ResponseError as exc:
+                raise KVSError(f"Redis at {self.url} rejected {what}: {exc}") from exc
+            except redis.RedisError as exc:
+                raise KVSError(f"Redis at {self.url}: {what} failed: {exc}") from exc
+
+
+class KVS:
+    """A Redis-backed key-value store of FlowServe values (see the module docstring).
+
+    Thread-safe (a blocking connection pool) and fork-safe. Use ``from_url``.
+    """
+
+    def __init__(self, url: str, options: KVSOptions | None = None):
+        if options is None:
+            options = KVSOptions()
+        elif not isinstance(options, KVSOptions):
+            raise KVSTypeError(f"options must be a KVSOptions, got {type(options).__name__}")
+        self._url = url
+        self._options = options
+        self._pool = make_pool(url, options)
+        self._redis = redis.Redis(connection_pool=self._pool)
+        self._retry = Retrier(url, options)
+        self._closed = False
+
+    @classmethod
+    def from_url(cls, url: str, options: KVSOptions | None = None, **fields: Any):
+        """Connect lazily to ``url`` (``redis://[:password@]host:port/db``).
+
+        ``fields`` override single options, e.g. ``KVS.from_url(url, retry_timeout=1)``.
+
+            >>> store = KVS.from_url(server.url)                    # doctest: +SKIP
+        """
+        return cls(url, _merge_options(options, fields))
+
+    # -- properties --------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The server URL with the password redacted."""
+        return self._retry.url
+
+    @property
+    def options(self) -> KVSOptions:
+        return self._options
+
+    @property
+    def redis(self) -> redis.Redis:
+        """The raw ``redis.Redis`` (bytes in, bytes out) for hashes, counters and
+        other structures outside the codec; it shares this client's pool."""
+        return self._redis
+
+    # -- values ------------------------------------------------------------------------
+
+    def put(self, key: str, value: Any) -> None:
+        """Store ``value`` under ``key`` (encoded; see ``kvs.serialization``).
+
+            >>> store.put("model/version", 3)                      # doctest: +SKIP
+        """
+        key = check_key(key)
+        self._set_encoded(key, encode(value))
+
+    def put_trusted(self, key: str, obj: Any) -> None:
+        """Store a trusted internal object (e.g. a user function a deploy registers)
+        with cloudpickle; read it back with ``get(key, trusted=True)``."""
+        key = check_key(key)
+        self._set_encoded(key, dumps_trusted(obj))
+
+    def get(self, key: str, default: Any = MISSING, *, trusted: bool = False) -> Any:
+        """The value under ``key``; ``default`` if it is missing, or
+        ``KeyNotFoundError`` when no default is given.
+
+            >>> store.get("absent", None) is None                  # doctest: +SKIP
+            True
+        """
+        key = check_key(key)
+        data = self._call(lambda: self._redis.get(key), "GET")
+        if data is None:
+            if default is MISSING:
+                raise KeyNotFoundError(key)
+            return default
+        return decode_value(key, data, trusted)
+
+    def mget(self, keys: Iterable[str], default: Any = MISSING, *, trusted: bool = False) -> list:
+        """Values of ``keys`` in order, in one round trip. A missing key gives
+        ``default``, or ``KeyNotFoundError`` when no default is given (pass your own
+        sentinel object as ``default`` to detect missing keys)."""
+        keys = [check_key(k) for k in keys]
+        if not keys:
+            return []
+        blobs = self._call(lambda: self._redis.mget(keys), "MGET")
+        return [_value_or_default(k, b, default, trusted) for k, b in zip(keys, blobs)]
+
+    def mput(self, mapping: Mapping[str, Any]) -> None:
+        """Store several values atomically (one MSET)."""
+        encoded = {check_key(k): encode(v) for k, v in mapping.items()}
+        if encoded:
+            self._call(lambda: self._redis.mset(encoded), "MSET")
+
+    def delete(self, *keys: str) -> int:
+        """Delete ``keys``; returns how many existed."""
+        keys = tuple(check_key(k) for k in keys)
+        if not keys:
+            return 0
+        return int(self._call(lambda: self._redis.delete(*keys), "DEL"))
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` holds a value."""
+        key = check_key(key)
+        return bool(self._call(lambda: self._redis.exists(key), "EXISTS"))
+
+    def ping(self) -> bool:
+        """True if the server answers (raises ``KVSConnectionError`` otherwise)."""
+        return bool(self._call(self._redis.ping, "PING"))
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close all connections. Idempotent; the object is unusable afterwards."""
+        if not self._closed:
+            self._closed = True
+            self._pool.disconnect()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    # -- internals shared with CachedKVS -----------------------------------------------
+
+    def _call(self, fn: Callable[[], T], what: str) -> T:
+        if self._closed:
+            raise KVSError(f"{type(self).__name__} for {self.url} is closed")
+        return self._retry(fn, what)
+
+    def _set_encoded(self, key: str, data: bytes) -> None:
+        self._call(lambda: self._redis.set(key, data), "SET")
+
+
+def decode_value(key: str, data: bytes, trusted: bool) -> Any:
+    """``decode`` with the key named in any ``SerializationError``."""
+    try:
+        return decode(data, trusted=trusted)
+    except SerializationError as exc:
+        raise SerializationError(f"value of key {key!r}: {exc}") from None
+
+
+def _value_or_default(key: str, data: bytes | None, default: Any, trusted: bool) -> Any:
+    if data is None:
+        if default is MISSING:
+            raise KeyNotFoundError(key)
+        return default
+    return decode_value(key, data, trusted)
+
+
+def _merge_options(options: KVSOptions | None, fields: dict) -> KVSOptions:
+    if options is not None and not isinstance(options, KVSOptions):
+        raise KVSTypeError(f"options must be a KVSOptions, got {type(options).__name__}")
+    if not fields:
+        return options or KVSOptions()
+    unknown = sorted(set(fields) - set(KVSOptions.field_names()))
+    if unknown:
+        raise KVSTypeError(
+            f"unknown KVS option(s) {', '.join(map(repr, unknown))}; "
+            f"known: {', '.join(KVSOptions.field_names())}"
+        )
+    return dataclasses.replace(options or KVSOptions(), **fields)

@@ -1,0 +1,70 @@
+"""``Plan.explain()``: the physical plan as readable, deterministic text.
+
+Stages in topological order, each with its inputs, operators (``op.describe()``), device,
+replicas and racing, wait mode, batching and continuation. No ids, addresses or reprs of
+functions appear, so the text can be compared with stored files in tests.
+
+    plan 'demo' (2 stages; sink 'SmallNet+pick')
+    input: raw: float
+    rules: competition, locality, placement, fusion, batching
+
+    stage 1: preprocess
+      inputs        request
+      operators     map preprocess -> img
+      ...
+"""
+
+from __future__ import annotations
+
+from optimizer.plan import INPUT, Plan, Stage
+
+_W = 14  # width of the field names
+
+
+def explain(plan: Plan) -> str:
+    n = len(plan.stages)
+    lines = [f"plan {plan.flow_name!r} ({n} stage{'s' if n != 1 else ''}; sink {plan.sink!r})"]
+    if plan.input_schema is None:
+        lines.append("input: any columns (no schema)")
+    else:
+        lines.append("input: " + ", ".join(f"{c}: {t}" for c, t in plan.input_schema.items()))
+    lines.append("rules: " + (", ".join(plan.rules) if plan.rules else "none (one stage per operator)"))
+    for i, stage in enumerate(plan.stages.values(), 1):
+        lines.append("")
+        lines.extend(_stage(i, stage))
+    return "\n".join(lines) + "\n"
+
+
+def _field(name: str, value: str) -> str:
+    return f"  {name:<{_W}}{value}"
+
+
+def _stage(i: int, s: Stage) -> list[str]:
+    out = [f"stage {i}: {s.name}"]
+    out.append(_field("inputs", ", ".join("request" if x == INPUT else x for x in s.inputs)))
+    ops = [n.op.describe() for n in s.nodes]
+    if len(ops) == 1:
+        out.append(_field("operators", ops[0]))
+    else:
+        out.append(_field("operators", f"1. {ops[0]}"))
+        out.extend(_field("", f"{k}. {d}") for k, d in enumerate(ops[1:], 2))
+    out.append(_field("device", s.device))
+    if s.competitive > 1:
+        out.append(_field("replicas", f"{s.replicas}, competitive: {s.competitive} run each input, "
+                                      f"the first result wins"))
+    else:
+        out.append(_field("replicas", str(s.replicas)))
+    if s.wait == "first_valid":
+        out.append(_field("wait", f"first valid of {len(s.inputs)} alternatives "
+                                  f"(argument order locally, first to arrive deployed)"))
+    else:
+        out.append(_field("wait", "all inputs"))
+    if s.batch is None:
+        out.append(_field("batching", "no"))
+    else:
+        out.append(_field("batching", f"up to {s.batch.max_batch_size} requests, "
+                                      f"waiting at most {s.batch.max_wait_ms:g} ms"))
+    if s.continuation is not None:
+        out.append(_field("continuation", f"route rows by key column {s.continuation!r} "
+                                          f"to an executor that caches the key"))
+    return out

@@ -1,0 +1,373 @@
+"""The physical plan: an immutable DAG of Stages, each a group of fused operators.
+
+A Stage is the unit of placement and scaling: a chain of flow nodes run as one function
+on one executor. Its first node may have several inputs (join, union, choose), every later
+node has exactly one input, the node before it. The stage's output is its last node's.
+A stage's name is its nodes' names joined with ``+`` (``preprocess+SmallNet``), so logs,
+metrics and ``explain()`` say where it came from.
+
+    plan = Plan.from_flow(flow)          # one stage per operator: the unoptimized baseline
+    plan.stages["preprocess"].inputs      # ("__input__",)
+    bound = plan.stages["preprocess"].instantiate()
+    out = bound([request_table], store)
+
+Edges carry whole Tables. Wait semantics live on the consumer:
+- ``wait="all"``: run once every input has arrived (a producer with ``competitive=k``
+  counts as arrived at its first copy: k replicas race, the first answer wins);
+- ``wait="first_valid"``: the inputs are competing alternatives (``anyof``); per row, the
+  first result that the stage's ``ChooseOp`` accepts is used. Locally (``interpreter``)
+  that is the first valid in argument order; in a deployment, the first to arrive.
+
+Other stage marks, set by the optimizer's rules (``optimizer.rules``):
+- ``continuation=<column>``: the stage starts with a per-row ``lookup(column=...)``; the
+  runtime routes each row (or group of rows with one key) to an executor that caches the
+  key. Every later operator of such a stage is row-wise, so running it per key group and
+  concatenating gives the same rows (possibly in another order).
+- ``batch=BatchConfig(...)``: the runtime may merge the Tables of several requests (disjoint
+  qids) into one call and split the result back by qid. Only set on row-wise stages.
+- ``device``: ``"cpu"`` or ``"gpu"`` (a stage with a ``gpu=True`` operator).
+- ``competitive=k``: k replicas all run each input; the consumer takes the first result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+
+import numpy as np
+
+from flow.exceptions import FlowError, NoValidResultError
+from flow.operators import AnyOfOp, BoundOperator, Operator, choose_first_valid, is_valid
+from flow.table import Table
+from flow.types import ColumnType
+
+INPUT = "__input__"  # the name stages use for the request's rows
+WAIT_MODES = ("all", "first_valid")
+DEVICES = ("cpu", "gpu")
+
+
+class PlanError(FlowError, ValueError):
+    """A plan is inconsistent, or an optimizer option or rule name is wrong."""
+
+
+class PlanTypeError(PlanError, TypeError):
+    """An optimizer argument has the wrong type (e.g. ``rules="fusion"`` instead of a list)."""
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """How a batching stage merges requests: up to ``max_batch_size`` requests per call,
+    waiting at most ``max_wait_ms`` for more after the first arrives (Clipper's delayed
+    batching; the seed drained up to 20 queued requests with no wait window).
+
+        BatchConfig(max_batch_size=32, max_wait_ms=5)
+    """
+
+    max_batch_size: int = 20
+    max_wait_ms: float = 2.0
+
+    def __post_init__(self):
+        if not _is_int(self.max_batch_size) or self.max_batch_size < 1:
+            raise PlanError(f"BatchConfig.max_batch_size must be an int >= 1, got {self.max_batch_size!r}")
+        if (not isinstance(self.max_wait_ms, (int, float)) or isinstance(self.max_wait_ms, bool)
+                or not self.max_wait_ms >= 0 or self.max_wait_ms == float("inf")):
+            raise PlanError(f"BatchConfig.max_wait_ms must be a finite number >= 0, got {self.max_wait_ms!r}")
+
+
+@dataclass(frozen=True)
+class PlanNode:
+    """One flow operator inside a stage. ``inputs`` name other nodes of the same stage or,
+    for the stage's first node, positions in the stage's inputs (``"@0"``, ``"@1"``...)."""
+
+    name: str
+    op: Operator
+    inputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ChooseOp(Operator):
+    """Head of a ``first_valid`` stage: per row, the first alternative result that is valid.
+
+    Its inputs are the alternatives' outputs in argument order (see plan module docs)."""
+
+    kind = "choose"
+    anyof: AnyOfOp | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.anyof, AnyOfOp):
+            raise PlanTypeError(f"ChooseOp needs the AnyOfOp it chooses for, got {self.anyof!r}")
+
+    @property
+    def arity(self):  # type: ignore[override]
+        return len(self.anyof.alternatives)
+
+    @property
+    def label(self) -> str:
+        return "choose"
+
+    def describe(self) -> str:
+        return f"choose first valid of {len(self.anyof.alternatives)} -> {', '.join(self.anyof.names)}"
+
+    def instantiate(self):
+        return _BoundChoose(self, "choose")
+
+
+class _BoundChoose(BoundOperator):
+    """Inputs: each alternative's output Table (row-aligned: they ran on the same rows), or
+    the error it raised (all its rows invalid), in argument order."""
+
+    def __call__(self, inputs, store=None):
+        template = next((t for t in inputs if isinstance(t, Table)), None)
+        if template is None:
+            # Every alternative failed outright, so no row has a valid result.
+            reasons = "; ".join(str(e) for e in inputs)
+            qid = next((getattr(e, "qid", None) for e in inputs if getattr(e, "qid", None) is not None), None)
+            raise NoValidResultError(
+                f"operator {self.name!r}: no alternative gave a valid result ({reasons})",
+                operator=self.name, qid=qid)
+        return choose_first_valid(self.op.anyof, self.name, template, list(inputs))
+
+    def accepts(self, table: Table) -> np.ndarray:
+        """Which rows of one alternative's output are valid (the runtime's first-valid test)."""
+        return np.fromiter((is_valid(self.op.anyof, self.name, table, i) for i in range(len(table))),
+                           dtype=bool, count=len(table))
+
+
+def stage_name(nodes: Sequence[PlanNode]) -> str:
+    """The traceable name of a stage made of ``nodes``: their names joined with '+'."""
+    return "+".join(n.name for n in nodes)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A group of fused operators run as one function on one executor."""
+
+    name: str
+    nodes: tuple[PlanNode, ...]
+    inputs: tuple[str, ...]  # upstream stage names (or INPUT), positional
+    replicas: int = 1
+    competitive: int = 1  # k > 1: k replicas all run each input; the first result wins
+    device: str = "cpu"
+    batch: BatchConfig | None = None
+    wait: str = "all"
+    continuation: str | None = None  # route rows by this column's value (dynamic lookup key)
+
+    def __post_init__(self):
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        if not self.nodes:
+            raise PlanError(f"stage {self.name!r} has no operators")
+        if self.wait not in WAIT_MODES:
+            raise PlanError(f"stage {self.name!r}: wait={self.wait!r}; expected one of {WAIT_MODES}")
+        if self.device not in DEVICES:
+            raise PlanError(f"stage {self.name!r}: device={self.device!r}; expected one of {DEVICES}")
+        for attr in ("replicas", "competitive"):
+            v = getattr(self, attr)
+            if not _is_int(v) or v < 1:
+                raise PlanError(f"stage {self.name!r}: {attr} must be an int >= 1, got {v!r}")
+        if self.competitive > self.replicas:
+            raise PlanError(f"stage {self.name!r}: competitive={self.competitive} needs at least as many "
+                            f"replicas, got replicas={self.replicas}")
+        if self.batch is not None and not isinstance(self.batch, BatchConfig):
+            raise PlanError(f"stage {self.name!r}: batch must be a BatchConfig or None, got {self.batch!r}")
+        self._check_nodes()
+        if self.batch is not None and not self.rowwise:
+            bad = next(n.name for n in self.nodes if not n.op.rowwise)
+            raise PlanError(f"stage {self.name!r}: cannot batch, operator {bad!r} mixes rows of different "
+                            f"queries (merging requests would change their answers)")
+        if self.wait == "first_valid" and not isinstance(self.nodes[0].op, ChooseOp):
+            raise PlanError(f"stage {self.name!r}: wait='first_valid' needs a ChooseOp head")
+        if self.continuation is not None:
+            head = self.nodes[0].op
+            if getattr(head, "kind", None) != "lookup" or getattr(head, "column", None) != self.continuation:
+                raise PlanError(f"stage {self.name!r}: continuation={self.continuation!r} needs a head "
+                                f"lookup(column={self.continuation!r})")
+            bad = [n.name for n in self.nodes[1:] if not n.op.rowwise]
+            if bad:
+                raise PlanError(f"stage {self.name!r}: a continuation stage runs per key group; operator "
+                                f"{bad[0]!r} mixes rows and cannot be part of it")
+
+    def _check_nodes(self) -> None:
+        head = self.nodes[0]
+        want = tuple(f"@{k}" for k in range(len(self.inputs)))
+        if head.inputs != want:
+            raise PlanError(f"stage {self.name!r}: first node {head.name!r} must read {want}, got {head.inputs}")
+        prev = head
+        for node in self.nodes:
+            if not isinstance(node, PlanNode):
+                raise PlanError(f"stage {self.name!r}: nodes must be PlanNodes, got {node!r}")
+            if node.op.kind == "source":
+                raise PlanError(f"stage {self.name!r}: the source is not an operator; use INPUT")
+            if len(node.inputs) != node.op.arity:
+                raise PlanError(f"stage {self.name!r}: node {node.name!r} ({node.op.kind}) takes "
+                                f"{node.op.arity} input(s), got {node.inputs}")
+            if node is not head:
+                if node.inputs != (prev.name,):
+                    raise PlanError(f"stage {self.name!r}: node {node.name!r} must read the node before it "
+                                    f"({prev.name!r}), got {node.inputs}")
+                prev = node
+
+    @property
+    def ops(self) -> tuple[Operator, ...]:
+        return tuple(n.op for n in self.nodes)
+
+    @property
+    def head(self) -> PlanNode:
+        return self.nodes[0]
+
+    @property
+    def rowwise(self) -> bool:
+        """True if requests may be merged into one batch without changing any answer."""
+        return all(op.rowwise for op in self.ops)
+
+    def instantiate(self) -> "BoundStage":
+        """Build every operator once (class constructors, init functions) for one replica."""
+        return BoundStage(self)
+
+    def with_(self, **changes) -> "Stage":
+        return replace(self, **changes)
+
+
+class BoundStage:
+    """A stage with its operators built; ``bound(inputs, store)`` runs it on input Tables."""
+
+    def __init__(self, stage: Stage):
+        self.stage = stage
+        self.bound: list[BoundOperator] = []
+        for node in stage.nodes:
+            b = node.op.instantiate()
+            b.name = node.name
+            self.bound.append(b)
+
+    @property
+    def head(self) -> BoundOperator:
+        return self.bound[0]
+
+    def __call__(self, inputs: Sequence[Table], store=None) -> Table:
+        results: dict[str, Table] = {}
+        last = None
+        for node, b in zip(self.stage.nodes, self.bound):
+            args = [inputs[int(i[1:])] if i.startswith("@") else results[i] for i in node.inputs]
+            last = results[node.name] = b(args, store)
+        return last
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An immutable DAG of stages for one flow; ``stages`` are in topological order.
+
+    ``rules`` names the optimizer rules applied to get it, in order (empty: the baseline).
+    """
+
+    flow_name: str
+    stages: Mapping[str, Stage]
+    sink: str
+    input_schema: Mapping[str, ColumnType] | None = None
+    rules: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "stages", MappingProxyType(dict(self.stages)))
+        object.__setattr__(self, "rules", tuple(self.rules))
+        if self.input_schema is not None:
+            object.__setattr__(self, "input_schema", MappingProxyType(dict(self.input_schema)))
+        if self.sink not in self.stages:
+            raise PlanError(f"plan {self.flow_name!r}: sink {self.sink!r} is not a stage")
+        seen = {INPUT}
+        node_names: set[str] = set()
+        for key, s in self.stages.items():
+            if not isinstance(s, Stage):
+                raise PlanError(f"plan {self.flow_name!r}: {key!r} is not a Stage: {s!r}")
+            if key != s.name:
+                raise PlanError(f"plan {self.flow_name!r}: stage {s.name!r} is listed under {key!r}")
+            for i in s.inputs:
+                if i not in seen:
+                    raise PlanError(f"plan {self.flow_name!r}: stage {s.name!r} reads {i!r}, which is not an earlier stage")
+            for n in s.nodes:
+                if n.name in node_names:
+                    raise PlanError(f"plan {self.flow_name!r}: operator {n.name!r} appears in two places")
+                node_names.add(n.name)
+            seen.add(s.name)
+        consumers = self.consumers()
+        for name in self.stages:
+            if name != self.sink and not consumers[name]:
+                raise PlanError(f"plan {self.flow_name!r}: stage {name!r} is not the sink and nothing reads it")
+
+    @classmethod
+    def from_flow(cls, flow) -> "Plan":
+        """One stage per operator: the unoptimized plan that benchmarks compare against.
+
+            Plan.from_flow(flow).stages.keys()   # the flow's node names, in creation order
+        """
+        from flow.flow import Flow
+        from flow.reference import ancestors
+
+        if not isinstance(flow, Flow):
+            raise PlanTypeError(f"Plan.from_flow expects a Flow, got {type(flow).__name__}")
+        sink = flow.validate()
+        needed = ancestors(sink)
+        stages: dict[str, Stage] = {}
+        stage_of: dict[int, str] = {}
+        for node in flow.nodes:
+            if node.id not in needed:
+                continue
+            if node.op.kind == "source":
+                stage_of[node.id] = INPUT
+                continue
+            inputs = tuple(stage_of[i.id] for i in node.inputs)
+            pn = PlanNode(node.name, node.op, tuple(f"@{k}" for k in range(len(inputs))))
+            stages[node.name] = Stage(name=node.name, nodes=(pn,), inputs=inputs)
+            stage_of[node.id] = node.name
+        return cls(flow.name, stages, stage_of[sink.id], flow.schema)
+
+    def replace_stages(self, stages: Mapping[str, Stage], sink: str | None = None) -> "Plan":
+        return Plan(self.flow_name, stages, sink or self.sink, self.input_schema, self.rules)
+
+    def with_rules(self, rules: Sequence[str]) -> "Plan":
+        """The same plan, recording that ``rules`` were applied to it."""
+        return Plan(self.flow_name, self.stages, self.sink, self.input_schema, tuple(rules))
+
+    def consumers(self) -> dict[str, list[str]]:
+        """For each stage (and INPUT), the stages that read it, once per edge."""
+        out: dict[str, list[str]] = {name: [] for name in self.stages}
+        out[INPUT] = []
+        for s in self.stages.values():
+            for i in s.inputs:
+                out[i].append(s.name)
+        return out
+
+    def substitute(self, old: str, new: Sequence[Stage], drop: Sequence[str] = ()) -> "Plan":
+        """Replace stage ``old`` by the stages ``new`` (in order; the last one produces what
+        ``old`` produced, so readers of ``old`` now read it) and remove the stages ``drop``.
+
+        The building block of every rule: splitting a stage, expanding an anyof, fusing two.
+        """
+        if old not in self.stages:
+            raise PlanError(f"plan {self.flow_name!r}: no stage {old!r}")
+        new = list(new)
+        out = new[-1].name
+        stages: list[Stage] = []
+        for s in self.stages.values():
+            if s.name in drop:
+                continue
+            if s.name == old:
+                stages.extend(new)
+                continue
+            if old in s.inputs:
+                s = replace(s, inputs=tuple(out if i == old else i for i in s.inputs))
+            stages.append(s)
+        names = [s.name for s in stages]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise PlanError(f"plan {self.flow_name!r}: two stages named {dup!r}")
+        return self.replace_stages({s.name: s for s in stages}, sink=out if self.sink == old else self.sink)
+
+    def explain(self) -> str:
+        """The plan as readable, deterministic text (see optimizer.explain)."""
+        from optimizer.explain import explain
+
+        return explain(self)

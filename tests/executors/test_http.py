@@ -1,0 +1,179 @@
+"""Every operator and every error code through real HTTP on a real local cluster."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from executors.errors import InvocationError
+from executors.httpcodec import ARROW
+from flow import ColumnType, Flow, RejectRow
+from flow.table import Table
+from tests.executors.conftest import unique
+
+
+def rows_by_qid(rows):
+    return sorted((tuple(sorted((k, v) for k, v in r.items() if k != "qid")) for r in rows))
+
+
+def same_answers(deployed: Table, reference: Table):
+    """Deployed qids are the gateway's; compare the multiset of rows without qids."""
+    a = [{k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in r.items()} for r in deployed.to_pylist()]
+    b = [{k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in r.items()} for r in reference.to_pylist()]
+    assert rows_by_qid(a) == rows_by_qid(b)
+
+
+def double(row):
+    return row.x * 2
+
+
+def test_map_json_single_row_and_list(cluster, http):
+    f = Flow(unique("double"), schema={"x": int})
+    f.map(double, names=["y"])
+    d = cluster.deploy(f)
+    one = http.post(d.url, json={"x": 21})
+    assert one.status_code == 200
+    assert [r["y"] for r in one.json()["rows"]] == [42]
+    assert isinstance(one.json()["rows"][0]["qid"], int)
+    many = http.post(d.url, json=[{"x": 1}, {"x": 2}, {"x": 3}]).json()["rows"]
+    assert [r["y"] for r in many] == [2, 4, 6]
+    assert len({r["qid"] for r in many}) == 3
+
+
+def test_arrow_in_and_out(cluster, http):
+    f = Flow(unique("tensor"))
+    f.map(lambda r: (r.img.astype(np.float32) / 255.0, r.x + 1), names=["norm", "x1"])
+    d = cluster.deploy(f)
+    imgs = np.arange(2 * 4 * 4, dtype=np.uint8).reshape(2, 4, 4)
+    t = Table.from_dict({"img": imgs, "x": [1.0, 2.0]})
+    arrow = t.to_arrow().drop_columns(["qid"])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, arrow.schema) as w:
+        w.write_table(arrow)
+    r = http.post(d.url, content=sink.getvalue().to_pybytes(), headers={"Content-Type": ARROW, "Accept": ARROW})
+    assert r.status_code == 200, r.text
+    out = Table.from_arrow(pa.ipc.open_stream(r.content).read_all(), qid="qid")
+    assert out["norm"].dtype == np.float32 and out["norm"].shape == (2, 4, 4)
+    np.testing.assert_allclose(out["norm"], imgs / 255.0, rtol=1e-6)
+    assert out["x1"].tolist() == [2.0, 3.0]
+
+
+def test_tensor_columns_as_nested_json_lists(cluster, http):
+    f = Flow(unique("nested"), schema={"v": ColumnType.tensor(np.float32, (3,))})
+    f.map(lambda r: float(r.v.sum()), names=["s"])
+    d = cluster.deploy(f)
+    r = http.post(d.url, json=[{"v": [1, 2, 3]}, {"v": [0.5, 0.5, 0.5]}])
+    assert r.status_code == 200, r.text
+    assert [x["s"] for x in r.json()["rows"]] == [6.0, 1.5]
+    bad = http.post(d.url, json={"v": [1, 2]})
+    assert bad.status_code == 400
+    assert "'v'" in bad.json()["message"] and "(3,)" in bad.json()["message"]
+
+
+def test_every_operator_matches_run(cluster):
+    f = Flow(unique("all-ops"))
+    base = f.map(lambda r: (r.k, r.v, r.v % 2 == 0), names=["k", "v", "even"])
+    evens = base.filter(lambda r: r.even)
+    odds = base.filter(lambda r: not r.even)
+    both = evens.union(odds)
+    looked = both.lookup("scale", name="scale").lookup(column="k", name="kv", missing="null")
+    scored = looked.map(lambda r: (r.k, r.v * r.scale + (0 if r.kv is None else r.kv)), names=["k", "score"])
+    joined = scored.join(base, how="left")
+    best = joined.anyof(lambda r: r.score if r.score > 10 else -1, lambda r: r.score + 100,
+                        names=["pick"], valid=lambda r: r.pick >= 0)
+    final = best.join(joined).map(lambda r: (r.k, r.pick), names=["k", "pick"])
+    final.groupby("k").agg("sum", "pick")
+    cluster.kvs.put("scale", 3)
+    cluster.kvs.put("a", 1)
+    cluster.kvs.put("b", 2)
+    rows = [{"k": k, "v": v} for k, v in zip("abcab", [1, 2, 3, 4, 5])]
+    expected = f.run(rows, kvs={"scale": 3, "a": 1, "b": 2})
+    for optimize in (False, True):
+        d = cluster.deploy(f, optimize=optimize)
+        got = d.invoke(rows)
+        # agg gives each group the smallest qid of its rows: qids differ, answers do not
+        assert sorted(zip(got["k"].tolist(), got["sum_pick"].tolist())) == \
+            sorted(zip(expected["k"].tolist(), expected["sum_pick"].tolist()))
+
+
+def rejecting(row):
+    if row.x < 0:
+        raise RejectRow("x must be >= 0")
+    return row.x
+
+
+def exploding(row):
+    raise ZeroDivisionError("boom")
+
+
+def test_error_codes(cluster, http):
+    f = Flow(unique("typed"), schema={"x": int})
+    f.map(rejecting, names=["y"])
+    d = cluster.deploy(f)
+    r = http.post(d.url, content=b"{not json", headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "JSON" in r.json()["message"]
+    r = http.post(d.url, json={"x": "seven"})
+    assert r.status_code == 400 and "'x'" in r.json()["message"] and "int" in r.json()["message"]
+    r = http.post(d.url, json={"y": 1})
+    assert r.status_code == 400 and "'x'" in r.json()["message"]
+    r = http.post(cluster.url + "/flows/no-such-flow", json={"x": 1})
+    assert r.status_code == 404
+    r = http.post(d.url, content=b"[" + b"{\"x\": 1}," * 200_000 + b"{\"x\": 1}]",
+                  headers={"Content-Type": "application/json"})
+    assert r.status_code == 413
+    r = http.post(d.url, json={"x": -1})
+    assert r.status_code == 422
+    assert r.json()["operator"] == "rejecting" and "x must be >= 0" in r.json()["message"]
+    g = Flow(unique("exploding"))
+    g.map(exploding, names=["y"])
+    d2 = cluster.deploy(g)
+    r = http.post(d2.url, json={"x": 1})
+    assert r.status_code == 500
+    body = r.json()
+    assert body["operator"] == "exploding" and "ZeroDivisionError" in body["message"] and "boom" in body["message"]
+    assert "Traceback" not in r.text
+    # the failures above did not take anything down
+    assert http.post(d.url, json={"x": 5}).json()["rows"][0]["y"] == 5
+
+
+def slow(row):
+    import time
+
+    time.sleep(2)
+    return row.x
+
+
+def test_deadline_gives_504(cluster, http):
+    f = Flow(unique("slow"))
+    f.map(slow, names=["y"])
+    d = cluster.deploy(f)
+    r = http.post(d.url, json={"x": 1}, headers={"X-Request-Timeout": "0.3"})
+    assert r.status_code == 504 and "0.3" in r.json()["message"]
+
+
+def test_invoke_raises_with_status(cluster):
+    f = Flow(unique("rej"), schema={"x": int})
+    f.map(rejecting, names=["y"])
+    d = cluster.deploy(f)
+    with pytest.raises(InvocationError) as e:
+        d.invoke({"x": -5})
+    assert e.value.status == 422
+
+
+def test_listing_describe_health_metrics_openapi(cluster, http):
+    f = Flow(unique("listed"), schema={"x": int})
+    f.map(double, names=["y"])
+    d = cluster.deploy(f)
+    http.post(d.url, json={"x": 1})
+    flows = {x["name"]: x for x in http.get(cluster.url + "/flows").json()["flows"]}
+    assert flows[f.name]["input_schema"] == {"x": {"kind": "int"}}
+    desc = http.get(d.url).json()
+    assert [s["name"] for s in desc["stages"]] == ["double"]
+    assert desc["stages"][0]["replicas"] >= 1 and desc["stages"][0]["p50_ms"] is not None
+    assert http.get(cluster.url + "/healthz").json()["status"] == "ok"
+    metrics = http.get(cluster.url + "/metrics").text
+    assert f'flowserve_stage_latency_ms_count{{flow="{f.name}",stage="double"}}' in metrics
+    spec = http.get(cluster.url + "/openapi.json").json()
+    assert f"/flows/{f.name}" in spec["paths"]
+    assert set(spec["paths"][f"/flows/{f.name}"]["post"]["responses"]) >= {"200", "400", "404", "413", "422", "500", "503", "504"}

@@ -1,0 +1,150 @@
+"""Wait-for-one, continuations, batching and no-executor on a real local cluster."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import numpy as np
+import pytest
+
+from executors.cluster import LocalCluster
+from executors.config import ClusterConfig
+from flow import Flow
+from optimizer import BatchConfig, OptimizerOptions
+from tests.executors.conftest import unique
+
+
+def small(row):
+    return (row.x, 0.5)  # never confident: invalid
+
+
+def medium(row):
+    return (row.x + 1, 0.95 if row.x % 2 else 0.1)
+
+
+def large(row):
+    return (row.x + 2, 0.99)
+
+
+def test_anyof_first_valid_skips_invalid_results(cluster):
+    f = Flow(unique("compete"))
+    f.anyof(small, medium, large, names=["cls", "conf"], valid=lambda r: r.conf > 0.9)
+    rows = [{"x": i} for i in range(6)]
+    d = cluster.deploy(f)
+    assert any(s.wait == "first_valid" for s in d.plan.stages.values())
+    got = d.invoke(rows)
+    # medium is valid for odd x and large always: whichever is first, never small's
+    for x, cls, conf in zip(range(6), got["cls"].tolist(), got["conf"].tolist()):
+        assert conf > 0.9
+        assert cls in ((x + 1, x + 2) if x % 2 else (x + 2,))
+
+
+def test_anyof_all_invalid_fails_the_query(cluster, http):
+    f = Flow(unique("none-valid"))
+    f.anyof(small, small, names=["cls", "conf"], valid=lambda r: r.conf > 0.9)
+    d = cluster.deploy(f)
+    r = http.post(d.url, json={"x": 1})
+    assert r.status_code == 422
+    assert r.json()["error"] == "NoValidResultError"
+
+
+def jitter(row):
+    import random
+    import time
+
+    time.sleep(random.random() * 0.002)
+    return row.x * 10
+
+
+def test_competitive_replicas_answer_once(cluster):
+    f = Flow(unique("hv"))
+    f.map(lambda r: r.x, names=["x"]).map(jitter, names=["y"], high_variance=True).map(lambda r: r.y + 1, names=["z"])
+    d = cluster.deploy(f)
+    assert any(s.competitive > 1 for s in d.plan.stages.values())
+    got = d.invoke([{"x": i} for i in range(20)])
+    assert sorted(got["z"].tolist()) == [i * 10 + 1 for i in range(20)]
+    assert len(set(got.qid.tolist())) == 20  # one answer per query, no duplicates
+
+
+def test_per_row_lookups_with_different_keys(cluster):
+    for i in range(12):
+        cluster.kvs.put(f"user:{i}", np.full(4, float(i)))
+    f = Flow(unique("lookup-rows"))
+    looked = f.lookup(column="user", name="vec")
+    looked.map(lambda r: (r.user, float(r.vec.sum())), names=["user", "total"])
+    d = cluster.deploy(f)
+    cont = [s for s in d.plan.stages.values() if s.continuation]
+    assert cont and cont[0].continuation == "user"
+    rows = [{"user": f"user:{i}"} for i in (3, 7, 1, 11, 3, 0)]
+    got = d.invoke(rows)
+    assert sorted(zip(got["user"].tolist(), got["total"].tolist())) == \
+        sorted((r["user"], 4.0 * int(r["user"].split(":")[1])) for r in rows)
+
+
+def batched_sum(table):
+    return table["x"] * 3
+
+
+def test_batching_merges_concurrent_requests(cluster, http):
+    f = Flow(unique("batched"))
+    f.map(batched_sum, names=["y"], batching=True)
+    d = cluster.deploy(f, options=OptimizerOptions(batch=BatchConfig(max_batch_size=16, max_wait_ms=20.0)))
+    assert any(s.batch is not None for s in d.plan.stages.values())
+    results, errors = {}, []
+    barrier = threading.Barrier(12)
+
+    def call(i):
+        barrier.wait()
+        r = http.post(d.url, json={"x": i})
+        if r.status_code != 200:
+            errors.append(r.text)
+        else:
+            results[i] = r.json()["rows"][0]["y"]
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert results == {i: 3 * i for i in range(12)}
+    metrics = http.get(cluster.url + "/metrics").text
+    stage = next(iter(d.plan.stages))
+    count = _metric(metrics, f'flowserve_stage_batch_size_count{{flow="{f.name}",stage="{stage}"}}')
+    total = _metric(metrics, f'flowserve_stage_batch_size_sum{{flow="{f.name}",stage="{stage}"}}')
+    assert count == 12  # every request ran in one batch
+    assert total / count > 1, f"no request was merged: mean batch size {total / count}"
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"metric {name} not found")
+
+
+def test_no_live_executor_gives_503():
+    c = LocalCluster(ClusterConfig(executors=1, restart_executors=False, request_timeout_s=10)).start()
+    try:
+        f = Flow("lonely")
+        f.map(lambda r: r.x, names=["y"])
+        d = c.deploy(f)
+        assert httpx.post(d.url, json={"x": 1}).status_code == 200
+        import os
+        import signal
+
+        ex_pid = _executor_pids(c)[0]
+        os.kill(ex_pid, signal.SIGKILL)
+        r = httpx.post(d.url, json={"x": 1}, timeout=15)
+        assert r.status_code == 503, r.text
+        assert "executor" in r.json()["message"]
+    finally:
+        c.stop()
+
+
+def _executor_pids(c: LocalCluster) -> list[int]:
+    import subprocess
+
+    out = subprocess.run(["pgrep", "-f", f"executors.executor .*{c.dir}"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]

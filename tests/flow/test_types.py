@@ -1,0 +1,189 @@
+"""Column types and build_column: inference, coercion and the errors that name the column."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from flow import ColumnType, DataTypeError
+from flow.types import build_column, unify
+
+
+# -- ColumnType -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec, kind", [
+    (int, "int"), (float, "float"), (bool, "bool"), (str, "str"), (bytes, "bytes"),
+    ("int", "int"), ("null", "null"), (np.int32, "int"), (np.uint8, "int"), (np.float32, "float"),
+    (np.dtype(bool), "bool"),
+])
+def test_parse_accepts_python_types_kind_names_and_dtypes(spec, kind):
+    assert ColumnType.parse(spec, "c").kind == kind
+
+
+@pytest.mark.parametrize("spec", [object, "tensor", "complex", np.complex64, list])
+def test_parse_rejects_unknown_types_naming_the_column(spec):
+    with pytest.raises(DataTypeError, match="column 'img'"):
+        ColumnType.parse(spec, "img")
+
+
+def test_tensor_type_and_json_round_trip():
+    t = ColumnType.tensor(np.float32, [2, 3])
+    assert t.kind == "tensor" and t.dtype == np.float32 and t.shape == (2, 3)
+    assert str(t) == "tensor[float32, (2, 3)]"
+    assert ColumnType.from_json(t.to_json()) == t
+    assert ColumnType.from_json(ColumnType("str").to_json()) == ColumnType("str")
+    assert ColumnType.parse(t, "x") is t
+
+
+def test_column_type_rejects_bad_values():
+    with pytest.raises(ValueError, match="unknown column kind"):
+        ColumnType("complex")
+    with pytest.raises(ValueError, match="needs a dtype"):
+        ColumnType("tensor")
+    with pytest.raises(ValueError, match="no row shape"):
+        ColumnType("int", shape=(2,))
+
+
+def test_fill_values():
+    assert ColumnType("int").fill_value() == 0
+    assert np.isnan(ColumnType("float").fill_value())
+    assert ColumnType.tensor(np.int8, (2,)).fill_value().tolist() == [0, 0]
+
+
+# -- build_column: inference ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values, kind", [
+    ([1, 2], "int"), ([1.5, 2], "float"), ([True, False], "bool"), (["a", "b"], "str"),
+    ([b"a", bytearray(b"b")], "bytes"), ([None, None], "null"), ([], "null"),
+    ([np.int16(1), 2], "int"), ([np.float32(1.5)], "float"), ([np.bool_(True)], "bool"),
+    ([np.str_("x")], "str"),
+])
+def test_kind_inference(values, kind):
+    ctype, arr, _ = build_column(values, "c")
+    assert ctype.kind == kind
+    assert len(arr) == len(values)
+
+
+def test_missing_values_are_masked():
+    ctype, arr, valid = build_column([1, None, 3], "c")
+    assert ctype.kind == "int" and arr.dtype == np.int64
+    assert valid.tolist() == [True, False, True]
+
+
+def test_nan_is_missing_in_float_columns():
+    for values in ([1.0, float("nan"), None], np.array([1.0, np.nan, np.nan])):
+        ctype, arr, valid = build_column(values, "c")
+        assert ctype.kind == "float"
+        assert valid.tolist() == [True, False, False]
+        assert np.isnan(arr[1:]).all()  # storage holds NaN where missing
+    # int and NaN: a float column, as in pandas
+    assert build_column([1, float("nan")], "c")[0].kind == "float"
+
+
+def test_nan_inside_a_tensor_is_a_value_not_a_missing_row():
+    ctype, arr, valid = build_column([np.array([np.nan, 1.0])], "c")
+    assert ctype.kind == "tensor" and valid is None and np.isnan(arr[0, 0])
+
+
+def test_tensor_column_is_one_contiguous_array():
+    ctype, arr, valid = build_column([np.zeros((2, 3)), np.ones((2, 3)), None], "img")
+    assert ctype == ColumnType.tensor(np.float64, (2, 3))
+    assert arr.shape == (3, 2, 3) and arr.flags.c_contiguous
+    assert valid.tolist() == [True, True, False]
+    ctype, arr, _ = build_column([[1, 2], [3, 4]], "v")  # lists are tensors too
+    assert ctype == ColumnType.tensor(np.int64, (2,)) and arr.tolist() == [[1, 2], [3, 4]]
+
+
+def test_typed_2d_array_is_a_tensor_column_without_copy():
+    data = np.arange(6, dtype=np.float32).reshape(3, 2)
+    ctype, arr, valid = build_column(data, "x")
+    assert ctype == ColumnType.tensor(np.float32, (2,)) and valid is None
+    assert np.shares_memory(arr, data)
+
+
+def test_pandas_series_is_accepted():
+    ctype, arr, valid = build_column(pd.Series([1.0, None]), "x")
+    assert ctype.kind == "float" and valid.tolist() == [True, False]
+    assert build_column(pd.Series(["a", None]), "x")[0].kind == "str"
+
+
+# -- build_column: errors name the column ------------------------------------------------------
+
+
+@pytest.mark.parametrize("values, match", [
+    ([np.zeros(2), np.zeros(3)], "ragged tensor column"),
+    ([[1, 2], [1]], "ragged|different lengths"),
+    ([1, "a"], "mixed value types"),
+    ([True, 1], "mixed value types"),  # bool is not an int
+    ([{"a": 1}], "unsupported value type dict"),
+    ([np.array(1.0)], "0-d arrays are scalars"),
+    ([np.array(["a", "b"])], "must be numeric or bool"),
+    ([2**63], "does not fit in int64"),
+    ([-(2**63) - 1], "does not fit in int64"),
+    (np.array([2**63], dtype=np.uint64), "does not fit in int64"),
+    (np.array(["2020-01-01"], dtype="datetime64[D]"), "unsupported dtype"),
+    (np.float64(1.0), "expected a sequence of values"),
+    (np.array(1.0), "0-d array"),
+    ("abc", "expected a sequence of values"),
+])
+def test_bad_values_raise_data_type_error_naming_the_column(values, match):
+    with pytest.raises(DataTypeError, match=f"column 'col'.*({match})"):
+        build_column(values, "col")
+
+
+def test_int64_bounds_are_accepted():
+    _, arr, _ = build_column([2**63 - 1, -(2**63)], "c")
+    assert arr.tolist() == [2**63 - 1, -(2**63)]
+    _, arr, _ = build_column(np.array([2**63 - 1], dtype=np.uint64), "c")
+    assert arr.dtype == np.int64 and arr.tolist() == [2**63 - 1]
+
+
+# -- build_column with a declared type ------------------------------------------------------
+
+
+def test_declared_float_accepts_ints():
+    ctype, arr, _ = build_column([1, 2], "c", ColumnType("float"))
+    assert ctype.kind == "float" and arr.dtype == np.float64
+    ctype, arr, _ = build_column(np.array([1, 2]), "c", ColumnType("float"))
+    assert ctype.kind == "float" and arr.dtype == np.float64
+
+
+@pytest.mark.parametrize("values, want", [
+    ([True], "int"), ([1], "bool"), ([1.5], "int"), ([1.0], "int"), ([True], "float"),
+    (np.array([True]), "int"), (np.array([1]), "bool"), (np.array([1.5]), "int"),
+    ([1], "str"), (["a"], "bytes"), ([1], "null"),
+])
+def test_declared_type_is_strict_about_bool_int_float_and_str(values, want):
+    with pytest.raises(DataTypeError, match="column 'c'"):
+        build_column(values, "c", ColumnType(want))
+
+
+def test_declared_tensor_shape_is_checked():
+    want = ColumnType.tensor(np.float64, (2,))
+    assert build_column([None, None], "t", want)[0] == want
+    with pytest.raises(DataTypeError, match="column 't': expected shape"):
+        build_column([np.zeros(3)], "t", want)
+    with pytest.raises(DataTypeError, match="column 't'"):
+        build_column(np.zeros((2, 3)), "t", want)
+
+
+def test_declared_type_gives_all_missing_columns_their_type():
+    ctype, arr, valid = build_column([None, None], "c", ColumnType("int"))
+    assert ctype.kind == "int" and valid.tolist() == [False, False]
+
+
+# -- unify -------------------------------------------------------------------------------------
+
+
+def test_unify_rules():
+    i, f, b, s, n = (ColumnType(k) for k in ("int", "float", "bool", "str", "null"))
+    assert unify(i, f, "c") == f and unify(f, i, "c") == f
+    assert unify(n, s, "c") == s and unify(b, n, "c") == b
+    t32, t64 = ColumnType.tensor(np.float32, (2,)), ColumnType.tensor(np.float64, (2,))
+    assert unify(t32, t64, "c") == t64
+    for a, b_ in ((b, i), (s, ColumnType("bytes")), (i, s), (t64, ColumnType.tensor(np.float64, (3,)))):
+        with pytest.raises(DataTypeError, match="column 'c': cannot combine"):
+            unify(a, b_, "c")
