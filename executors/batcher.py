@@ -1,5 +1,10 @@
 """Per-stage batching on an executor: up to ``max_batch_size`` requests, waiting at most
-``max_wait_ms`` after the first one for more (Clipper's delayed batching)."""
+``max_wait_ms`` after the first one for more (Clipper's delayed batching).
+
+The wait is adaptive: a batcher only waits when requests have lately been arriving less
+than ``max_wait_ms`` apart (an exponentially weighted mean of the gaps), so a lone request
+at low load runs at once instead of paying the whole window for a batch that will not come.
+Whatever is already queued is always taken."""
 
 from __future__ import annotations
 
@@ -29,10 +34,24 @@ class Batcher:
         self.run = run
         self.queue: queue.Queue[WorkItem] = queue.Queue()
         self._stopping = stopping
+        self._last_put = 0.0
+        self.gap_ewma = float("inf")  # seconds between arrivals; no waiting until measured
         self.thread = threading.Thread(target=self._loop, name=f"batcher-{hosted.stage.name}", daemon=True)
         self.thread.start()
 
+    def note_arrival(self) -> None:
+        now = time.perf_counter()
+        if self._last_put:
+            gap = now - self._last_put
+            self.gap_ewma = gap if self.gap_ewma == float("inf") else 0.7 * self.gap_ewma + 0.3 * gap
+        self._last_put = now
+
+    def should_wait(self) -> bool:
+        """True if requests arrive often enough that waiting is likely to grow a batch."""
+        return self.gap_ewma < self.config.max_wait_ms / 1000 or not self.queue.empty()
+
     def put(self, item: WorkItem) -> None:
+        self.note_arrival()
         self.queue.put(item)
 
     def __len__(self) -> int:
@@ -46,7 +65,8 @@ class Batcher:
             except queue.Empty:
                 continue
             batch = [first]
-            deadline = time.perf_counter() + wait
+            # wait for more only if another request is likely to come within the window
+            deadline = time.perf_counter() + (wait if self.should_wait() else 0.0)
             while len(batch) < max_size:
                 try:  # take what is already queued without waiting
                     batch.append(self.queue.get_nowait())

@@ -32,7 +32,7 @@ from executors.httpcodec import ARROW
 from executors.placement import PLAN_KEY, VERSION_KEY
 from flow.table import Table
 from kvs import KVS
-from kvs.server import _pdeathsig_preexec, _terminate
+from kvs.server import popen, terminate
 
 DEFAULT_DIR = Path(os.environ.get("FLOWSERVE_HOME", Path.home() / ".flowserve"))
 
@@ -71,9 +71,8 @@ class LocalCluster:
         # executors unpickle user functions by reference: give them the caller's import path
         env["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p)
         log = open(self.dir / "daemon.out", "ab")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                     preexec_fn=None if self.detached else _pdeathsig_preexec(),
-                                     start_new_session=self.detached)
+        self.proc = popen(cmd, die_with_parent=not self.detached, stdout=log, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL, env=env)
         log.close()
         state_file = self.dir / STATE_FILE
         while not state_file.exists():
@@ -112,7 +111,7 @@ class LocalCluster:
             self._kvs.close()
             self._kvs = None
         if self.proc is not None:
-            _terminate(self.proc, timeout)
+            terminate(self.proc, timeout)
             self.proc = None
         elif self.state.get("pid"):
             try:

@@ -29,7 +29,7 @@ from executors.gateway import Gateway, make_app
 from executors.metrics import Metrics
 from executors.wire import pack
 from kvs import KVS, RedisServer
-from kvs.server import _free_port, _pdeathsig_preexec, _terminate
+from kvs.server import free_port, popen, terminate
 
 log = logging.getLogger("flowserve.cluster")
 STATE_FILE = "cluster.json"
@@ -48,8 +48,7 @@ class ExecutorProcess:
         logfile = open(self.logdir / f"{self.id}.log", "ab")
         cmd = [sys.executable, "-m", "executors.executor", "--id", self.id, "--address", self.address,
                "--kvs", self.kvs_url, "--device", self.device, "--threads", str(self.threads)]
-        self.proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     preexec_fn=_pdeathsig_preexec())
+        self.proc = popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         logfile.close()
 
     def alive(self) -> bool:
@@ -66,7 +65,7 @@ class ClusterDaemon:
         self.admin_token = secrets.token_urlsafe(24)
         self.redis = RedisServer(dir=dir_ / "redis", appendonly=config.persistence,
                                  password=secrets.token_urlsafe(24), die_with_parent=True)
-        self.port = config.port or _free_port()
+        self.port = config.port or free_port()
         self.executors: list[ExecutorProcess] = []
         self.metrics = Metrics()
         self.dispatcher: Dispatcher | None = None
@@ -175,7 +174,7 @@ class ClusterDaemon:
                 ex.proc.terminate()
         for ex in self.executors:
             if ex.proc is not None:
-                _terminate(ex.proc, 10)
+                terminate(ex.proc, 10)
         self.store.close()
         self.redis.stop()
         (self.dir / STATE_FILE).unlink(missing_ok=True)

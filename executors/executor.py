@@ -39,6 +39,8 @@ from optimizer.plan import INPUT, Plan
 
 log = logging.getLogger("flowserve.executor")
 
+CHEAP_MS = 2.0  # stages faster than this on average run on the IO thread
+DRAIN_MAX = 256  # messages taken per wake-up before running what they made ready
 DONE_MEMORY = 100_000  # (request, stage) pairs remembered to drop late competing copies
 
 
@@ -63,6 +65,14 @@ class HostedStage:
         self.consumers = plan.consumers()[name]
         self.is_sink = plan.sink == name
         self.batcher: Batcher | None = None
+        self.ewma_ms = CHEAP_MS * 4  # unknown cost: start on the pool until measured
+
+    @property
+    def cheap(self) -> bool:
+        return self.ewma_ms < CHEAP_MS
+
+    def observe(self, ms: float) -> None:
+        self.ewma_ms = 0.8 * self.ewma_ms + 0.2 * ms
 
 
 class Executor:
@@ -86,6 +96,7 @@ class Executor:
         self._local = threading.local()
         self._stopping = threading.Event()
         self.inflight = 0
+        self._inline: dict = {}  # id(hosted) -> (hosted, ready items) to run after a drain
         self._inflight_lock = threading.Lock()
 
     # -- sockets ---------------------------------------------------------------------------
@@ -113,13 +124,14 @@ class Executor:
         last_gc = time.monotonic()
         while not self._stopping.is_set():
             if poller.poll(200):
-                frames = self.pull.recv_multipart(copy=False)
-                try:
-                    self.handle(frames)
-                except WireError as e:
-                    log.warning("dropped a malformed message: %s", e)
-                except Exception:  # never let one message take the executor down
-                    log.exception("error handling a message")
+                # drain what has arrived, then run cheap ready work as batches right here
+                for _ in range(DRAIN_MAX):
+                    try:
+                        frames = self.pull.recv_multipart(copy=False, flags=zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._handle_safely(frames)
+                self._run_inline()
             now = time.monotonic()
             if now - last_gc > 1.0:
                 self._expire(time.time())
@@ -128,6 +140,22 @@ class Executor:
 
     def stop(self, *_):
         self._stopping.set()
+
+    def _handle_safely(self, frames) -> None:
+        try:
+            self.handle(frames)
+        except WireError as e:
+            log.warning("dropped a malformed message: %s", e)
+        except Exception:  # never let one message take the executor down
+            log.exception("error handling a message")
+
+    def _run_inline(self) -> None:
+        """Run the cheap batching work gathered while draining, one batch per stage."""
+        ready, self._inline = self._inline, {}
+        for hosted, items in ready.values():
+            size = hosted.stage.batch.max_batch_size
+            for i in range(0, len(items), size):
+                self.run_batch(hosted, items[i:i + size])
 
     def handle(self, frames) -> None:
         header, tables = unpack(frames)
@@ -260,7 +288,16 @@ class Executor:
 
     def dispatch(self, hosted: HostedStage, item: WorkItem) -> None:
         if hosted.batcher is not None:
-            hosted.batcher.put(item)
+            if hosted.cheap and not hosted.batcher.should_wait():
+                # light load and a quick stage: no thread hop, no waiting; requests that
+                # arrived together (drained in one go) still run as one batch
+                hosted.batcher.note_arrival()
+                self._inline.setdefault(id(hosted), (hosted, []))[1].append(item)
+            else:
+                hosted.batcher.put(item)
+        elif hosted.cheap:
+            # a waking worker thread costs more than a stage this quick: run it right here
+            self.run_one(hosted, item)
         else:
             self.pool.submit(self.run_one, hosted, item)
 
@@ -275,7 +312,9 @@ class Executor:
             log.exception("stage %s failed", hosted.stage.name)
             self._fail(item.header, e, hosted)
             return
-        self.forward(hosted, item, out, (time.perf_counter() - t0) * 1000, 1)
+        ms = (time.perf_counter() - t0) * 1000
+        hosted.observe(ms)
+        self.forward(hosted, item, out, ms, 1)
 
     def run_batch(self, hosted: HostedStage, items: list[WorkItem]) -> None:
         """Run several requests as one merged Table, then split the output back by qid."""
@@ -291,6 +330,7 @@ class Executor:
                 self.run_one(hosted, it)
             return
         ms = (time.perf_counter() - t0) * 1000
+        hosted.observe(ms)
         owner = {}
         for k, it in enumerate(items):
             for t in it.inputs:

@@ -112,11 +112,13 @@ class Gateway:
             self.metrics.errors.labels(name, str(e.status)).inc()
             self.metrics.requests.labels(name, str(e.status)).inc()
             return JSONResponse(e.body, status_code=e.status)
-        self.metrics.latency.labels(name).observe((time.perf_counter() - t0) * 1000)
+        ms = (time.perf_counter() - t0) * 1000
+        self.metrics.latency.labels(name).observe(ms)
         self.metrics.requests.labels(name, "200").inc()
+        timing = {"Server-Timing": f"flow;dur={ms:.3f}"}
         if ARROW in request.headers.get("accept", ""):
-            return Response(arrow_bytes(result), media_type=ARROW)
-        return Response(json_rows(result), media_type="application/json")
+            return Response(arrow_bytes(result), media_type=ARROW, headers=timing)
+        return Response(json_rows(result), media_type="application/json", headers=timing)
 
     async def list_flows(self, request: Request) -> Response:
         flows = []

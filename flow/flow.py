@@ -106,6 +106,9 @@ class Node:
         """Group rows by ``col``; follow with ``.agg(fn, col)``."""
         if not isinstance(col, str):
             raise FlowTypeError(f"operator groupby: column must be a str, got {col!r}")
+        if col == QID:
+            raise FlowValueError("operator groupby: cannot group by qid (rows of one query are never merged "
+                                 "with others' by a rowwise flow); group by a data column")
         self._need_columns([col], "groupby", "column")
         return GroupedNode(self, col)
 
@@ -119,6 +122,8 @@ class Node:
         if col is not None:
             if not isinstance(col, str):
                 raise FlowTypeError(f"operator {op_name}: column must be a str, got {col!r}")
+            if col == QID:
+                raise FlowValueError(f"operator {op_name}: cannot aggregate the qid column")
             self._need_columns([col], op_name, "column")
         out = name if name is not None else (fn if col is None else f"{fn}_{col}")
         _check_names([out], op_name, "agg", default=None)
@@ -185,6 +190,8 @@ class Node:
         if missing not in ("error", "null"):
             raise FlowValueError(f"operator lookup: missing={missing!r}; expected 'error' or 'null'")
         if column is not None:
+            if not isinstance(column, str) or column == QID:
+                raise FlowValueError(f"operator lookup: column= must name a data column holding str keys, got {column!r}")
             self._need_columns([column], f"lookup({column})", "column")
         out = name if name is not None else (key if key is not None else f"{column}_value")
         label = f"lookup({key if key is not None else column})"

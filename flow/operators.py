@@ -6,15 +6,17 @@ a callable ``bound(inputs: list[Table], store) -> Table``. ``flow.run``, the opt
 plan interpreter and the executors all run operators through this one interface, so they
 share one meaning.
 
-Semantics in short (README "Flow semantics" has the long form):
+Semantics in short (docs/flow-semantics.md has the exact form):
 - ``map`` replaces the columns with ``names`` (the qid is kept): a stage sends on only what
-  later stages need. Re-emit a column by returning it.
+  later stages need. Re-emit a column by returning it. A batching operator is never
+  called with an empty Table.
 - ``filter`` keeps the rows whose predicate is True.
 - ``agg`` (optionally after ``groupby``) gives one row per group, groups sorted by key,
   rows with a missing key dropped, missing values skipped; the row's qid is the smallest
   qid of its group.
 - ``join`` matches rows on ``on`` (default qid); missing keys never match; clashing
-  column names get ``suffixes`` (default ``("", "_right")``).
+  column names get ``suffixes`` (default ``("", "_right")``); left columns first, then
+  the right non-key ones; qid of the left row (the right row's for right-only rows).
 - ``union`` appends rows; ``lookup`` adds a column read from the KVS; ``anyof`` runs
   alternatives and keeps, per row, the first result that ``valid`` accepts.
 """
@@ -170,7 +172,7 @@ def build_callable(fn, init, name: str) -> Callable:
         if init is not None:
             state = init()
             return lambda *args: fn(state, *args)
-    except FlowError:
+    except OperatorError:
         raise
     except Exception as e:
         raise OperatorFailedError(
@@ -213,7 +215,7 @@ def _map_rows(name, call, names, col, table: Table) -> Table:
     qids = table.qid
     qid_list = qids.tolist()
     if col is not None:
-        args = iter(table.column(col).to_list())
+        args = iter(qid_list if col == "qid" else table.column(col).to_list())
     else:
         args = table.rows()
     for i, arg in enumerate(args):
@@ -523,7 +525,7 @@ class JoinOp(Operator):
         return f"join {self.how} on {', '.join(self.on)}"
 
     def instantiate(self):
-        return _BoundJoin(self, f"join")
+        return _BoundJoin(self, "join")
 
 
 class _BoundJoin(BoundOperator):
@@ -685,7 +687,7 @@ class _BoundLookup(BoundOperator):
         unique = list(dict.fromkeys(k for k in keys if k is not None))
         for k in unique:
             if not isinstance(k, (str, bytes)):
-                raise DataTypeError(f"operator {self.name!r}: lookup keys must be str, got {type(k).__name__} {k!r:.40}")
+                raise DataTypeError(f"operator {self.name!r}: lookup keys must be str or bytes, got {type(k).__name__} {k!r:.40}")
         found = dict(zip(unique, read_many(store, unique)))
         values = []
         for i, k in enumerate(keys):
@@ -741,6 +743,12 @@ class AnyOfOp(Operator):
     @property
     def high_variance(self):
         return True
+
+    @property
+    def rowwise(self):
+        # An alternative that raises makes all of its rows invalid; on rows merged from
+        # several requests one request's failure would change the others' answers.
+        return False
 
     def describe(self) -> str:
         return f"anyof {', '.join(callable_name(f) for f in self.alternatives)} -> {', '.join(self.names)}"

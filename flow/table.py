@@ -2,8 +2,9 @@
 
 Every request row is one query with its own qid; operators keep the qid of the row they
 came from, so the rows of many requests can be merged into one Table (batching) and split
-back by qid. Input Tables have unique qids; after a join on a duplicated key several rows
-can share a qid (they all answer that query).
+back by qid. A request's rows have unique qids (``flow.run`` checks); after a join on a
+duplicated key or a union several rows can share a qid (they all answer that query), so
+the constructors accept repeated qids. In float columns NaN is a missing value.
 
     t = Table.from_pylist([{"x": 1, "img": np.zeros((2, 2))}, {"x": 2, "img": np.ones((2, 2))}])
     t.schema                      # {'x': int, 'img': tensor[float64, (2, 2)]}
@@ -39,6 +40,8 @@ class Column:
             if valid.shape != (len(values),):
                 raise SchemaError(f"validity mask has shape {valid.shape}, the column has {len(values)} rows")
         if type_.kind == "float" and len(values):
+            if values.dtype != np.float64:
+                values = values.astype(np.float64)
             nan = np.isnan(values)
             if valid is None:
                 valid = ~nan if nan.any() else None

@@ -18,7 +18,9 @@ Races handled:
 * fork: the child starts with an empty cache and its own listener.
 
 Shared values must not be mutated: arrays come back read-only, JSON lists/dicts are
-decoded afresh on each hit, trusted (pickled) objects are shared as they are.
+decoded afresh on each hit; flow Tables (immutable by convention) and trusted
+(pickled) objects are shared as they are. Raw writes through ``.redis`` are not
+dropped locally at once; the server's invalidation removes them a moment later.
 
     >>> store = CachedKVS.from_url(server.url, cache_max_bytes=64 << 20)  # doctest: +SKIP
     >>> store.get("emb"); store.get("emb"); store.stats().hits             # doctest: +SKIP
@@ -305,12 +307,15 @@ class CachedKVS(KVS):
         entries: list[tuple[int, Any, int] | None] = []
         values: list[Any] = []
         try:
-            # tracked connections only while the listener is up; else the plain pool
-            client = self._reader if read.epoch is not None else self._redis
-            if len(keys) == 1:
-                blobs = [self._call(lambda: client.get(keys[0]), "GET")]
-            else:
-                blobs = self._call(lambda: client.mget(keys), "MGET")
+            def attempt():
+                # tracked connections while the listener of this read's epoch is up;
+                # otherwise the plain pool (the value will not be cached anyway), so a
+                # listener that cannot reconnect never blocks reads from a live server
+                tracked = read.epoch is not None and read.epoch == self._epoch
+                client = self._reader if tracked else self._redis
+                return [client.get(keys[0])] if len(keys) == 1 else client.mget(keys)
+
+            blobs = self._call(attempt, "GET" if len(keys) == 1 else "MGET")
             for key, blob in zip(keys, blobs):
                 if blob is None:
                     values.append(MISSING)

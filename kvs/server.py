@@ -284,6 +284,8 @@ class RedisServer:
     def version(self) -> str:
         """The server's ``redis_version`` (Valkey reports a Redis-compatible one)."""
         if self._version is None:
+            if not self.running:
+                raise ServerStartError("the server is not running")
             with self._client() as client:
                 self._version = str(client.info("server")["redis_version"])
         return self._version

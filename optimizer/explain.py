@@ -43,6 +43,11 @@ def _stage(i: int, s: Stage) -> list[str]:
     out = [f"stage {i}: {s.name}"]
     out.append(_field("inputs", ", ".join("request" if x == INPUT else x for x in s.inputs)))
     ops = [n.op.describe() for n in s.nodes]
+    if not s.chain:  # a fused fork-join region: say what each operator reads
+        pos = {n.name: k for k, n in enumerate(s.nodes, 1)}
+        for k, n in enumerate(s.nodes):
+            src = [_source(s, i) if i.startswith("@") else str(pos[i]) for i in n.inputs]
+            ops[k] += f"  (reads {', '.join(src)})"
     if len(ops) == 1:
         out.append(_field("operators", ops[0]))
     else:
@@ -68,3 +73,8 @@ def _stage(i: int, s: Stage) -> list[str]:
         out.append(_field("continuation", f"route rows by key column {s.continuation!r} "
                                           f"to an executor that caches the key"))
     return out
+
+
+def _source(s: Stage, ref: str) -> str:
+    upstream = s.inputs[int(ref[1:])]
+    return "request" if upstream == INPUT else upstream

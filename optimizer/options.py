@@ -31,6 +31,10 @@ class OptimizerOptions:
     - ``competitive_replicas``: k replicas race for a ``high_variance`` operator's stage
       (default 3, the seed's knee: 1 -> 3 replicas cut p99 by 71-94%). 1 turns racing off.
     - ``batch``: the BatchConfig given to batching stages (default: 20 requests, 2 ms).
+    - ``fuse_branches``: let fusion also merge fork-join regions (a stage, the branches it
+      feeds and the stage that joins them) into one stage that runs the branches one after
+      the other (default True: a hop costs more than most branches; operators that race,
+      route by key or choose among alternatives are never merged this way).
     - ``fuse_across_devices``: let fusion merge CPU operators into GPU stages (default
       False: a CPU operator in a GPU stage would hold the GPU while it runs).
 
@@ -40,6 +44,7 @@ class OptimizerOptions:
     rules: tuple[str, ...] = DEFAULT_RULES
     competitive_replicas: int = 3
     batch: BatchConfig = field(default_factory=BatchConfig)
+    fuse_branches: bool = True
     fuse_across_devices: bool = False
 
     def __post_init__(self):
@@ -49,6 +54,8 @@ class OptimizerOptions:
                             f"got {self.competitive_replicas!r}")
         if not isinstance(self.batch, BatchConfig):
             raise PlanTypeError(f"OptimizerOptions.batch must be a BatchConfig, got {self.batch!r}")
+        if not isinstance(self.fuse_branches, bool):
+            raise PlanTypeError(f"OptimizerOptions.fuse_branches must be a bool, got {self.fuse_branches!r}")
         if not isinstance(self.fuse_across_devices, bool):
             raise PlanTypeError(f"OptimizerOptions.fuse_across_devices must be a bool, "
                                 f"got {self.fuse_across_devices!r}")

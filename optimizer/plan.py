@@ -193,11 +193,12 @@ class Stage:
                                 f"{bad[0]!r} mixes rows and cannot be part of it")
 
     def _check_nodes(self) -> None:
-        head = self.nodes[0]
-        want = tuple(f"@{k}" for k in range(len(self.inputs)))
-        if head.inputs != want:
-            raise PlanError(f"stage {self.name!r}: first node {head.name!r} must read {want}, got {head.inputs}")
-        prev = head
+        """Nodes are in topological order; ``@k`` names the stage's k-th input. A stage is a
+        chain (each node reads the one before) or, after branch fusion, a small DAG whose
+        every node but the last feeds a later node of the stage (the last is the output)."""
+        want = {f"@{k}" for k in range(len(self.inputs))}
+        seen: set[str] = set()
+        used: set[str] = set()
         for node in self.nodes:
             if not isinstance(node, PlanNode):
                 raise PlanError(f"stage {self.name!r}: nodes must be PlanNodes, got {node!r}")
@@ -206,11 +207,22 @@ class Stage:
             if len(node.inputs) != node.op.arity:
                 raise PlanError(f"stage {self.name!r}: node {node.name!r} ({node.op.kind}) takes "
                                 f"{node.op.arity} input(s), got {node.inputs}")
-            if node is not head:
-                if node.inputs != (prev.name,):
-                    raise PlanError(f"stage {self.name!r}: node {node.name!r} must read the node before it "
-                                    f"({prev.name!r}), got {node.inputs}")
-                prev = node
+            for i in node.inputs:
+                if i not in seen and i not in want:
+                    raise PlanError(f"stage {self.name!r}: node {node.name!r} reads {i!r}, which is neither an "
+                                    f"earlier node of the stage nor one of its inputs {sorted(want)}")
+                used.add(i)
+            seen.add(node.name)
+        if want - used:
+            raise PlanError(f"stage {self.name!r}: inputs {sorted(want - used)} are read by no node")
+        dangling = [n.name for n in self.nodes[:-1] if n.name not in used]
+        if dangling:
+            raise PlanError(f"stage {self.name!r}: nodes {dangling} feed nothing; only the last node is the output")
+
+    @property
+    def chain(self) -> bool:
+        """True if every node after the first reads exactly the node before it."""
+        return all(n.inputs == (p.name,) for p, n in zip(self.nodes, self.nodes[1:]))
 
     @property
     def ops(self) -> tuple[Operator, ...]:
@@ -296,6 +308,10 @@ class Plan:
         for name in self.stages:
             if name != self.sink and not consumers[name]:
                 raise PlanError(f"plan {self.flow_name!r}: stage {name!r} is not the sink and nothing reads it")
+
+    def __reduce__(self):  # read-only mappings do not pickle; ship plain dicts
+        schema = dict(self.input_schema) if self.input_schema is not None else None
+        return (Plan, (self.flow_name, dict(self.stages), self.sink, schema, self.rules))
 
     @classmethod
     def from_flow(cls, flow) -> "Plan":

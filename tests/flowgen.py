@@ -410,7 +410,7 @@ class _Builder:
         if c.chance(20):
             flags["gpu"] = True
             self.features.add("map.gpu")
-        if c.chance(20):
+        if c.chance(30):
             flags["high_variance"] = True
             self.features.add("map.high_variance")
         if variant in ("row", "multi", "col", "class", "init", "batching", "batching_col", "vec") and not nums:
@@ -695,7 +695,7 @@ class _Builder:
         if c.chance(20):
             cols["t0"] = Col("tensor", c.chance(30))
         rows = []
-        for _ in range(c.integer(0, max_rows) if c.chance(90) else max_rows):
+        for _ in range(0 if c.chance(8) else c.integer(1, max_rows)):
             row = {}
             for n, col in cols.items():
                 if col.nullable and c.chance(25):
@@ -726,7 +726,7 @@ class _Builder:
         self.nodes.append(_G(flow.source, cols, "n0", max(len(rows), 1), 1))
         ops = [self.op_map, self.op_filter, self.op_agg, self.op_join, self.op_union, self.op_lookup,
                self.op_anyof]
-        for _ in range(c.integer(1, max_ops)):
+        for _ in range(c.integer(min(2, max_ops), max_ops)):
             op = c.choice(ops)
             g = self.pick_node()
             if op in (self.op_agg, self.op_union, self.op_join) and g is self.nodes[0] and c.chance(50):

@@ -59,6 +59,9 @@ def why_not_fuse(plan: Plan, a: Stage, b: Stage, options) -> str | None:
         return f"{a.name!r} runs on {_device(a)}, {b.name!r} on {_device(b)}"
     if (wants_batching(a) or wants_batching(b)) and not (a.rowwise and b.rowwise):
         return f"fusing {a.name!r} and {b.name!r} would stop a batching stage from batching"
+    if not (a.chain and b.chain) and not (_plain(a) and _plain(b)):
+        # a fused fork-join region holds only plain operators, so no later rule cuts it
+        return f"{a.name!r} and {b.name!r} would put a marked operator into a fork-join region"
     return None
 
 
@@ -69,8 +72,9 @@ def can_fuse(plan: Plan, a: Stage, b: Stage, options) -> bool:
 
 def fuse(plan: Plan, a: Stage, b: Stage) -> Plan:
     """Apply: one stage ``a+b`` running a's operators then b's, where b was."""
-    head = replace(b.nodes[0], inputs=(a.nodes[-1].name,))
-    nodes = (*a.nodes, head, *b.nodes[1:])
+    # b reads only a ("@0"): wherever b's operators read it, they now read a's last operator
+    out = a.nodes[-1].name
+    nodes = (*a.nodes, *(replace(n, inputs=tuple(out if i == "@0" else i for i in n.inputs)) for n in b.nodes))
     merged = Stage(
         name=stage_name(nodes),
         nodes=nodes,
@@ -85,11 +89,7 @@ def fuse(plan: Plan, a: Stage, b: Stage) -> Plan:
     return plan.substitute(b.name, [merged], drop=[a.name])
 
 
-def apply(plan: Plan, options=None) -> Plan:
-    """Fuse every chain the conditions allow, upstream first (see module docs)."""
-    from optimizer.options import OptimizerOptions
-
-    options = options or OptimizerOptions()
+def _fuse_chains(plan: Plan, options) -> Plan:
     while True:
         for b in plan.stages.values():
             if len(b.inputs) == 1 and b.inputs[0] != INPUT:
@@ -97,5 +97,95 @@ def apply(plan: Plan, options=None) -> Plan:
                 if can_fuse(plan, a, b, options):
                     plan = fuse(plan, a, b)
                     break
+        else:
+            return plan
+
+
+# -- fork-join regions --------------------------------------------------------------------
+
+
+def _plain(stage: Stage) -> bool:
+    """A stage no other rule marks or cuts: no racing, key routing, choice or device split."""
+    return (stage.wait == "all" and stage.competitive == 1 and stage.continuation is None
+            and not any(n.op.high_variance or n.op.kind in ("anyof", "choose")
+                        or (n.op.kind == "lookup" and getattr(n.op, "dynamic", False)) for n in stage.nodes))
+
+
+def region(plan: Plan, tail: Stage, options) -> list[str]:
+    """May apply: the stages that can fuse with ``tail`` into one fork-join region.
+
+    A stage joins the region when all of its consumers are already in it (so the region
+    has one output, ``tail``'s), it is plain (see ``_plain``), on ``tail``'s device, and
+    the region keeps batching if any part of it could batch.
+    """
+    if not options.fuse_branches or not _plain(tail):
+        return [tail.name]
+    consumers = plan.consumers()
+    group = {tail.name}
+    order = list(plan.stages)
+    grew = True
+    while grew:
+        grew = False
+        for name in reversed(order):
+            s = plan.stages[name]
+            if name in group or not consumers[name] or not all(c in group for c in consumers[name]):
+                continue
+            if not _plain(s) or (_device(s) != _device(tail) and not options.fuse_across_devices):
+                continue
+            nodes = [n for m in order if m in group or m == name for n in plan.stages[m].nodes]
+            if any(n.op.batching for n in nodes) and not all(n.op.rowwise for n in nodes):
+                continue
+            group.add(name)
+            grew = True
+    return [m for m in order if m in group]
+
+
+def fuse_region(plan: Plan, names: list[str]) -> Plan:
+    """Apply: one stage running the region's stages in topological order; the branches of
+    a fork run one after the other, the join reads them inside the stage."""
+    members = [plan.stages[n] for n in names]
+    inside = set(names)
+    externals: list[str] = []
+    nodes = []
+    for s in members:
+        for node in s.nodes:
+            inputs = []
+            for i in node.inputs:
+                if not i.startswith("@"):
+                    inputs.append(i)
+                    continue
+                src = s.inputs[int(i[1:])]
+                if src in inside:
+                    inputs.append(plan.stages[src].nodes[-1].name)
+                else:
+                    if src not in externals:
+                        externals.append(src)
+                    inputs.append(f"@{externals.index(src)}")
+            nodes.append(replace(node, inputs=tuple(inputs)))
+    tail = members[-1]
+    merged = Stage(
+        name=stage_name(nodes),
+        nodes=tuple(nodes),
+        inputs=tuple(externals),
+        replicas=max(s.replicas for s in members),
+        device=tail.device,
+        batch=next((s.batch for s in members if s.batch), None) if wants_batching(nodes) else None,
+    )
+    return plan.substitute(tail.name, [merged], drop=names[:-1])
+
+
+def apply(plan: Plan, options=None) -> Plan:
+    """Fuse every chain the conditions allow, upstream first, then every fork-join region
+    (``OptimizerOptions.fuse_branches``), until nothing more fuses (see module docs)."""
+    from optimizer.options import OptimizerOptions
+
+    options = options or OptimizerOptions()
+    while True:
+        plan = _fuse_chains(plan, options)
+        for tail in reversed(list(plan.stages.values())):
+            names = region(plan, tail, options)
+            if len(names) > 1:
+                plan = fuse_region(plan, names)
+                break
         else:
             return plan

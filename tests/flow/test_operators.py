@@ -531,7 +531,7 @@ def test_lookup_store_forms_and_errors():
     assert read_many(STORE, []) == []
     with pytest.raises(FlowValueError, match=r"operator 'lookup\(cfg\)' reads the store: pass kvs="):
         run(lambda f: f.lookup("cfg"))
-    with pytest.raises(DataTypeError, match="lookup keys must be str, got int 1"):
+    with pytest.raises(DataTypeError, match="lookup keys must be str or bytes, got int 1"):
         run(lambda f: f.lookup(column="x", name="v"), kvs=STORE)
     with pytest.raises(SchemaError, match="output column 'x' already exists"):
         run(lambda f: f.lookup("cfg", name="x"), kvs=STORE)

@@ -278,3 +278,38 @@ def test_concat_then_split_by_qid_round_trips(rows, parts):
     assert sorted(split) == sorted(t.qid.tolist())
     for i, q in enumerate(t.qid.tolist()):
         assert split[q].equals(t.take([i]))
+
+
+# -- anyof and lookup ---------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(rows_st, st.integers(0, 3))
+def test_anyof_matches_first_valid_computed_directly(rows, threshold):
+    alternatives = [lambda r: (r.k, "a"), lambda r: (None if r.k is None else r.k + 1, "b"),
+                    lambda r: (10, "c")]
+    flow = Flow("any", schema=SCHEMA)
+    flow.anyof(*alternatives, names=["y", "src"], valid=lambda r: r.y is not None and r.y > threshold)
+    out = flow.run(to_table(rows))
+    df = to_df(rows)
+    k = df.k.astype("float")  # NaN for missing
+    choices = [(k, "a"), (k + 1, "b"), (pd.Series(10.0, index=df.index), "c")]
+    expected = []
+    for i in range(len(df)):
+        y, src = next((c[i], s) for c, s in choices if not np.isnan(c[i]) and c[i] > threshold)
+        expected.append((int(df.qid[i]), int(y), src))
+    assert ours(out, ["qid", "y", "src"]) == expected
+
+
+@SETTINGS
+@given(rows_st, st.booleans())
+def test_lookup_matches_pandas_map(rows, strict):
+    store = {"a": 1.5, "b": 2.5, "": -1.0}
+    flow = Flow("lk", schema=SCHEMA)
+    flow.lookup(column="s", name="val", missing="error" if strict else "null")
+    df = to_df(rows)
+    if strict and (df.s.isna().any() or not df.s.dropna().isin(list(store)).all()):
+        return  # covered by unit tests: the first missing key fails the query
+    out = flow.run(to_table(rows), kvs=store)
+    exp = df.assign(val=df.s.map(store))
+    assert ours(out, ["qid", "s", "val"]) == records(exp, ["qid", "s", "val"])

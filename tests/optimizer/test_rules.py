@@ -31,6 +31,9 @@ def marks(stage) -> dict:
     return out
 
 
+CHAINS_ONLY = OptimizerOptions(fuse_branches=False)  # the seed's fusion: linear chains only
+
+
 def layout(plan: Plan) -> list[tuple]:
     """(name, inputs, non-default marks) per stage, in the plan's (topological) order."""
     return [(s.name, s.inputs, marks(s)) for s in plan.stages.values()]
@@ -106,7 +109,7 @@ def test_fusion_never_fuses_a_stage_with_several_consumers():
     y = flow.map(f, names=["y"])
     left, right = y.map(g, names=["y"]), y.map(h, names=["y"])
     left.join(right).map(k, names=["z"])
-    plan = optimize(flow, rules=["fusion"])
+    plan = optimize(flow, rules=["fusion"], options=CHAINS_ONLY)
     assert layout(plan) == [
         ("f", (I,), {}),               # read by g and h: both need its output
         ("g", ("f",), {}),
@@ -115,12 +118,40 @@ def test_fusion_never_fuses_a_stage_with_several_consumers():
     ]
 
 
+def test_fusion_folds_a_fork_join_region_into_one_stage():
+    flow = Flow("diamond", schema={"x": int})
+    y = flow.map(f, names=["y"])
+    left, right = y.map(g, names=["y"]), y.map(h, names=["y"])
+    left.join(right).map(k, names=["z"])
+    plan = optimize(flow, rules=["fusion"])
+    assert layout(plan) == [("f+g+h+join+k", (I,), {})]
+    stage = plan.stages["f+g+h+join+k"]
+    assert [(n.name, n.inputs) for n in stage.nodes] == [
+        ("f", ("@0",)), ("g", ("f",)), ("h", ("f",)), ("join", ("g", "h")), ("k", ("join",))]
+    assert not stage.chain and "(reads 2, 3)" in plan.explain()
+
+
+def test_fork_join_regions_keep_marked_operators_out():
+    flow = Flow("marked", schema={"x": int})
+    y = flow.map(f, names=["y"])
+    left, right = y.map(g, names=["y"], high_variance=True), y.map(h, names=["y"], gpu=True)
+    left.join(right).map(k, names=["z"])
+    plan = optimize(flow)
+    assert layout(plan) == [
+        ("f", (I,), {}),
+        ("g", ("f",), {"competitive": 3, "replicas": 3}),
+        ("h", ("f",), {"device": "gpu"}),
+        ("join+k", ("g", "h"), {}),
+    ]
+
+
 def test_fusion_fuses_downstream_of_a_multi_input_head_but_not_into_it():
     flow = Flow("u", schema={"x": int})
     a = flow.map(f, names=["y"]).filter(lambda r: r.y > 0)
     b = flow.map(lambda r: r.x, names=["y"])
     a.union(b).map(g, names=["y"])
-    plan = optimize(flow, rules=["fusion"])
+    assert layout(optimize(flow, rules=["fusion"])) == [("f+lambda+lambda#2+union+g", (I,), {})]
+    plan = optimize(flow, rules=["fusion"], options=CHAINS_ONLY)
     assert layout(plan) == [
         ("f+lambda", (I,), {}),
         ("lambda#2", (I,), {}),
@@ -379,7 +410,8 @@ def test_batching_a_batching_filter_and_a_qid_join():
     flow = Flow("q", schema={"x": int})
     a = flow.filter(lambda t: t["x"] > 0, batching=True)
     a.join(flow.map(f, names=["y"])).map(g, names=["y"], batching=True)
-    plan = optimize(flow, rules=["fusion", "batching"])
+    assert layout(optimize(flow, rules=["fusion", "batching"])) == [("lambda+f+join+g", (I,), {"batch": B})]
+    plan = optimize(flow, rules=["fusion", "batching"], options=CHAINS_ONLY)
     assert layout(plan) == [
         ("lambda", (I,), {"batch": B}),
         ("f", (I,), {}),

@@ -1,0 +1,31 @@
+"""Run one benchmark: ``python -m benchmarks NAME [options]`` (``--help`` after NAME).
+
+Each writes raw results to benchmarks/results/NAME.json and a PNG plot beside it;
+benchmarks/README.md summarises the latest figures.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHMARKS = {
+    "e2e": "Ensemble and Cascade over HTTP: FlowServe vs Ray Serve vs the in-process floor",
+    "chain": "added latency per stage on a chain of no-op stages",
+    "kvs_cache": "8 MB reads: local cache vs Redis vs Redis + decode",
+}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHMARKS:
+        print(__doc__)
+        for name, what in BENCHMARKS.items():
+            print(f"  {name:10s} {what}")
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    module = importlib.import_module(f"benchmarks.{argv[0]}")
+    module.run(argv[1:]) if hasattr(module, "run") else module.main(argv[1:])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

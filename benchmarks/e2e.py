@@ -1,0 +1,207 @@
+"""End to end over HTTP: the Ensemble and the Cascade on FlowServe (optimized and not),
+on Ray Serve, and on one plain uvicorn process computing in-process (the floor).
+
+Closed loop with wrk at concurrency 1 and 8; systems run one after another in one run,
+on the same machine, with the same model code (benchmarks/pipelines.py).
+
+    python -m benchmarks e2e [--seconds 10] [--ray-python /tmp/rayenv/bin/python]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from benchmarks.common import ROOT, free_port, plt, progress, save, wait_http, wrk
+from benchmarks.pipelines import CASCADE_THRESHOLD, MLP, pick, preprocess, sample_image
+
+FLOWS = ("ensemble", "cascade")
+
+
+# -- the pipelines as flows ---------------------------------------------------------------
+
+
+def preprocess_table(table):
+    return preprocess(table["img"])
+
+
+class Small:
+    def __init__(self):
+        self.model = MLP("small")
+
+    def __call__(self, table):
+        return self.model(table["img"])
+
+
+class Big(Small):
+    def __init__(self):
+        self.model = MLP("big")
+
+
+def pick_row(row):
+    return pick(row.cls, row.conf, row.cls_right, row.conf_right)
+
+
+def pick_cascade(row):
+    if row.cls_right is None:
+        return row.cls, row.conf
+    return pick(row.cls, row.conf, row.cls_right, row.conf_right)
+
+
+def unsure(row):
+    return row.conf < CASCADE_THRESHOLD
+
+
+def ensemble_flow():
+    from flow import ColumnType, Flow
+
+    flow = Flow("ensemble", schema={"img": ColumnType.tensor(np.uint8, (28, 28))})
+    img = flow.map(preprocess_table, names=["img"], batching=True)
+    small = img.map(Small, names=["cls", "conf"], batching=True)
+    big = img.map(Big, names=["cls", "conf"], batching=True)
+    small.join(big).map(pick_row, names=["cls", "conf"])
+    return flow
+
+
+def cascade_flow():
+    from flow import ColumnType, Flow
+
+    flow = Flow("cascade", schema={"img": ColumnType.tensor(np.uint8, (28, 28))})
+    img = flow.map(preprocess_table, names=["img"], batching=True)
+    small = img.map(Small, names=["cls", "conf"], batching=True)
+    big = img.join(small).filter(unsure).map(Big, names=["cls", "conf"], batching=True)
+    small.join(big, how="left").map(pick_cascade, names=["cls", "conf"])
+    return flow
+
+
+# -- systems ----------------------------------------------------------------------------------
+
+
+class Floor:
+    name = "floor (1 uvicorn process, in-process)"
+
+    def __enter__(self):
+        self.port = free_port()
+        self.proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "benchmarks.floor_server:app", "--port",
+                                      str(self.port), "--log-level", "warning"], cwd=ROOT)
+        return self
+
+    def url(self, flow):
+        return f"http://127.0.0.1:{self.port}/flows/{flow}"
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+class Ours:
+    def __init__(self, optimize: bool):
+        self.optimize = optimize
+        self.name = "flowserve " + ("optimized" if optimize else "unoptimized")
+
+    def __enter__(self):
+        from executors import ClusterConfig, LocalCluster
+
+        self.cluster = LocalCluster(ClusterConfig(executors=2)).start()
+        self.deployments = {f.name: self.cluster.deploy(f, optimize=self.optimize)
+                            for f in (ensemble_flow(), cascade_flow())}
+        self.plans = {n: d.explain() for n, d in self.deployments.items()}
+        return self
+
+    def url(self, flow):
+        return self.deployments[flow].url
+
+    def __exit__(self, *exc):
+        self.cluster.stop()
+
+
+class RayServe:
+    name = "ray serve"
+
+    def __init__(self, python: str):
+        self.python = python
+
+    def __enter__(self):
+        self.port = free_port()
+        self.proc = subprocess.Popen([self.python, str(ROOT / "benchmarks" / "ray_server.py"), "--port", str(self.port)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+        for line in self.proc.stdout:
+            if line.startswith("READY"):
+                break
+        return self
+
+    def url(self, flow):
+        return f"http://127.0.0.1:{self.port}/flows/{flow}"
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.wait()
+        subprocess.run([self.python, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
+
+
+# -- the run -------------------------------------------------------------------------------------
+
+
+def measure(system, seconds: float, concurrencies=(1, 8)) -> dict:
+    body = json.dumps({"img": sample_image().tolist()}).encode()
+    out = {}
+    with system as s:
+        for flow in FLOWS:
+            wait_http(s.url(flow), body)
+            wrk(s.url(flow), body, 2, 2)  # warm up: models, caches, connections
+            for c in concurrencies:
+                r = wrk(s.url(flow), body, c, seconds)
+                progress(f"{system.name:40s} {flow:9s} c={c}: {r['rps']:8.1f} req/s  p50 {r['p50_ms']:.2f} ms  "
+                         f"p99 {r['p99_ms']:.2f} ms  non-2xx {r['non_2xx']}")
+                out[f"{flow}/c{c}"] = r
+        if hasattr(s, "plans"):
+            out["plans"] = s.plans
+    return out
+
+
+def run(argv=None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m benchmarks e2e", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=10.0, help="per measurement (default 10)")
+    p.add_argument("--ray-python", default=os.environ.get("RAY_PYTHON", "/tmp/rayenv/bin/python"),
+                   help="a Python with ray[serve] and torch (benchmarks/requirements-peers.txt); skipped if missing")
+    args = p.parse_args(argv)
+    os.environ.setdefault("FLOWSERVE_QUIET", "1")
+    systems = [Floor(), Ours(True), Ours(False)]
+    if os.path.exists(args.ray_python):
+        systems.append(RayServe(args.ray_python))
+    else:
+        progress(f"Ray Serve skipped: {args.ray_python} not found")
+    results = {s.name: measure(s, args.seconds) for s in systems}
+    save("e2e", {"seconds": args.seconds, "results": results})
+    _plot(results)
+    return results
+
+
+def _plot(results: dict) -> None:
+    pyplot = plt()
+    fig, axes = pyplot.subplots(1, 2, figsize=(11, 4))
+    names = list(results)
+    for ax, metric, label in ((axes[0], "rps", "throughput at concurrency 8 (req/s)"),
+                              (axes[1], "p50_ms", "p50 latency at concurrency 1 (ms)")):
+        key = "c8" if metric == "rps" else "c1"
+        width = 0.8 / len(names)
+        for i, n in enumerate(names):
+            vals = [results[n].get(f"{f}/{key}", {}).get(metric, 0) for f in FLOWS]
+            ax.bar(np.arange(len(FLOWS)) + i * width, vals, width, label=n)
+        ax.set_xticks(np.arange(len(FLOWS)) + 0.4 - width / 2)
+        ax.set_xticklabels(FLOWS)
+        ax.set_title(label)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    path = ROOT / "benchmarks" / "results" / "e2e.png"
+    fig.savefig(path, dpi=110)
+    progress(f"wrote {path.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    run()
