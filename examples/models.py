@@ -3,17 +3,27 @@
 Nothing is downloaded: the digits ship with scikit-learn. Images are scaled to uint8 and
 enlarged to 28x28 (MNIST's shape). Trained weights are stored in the cluster's KVS, and
 each model replica loads them once, when the executor builds it.
+
+Training takes seconds to tens of seconds on a loaded 2-core machine, so the trained
+weights are also kept on disk (``$FLOWSERVE_MODEL_CACHE``, default
+``~/.cache/flowserve/models``) and the next run of any example reuses them. With
+``FLOWSERVE_EXAMPLE_SMALL=1`` (the example tests) the models train for fewer epochs.
 """
 
 from __future__ import annotations
 
 import io
+import os
+import tempfile
+from pathlib import Path
 
 import numpy as np
 
 from flow import current_store
 
-MODELS = {"small": 64, "big": 1024}  # name -> hidden units
+MODELS = {"small": 64, "medium": 256, "big": 1024}  # name -> hidden units
+EPOCHS = 15
+SMALL_EPOCHS = 5  # FLOWSERVE_EXAMPLE_SMALL=1: quicker training, slightly less accurate
 
 
 def digits_28() -> tuple[np.ndarray, np.ndarray]:
@@ -54,12 +64,45 @@ def train(hidden: int, seed: int = 0, epochs: int = 15) -> bytes:
     return buf.getvalue()
 
 
-def ensure_models(store) -> None:
-    """Train and store the example models unless the store has them already."""
-    for name, hidden in MODELS.items():
+def small_mode() -> bool:
+    """True when the examples should run quickly (FLOWSERVE_EXAMPLE_SMALL=1, set by the tests)."""
+    return os.environ.get("FLOWSERVE_EXAMPLE_SMALL") == "1"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("FLOWSERVE_MODEL_CACHE") or Path.home() / ".cache" / "flowserve" / "models")
+
+
+def trained(hidden: int, seed: int = 0, epochs: int = EPOCHS) -> bytes:
+    """``train(hidden, seed, epochs)``, from the disk cache when an earlier run stored it."""
+    path = cache_dir() / f"digits-mlp-h{hidden}-s{seed}-e{epochs}.pt"
+    try:
+        return path.read_bytes()
+    except OSError:
+        pass
+    state = train(hidden, seed, epochs)
+    try:  # write-then-rename: concurrent runs never read half a file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as f:
+            f.write(state)
+        os.replace(f.name, path)
+    except OSError:
+        pass  # a read-only home only costs the next run the training time
+    return state
+
+
+def ensure_models(store, names=("small", "big"), epochs: int | None = None) -> None:
+    """Train (or load from the disk cache) and store the named example models unless the
+    store has them already. ``epochs`` defaults to 15, or 5 with FLOWSERVE_EXAMPLE_SMALL=1.
+
+        ensure_models(cluster.kvs, names=("small", "medium", "big"))
+    """
+    if epochs is None:
+        epochs = SMALL_EPOCHS if small_mode() else EPOCHS
+    for name in names:
         key = f"models/{name}"
         if not store.exists(key):
-            store.put(key, train(hidden))
+            store.put(key, trained(MODELS[name], epochs=epochs))
 
 
 def preprocess_batch(imgs: np.ndarray) -> np.ndarray:
@@ -94,6 +137,10 @@ class DigitNet:
 
 class SmallNet(DigitNet):
     name = "small"
+
+
+class MediumNet(DigitNet):
+    name = "medium"
 
 
 class BigNet(DigitNet):

@@ -22,8 +22,11 @@ import threading
 import time
 from pathlib import Path
 
+from dataclasses import dataclass
+
 import cloudpickle
 import httpx
+import numpy as np
 
 from executors.config import ClusterConfig
 from executors.daemon import STATE_FILE
@@ -221,6 +224,14 @@ def _callables(op):
         yield from _callables(anyof)
 
 
+@dataclass(frozen=True)
+class Answer:
+    """A deployed flow's output, and the qids the gateway gave the input rows (in order)."""
+
+    table: Table
+    input_qids: np.ndarray
+
+
 class Deployment:
     """A deployed flow: ``.url`` to POST to, ``.invoke(rows)`` from Python, ``.explain()``."""
 
@@ -242,6 +253,10 @@ class Deployment:
         Uses Arrow IPC both ways so types survive exactly. Errors raise InvocationError
         with the HTTP status and the server's message.
         """
+        return self.call(rows, timeout).table
+
+    def call(self, rows, timeout: float | None = None) -> "Answer":
+        """Like ``invoke``, also returning the qids the gateway gave the input rows."""
         import pyarrow as pa
 
         if isinstance(rows, dict) and not any(isinstance(v, (list, tuple)) and not isinstance(v, str) for v in rows.values()):
@@ -261,7 +276,9 @@ class Deployment:
                 body = {"message": r.text}
             raise InvocationError(f"flow {self.name!r} answered {r.status_code}: {body.get('message')}",
                                   r.status_code, body)
-        return Table.from_arrow(pa.ipc.open_stream(r.content).read_all(), qid="qid")
+        out = Table.from_arrow(pa.ipc.open_stream(r.content).read_all(), qid="qid")
+        start = int(r.headers["x-qid-start"])
+        return Answer(out, np.arange(start, start + len(table), dtype=np.int64))
 
     def undeploy(self) -> None:
         self.cluster.undeploy(self.name)

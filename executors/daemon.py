@@ -128,9 +128,17 @@ class ClusterDaemon:
         return False
 
     async def _supervise(self) -> None:
-        """Restart dead executors and rebuild their flows; requests in flight are re-run."""
+        """Restart dead executors and rebuild their flows (requests in flight are re-run),
+        and restart the KVS server on its port if it died (clients reconnect by themselves;
+        with persistence its data survives)."""
         while True:
             await asyncio.sleep(0.1)
+            if not self.redis.running and self.gateway.accepting:
+                log.warning("the KVS server died; restarting it on port %s", self.redis.port)
+                try:
+                    await asyncio.get_running_loop().run_in_executor(None, self.redis.restart)
+                except Exception:
+                    log.exception("restarting the KVS server failed; will retry")
             for ex in self.executors:
                 if ex.alive() or not self.gateway.accepting:
                     continue

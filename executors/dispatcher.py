@@ -88,7 +88,7 @@ class Dispatcher:
         self.max_retries = max_retries
         self.metrics = metrics
         self._ids = itertools.count(1)
-        self._qids = itertools.count(1)
+        self.next_qid = 1
         self._rr = itertools.count()
         self._waiters: dict[str, asyncio.Future] = {}
         self._recv_task: asyncio.Task | None = None
@@ -174,9 +174,9 @@ class Dispatcher:
     # -- requests -------------------------------------------------------------------------------
 
     def new_qids(self, n: int) -> np.ndarray:
-        start = next(self._qids)
-        for _ in range(n - 1):
-            next(self._qids)
+        """``n`` fresh query ids (consecutive; unique for this gateway's lifetime)."""
+        start = self.next_qid
+        self.next_qid += n
         return np.arange(start, start + n, dtype=np.int64)
 
     async def submit(self, name: str, table: Table, timeout: float) -> Table:

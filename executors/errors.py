@@ -59,8 +59,8 @@ def status_for(error: BaseException) -> int:
         return 500
     if isinstance(error, DataError):
         return 400
-    if isinstance(error, NoExecutorError):
-        return 503
     if isinstance(error, DeadlineExceededError):
         return 504
+    if isinstance(error, (NoExecutorError, RetryableError)):
+        return 503  # e.g. the KVS is restarting: the same request may succeed shortly
     return 500

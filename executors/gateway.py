@@ -9,7 +9,8 @@
     POST /admin/deploy      (cluster token) load a registered plan onto executors
     DELETE /admin/flows/{name}   (cluster token) undeploy
 
-A client may shorten its deadline with ``X-Request-Timeout: <seconds>``.
+A client may shorten its deadline with ``X-Request-Timeout: <seconds>``. Answers carry
+``X-Qid-Start``: row i of the request was given qid ``X-Qid-Start + i``.
 Errors are JSON ``{"error": <type>, "message": ..., "operator"?, "qid"?}`` with status
 400 (malformed body, schema mismatch), 401 (token), 404 (unknown flow), 413 (body too
 large), 422 (an operator rejected the row / no valid alternative / missing lookup key),
@@ -91,7 +92,9 @@ class Gateway:
         schema = flow.plan.input_schema
         try:
             rows = parse_body(bytes(body), request.headers.get("content-type", ""), schema)
-            table = to_table(rows, self.dispatcher.new_qids(len(rows)), schema)
+            qid_start = self.dispatcher.next_qid
+            qids = self.dispatcher.new_qids(len(rows))
+            table = to_table(rows, qids, schema)
             if schema is not None:
                 from flow.validation import check_schema
 
@@ -115,7 +118,8 @@ class Gateway:
         ms = (time.perf_counter() - t0) * 1000
         self.metrics.latency.labels(name).observe(ms)
         self.metrics.requests.labels(name, "200").inc()
-        timing = {"Server-Timing": f"flow;dur={ms:.3f}"}
+        # row i of the request was query qid_start + i: clients can match answers to rows
+        timing = {"Server-Timing": f"flow;dur={ms:.3f}", "X-Qid-Start": str(qid_start)}
         if ARROW in request.headers.get("accept", ""):
             return Response(arrow_bytes(result), media_type=ARROW, headers=timing)
         return Response(json_rows(result), media_type="application/json", headers=timing)
@@ -137,7 +141,8 @@ class Gateway:
 
     async def healthz(self, request: Request) -> Response:
         alive = [e.id for e in self.dispatcher.executors.values() if e.alive]
-        return JSONResponse({"status": "ok", "executors": len(alive), "flows": sorted(self.dispatcher.flows)})
+        return JSONResponse({"status": "ok" if self.accepting else "stopping", "executors": len(alive),
+                             "inflight": len(self.dispatcher.requests), "flows": sorted(self.dispatcher.flows)})
 
     async def metrics_text(self, request: Request) -> Response:
         for name, f in self.dispatcher.flows.items():

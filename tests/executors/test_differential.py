@@ -1,0 +1,60 @@
+"""Deployed flows answer like flow.run: generated flows (tests/flowgen.py) on a real
+local cluster, one HTTP request each, optimized and not.
+
+A deployed ``anyof`` takes the first valid answer to *arrive* (that is the point of
+racing), while ``flow.run`` takes the first valid in argument order; both are right, but
+only the second can be compared row for row. Flows with an ``anyof`` are therefore
+deployed without the competition rule (the alternatives then run in one stage, in
+argument order); racing alternatives are tested in test_runtime_paths.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from executors.errors import InvocationError
+from optimizer import DEFAULT_RULES
+from flow.exceptions import OperatorError
+from tests.executors.conftest import unique
+from tests.flowgen import assert_same_rows, random_case
+
+N_FLOWS = 60
+
+
+def _rename(flow, name):
+    flow.name = name  # flows share one cluster: give each its own name
+    return flow
+
+
+@pytest.mark.parametrize("optimize", [True, False], ids=["optimized", "unoptimized"])
+def test_deployed_flows_match_flow_run(cluster, optimize):
+    checked = errors = 0
+    for seed in range(N_FLOWS // 2 if optimize is False else N_FLOWS):
+        case = random_case(1000 + seed)
+        flow = _rename(case.flow, unique(f"gen{seed}"))
+        cluster.kvs.mput(case.store)
+        try:
+            rules = None
+            if optimize and any(f.startswith("anyof") for f in case.features):
+                rules = [r for r in DEFAULT_RULES if r != "competition"]
+            d = cluster.deploy(flow, optimize=optimize, rules=rules)
+            try:
+                answer = d.call(case.table)
+            except InvocationError as e:
+                # the reference run on the same qids must fail the same way
+                with pytest.raises(OperatorError):
+                    flow.run(case.table.with_qid(_gateway_qids(d, case)), kvs=case.store)
+                assert e.status in (422, 500), e
+                errors += 1
+                continue
+            expected = flow.run(case.table.with_qid(answer.input_qids), kvs=case.store)
+            assert_same_rows(answer.table, expected, f"seed {1000 + seed}, optimize={optimize}:\n{case.script}\n")
+            checked += 1
+        finally:
+            cluster.kvs.delete(*case.store)
+            d.undeploy()
+    assert checked >= (N_FLOWS // 2 if not optimize else N_FLOWS) * 0.9, (checked, errors)
+
+
+def _gateway_qids(d, case):
+    raise AssertionError("generated flows run without errors; a deployed error is a runtime bug")
