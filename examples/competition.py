@@ -108,8 +108,8 @@ def main(n: int | None = None) -> Counter:
         local = flow.run([{"img": x} for x in test_x], kvs=cluster.kvs)
         same = sum(r["model"] == m for r, m in zip(rows, local["model"].tolist()))
 
-        for r, y in list(zip(rows, test_y))[:8]:
-            print(f"qid {r['qid']:3d}: {r['answer']}, true {y}")
+        for i, (r, y) in enumerate(list(zip(rows, test_y))[:8]):
+            print(f"digit {i} (qid {r['qid']}): {r['answer']}, true {y}")
         winners = Counter(r["model"] for r in rows)
         accuracy = float(np.mean([r["cls"] == y for r, y in zip(rows, test_y)]))
         print(f"answers by model: {dict(sorted(winners.items()))}; {same} of {n} rows won by the same model as "

@@ -241,9 +241,12 @@ class Dispatcher:
             if stage.continuation is not None:
                 routes[name] = sorted(e.address for e in live)
                 continue
+            # least loaded first; among equals, where an input of this stage runs (its
+            # output is already there: the hop is a hand-over, not a message), then in turn
+            near = {a for i in stage.inputs for a in routes.get(i, ())}
             k = stage.competitive
             turn = next(self._rr)
-            ranked = sorted(live, key=lambda e: (e.inflight, (hash(e.id) + turn) % 1009))
+            ranked = sorted(live, key=lambda e: (e.inflight, e.address not in near, (hash(e.id) + turn) % 1009))
             chosen = [ranked[j % len(ranked)] for j in range(k)]
             routes[name] = [e.address for e in chosen]
         return routes

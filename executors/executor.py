@@ -97,6 +97,8 @@ class Executor:
         self._stopping = threading.Event()
         self.inflight = 0
         self._inline: dict = {}  # id(hosted) -> (hosted, ready items) to run after a drain
+        self._lock = threading.Lock()  # guards pending/done: the IO thread and workers gather
+        self._io_thread = None
         self._inflight_lock = threading.Lock()
 
     # -- sockets ---------------------------------------------------------------------------
@@ -119,6 +121,7 @@ class Executor:
 
     def serve(self) -> None:
         log.info("executor %s listening on %s (%s)", self.id, self.address, self.device)
+        self._io_thread = threading.get_ident()
         poller = zmq.Poller()
         poller.register(self.pull, zmq.POLLIN)
         last_gc = time.monotonic()
@@ -161,7 +164,8 @@ class Executor:
         header, tables = unpack(frames)
         kind = header.get("type")
         if kind == "run":
-            self.on_run(header, tables.get("t"))
+            for hosted, item in self.gather(header, tables.get("t")):
+                self.dispatch(hosted, item)
         elif kind == "load":
             self.pool.submit(self.on_load, header)
         elif kind == "ping":
@@ -197,7 +201,16 @@ class Executor:
 
     # -- gathering inputs --------------------------------------------------------------------
 
-    def on_run(self, h: dict, table: Table | None) -> None:
+    def gather(self, h: dict, table: Table | None) -> list:
+        """Record one arriving input; returns the (stage, work) pairs it made ready.
+
+        Called by the IO thread for messages and by workers for local deliveries, so the
+        bookkeeping is under a lock; the work itself runs after, outside it.
+        """
+        with self._lock:
+            return self._gather(h, table)
+
+    def _gather(self, h: dict, table: Table | None) -> list:
         key = (h["flow"], int(h["ver"]), h["stage"])
         hosted = self.hosted.get(key)
         if hosted is None:
@@ -210,33 +223,32 @@ class Executor:
         if stage.continuation is not None:
             rid += (path,)  # each key group of a request runs on its own
         if rid in self.done:
-            return  # a late competing copy, or a retry's leftover
+            return []  # a late competing copy, or a retry's leftover
         if stage.continuation is not None:
             # a continuation runs on its own key group; its consumer merges the groups
             self._mark_done(rid)
-            self.dispatch(hosted, WorkItem(h, [table], path, list(h.get("trace", ()))))
-            return
+            return [(hosted, WorkItem(h, [table], path, list(h.get("trace", ()))))]
         pend = self.pending.get(rid)
         if pend is None:
             pend = self.pending[rid] = Pending(deadline=float(h.get("dl", time.time() + 60)))
         parts = pend.parts.setdefault(src, {})
         if path in parts:
-            return  # this part came already (competing copies send the same parts)
+            return []  # this part came already (competing copies send the same parts)
         parts[path] = table
         pend.trace.extend(h.get("trace", ()))
         if not complete(parts):
-            return
+            return []
         if stage.wait == "first_valid":
             pend.order.append(src)
-            self._first_valid(hosted, h, rid, pend)
-            return
+            return self._first_valid(hosted, h, rid, pend)
         if all(s in pend.parts and complete(pend.parts[s]) for s in set(stage.inputs)):
             inputs = [_merge(pend.parts[s]) for s in stage.inputs]
             del self.pending[rid]
             self._mark_done(rid)
-            self.dispatch(hosted, WorkItem(h, inputs, (), pend.trace))
+            return [(hosted, WorkItem(h, inputs, (), pend.trace))]
+        return []
 
-    def _first_valid(self, hosted: HostedStage, h: dict, rid, pend: Pending) -> None:
+    def _first_valid(self, hosted: HostedStage, h: dict, rid, pend: Pending) -> list:
         """Alternatives race: per row, the first arrived result that is valid wins."""
         stage, head = hosted.stage, hosted.bound.head
         tables = [_merge(pend.parts[s]) for s in pend.order]
@@ -258,14 +270,14 @@ class Executor:
             self._fail(h, e)
             del self.pending[rid]
             self._mark_done(rid)
-            return
+            return []
         if base is not None and (chosen >= 0).all():
             parts = [tables[a].take([i]) for i, a in enumerate(chosen)] if len(set(chosen.tolist())) > 1 \
                 else [tables[int(chosen[0])]] if len(chosen) else [base]
             table = Table.concat(parts) if len(parts) > 1 else parts[0]
             del self.pending[rid]
             self._mark_done(rid)
-            self.dispatch(hosted, WorkItem(h, [table], (), pend.trace, after_head=True))
+            return [(hosted, WorkItem(h, [table], (), pend.trace, after_head=True))]
         elif len(pend.order) == len(set(stage.inputs)):
             name = stage.nodes[0].name
             bad = np.flatnonzero(chosen < 0)
@@ -274,6 +286,7 @@ class Executor:
                 f"operator {name!r}: no alternative gave a valid result", operator=name, qid=qid))
             del self.pending[rid]
             self._mark_done(rid)
+        return []
 
     def _mark_done(self, rid) -> None:
         self.done[rid] = True
@@ -281,8 +294,9 @@ class Executor:
             self.done.popitem(last=False)
 
     def _expire(self, now: float) -> None:
-        for rid in [r for r, p in self.pending.items() if p.deadline < now]:
-            del self.pending[rid]
+        with self._lock:
+            for rid in [r for r, p in self.pending.items() if p.deadline < now]:
+                del self.pending[rid]
 
     # -- running ------------------------------------------------------------------------------
 
@@ -292,7 +306,10 @@ class Executor:
                 # light load and a quick stage: no thread hop, no waiting; requests that
                 # arrived together (drained in one go) still run as one batch
                 hosted.batcher.note_arrival()
-                self._inline.setdefault(id(hosted), (hosted, []))[1].append(item)
+                if threading.get_ident() == self._io_thread:
+                    self._inline.setdefault(id(hosted), (hosted, []))[1].append(item)
+                else:
+                    self.run_batch(hosted, [item])
             else:
                 hosted.batcher.put(item)
         elif hosted.cheap:
@@ -362,7 +379,13 @@ class Executor:
         for consumer in hosted.consumers:
             stage = hosted.plan.stages[consumer]
             for d in deliveries(out, stage, h["routes"][consumer], item.path):
-                self.send(d.address, pack(dict(base, stage=consumer, path=list(d.path)), {"t": d.table}))
+                msg = dict(base, stage=consumer, path=list(d.path))
+                if d.address == self.address:
+                    # the consumer runs here too: hand the Table over, no socket, no encoding
+                    for ready in self.gather(msg, d.table):
+                        self.dispatch(*ready)
+                else:
+                    self.send(d.address, pack(msg, {"t": d.table}))
 
     def _fail(self, h: dict, error: BaseException, hosted: HostedStage | None = None) -> None:
         if hosted is not None and hosted.consumers and all(
