@@ -572,6 +572,11 @@ def join_tables(left: Table, right: Table, on, how, suffixes, name="join") -> Ta
         except DataTypeError:
             raise DataTypeError(f"operator {name!r}: key column {c!r} is {left.column(c).type} on the left and "
                                 f"{right.column(c).type} on the right; they never match") from None
+    if on == ("qid",):
+        pairs = _unique_qid_pairs(left.qid, right.qid, how)
+        if pairs is not None:
+            li_arr, ri_arr = pairs
+            return _joined(left, right, li_arr, ri_arr, keys, key_types, suffixes, name)
     index: dict[Any, list[int]] = {}
     for j, key in enumerate(_join_keys(right, on, name)):
         if key is not None:
@@ -594,6 +599,38 @@ def join_tables(left: Table, right: Table, on, how, suffixes, name="join") -> Ta
         ri.extend(unmatched)
     li_arr = np.asarray(li, dtype=np.int64)
     ri_arr = np.asarray(ri, dtype=np.int64)
+    return _joined(left, right, li_arr, ri_arr, keys, key_types, suffixes, name)
+
+
+def _unique_qid_pairs(lq: np.ndarray, rq: np.ndarray, how: str):
+    """Row pairs of a join on qid, vectorised, when each side has every qid once (the
+    common case: two branches of the same requests); None otherwise. Same order as the
+    general path: left rows in order, then (outer) unmatched right rows in order."""
+    if len(np.unique(lq)) != len(lq) or len(np.unique(rq)) != len(rq):
+        return None
+    if np.array_equal(lq, rq):
+        idx = np.arange(len(lq), dtype=np.int64)
+        return idx, idx.copy()
+    order = np.argsort(rq, kind="stable")
+    pos = np.searchsorted(rq[order], lq)
+    pos_ok = pos < len(rq)
+    hit = np.zeros(len(lq), dtype=bool)
+    hit[pos_ok] = rq[order[pos[pos_ok]]] == lq[pos_ok]
+    ri = np.full(len(lq), -1, dtype=np.int64)
+    ri[hit] = order[pos[hit]]
+    li = np.arange(len(lq), dtype=np.int64)
+    if how == "inner":
+        li, ri = li[hit], ri[hit]
+    if how == "outer":
+        matched = np.zeros(len(rq), dtype=bool)
+        matched[ri[ri >= 0]] = True
+        extra = np.flatnonzero(~matched)
+        li = np.concatenate([li, np.full(len(extra), -1, dtype=np.int64)])
+        ri = np.concatenate([ri, extra.astype(np.int64)])
+    return li, ri
+
+
+def _joined(left: Table, right: Table, li_arr, ri_arr, keys, key_types, suffixes, name) -> Table:
     left_only = li_arr < 0
     qid = np.empty(len(li_arr), dtype=np.int64)
     if len(li_arr):

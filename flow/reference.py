@@ -21,13 +21,16 @@ def ancestors(sink) -> set[int]:
     return seen
 
 
+def needed_nodes(flow, sink) -> list:
+    """The nodes the sink depends on (itself included), in creation order (topological)."""
+    needed = ancestors(sink)
+    return [n for n in flow.nodes if n.id in needed]
+
+
 def run_nodes(flow, table: Table, sink, store=None) -> Table:
     """Evaluate the nodes the sink needs, in creation order (a topological order)."""
-    needed = ancestors(sink)
     results: dict[int, Table] = {}
-    for node in flow.nodes:
-        if node.id not in needed:
-            continue
+    for node in needed_nodes(flow, sink):
         if node.op.kind == "source":
             results[node.id] = table
             continue

@@ -320,17 +320,14 @@ class Plan:
             Plan.from_flow(flow).stages.keys()   # the flow's node names, in creation order
         """
         from flow.flow import Flow
-        from flow.reference import ancestors
+        from flow.reference import needed_nodes
 
         if not isinstance(flow, Flow):
             raise PlanTypeError(f"Plan.from_flow expects a Flow, got {type(flow).__name__}")
         sink = flow.validate()
-        needed = ancestors(sink)
         stages: dict[str, Stage] = {}
         stage_of: dict[int, str] = {}
-        for node in flow.nodes:
-            if node.id not in needed:
-                continue
+        for node in needed_nodes(flow, sink):
             if node.op.kind == "source":
                 stage_of[node.id] = INPUT
                 continue

@@ -1,0 +1,30 @@
+"""Per-stage autoscaling: a pure policy (metrics in, replica decisions out) and its settings.
+
+    from executors.autoscale import Autoscaler, AutoscalingConfig, StageMetrics
+
+    scaler = Autoscaler({"preprocess": AutoscalingConfig(), "SmallNet": AutoscalingConfig(max_replicas=2)})
+    scaler.observe("SmallNet", StageMetrics(time=now, arrival_rate=40, service_time_ms=35,
+                                            replicas=1, queue_length=3, device="gpu"))
+    for decision in scaler.decide(now):   # ScalingDecision(stage, device, from, to, reason)
+        backend.scale(decision)            # scale-downs: drain first (see policy.py)
+
+``simulate(scaler, trace)`` replays a recorded metric trace and returns the replica timeline.
+"""
+
+from executors.autoscale.config import (
+    AutoscalingConfig,
+    AutoscalingError,
+    AutoscalingTypeError,
+    AutoscalingValueError,
+)
+from executors.autoscale.policy import (
+    Autoscaler,
+    ScalingDecision,
+    SimulationResult,
+    StageMetrics,
+    StageStatus,
+    simulate,
+)
+
+__all__ = ["Autoscaler", "AutoscalingConfig", "AutoscalingError", "AutoscalingTypeError", "AutoscalingValueError",
+           "ScalingDecision", "SimulationResult", "StageMetrics", "StageStatus", "simulate"]

@@ -1,0 +1,166 @@
+"""Per-stage autoscaling settings: one frozen, validated object with documented defaults.
+
+    >>> from executors.autoscale import AutoscalingConfig
+    >>> AutoscalingConfig(min_replicas=1, max_replicas=4, target_utilisation=0.6).max_step_up
+    2.0
+
+Errors (rooted at ``executors.ClusterError``, hence at ``flow.FlowError``):
+
+    AutoscalingError
+    ├── AutoscalingTypeError    (also TypeError) a field or argument has the wrong type
+    └── AutoscalingValueError   (also ValueError) a field or argument has a wrong value
+
+Every message names the field and quotes the bad value, e.g.
+``AutoscalingConfig.min_replicas must be an int >= 0, got -1``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from executors.errors import ClusterError
+
+
+class AutoscalingError(ClusterError):
+    """A bad autoscaling setting, metric or call (a bug of the caller: fix the value)."""
+
+
+class AutoscalingTypeError(AutoscalingError, TypeError):
+    """An autoscaling setting or argument has the wrong type."""
+
+
+class AutoscalingValueError(AutoscalingError, ValueError):
+    """An autoscaling setting or argument has a wrong value."""
+
+
+@dataclass(frozen=True)
+class AutoscalingConfig:
+    """How the autoscaler sizes one stage (one config per stage; GPU and CPU stages alike).
+
+    The need of a stage, in replicas, is the largest of (whichever targets are set):
+
+    * Little's law: ``arrival_rate * service_time / target_utilisation`` (the offered
+      load in busy replicas, with headroom), and the measured ``utilisation * replicas /
+      target_utilisation``;
+    * queue pressure: ``queue_length / target_queue_per_replica``;
+
+    rounded up, at least 1 while the stage has any work, clamped to
+    ``[min_replicas, max_replicas]``.
+
+    Fields (defaults in brackets, and why):
+
+    min_replicas [1]: never fewer. 1 keeps a warm replica (loading a model takes seconds);
+        0 allows scale-to-zero (the first request then waits for a replica to start).
+    max_replicas [8]: never more; bounds the cost of a wrong measurement.
+    target_utilisation [0.7]: busy fraction per replica to size for, in (0, 1]. 30 %
+        headroom keeps queueing delay small under Poisson arrivals. None: do not use
+        rate/utilisation (scale on the queue only).
+    target_queue_per_replica [2.0]: waiting requests per replica above which the stage
+        is short of replicas (Ray Serve's default target is 2 ongoing requests). For
+        batching stages set it to at least the batch size: a batch being filled is not
+        a backlog. None: ignore the queue. At least one of the two targets must be set.
+    upscale_delay_s [1.0]: scale up only when every sample of the last this-many seconds
+        asked for more replicas. InferLine reacts within seconds; Ray Serve's 30 s is too
+        slow for millisecond SLOs. A spike that lasts no longer than this never scales.
+    downscale_delay_s [15.0]: scale down only when every sample of the last this-many
+        seconds asked for fewer (InferLine's tuner waits 15 s). Long, because removing
+        a replica by mistake costs a cold start while keeping one costs little.
+    upscale_cooldown_s [2.0]: after any change, wait this long before scaling up again,
+        so new replicas start and show in the metrics before the next step.
+    downscale_cooldown_s [15.0]: after any change, wait this long before scaling down;
+        this is what stops an up-then-down flap.
+    max_step_up [2.0]: one scale-up goes at most to ``max(ceil(n * max_step_up), n + 1)``
+        replicas (double per step): bounded overshoot if a measurement is wrong, and
+        still 1 -> 8 in three steps.
+    smoothing_window_s [1.0]: the needs are also computed from the metrics averaged over
+        this window, and smoothing only ever delays a change: a scale-up uses the lower of
+        the raw and the smoothed need, a scale-down the higher. 1 s makes the policy
+        independent of the sampling rate (samples faster than 1/s, whose rates are noisy,
+        are averaged to a 1 s view) while at the recommended 1 s sampling a load step is
+        still acted on within upscale_delay_s + one interval. Longer windows damp noise
+        more but slow the reaction by up to the window. 0 turns it off.
+    hysteresis [0.1]: scale down only to a count that would run at most
+        ``target * (1 - hysteresis)``, so a load between the two thresholds holds the
+        current count instead of flapping around one threshold (Kubernetes' HPA uses a
+        10 % tolerance).
+    """
+
+    min_replicas: int = 1
+    max_replicas: int = 8
+    target_utilisation: float | None = 0.7
+    target_queue_per_replica: float | None = 2.0
+    upscale_delay_s: float = 1.0
+    downscale_delay_s: float = 15.0
+    upscale_cooldown_s: float = 2.0
+    downscale_cooldown_s: float = 15.0
+    max_step_up: float = 2.0
+    smoothing_window_s: float = 1.0
+    hysteresis: float = 0.1
+
+    def __post_init__(self):
+        f = "AutoscalingConfig"
+        check_int(self.min_replicas, f"{f}.min_replicas", 0)
+        check_int(self.max_replicas, f"{f}.max_replicas", 1)
+        if self.max_replicas < self.min_replicas:
+            raise AutoscalingValueError(f"{f}.max_replicas must be >= min_replicas ({self.min_replicas}), "
+                                        f"got {self.max_replicas!r}")
+        if self.target_utilisation is not None:
+            check_number(self.target_utilisation, f"{f}.target_utilisation", "a number in (0, 1] or None",
+                         lambda v: 0 < v <= 1)
+        if self.target_queue_per_replica is not None:
+            check_number(self.target_queue_per_replica, f"{f}.target_queue_per_replica", "a number > 0 or None",
+                         lambda v: v > 0)
+        if self.target_utilisation is None and self.target_queue_per_replica is None:
+            raise AutoscalingValueError(f"{f} needs target_utilisation or target_queue_per_replica, "
+                                        "got both None")
+        for name in ("upscale_delay_s", "downscale_delay_s", "upscale_cooldown_s", "downscale_cooldown_s",
+                     "smoothing_window_s"):
+            check_number(getattr(self, name), f"{f}.{name}", "a number >= 0 (seconds)", lambda v: v >= 0)
+        check_number(self.max_step_up, f"{f}.max_step_up", "a number >= 1", lambda v: v >= 1)
+        check_number(self.hysteresis, f"{f}.hysteresis", "a number in [0, 1)", lambda v: 0 <= v < 1)
+
+    def to_json(self) -> dict:
+        """The fields as a JSON-able dict (``from_json`` reads it back)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "AutoscalingConfig":
+        """A config from ``to_json`` output; unknown keys are an error, missing ones default."""
+        if not isinstance(doc, dict):
+            raise AutoscalingTypeError(f"AutoscalingConfig.from_json needs a dict, got {doc!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(doc) - known)
+        if unknown:
+            raise AutoscalingValueError(f"AutoscalingConfig has no field(s) {unknown}; "
+                                        f"known: {sorted(known)}")
+        return cls(**doc)
+
+
+# -- validation helpers (shared with policy.py) ------------------------------------------
+
+
+def is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def check_int(v, name: str, minimum: int) -> None:
+    """``v`` must be an int (not a bool) >= minimum; the message quotes the bad value."""
+    what = f"an int >= {minimum}"
+    if not is_int(v):
+        raise AutoscalingTypeError(f"{name} must be {what}, got {v!r}")
+    if v < minimum:
+        raise AutoscalingValueError(f"{name} must be {what}, got {v!r}")
+
+
+def check_number(v, name: str, what: str, ok) -> None:
+    """``v`` must be a finite int or float (not a bool) with ``ok(v)`` true."""
+    if not is_number(v):
+        raise AutoscalingTypeError(f"{name} must be {what}, got {v!r}")
+    if not math.isfinite(v) or not ok(v):
+        raise AutoscalingValueError(f"{name} must be {what}, got {v!r}")
