@@ -29,6 +29,7 @@ import zmq
 
 from executors.batcher import Batcher, WorkItem
 from executors.errors import status_for
+from executors.gpu import gpu_stats, set_executor_class
 from executors.placement import PLAN_KEY
 from executors.routing import complete, deliveries
 from executors.wire import WireError, pack, unpack
@@ -84,6 +85,7 @@ class Executor:
         self.kvs_url = kvs_url
         self.store = _open_store(kvs_url)
         set_store(self.store)  # operator code may read it (model weights in init)
+        set_executor_class(device)  # warns once if a gpu executor has no GPU
         self.ctx = zmq.Context.instance()
         self.pull = self.ctx.socket(zmq.PULL)
         self.pull.setsockopt(zmq.LINGER, 0)
@@ -169,7 +171,8 @@ class Executor:
         elif kind == "load":
             self.pool.submit(self.on_load, header)
         elif kind == "ping":
-            self.send(header["reply"], pack({"type": "pong", "executor": self.id, "token": header.get("token")}))
+            self.send(header["reply"], pack({"type": "pong", "executor": self.id, "token": header.get("token"),
+                                             "device": self.device, "gpus": gpu_stats() if self.device == "gpu" else []}))
         else:
             log.warning("unknown message type %r", kind)
 

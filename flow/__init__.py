@@ -27,6 +27,14 @@ from flow.exceptions import (
     UnknownColumnError,
 )
 from flow.context import current_store
+
+
+def current_device() -> str:
+    """Where operator code should put its models: "cuda" on a gpu executor with a GPU, else "cpu"."""
+    from executors.gpu import current_device as _current_device
+
+    return _current_device()
+
 from flow.flow import Flow, GroupedNode, Node
 from flow.table import Row, Table
 from flow.types import ColumnType
@@ -40,7 +48,7 @@ def optimize(flow, rules=None, options=None):
 
 
 __all__ = [
-    "ColumnType", "current_store", "DataError", "DataTypeError", "Flow", "FlowDefinitionError", "FlowError",
+    "ColumnType", "current_device", "current_store", "DataError", "DataTypeError", "Flow", "FlowDefinitionError", "FlowError",
     "FlowTypeError", "FlowValueError", "ForeignNodeError", "GroupedNode", "LookupKeyError",
     "NoValidResultError", "Node", "OperatorError", "OperatorFailedError", "OperatorOutputError",
     "RejectRow", "RetryableError", "Row", "RowRejectedError", "SchemaError", "SinkError", "Table",

@@ -350,7 +350,7 @@ class Autoscaler:
             return None
         last = st.needs[end - 1]
         cur, lo, hi = st.target, cfg.min_replicas, cfg.max_replicas
-        if False and now - last.time > self._stale_after + _EPS:
+        if self._stale_after is not None and now - last.time > self._stale_after + _EPS:
             st.reason = f"holding: metrics stale (newest sample {now - last.time:g} s old)"
             return None
         if cur < lo:
@@ -369,7 +369,7 @@ class Autoscaler:
                              f"{cfg.upscale_cooldown_s:g} s since the last change)")
                 return None
             step = max(math.ceil(cur * cfg.max_step_up - _EPS), cur + 1)
-            to = min(need, hi, step)
+            to = min(need, hi)
             notes = "".join([f"; limited to x{cfg.max_step_up:g} per step" if to == step < min(need, hi) else "",
                              f"; max_replicas {hi}" if to == hi < need else ""])
             return to, need, (f"scale up: need {need} for {cfg.upscale_delay_s:g} s "

@@ -66,6 +66,13 @@ def test_measured_utilisation_counts_even_when_rates_say_less():
     assert changes(run(t), "s") == [(1.0, 3, 4)]
 
 
+def test_a_load_exactly_at_the_target_needs_no_extra_replica():
+    # 28 req/s x 100 ms = 2.8 busy replicas = 4 x 0.7 exactly (in floats 2.8 / 0.7 is a hair
+    # above 4): need 4, so 4 replicas hold; 29 req/s (2.9 / 0.7 = 4.14) needs 5.
+    assert changes(run(steps("s", [(0, 30, 28)], replicas=4)), "s") == []
+    assert changes(run(steps("s", [(0, 5, 29)], replicas=4)), "s") == [(1.0, 4, 5)]
+
+
 # -- step down -------------------------------------------------------------------------------------
 
 
@@ -277,6 +284,15 @@ def test_gpu_capacity_goes_to_the_most_short_stage_and_does_not_limit_cpu():
     assert "waiting for gpu capacity (3 of 3 replicas in use)" in a.status()["net_b"].reason
     r = simulate(a, [x for x in t if x[0] >= 20])
     assert changes(r) == [(25.0, "net_a", 2, 1), (25.0, "net_b", 1, 2)]
+
+
+def test_gpu_capacity_goes_first_to_the_stage_most_short_of_replicas():
+    # capacity 3, 1 free. "a" on 1 needs ceil(1.2 / 0.7) = 2 (ratio 2), "b" on 1 needs 4 (ratio
+    # 4): b gets the slot although a comes first by name.
+    t = sorted(steps("a", [(0, 5, 12)], replicas=1, device="gpu") +
+               steps("b", [(0, 5, 24)], replicas=1, device="gpu"), key=lambda x: x[0])
+    r = run(t, configs={"a": AutoscalingConfig(), "b": AutoscalingConfig()}, capacity={"gpu": 3})
+    assert changes(r) == [(1.0, "b", 1, 2)]
 
 
 def test_a_stage_that_moves_to_the_other_class_starts_over():
