@@ -33,6 +33,20 @@ How a stage's count moves (per stage, each with its own ``AutoscalingConfig``):
 * Optionally, ``capacity`` caps the total replicas per device class (``{"gpu": 2}``): GPU
   and CPU stages are sized separately, and when a class is full the stage that is most
   short of replicas (need / current) gets the free slots first, ties by stage name.
+  Scale-downs of a round are counted before its scale-ups, by target: a slot freed by a
+  drain may be granted while that replica still finishes its requests, so a backend with
+  one model per device should start the new replica once the drained one is gone.
+  ``min_replicas`` is not limited by capacity.
+
+Feeding it (the caller's side): one ``Autoscaler`` per deployed flow, driven from one
+thread (it is not thread-safe). Every ``interval`` (1 s recommended; 0.25-1 s is fine),
+for each stage: measure over the interval the arrivals (count requests routed to the
+stage, divided by the interval), the mean run time per request (a batch's run time
+divided by its size) and, if known, the busy fraction; read the queue length, the running
+requests, the replicas accepting requests and those draining; call ``observe``. Then call
+``decide(now)`` once with the same monotonic clock and apply what it returns. Log
+``str(decision)``; use ``decision.direction`` (not the free-text reason) as a metrics label;
+show ``status()`` in ``flowserve status``.
 
 Applying a decision (the caller's side):
 
@@ -369,7 +383,7 @@ class Autoscaler:
                              f"{cfg.upscale_cooldown_s:g} s since the last change)")
                 return None
             step = max(math.ceil(cur * cfg.max_step_up - _EPS), cur + 1)
-            to = min(need, hi)
+            to = min(need, hi, step)
             notes = "".join([f"; limited to x{cfg.max_step_up:g} per step" if to == step < min(need, hi) else "",
                              f"; max_replicas {hi}" if to == hi < need else ""])
             return to, need, (f"scale up: need {need} for {cfg.upscale_delay_s:g} s "

@@ -67,10 +67,10 @@ def test_measured_utilisation_counts_even_when_rates_say_less():
 
 
 def test_a_load_exactly_at_the_target_needs_no_extra_replica():
-    # 28 req/s x 100 ms = 2.8 busy replicas = 4 x 0.7 exactly (in floats 2.8 / 0.7 is a hair
-    # above 4): need 4, so 4 replicas hold; 29 req/s (2.9 / 0.7 = 4.14) needs 5.
-    assert changes(run(steps("s", [(0, 30, 28)], replicas=4)), "s") == []
-    assert changes(run(steps("s", [(0, 5, 29)], replicas=4)), "s") == [(1.0, 4, 5)]
+    # 42 req/s x 100 ms = 4.2 busy replicas = 6 x 0.7 exactly (in floats 4.2 / 0.7 is a hair
+    # above 6): need 6, so 6 replicas hold; 43 req/s (4.3 / 0.7 = 6.14) needs 7.
+    assert changes(run(steps("s", [(0, 30, 42)], replicas=6)), "s") == []
+    assert changes(run(steps("s", [(0, 5, 43)], replicas=6)), "s") == [(1.0, 6, 7)]
 
 
 # -- step down -------------------------------------------------------------------------------------
