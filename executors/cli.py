@@ -41,6 +41,10 @@ def cmd_up(args) -> int:
         fields["executors"] = args.executors
     if args.token:
         fields["token"] = args.token
+    if args.autoscale:
+        from executors.autoscale import AutoscalingConfig
+
+        fields["autoscaling"] = AutoscalingConfig(max_replicas=args.max_replicas)
     c = LocalCluster(ClusterConfig(**fields), detached=True).start()
     print(f"cluster up at {c.url}  (stop it with `flowserve down`)")
     return 0
@@ -71,6 +75,9 @@ def cmd_status(args) -> int:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
             print("  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)))
+        for s in f["stages"]:
+            if s.get("autoscaling") and s["autoscaling"].get("last_decision"):
+                print(f"  autoscaler: {s['autoscaling']['last_decision']}")
     return 0
 
 
@@ -122,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--host", default="127.0.0.1", help="gateway bind address (default 127.0.0.1)")
     up.add_argument("--port", type=int, default=8000, help="gateway port (default 8000; 0 for a free one)")
     up.add_argument("--token", help="require this bearer token on /flows calls")
+    up.add_argument("--autoscale", action="store_true", help="scale each stage's replicas on its own load")
+    up.add_argument("--max-replicas", type=int, default=8, help="autoscaling: replicas per stage at most (default 8)")
     up.set_defaults(fn=cmd_up)
 
     sub.add_parser("down", help="stop the local cluster").set_defaults(fn=cmd_down)

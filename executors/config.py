@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+from typing import Any
+
+from executors.autoscale import AutoscalingConfig
 
 
 def default_executors() -> int:
@@ -28,6 +31,9 @@ class ClusterConfig:
     load_timeout_s: how long building a flow's stages (loading models) may take.
     max_retries: re-runs of a request whose executor died.
     restart_executors: the supervisor restarts an executor that dies (default True).
+    autoscaling: an ``AutoscalingConfig`` (or its JSON dict) to scale each stage's replicas
+        on its own load (default None: every stage may run on every executor).
+    max_executors: executor processes the autoscaler may grow the cluster to.
     persistence: keep the KVS on disk (AOF) so it survives a restart (`flowserve up`).
     dir: where state, logs and sockets live (None: a private temporary directory).
     """
@@ -43,6 +49,8 @@ class ClusterConfig:
     load_timeout_s: float = 300.0
     max_retries: int = 2
     restart_executors: bool = True
+    autoscaling: Any = None
+    max_executors: int = 8
     persistence: bool = False
     dir: str | None = None
 
@@ -64,10 +72,18 @@ class ClusterConfig:
         need(_int(self.max_retries) and 0 <= self.max_retries <= 10, "max_retries", "an int in 0..10")
         need(isinstance(self.persistence, bool), "persistence", "a bool")
         need(isinstance(self.restart_executors, bool), "restart_executors", "a bool")
+        need(_int(self.max_executors) and self.max_executors >= 1, "max_executors", "an int >= 1")
+        if isinstance(self.autoscaling, dict):
+            object.__setattr__(self, "autoscaling", AutoscalingConfig.from_json(self.autoscaling))
+        need(self.autoscaling is None or isinstance(self.autoscaling, AutoscalingConfig), "autoscaling",
+             "None or an AutoscalingConfig")
         need(self.dir is None or isinstance(self.dir, (str, os.PathLike)), "dir", "None or a path")
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if self.autoscaling is not None:
+            doc["autoscaling"] = self.autoscaling.to_json()
+        return doc
 
     @classmethod
     def from_json(cls, doc: dict) -> "ClusterConfig":

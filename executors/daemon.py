@@ -27,6 +27,7 @@ from executors.config import ClusterConfig
 from executors.dispatcher import Dispatcher
 from executors.gateway import Gateway, make_app
 from executors.metrics import Metrics
+from executors.scaling import ScalingLoop
 from executors.wire import pack
 from kvs import KVS, RedisServer
 from kvs.server import free_port, popen, terminate
@@ -70,6 +71,10 @@ class ClusterDaemon:
         self.metrics = Metrics()
         self.dispatcher: Dispatcher | None = None
         self._supervisor: asyncio.Task | None = None
+        self._next_index = config.executors + config.gpu_executors
+        self.scaling = (ScalingLoop(self, config.autoscaling, max_executors=config.max_executors)
+                        if config.autoscaling is not None else None)
+        self._scaling_task: asyncio.Task | None = None
 
     def run(self) -> None:
         self.redis.start()
@@ -96,12 +101,17 @@ class ClusterDaemon:
                                max_body_bytes=self.config.max_body_bytes,
                                request_timeout_s=self.config.request_timeout_s,
                                load_timeout_s=self.config.load_timeout_s, metrics=self.metrics)
+        if self.scaling is not None:
+            self.gateway.shape_placement = self.scaling.initial_placement
+            self.gateway.scaling_status = self.scaling.status
         return make_app(self.gateway, on_startup=[self._started], on_shutdown=[self._stopping])
 
     async def _started(self) -> None:
         self.dispatcher.start()
         await self._wait_executors()
         self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
+        if self.scaling is not None:
+            self._scaling_task = asyncio.get_running_loop().create_task(self.scaling.run())
         self._write_state()
         log.info("local cluster ready at http://%s:%s", self.config.host, self.port)
 
@@ -156,14 +166,40 @@ class ClusterDaemon:
                         await self.dispatcher.load(name, f.version, stages, self.config.load_timeout_s)
                     self.dispatcher.executor_back(ex.id)
 
+    async def add_executor(self, device: str) -> str | None:
+        """Start one more executor process (the autoscaler's local backend)."""
+        i = self._next_index
+        self._next_index += 1
+        ex = ExecutorProcess(f"{device}{i}", f"ipc://{self.dir}/e{i}.ipc", device, self.redis.url,
+                             self.config.threads, self.logdir)
+        ex.start()
+        self.executors.append(ex)
+        self.dispatcher.add_executor(ex.id, ex.address, device)
+        if not await self._ping(ex, timeout=60):
+            log.warning("new executor %s did not start", ex.id)
+            await self.remove_executor(ex)
+            return None
+        log.warning("started executor %s for the autoscaler", ex.id)
+        return ex.id
+
+    async def remove_executor(self, ex: ExecutorProcess) -> None:
+        """Stop an executor the autoscaler no longer needs (it hosts nothing)."""
+        self.executors.remove(ex)
+        self.dispatcher.remove_executor(ex.id)
+        if ex.proc is not None:
+            ex.proc.terminate()
+            await asyncio.get_running_loop().run_in_executor(None, terminate, ex.proc, 10)
+        log.warning("stopped idle executor %s", ex.id)
+
     async def _stopping(self) -> None:
         """Graceful stop: refuse new requests, let in-flight ones finish (bounded)."""
         self.gateway.accepting = False
         deadline = time.monotonic() + self.config.request_timeout_s
         while self.dispatcher.requests and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        if self._supervisor:
-            self._supervisor.cancel()
+        for task in (self._supervisor, self._scaling_task):
+            if task is not None:
+                task.cancel()
 
     def _write_state(self) -> None:
         state = {"url": f"http://{self.config.host}:{self.port}", "kvs_url": self.redis.url,

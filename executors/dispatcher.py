@@ -26,6 +26,7 @@ import zmq.asyncio
 
 from executors.errors import DeadlineExceededError, NoExecutorError, status_for
 from executors.routing import complete, deliveries
+from executors.scaling import StageCounters
 from executors.wire import WireError, pack, unpack
 from flow.table import Table
 from optimizer.plan import INPUT, Plan
@@ -91,6 +92,7 @@ class Dispatcher:
         self.next_qid = 1
         self._rr = itertools.count()
         self._waiters: dict[str, asyncio.Future] = {}
+        self._counters: dict[tuple[str, str], StageCounters] = {}
         self._recv_task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -122,6 +124,14 @@ class Dispatcher:
         for req in list(self.requests.values()):
             if id_ in req.executors:
                 self._retry(req, f"executor {id_} died")
+
+    def remove_executor(self, id_: str) -> None:
+        """Forget an executor that was stopped on purpose (it hosts no stage any more)."""
+        info = self.executors.pop(id_, None)
+        if info is not None:
+            sock = self.push.pop(info.address, None)
+            if sock is not None:
+                sock.close(0)
 
     def executor_back(self, id_: str) -> None:
         info = self.executors.get(id_)
@@ -208,6 +218,8 @@ class Dispatcher:
         except NoExecutorError as e:
             self._resolve(req, error=RequestFailed(503, {"error": "NoExecutorError", "message": str(e)}))
             return
+        for stage in routes:
+            self.stage_counters(plan.flow_name, stage).arrivals += 1
         used = {self._by_address[a] for addrs in routes.values() for a in addrs}
         for ex in used - req.executors:
             self.executors[ex].inflight += 1
@@ -311,9 +323,27 @@ class Dispatcher:
                 self._record(req.flow, h.get("trace", ()))
                 self._resolve(req, result=out)
 
-    @staticmethod
-    def _record(flow: DeployedFlow, trace) -> None:
-        for stage, _ex, ms, batch in trace:
+    def stage_counters(self, flow: str, stage: str) -> StageCounters:
+        c = self._counters.get((flow, stage))
+        if c is None:
+            c = self._counters[(flow, stage)] = StageCounters()
+        return c
+
+    def inflight_by_stage(self, flow: str) -> dict[str, int]:
+        """Requests in flight per stage of a flow (a request counts for each of its stages)."""
+        out: dict[str, int] = {}
+        for req in self.requests.values():
+            if req.flow.plan.flow_name == flow:
+                for stage in req.flow.plan.stages:
+                    out[stage] = out.get(stage, 0) + 1
+        return out
+
+    def _record(self, flow: DeployedFlow, trace) -> None:
+        for entry in trace:
+            stage, _ex, ms, batch = entry[:4]
+            c = self.stage_counters(flow.plan.flow_name, stage)
+            c.service_ms += float(ms) / max(1, int(batch))
+            c.served += 1
             recent = flow.stats.setdefault(stage, [])
             recent.append(float(ms))
             if len(recent) > 200:

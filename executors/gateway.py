@@ -59,6 +59,8 @@ class Gateway:
         self.load_timeout_s = load_timeout_s
         self.metrics = metrics
         self.accepting = True
+        self.shape_placement = None  # the autoscaler's hook: start stages on fewer replicas
+        self.scaling_status = None  # the autoscaler's per-stage status, for describe()
 
     # -- auth -------------------------------------------------------------------------
 
@@ -137,7 +139,7 @@ class Gateway:
         f = self.dispatcher.flows.get(name)
         if f is None:
             return _error(404, "UnknownFlow", f"no deployed flow named {name!r}")
-        return JSONResponse(describe(f, self.dispatcher))
+        return JSONResponse(describe(f, self.dispatcher, self.scaling_status))
 
     async def healthz(self, request: Request) -> Response:
         alive = [e.id for e in self.dispatcher.executors.values() if e.alive]
@@ -171,6 +173,8 @@ class Gateway:
             placement = place(plan, self.dispatcher.executors)
         except FlowError as e:
             return _error(503, type(e).__name__, str(e))
+        if self.shape_placement is not None:
+            placement = self.shape_placement(plan, placement)
         errors = await self.dispatcher.load(name, version, placement, self.load_timeout_s)
         failed = {k: v for k, v in errors.items() if v}
         if failed:
@@ -188,7 +192,8 @@ class Gateway:
         return JSONResponse({"undeployed": name})
 
 
-def describe(f: DeployedFlow, dispatcher: Dispatcher) -> dict:
+def describe(f: DeployedFlow, dispatcher: Dispatcher, scaling_status=None) -> dict:
+    scaling = scaling_status(f.plan.flow_name) if scaling_status is not None else {}
     stages = []
     for name, stage in f.plan.stages.items():
         recent = sorted(f.stats.get(name, ()))
@@ -200,6 +205,7 @@ def describe(f: DeployedFlow, dispatcher: Dispatcher) -> dict:
             "batch": None if stage.batch is None else {"max_batch_size": stage.batch.max_batch_size,
                                                        "max_wait_ms": stage.batch.max_wait_ms},
             "p50_ms": p50,
+            "autoscaling": scaling.get(name),
         })
     try:
         explained = f.plan.explain()

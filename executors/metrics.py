@@ -26,6 +26,8 @@ class Metrics:
                            ["flow", "stage"], registry=r)
         self.errors = Counter("flowserve_errors", "Requests answered with an error", ["flow", "status"], registry=r)
         self.retries = Counter("flowserve_retries", "Requests re-run after an executor died", ["flow"], registry=r)
+        self.scaling = Counter("flowserve_scaling_decisions", "Autoscaler decisions applied",
+                               ["flow", "stage", "direction"], registry=r)
         self.replicas = Gauge("flowserve_stage_replicas", "Replicas hosting a stage", ["flow", "stage"], registry=r)
 
     def observe_trace(self, flow: str, trace) -> None:
