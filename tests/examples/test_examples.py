@@ -15,15 +15,15 @@ EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.py") if p.name != 
 
 @pytest.mark.parametrize("script", EXAMPLES)
 def test_example_runs(script, tmp_path):
-    env = dict(os.environ, FLOWSERVE_HOME=str(tmp_path), FLOWSERVE_EXAMPLE_SMALL="1")
-    before = _daemons()
+    # TMPDIR: the embedded cluster's directory (and so its processes' command lines) is ours
+    env = dict(os.environ, FLOWSERVE_HOME=str(tmp_path), FLOWSERVE_EXAMPLE_SMALL="1", TMPDIR=str(tmp_path))
     r = subprocess.run([sys.executable, str(ROOT / "examples" / script)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "over HTTP" in r.stdout
-    assert _daemons() - before == set(), "the example left a cluster running"
+    assert not _processes_under(tmp_path), "the example left a cluster running"
 
 
-def _daemons() -> set[str]:
-    out = subprocess.run(["pgrep", "-f", "executors.(daemon|executor)"], capture_output=True, text=True).stdout
-    return set(out.split())
+def _processes_under(path: Path) -> list[str]:
+    out = subprocess.run(["pgrep", "-f", f"executors.(daemon|executor).*{path}"], capture_output=True, text=True).stdout
+    return out.split()
