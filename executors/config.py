@@ -34,6 +34,10 @@ class ClusterConfig:
     autoscaling: an ``AutoscalingConfig`` (or its JSON dict) to scale each stage's replicas
         on its own load (default None: every stage may run on every executor).
     max_executors: executor processes the autoscaler may grow the cluster to.
+    colocate: among equally loaded executors, run a stage where its input already is, and
+        hand the Table over in-process (default True). False spreads consecutive stages
+        over different executors, as on a cluster of many machines; the benchmarks use it
+        to reproduce the research's one-function-per-executor setting.
     persistence: keep the KVS on disk (AOF) so it survives a restart (`flowserve up`).
     dir: where state, logs and sockets live (None: a private temporary directory).
     """
@@ -51,6 +55,7 @@ class ClusterConfig:
     restart_executors: bool = True
     autoscaling: Any = None
     max_executors: int = 8
+    colocate: bool = True
     persistence: bool = False
     dir: str | None = None
 
@@ -73,6 +78,7 @@ class ClusterConfig:
         need(isinstance(self.persistence, bool), "persistence", "a bool")
         need(isinstance(self.restart_executors, bool), "restart_executors", "a bool")
         need(_int(self.max_executors) and self.max_executors >= 1, "max_executors", "an int >= 1")
+        need(isinstance(self.colocate, bool), "colocate", "a bool")
         if isinstance(self.autoscaling, dict):
             object.__setattr__(self, "autoscaling", AutoscalingConfig.from_json(self.autoscaling))
         need(self.autoscaling is None or isinstance(self.autoscaling, AutoscalingConfig), "autoscaling",

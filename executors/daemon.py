@@ -94,7 +94,8 @@ class ClusterDaemon:
             self._shutdown()
 
     def _app(self):
-        self.dispatcher = Dispatcher(f"ipc://{self.dir}/gateway.ipc", self.config.max_retries, self.metrics)
+        self.dispatcher = Dispatcher(f"ipc://{self.dir}/gateway.ipc", self.config.max_retries, self.metrics,
+                                     colocate=self.config.colocate)
         for ex in self.executors:
             self.dispatcher.add_executor(ex.id, ex.address, ex.device)
         self.gateway = Gateway(self.dispatcher, self.store, token=self.config.token, admin_token=self.admin_token,

@@ -73,10 +73,11 @@ class Request:
     executors: set = field(default_factory=set)
     parts: dict = field(default_factory=dict)  # path -> Table (sink output)
     started: float = field(default_factory=time.perf_counter)
+    trace: list = field(default_factory=list)  # (stage, executor, ms, batch) of the answer
 
 
 class Dispatcher:
-    def __init__(self, address: str, max_retries: int = 2, metrics=None):
+    def __init__(self, address: str, max_retries: int = 2, metrics=None, colocate: bool = True):
         self.address = address
         self.ctx = zmq.asyncio.Context.instance()
         self.pull = self.ctx.socket(zmq.PULL)
@@ -87,6 +88,7 @@ class Dispatcher:
         self.flows: dict[str, DeployedFlow] = {}
         self.requests: dict[int, Request] = {}
         self.max_retries = max_retries
+        self.colocate = colocate
         self.metrics = metrics
         self._ids = itertools.count(1)
         self.next_qid = 1
@@ -189,7 +191,8 @@ class Dispatcher:
         self.next_qid += n
         return np.arange(start, start + n, dtype=np.int64)
 
-    async def submit(self, name: str, table: Table, timeout: float) -> Table:
+    async def submit(self, name: str, table: Table, timeout: float, trace: list | None = None) -> Table:
+        """Run a request; its answer, and (into ``trace``) where each stage ran and how long."""
         flow = self.flows[name]
         loop = asyncio.get_running_loop()
         req = Request(next(self._ids), flow, table, time.time() + timeout, loop.create_future(),
@@ -197,7 +200,10 @@ class Dispatcher:
         self.requests[req.id] = req
         try:
             self._dispatch(req)
-            return await asyncio.wait_for(asyncio.shield(req.future), timeout)
+            out = await asyncio.wait_for(asyncio.shield(req.future), timeout)
+            if trace is not None:
+                trace.extend(req.trace)
+            return out
         except asyncio.TimeoutError:
             raise RequestFailed(504, {"error": "DeadlineExceededError",
                                       "message": f"flow {name!r}: no answer within {timeout:g} s"}) from None
@@ -254,11 +260,13 @@ class Dispatcher:
                 routes[name] = sorted(e.address for e in live)
                 continue
             # least loaded first; among equals, where an input of this stage runs (its
-            # output is already there: the hop is a hand-over, not a message), then in turn
+            # output is already there: the hop is a hand-over, not a message) -- or, with
+            # colocate off, anywhere else -- then in turn
             near = {a for i in stage.inputs for a in routes.get(i, ())}
             k = stage.competitive
             turn = next(self._rr)
-            ranked = sorted(live, key=lambda e: (e.inflight, e.address not in near, (hash(e.id) + turn) % 1009))
+            ranked = sorted(live, key=lambda e: (e.inflight, (e.address in near) != self.colocate,
+                                                 (hash(e.id) + turn) % 1009))
             chosen = [ranked[j % len(ranked)] for j in range(k)]
             routes[name] = [e.address for e in chosen]
         return routes
@@ -321,6 +329,7 @@ class Dispatcher:
                 if self.metrics:
                     self.metrics.observe_trace(req.flow.plan.flow_name, h.get("trace", ()))
                 self._record(req.flow, h.get("trace", ()))
+                req.trace = list(h.get("trace", ()))
                 self._resolve(req, result=out)
 
     def stage_counters(self, flow: str, stage: str) -> StageCounters:

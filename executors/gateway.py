@@ -10,7 +10,8 @@
     DELETE /admin/flows/{name}   (cluster token) undeploy
 
 A client may shorten its deadline with ``X-Request-Timeout: <seconds>``. Answers carry
-``X-Qid-Start``: row i of the request was given qid ``X-Qid-Start + i``.
+``X-Qid-Start`` (row i of the request was given qid ``X-Qid-Start + i``) and
+``X-Flowserve-Trace`` (JSON: ``[stage, executor, ms, batch size]`` per stage run).
 Errors are JSON ``{"error": <type>, "message": ..., "operator"?, "qid"?}`` with status
 400 (malformed body, schema mismatch), 401 (token), 404 (unknown flow), 413 (body too
 large), 422 (an operator rejected the row / no valid alternative / missing lookup key),
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import json
 import logging
 import time
 
@@ -112,7 +114,8 @@ class Gateway:
             except ValueError:
                 return _error(400, "BadRequest", f"X-Request-Timeout must be seconds, got {asked!r}")
         try:
-            result = await self.dispatcher.submit(name, table, timeout)
+            trace: list = []
+            result = await self.dispatcher.submit(name, table, timeout, trace)
         except RequestFailed as e:
             self.metrics.errors.labels(name, str(e.status)).inc()
             self.metrics.requests.labels(name, str(e.status)).inc()
@@ -121,7 +124,9 @@ class Gateway:
         self.metrics.latency.labels(name).observe(ms)
         self.metrics.requests.labels(name, "200").inc()
         # row i of the request was query qid_start + i: clients can match answers to rows
-        timing = {"Server-Timing": f"flow;dur={ms:.3f}", "X-Qid-Start": str(qid_start)}
+        timing = {"Server-Timing": f"flow;dur={ms:.3f}", "X-Qid-Start": str(qid_start),
+                  # where each stage ran, for how long, in a batch of how many requests
+                  "X-Flowserve-Trace": json.dumps([e[:4] for e in trace], separators=(",", ":"))}
         if ARROW in request.headers.get("accept", ""):
             return Response(arrow_bytes(result), media_type=ARROW, headers=timing)
         return Response(json_rows(result), media_type="application/json", headers=timing)

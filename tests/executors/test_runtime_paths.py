@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import httpx
@@ -148,3 +149,26 @@ def _executor_pids(c: LocalCluster) -> list[int]:
 
     out = subprocess.run(["pgrep", "-f", f"executors.executor .*{c.dir}"], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
+
+
+def test_spread_stages_cross_executors_and_answer_the_same():
+    """colocate=False sends consecutive stages to different executors (the research's
+    setting); answers do not change, only where stages run."""
+    with LocalCluster(ClusterConfig(executors=2, colocate=False)) as c:
+        f = Flow("spread")
+        f.map(lambda r: r.x + 1, names=["x"]).map(lambda r: r.x * 2, names=["x"]).map(lambda r: r.x - 3, names=["y"])
+        d = c.deploy(f, optimize=False)
+        assert d.invoke([{"x": i} for i in range(5)])["y"].tolist() == [(i + 1) * 2 - 3 for i in range(5)]
+        for _ in range(5):
+            trace = json.loads(c.http.post(d.url, json={"x": 1}).headers["x-flowserve-trace"])
+            where = [executor for _stage, executor, _ms, _batch in trace]
+            assert len(where) == 3 and where[0] != where[1] != where[2], trace
+
+
+def test_colocated_stages_stay_on_one_executor_at_light_load(cluster, http):
+    f = Flow(unique("together"))
+    f.map(lambda r: r.x + 1, names=["x"]).map(lambda r: r.x * 2, names=["x"]).map(lambda r: r.x - 3, names=["y"])
+    d = cluster.deploy(f, optimize=False)
+    for _ in range(5):  # one request at a time: every executor equally idle
+        trace = json.loads(http.post(d.url, json={"x": 1}).headers["x-flowserve-trace"])
+        assert len({executor for _s, executor, _ms, _b in trace}) == 1, trace
