@@ -104,8 +104,6 @@ def cmd_deploy(args) -> int:
 
 
 def cmd_invoke(args) -> int:
-    import httpx
-
     c = _cluster(args)
     try:
         body = json.loads(args.json)
@@ -149,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     iv.add_argument("name", help="flow name")
     iv.add_argument("--json", required=True, help="one row as a JSON object, or a list of rows")
     iv.set_defaults(fn=cmd_invoke)
+
+    from k8s.cli import add_k8s_parser
+
+    add_k8s_parser(sub)  # flowserve k8s render: manifests for review / GitOps
     return p
 
 

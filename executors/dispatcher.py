@@ -24,7 +24,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from executors.errors import DeadlineExceededError, NoExecutorError, status_for
+from executors.errors import NoExecutorError
 from executors.routing import complete, deliveries
 from executors.scaling import StageCounters
 from executors.wire import WireError, pack, unpack

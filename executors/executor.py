@@ -13,10 +13,8 @@ the plans (once per deploy) and for lookup data, through this executor's local c
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
-import queue
 import signal
 import threading
 import time
@@ -36,7 +34,7 @@ from executors.wire import WireError, pack, unpack
 from flow.context import set_store
 from flow.exceptions import FlowError, NoValidResultError, OperatorError
 from flow.table import Table
-from optimizer.plan import INPUT, Plan
+from optimizer.plan import Plan
 
 log = logging.getLogger("flowserve.executor")
 

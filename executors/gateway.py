@@ -28,11 +28,10 @@ import time
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from executors.dispatcher import DeployedFlow, Dispatcher, RequestFailed
-from executors.errors import status_for
 from executors.httpcodec import ARROW, BadRequestError, arrow_bytes, json_rows, parse_body, to_table
 from executors.metrics import Metrics
 from executors.openapi import openapi_document

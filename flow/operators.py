@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,6 @@ import numpy as np
 from flow.exceptions import (
     DataError,
     DataTypeError,
-    FlowError,
     FlowValueError,
     LookupKeyError,
     NoValidResultError,

@@ -7,7 +7,6 @@ import threading
 
 import httpx
 import numpy as np
-import pytest
 
 from executors.cluster import LocalCluster
 from executors.config import ClusterConfig

@@ -1,0 +1,45 @@
+"""Kubernetes: the same plans as the local cluster, on pods instead of processes.
+
+    from k8s import KubeConfig, render, to_yaml, KubernetesCluster
+    config = KubeConfig(namespace="ml", image="registry.example.com/flowserve:0.1.0")
+    print(to_yaml(render(config, plan)))                 # review / commit (GitOps)
+    cluster = KubernetesCluster(config=config)           # kubeconfig or in-cluster credentials
+    cluster.ensure_secrets(); cluster.apply(render(config, plan))
+    cluster.scale("executor-gpu", 3)                     # what an autoscaler calls
+
+Modules: ``config`` (KubeConfig, Resources, Toleration), ``manifests`` (render, to_yaml),
+``backend`` (KubernetesCluster; needs the ``kubernetes`` package), ``cli``
+(``flowserve k8s render``), ``exceptions``.
+"""
+
+from k8s.config import KubeConfig, Resources, Toleration, parse_quantity
+from k8s.exceptions import (
+    K8sApiError,
+    K8sClientMissingError,
+    K8sConfigError,
+    K8sConfigTypeError,
+    K8sConflictError,
+    K8sError,
+    K8sForbiddenError,
+    K8sInvalidError,
+    K8sNotFoundError,
+    K8sUnavailableError,
+    ManifestError,
+)
+from k8s.manifests import COMPONENTS, SCALABLE, render, to_yaml
+
+
+def __getattr__(name):  # the backend imports the kubernetes client: only when asked for
+    if name == "KubernetesCluster":
+        from k8s.backend import KubernetesCluster
+
+        return KubernetesCluster
+    raise AttributeError(f"module 'k8s' has no attribute {name!r}")
+
+
+__all__ = [
+    "COMPONENTS", "SCALABLE", "KubeConfig", "KubernetesCluster", "Resources", "Toleration", "parse_quantity",
+    "render", "to_yaml", "K8sError", "K8sConfigError", "K8sConfigTypeError", "ManifestError",
+    "K8sClientMissingError", "K8sApiError", "K8sNotFoundError", "K8sConflictError", "K8sForbiddenError",
+    "K8sInvalidError", "K8sUnavailableError",
+]

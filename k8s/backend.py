@@ -1,0 +1,447 @@
+"""The Kubernetes backend: apply rendered manifests, scale executors, tear down, report.
+
+    from k8s import KubeConfig, KubernetesCluster, render
+    cluster = KubernetesCluster(config=KubeConfig(namespace="ml", image="reg.example.com/flowserve:0.1.0"))
+    cluster.ensure_secrets()                 # KVS password + admin token, generated once
+    cluster.apply(render(cluster.config, plan))
+    cluster.scale("executor-gpu", 3)         # patches the Deployment's scale subresource
+    cluster.status()                         # desired/ready replicas per component
+    cluster.delete()                         # everything labelled with this instance
+
+Every call goes through the ``kubernetes`` client's typed APIs (``AppsV1Api``, ``CoreV1Api``,
+``NetworkingV1Api``), built from the kubeconfig / in-cluster credentials unless they are
+passed in (tests pass recorders). Manifests become the client's model objects
+(``V1Deployment``, ``V1Service``, ...) before anything is sent, and a field the model does
+not know is an error rather than silently dropped. API failures raise the
+``K8sApiError`` family naming the verb and the object.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+
+from k8s.config import KubeConfig, _int
+from k8s.exceptions import (
+    K8sApiError,
+    K8sClientMissingError,
+    K8sConfigError,
+    K8sConfigTypeError,
+    K8sError,
+    K8sNotFoundError,
+    ManifestError,
+    api_error_for,
+)
+from k8s.manifests import (
+    L_COMPONENT,
+    SCALABLE,
+    instance_selector,
+    labels,
+    object_name,
+    render,
+)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How one kind maps onto the typed client: which API, which model, which methods."""
+
+    api: str  # "apps", "core" or "networking"
+    model: str  # the client's model class, e.g. "V1Deployment"
+    suffix: str  # the method suffix: create_<suffix>, replace_<suffix>, ...
+
+
+KINDS: dict[tuple[str, str], Kind] = {
+    ("v1", "ServiceAccount"): Kind("core", "V1ServiceAccount", "namespaced_service_account"),
+    ("v1", "Secret"): Kind("core", "V1Secret", "namespaced_secret"),
+    ("v1", "ConfigMap"): Kind("core", "V1ConfigMap", "namespaced_config_map"),
+    ("v1", "Service"): Kind("core", "V1Service", "namespaced_service"),
+    ("v1", "PersistentVolumeClaim"): Kind("core", "V1PersistentVolumeClaim", "namespaced_persistent_volume_claim"),
+    ("apps/v1", "Deployment"): Kind("apps", "V1Deployment", "namespaced_deployment"),
+    ("apps/v1", "StatefulSet"): Kind("apps", "V1StatefulSet", "namespaced_stateful_set"),
+    ("networking.k8s.io/v1", "NetworkPolicy"): Kind("networking", "V1NetworkPolicy", "namespaced_network_policy"),
+}
+# what ``delete`` removes, in this order (workloads first so pods stop before their Services)
+DELETE_ORDER = [("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"), ("v1", "Service"),
+                ("networking.k8s.io/v1", "NetworkPolicy"), ("v1", "ConfigMap"), ("v1", "ServiceAccount")]
+DATA_KINDS = [("v1", "PersistentVolumeClaim"), ("v1", "Secret")]  # only with delete(keep_data=False)
+
+
+def _client():
+    try:
+        import kubernetes.client as client
+    except ImportError as e:
+        raise K8sClientMissingError(f"the Kubernetes backend needs the kubernetes client: "
+                                    f"pip install 'flowserve[k8s]' ({e})") from e
+    return client
+
+
+class _Body:
+    """What ``ApiClient.deserialize`` reads: an object with the JSON in ``.data``."""
+
+    def __init__(self, doc: dict):
+        self.data = json.dumps(doc)
+
+
+def _first_difference(a, b, path: str = "") -> str | None:
+    """The path of the first place ``a`` and ``b`` differ (None when equal)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in list(a) + [k for k in b if k not in a]:
+            if k not in b or k not in a:
+                return f"{path}.{k}" if path else str(k)
+            d = _first_difference(a[k], b[k], f"{path}.{k}" if path else str(k))
+            if d is not None:
+                return d
+        return None
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return f"{path}[]"
+        for i, (x, y) in enumerate(zip(a, b)):
+            d = _first_difference(x, y, f"{path}[{i}]")
+            if d is not None:
+                return d
+        return None
+    return None if a == b and type(a) is type(b) else (path or "<root>")
+
+
+def describe(manifest) -> str:
+    """``Kind namespace/name`` of a manifest, for messages."""
+    if not isinstance(manifest, dict):
+        return repr(manifest)[:80]
+    md = manifest.get("metadata") if isinstance(manifest.get("metadata"), dict) else {}
+    ns = md.get("namespace")
+    return f"{manifest.get('kind', '?')} {ns + '/' if ns else ''}{md.get('name', '?')}"
+
+
+def to_api_object(manifest: dict, api_client=None):
+    """The client's model object for ``manifest`` (e.g. a ``V1Deployment``), and its ``Kind``.
+
+    Raises ``ManifestError`` for an unsupported kind, a missing name, a value the model
+    rejects, or a field the model does not know (it would be dropped silently otherwise).
+
+        obj, kind = to_api_object(render()[-1])     # V1Deployment, Kind("apps", ...)
+    """
+    _client()  # a clear error when the kubernetes package is missing
+    if not isinstance(manifest, dict):
+        raise ManifestError(f"a manifest must be a dict, got {type(manifest).__name__} {manifest!r:.80}")
+    key = (manifest.get("apiVersion"), manifest.get("kind"))
+    kind = KINDS.get(key)
+    if kind is None:
+        known = ", ".join(f"{k} ({v})" for v, k in KINDS)
+        raise ManifestError(f"{describe(manifest)}: unsupported apiVersion/kind {key[0]!r}/{key[1]!r}; "
+                            f"supported: {known}")
+    md = manifest.get("metadata")
+    if not isinstance(md, dict) or not isinstance(md.get("name"), str) or not md["name"]:
+        raise ManifestError(f"{describe(manifest)}: metadata.name is missing")
+    api_client = api_client or _model_client()
+    try:
+        obj = api_client.deserialize(_Body(manifest), kind.model)
+    except (ValueError, TypeError) as e:
+        raise ManifestError(f"{describe(manifest)}: not a valid {kind.model}: {e}") from None
+    back = api_client.sanitize_for_serialization(obj)
+    diff = _first_difference(manifest, back)
+    if diff is not None:
+        raise ManifestError(f"{describe(manifest)}: field {diff!r} is not part of {kind.model} "
+                            f"(misspelt, or the wrong type); it would not be sent")
+    return obj, kind
+
+
+_MODEL_CLIENT = None
+
+
+def _model_client():
+    """An ApiClient used only to convert models (never connects)."""
+    global _MODEL_CLIENT
+    if _MODEL_CLIENT is None:
+        _MODEL_CLIENT = _client().ApiClient()
+    return _MODEL_CLIENT
+
+
+def _default_api_client():
+    """An ApiClient from the in-cluster service account, else the local kubeconfig."""
+    _client()
+    from kubernetes import config as kconfig
+
+    try:
+        kconfig.load_incluster_config()
+    except kconfig.ConfigException:
+        try:
+            kconfig.load_kube_config()
+        except (kconfig.ConfigException, OSError) as e:
+            raise K8sError(f"no Kubernetes credentials: not in a pod and no usable kubeconfig "
+                           f"(KUBECONFIG or ~/.kube/config): {e}") from e
+    import kubernetes.client as client
+
+    return client.ApiClient()
+
+
+class KubernetesCluster:
+    """One FlowServe instance on a Kubernetes cluster, driven through the typed client.
+
+    ``namespace``/``image`` override those of ``config`` (default ``KubeConfig()``).
+    ``apps_api``/``core_api``/``networking_api``: the client's ``AppsV1Api``, ``CoreV1Api``
+    and ``NetworkingV1Api`` (default: built from the in-cluster or kubeconfig credentials on
+    first use). Nothing is contacted until a method is called.
+
+        cluster = KubernetesCluster(namespace="ml", image="reg.example.com/flowserve:0.1.0")
+        cluster.apply(render(cluster.config))
+    """
+
+    def __init__(self, namespace: str | None = None, image: str | None = None, config: KubeConfig | None = None,
+                 *, apps_api=None, core_api=None, networking_api=None):
+        if config is None:
+            config = KubeConfig()
+        elif not isinstance(config, KubeConfig):
+            raise K8sConfigTypeError(f"config must be a k8s.KubeConfig, got {type(config).__name__} {config!r:.80}")
+        changes = {k: v for k, v in (("namespace", namespace), ("image", image)) if v is not None}
+        self.config = config.replace(**changes) if changes else config
+        self._apis = {"apps": apps_api, "core": core_api, "networking": networking_api}
+
+    @property
+    def namespace(self) -> str:
+        return self.config.namespace
+
+    # -- API plumbing ------------------------------------------------------------------------
+
+    def _api(self, which: str):
+        if self._apis[which] is None:
+            client = _client()
+            api_client = _default_api_client()
+            built = {"apps": client.AppsV1Api, "core": client.CoreV1Api, "networking": client.NetworkingV1Api}
+            for k, cls in built.items():
+                if self._apis[k] is None:
+                    self._apis[k] = cls(api_client)
+        return self._apis[which]
+
+    def _call(self, verb: str, kind_name: str, kind: Kind, name: str, *args, suffix: str | None = None,
+              namespace: str | None = None, **kwargs):
+        """``<verb>_<suffix>`` on the kind's API; errors become K8sApiError naming the object."""
+        ns = namespace or self.namespace
+        method = f"{verb}_{suffix or kind.suffix}"
+        api = self._api(kind.api)
+        try:
+            return getattr(api, method)(*args, **kwargs)
+        except Exception as e:  # the client's ApiException, urllib3's connection errors
+            raise self._error(e, verb, kind_name, ns, name) from e
+
+    @staticmethod
+    def _error(e: Exception, verb: str, kind: str, namespace: str, name: str) -> K8sApiError:
+        status = getattr(e, "status", None)
+        if not isinstance(status, int):
+            # no HTTP answer at all (connection refused, DNS, TLS): retryable
+            status, reason = 0, f"{type(e).__name__}: {e}"
+        else:
+            reason = getattr(e, "reason", "") or ""
+            body = getattr(e, "body", None)
+            try:
+                doc = json.loads(body) if body else None
+                if isinstance(doc, dict) and doc.get("message"):
+                    reason = f"{reason}: {doc['message']}" if reason else doc["message"]
+            except (ValueError, TypeError):
+                pass
+        what = f"{kind} {namespace}/{name}" if name else f"{kind} in namespace {namespace}"
+        cls = api_error_for(status)
+        hint = ""
+        if status in (401, 403):
+            hint = " (check the credentials and that RBAC allows this verb on this kind)"
+        elif status == 0:
+            hint = " (is the API server reachable?)"
+        return cls(f"{verb} {what} failed: {status or 'no answer'} {reason}{hint}".rstrip(), verb=verb, kind=kind,
+                   namespace=namespace, name=name, status=status, reason=reason)
+
+    # -- apply -------------------------------------------------------------------------------
+
+    def apply(self, manifests=None, *, keep_replicas: bool = True) -> list[dict]:
+        """Create each object, or replace it when it exists; returns what was done per object.
+
+        ``manifests``: dicts as ``render`` makes them (default: ``render(self.config)``).
+        ``keep_replicas``: when replacing a Deployment keep its live replica count (what the
+        autoscaler set) instead of the manifest's. Objects without a namespace go to
+        ``config.namespace``. All manifests are converted and checked before anything is sent.
+
+            cluster.apply(render(cluster.config, plan))
+            # [{"kind": "ServiceAccount", "name": "flowserve", "action": "created"}, ...]
+        """
+        if manifests is None:
+            manifests = render(self.config)
+        if isinstance(manifests, dict) or not isinstance(manifests, (list, tuple)):
+            raise K8sConfigTypeError(f"manifests must be a list of dicts, got {type(manifests).__name__}")
+        typed = []
+        for m in manifests:  # convert everything first: no half-applied instance over a typo
+            obj, kind = to_api_object(m)
+            if obj.metadata.namespace is None:
+                obj.metadata.namespace = self.namespace
+            typed.append((m["kind"], obj, kind))
+        return [self._apply_one(kind_name, obj, kind, keep_replicas) for kind_name, obj, kind in typed]
+
+    def _apply_one(self, kind_name: str, obj, kind: Kind, keep_replicas: bool) -> dict:
+        name, ns = obj.metadata.name, obj.metadata.namespace
+        result = {"kind": kind_name, "name": name, "namespace": ns}
+        try:
+            self._call("create", kind_name, kind, name, ns, obj, namespace=ns)
+            result["action"] = "created"
+            return result
+        except K8sApiError as e:
+            if e.status != 409:
+                raise
+        live = self._call("read", kind_name, kind, name, name, ns, namespace=ns)
+        kept = self._carry_over(kind_name, obj, live, keep_replicas)
+        self._call("replace", kind_name, kind, name, name, ns, obj, namespace=ns)
+        result["action"] = "replaced"
+        result.update(kept)
+        return result
+
+    @staticmethod
+    def _carry_over(kind_name: str, obj, live, keep_replicas: bool) -> dict:
+        """Copy what the server owns (resourceVersion, a Service's cluster IP and node ports)
+        or what the autoscaler set (a Deployment's replicas) from ``live`` into ``obj``."""
+        kept = {}
+        obj.metadata.resource_version = live.metadata.resource_version
+        if kind_name == "Service" and live.spec is not None:
+            obj.spec.cluster_ip = live.spec.cluster_ip
+            for attr in ("cluster_ips", "cluster_i_ps"):  # the client renamed it across versions
+                if attr in type(obj.spec).attribute_map:
+                    setattr(obj.spec, attr, getattr(live.spec, attr))
+            if obj.spec.type in ("NodePort", "LoadBalancer"):
+                live_ports = {p.name: p.node_port for p in live.spec.ports or []}
+                for p in obj.spec.ports or []:
+                    if p.node_port is None and live_ports.get(p.name):
+                        p.node_port = live_ports[p.name]
+                if obj.spec.health_check_node_port is None:
+                    obj.spec.health_check_node_port = live.spec.health_check_node_port
+        if kind_name == "Deployment" and keep_replicas and live.spec is not None and live.spec.replicas is not None:
+            if obj.spec.replicas != live.spec.replicas:
+                kept["kept_replicas"] = live.spec.replicas
+            obj.spec.replicas = live.spec.replicas
+        if kind_name == "ServiceAccount" and not obj.secrets and live.secrets:
+            obj.secrets = live.secrets
+        return kept
+
+    # -- secrets -----------------------------------------------------------------------------
+
+    def ensure_secrets(self) -> list[str]:
+        """Create the KVS password and admin token Secrets with random values if they do not
+        exist (existing ones are never changed); returns the names created.
+
+        The values are generated here and sent straight to the API server: they appear in
+        no manifest, file or log.
+        """
+        created = []
+        kind = KINDS[("v1", "Secret")]
+        client = _client()
+        for name, key, component in ((self.config.redis_secret_name, "password", "kvs"),
+                                     (self.config.admin_secret_name, "token", "gateway")):
+            try:
+                self._call("read", "Secret", kind, name, name, self.namespace)
+                continue
+            except K8sNotFoundError:
+                pass
+            body = client.V1Secret(
+                api_version="v1", kind="Secret", type="Opaque",
+                metadata=client.V1ObjectMeta(name=name, namespace=self.namespace,
+                                             labels=labels(self.config, component)),
+                string_data={key: secrets.token_urlsafe(32)})
+            self._call("create", "Secret", kind, name, self.namespace, body)
+            created.append(name)
+        return created
+
+    # -- scale -------------------------------------------------------------------------------
+
+    def deployment_name(self, component_or_deployment: str) -> str:
+        """``"executor-gpu"`` -> ``"<name>-executor-gpu"``; a full Deployment name of this
+        instance passes through. Anything else raises ``K8sConfigError`` listing the choices."""
+        v = component_or_deployment
+        if not isinstance(v, str):
+            raise K8sConfigTypeError(f"component must be a string, got {type(v).__name__} {v!r}")
+        if v in SCALABLE:
+            return object_name(self.config, v)
+        if v in {object_name(self.config, c) for c in SCALABLE}:
+            return v
+        choices = list(SCALABLE) + [object_name(self.config, c) for c in SCALABLE]
+        raise K8sConfigError(f"cannot scale {v!r}: expected one of {choices}")
+
+    def scale(self, component_or_deployment: str, replicas: int) -> int:
+        """Set a Deployment's replicas through its scale subresource (what an autoscaler
+        calls); returns the replica count the server now wants.
+
+            cluster.scale("executor-cpu", 4)
+        """
+        name = self.deployment_name(component_or_deployment)
+        if not _int(replicas):
+            raise K8sConfigTypeError(f"replicas must be an int, got {type(replicas).__name__} {replicas!r}")
+        if not 0 <= replicas <= 1000:
+            raise K8sConfigError(f"replicas must be in 0..1000, got {replicas!r}")
+        kind = KINDS[("apps/v1", "Deployment")]
+        scale = self._call("patch", "Deployment", kind, name, name, self.namespace, {"spec": {"replicas": replicas}},
+                           suffix="namespaced_deployment_scale")
+        spec = getattr(scale, "spec", None)
+        return spec.replicas if spec is not None and spec.replicas is not None else replicas
+
+    # -- delete ------------------------------------------------------------------------------
+
+    def delete(self, *, keep_data: bool = True) -> list[dict]:
+        """Delete every object labelled with this instance; returns what was deleted.
+
+        ``keep_data`` (default): keep the KVS's PersistentVolumeClaim and the Secrets, so a
+        later ``apply`` finds the same data and password. Objects already gone are skipped.
+        """
+        kinds = DELETE_ORDER + ([] if keep_data else DATA_KINDS)
+        selector = instance_selector(self.config)
+        deleted = []
+        for key in kinds:
+            kind, kind_name = KINDS[key], key[1]
+            items = self._call("list", kind_name, kind, "", self.namespace, label_selector=selector).items or []
+            for item in items:
+                name = item.metadata.name
+                try:
+                    self._call("delete", kind_name, kind, name, name, self.namespace,
+                               propagation_policy="Foreground" if kind.api == "apps" else "Background")
+                except K8sNotFoundError:
+                    continue  # deleted meanwhile
+                deleted.append({"kind": kind_name, "name": name, "namespace": self.namespace})
+        return deleted
+
+    # -- status ------------------------------------------------------------------------------
+
+    def status(self) -> dict:
+        """Desired and ready replicas per component, and the gateway's address.
+
+            {"namespace": "ml", "instance": "flowserve",
+             "components": {"gateway": {"kind": "Deployment", "name": "flowserve-gateway",
+                                        "replicas": 2, "ready": 2, "available": 2, "updated": 2}, ...},
+             "gateway": {"type": "LoadBalancer", "cluster_ip": "10.0.0.7", "external": ["203.0.113.5"],
+                         "port": 80}}
+        """
+        selector = instance_selector(self.config)
+        components = {}
+        for key in (("apps/v1", "StatefulSet"), ("apps/v1", "Deployment")):
+            kind, kind_name = KINDS[key], key[1]
+            for item in self._call("list", kind_name, kind, "", self.namespace, label_selector=selector).items or []:
+                component = (item.metadata.labels or {}).get(L_COMPONENT, item.metadata.name)
+                st = item.status
+                components[component] = {
+                    "kind": kind_name, "name": item.metadata.name,
+                    "replicas": item.spec.replicas if item.spec.replicas is not None else 1,
+                    "ready": (st.ready_replicas if st else None) or 0,
+                    "available": (getattr(st, "available_replicas", None) if st else None) or 0,
+                    "updated": (st.updated_replicas if st else None) or 0,
+                }
+        out = {"namespace": self.namespace, "instance": self.config.name, "components": components, "gateway": None}
+        svc_kind = KINDS[("v1", "Service")]
+        gw_name = object_name(self.config, "gateway")
+        try:
+            svc = self._call("read", "Service", svc_kind, gw_name, gw_name, self.namespace)
+        except K8sNotFoundError:
+            return out
+        ingress = (svc.status.load_balancer.ingress if svc.status and svc.status.load_balancer else None) or []
+        out["gateway"] = {"type": svc.spec.type, "cluster_ip": svc.spec.cluster_ip,
+                          "external": [i.ip or i.hostname for i in ingress],
+                          "port": svc.spec.ports[0].port if svc.spec.ports else None}
+        return out
+
+    def __repr__(self) -> str:
+        return f"KubernetesCluster(namespace={self.namespace!r}, instance={self.config.name!r})"
+
+
+__all__ = ["KINDS", "Kind", "KubernetesCluster", "describe", "to_api_object"]

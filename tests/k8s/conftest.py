@@ -1,0 +1,65 @@
+"""Shared fixtures of the Kubernetes tests: configs to render and small optimized plans.
+
+No Kubernetes cluster runs here: manifests are validated against the official schemas
+(kubernetes-validate, offline) and the backend is checked against the client's API objects
+through the recorders in ``recorders.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flow import Flow
+from k8s import KubeConfig, Resources, Toleration
+from optimizer import optimize
+
+# the oldest Kubernetes the declared client range (kubernetes>=29) targets, and the newest
+# schema set kubernetes-validate ships
+K8S_VERSIONS = ("1.29.0", "1.37.0")
+
+
+def pre(row):
+    return row.raw * 2.0
+
+
+def net(table):
+    return [np.zeros(len(table))]
+
+
+@pytest.fixture(scope="session")
+def gpu_plan():
+    """pre (cpu) -> net (gpu): an optimized plan with one GPU stage."""
+    f = Flow("ensemble", schema={"raw": float})
+    f.map(pre, names=["x"]).map(net, names=["y"], batching=True, gpu=True)
+    return optimize(f)
+
+
+@pytest.fixture(scope="session")
+def cpu_plan():
+    f = Flow("scorer", schema={"raw": float})
+    f.map(pre, names=["x"])
+    return optimize(f)
+
+
+def configs() -> dict[str, KubeConfig]:
+    """Configs covering the options: defaults (CPU only), a GPU cluster, a minimal one."""
+    return {
+        "cpu-default": KubeConfig(),
+        "gpu": KubeConfig(
+            name="vision", namespace="ml-serving", image="registry.example.com/team/flowserve:0.1.0",
+            gateway_replicas=2, cpu_executors=3, gpu_executors=2, gpus_per_executor=2,
+            gpu_executor_resources=Resources(cpu="4", memory="16Gi", cpu_limit="8", memory_limit="32Gi"),
+            gpu_node_selector={"cloud.google.com/gke-accelerator": "nvidia-l4"},
+            gpu_tolerations=[Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"),
+                             {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoExecute",
+                              "tolerationSeconds": 300}],
+            service_type="LoadBalancer", token_secret="vision-api-token", s3_endpoint="http://minio.storage:9000",
+            s3_secret="vision-s3", image_pull_secrets=("regcred",), storage_class="fast-ssd", kvs_storage="20Gi",
+            env={"FLOWSERVE_LOG_LEVEL": "INFO"}),
+        "minimal": KubeConfig(
+            name="fs", namespace="default", kvs_storage=None, network_policies=False, cpu_executors=1,
+            gpu_executors=0, image="localhost:5000/flowserve@sha256:" + "a" * 64, version="dev-1",
+            service_type="NodePort", token_secret="fs-token",
+            cpu_executor_resources=Resources(cpu="100m", memory="128Mi")),
+    }

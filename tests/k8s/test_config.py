@@ -1,0 +1,148 @@
+"""KubeConfig, Resources, Toleration: defaults, and bad values named and quoted."""
+
+from __future__ import annotations
+
+import dataclasses
+from decimal import Decimal
+
+import pytest
+
+from flow.exceptions import FlowError
+from k8s import K8sConfigError, K8sConfigTypeError, K8sError, KubeConfig, Resources, Toleration, parse_quantity
+
+
+def test_defaults_are_a_small_cpu_cluster():
+    c = KubeConfig()
+    assert (c.name, c.namespace, c.gateway_replicas, c.cpu_executors, c.gpu_executors) == (
+        "flowserve", "flowserve", 1, 2, None)
+    assert c.image == "flowserve:0.1.0" and c.redis_image == "redis:7.4-alpine"
+    assert (c.redis_secret_name, c.admin_secret_name, c.token_secret) == ("flowserve-redis", "flowserve-admin", None)
+    assert c.service_type == "ClusterIP" and c.network_policies is True
+    assert c.gpu_tolerations == (Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"),)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.namespace = "other"
+
+
+@pytest.mark.parametrize("field,value,error,quoted", [
+    ("name", "Flow_Serve", K8sConfigError, "'Flow_Serve'"),
+    ("name", "9lives", K8sConfigError, "'9lives'"),
+    ("name", "x" * 41, K8sConfigError, "at most 40 characters"),
+    ("name", 7, K8sConfigTypeError, "7"),
+    ("namespace", "ML", K8sConfigError, "'ML'"),
+    ("image", "flowserve:latest", K8sConfigError, "'flowserve:latest'"),
+    ("image", "flowserve", K8sConfigError, "must pin a tag or digest"),
+    ("image", "flow serve:1", K8sConfigError, "'flow serve:1'"),
+    ("redis_image", "redis:latest", K8sConfigError, "'redis:latest'"),
+    ("image_pull_policy", "Sometimes", K8sConfigError, "'Sometimes'"),
+    ("gateway_replicas", -1, K8sConfigError, "-1"),
+    ("cpu_executors", "2", K8sConfigTypeError, "'2'"),
+    ("cpu_executors", 2.0, K8sConfigTypeError, "2.0"),
+    ("gpu_executors", True, K8sConfigTypeError, "True"),
+    ("gpu_executors", 1001, K8sConfigError, "1001"),
+    ("executor_threads", 0, K8sConfigError, "0"),
+    ("gpus_per_executor", 0, K8sConfigError, "0"),
+    ("service_type", "Ingress", K8sConfigError, "'Ingress'"),
+    ("service_port", 70000, K8sConfigError, "70000"),
+    ("redis_secret", "Bad Secret", K8sConfigError, "'Bad Secret'"),
+    ("token_secret", "", K8sConfigError, "''"),
+    ("kvs_storage", "lots", K8sConfigError, "'lots'"),
+    ("kvs_storage", "0Gi", K8sConfigError, "'0Gi'"),
+    ("artifact_cache_size", 10, K8sConfigTypeError, "10"),
+    ("s3_endpoint", "minio:9000", K8sConfigError, "'minio:9000'"),
+    ("version", "not a label!", K8sConfigError, "'not a label!'"),
+    ("network_policies", "yes", K8sConfigTypeError, "'yes'"),
+    ("gpu_node_selector", {"gpu": "a b"}, K8sConfigError, "'a b'"),
+    ("gpu_node_selector", ["gpu"], K8sConfigTypeError, "['gpu']"),
+    ("gpu_tolerations", {"key": "x"}, K8sConfigTypeError, "{'key': 'x'}"),
+    ("gpu_tolerations", [{"key": "x", "operator": "Sometimes"}], K8sConfigError, "'Sometimes'"),
+    ("gpu_tolerations", [{"key": "x", "colour": "red"}], K8sConfigError, "['colour']"),
+    ("env", {"FLOWSERVE_KVS_URL": "redis://x"}, K8sConfigError, "'FLOWSERVE_KVS_URL'"),
+    ("env", {"1BAD": "x"}, K8sConfigError, "'1BAD'"),
+    ("env", {"LEVEL": 3}, K8sConfigTypeError, "3"),
+    ("gateway_resources", {"cpu": "1"}, K8sConfigTypeError, "{'cpu': '1'}"),
+    ("image_pull_secrets", ("ok", "Not OK"), K8sConfigError, "'Not OK'"),
+])
+def test_bad_values_raise_naming_the_field_and_quoting_the_value(field, value, error, quoted):
+    with pytest.raises(error) as info:
+        KubeConfig(**{field: value})
+    assert quoted in str(info.value)
+    assert isinstance(info.value, (ValueError, TypeError)) and isinstance(info.value, FlowError)
+    assert isinstance(info.value, K8sError)
+    if field not in ("gpu_tolerations",):
+        assert field in str(info.value)
+
+
+def test_ports_must_differ():
+    with pytest.raises(K8sConfigError, match="ports must differ: gateway_port=5555"):
+        KubeConfig(gateway_port=5555)
+
+
+@pytest.mark.parametrize("image", [
+    "flowserve:0.1.0", "registry.example.com/team/flowserve:0.1.0", "localhost:5000/flowserve:dev",
+    "ghcr.io/org/flow-serve:1.0.0-rc.1", "flowserve@sha256:" + "c" * 64,
+    "reg.example.com:443/a/b:1@sha256:" + "d" * 64,
+])
+def test_good_image_references(image):
+    assert KubeConfig(image=image).image == image
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"cpu": "2", "cpu_limit": "1"}, r"cpu_limit='1' is below the request cpu='2'"),
+    ({"memory": "2Gi", "memory_limit": "1500Mi"}, r"memory_limit='1500Mi' is below the request memory='2Gi'"),
+    ({"cpu": "half"}, r"Resources.cpu: 'half' is not a Kubernetes quantity"),
+    ({"memory": "-1Gi"}, r"'-1Gi' is not a Kubernetes quantity"),
+    ({"memory": 512}, r"Resources.memory must be a quantity string .* got int 512"),
+])
+def test_bad_resources(kwargs, match):
+    with pytest.raises(K8sConfigError, match=match):
+        Resources(**kwargs)
+
+
+def test_resources_render_gpus_in_requests_and_limits():
+    r = Resources(cpu="1", memory="1Gi", memory_limit="2Gi")
+    assert r.to_k8s() == {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "2Gi"}}
+    assert r.to_k8s(gpus=2)["limits"]["nvidia.com/gpu"] == "2"
+    assert r.to_k8s(gpus=2)["requests"]["nvidia.com/gpu"] == "2"
+
+
+def test_parse_quantity():
+    assert parse_quantity("250m") == Decimal("0.25")
+    assert parse_quantity("2") == 2
+    assert parse_quantity("1Gi") == 2**30
+    assert parse_quantity("1.5G") == Decimal("1.5e9")
+    with pytest.raises(ValueError, match="'1e3'"):
+        parse_quantity("1e3")
+
+
+def test_toleration_rules():
+    assert Toleration.from_dict({"key": "a", "operator": "Equal", "value": "b", "effect": "NoExecute",
+                                 "tolerationSeconds": 5}).to_k8s() == {
+        "key": "a", "operator": "Equal", "value": "b", "effect": "NoExecute", "tolerationSeconds": 5}
+    assert Toleration().to_k8s() == {"operator": "Exists"}  # tolerate every taint
+    with pytest.raises(K8sConfigError, match="takes no value, got value='b'"):
+        Toleration(key="a", operator="Exists", value="b")
+    with pytest.raises(K8sConfigError, match="only applies to effect 'NoExecute', got effect='NoSchedule'"):
+        Toleration(key="a", effect="NoSchedule", toleration_seconds=3)
+    with pytest.raises(K8sConfigError, match="effect must be None or one of .* got 'Never'"):
+        Toleration(key="a", effect="Never")
+
+
+def test_from_dict_builds_nested_objects_and_rejects_unknown_fields():
+    c = KubeConfig.from_dict({"namespace": "ml", "gpu_executors": 1,
+                              "gpu_executor_resources": {"cpu": "2", "memory": "8Gi"},
+                              "gpu_tolerations": [{"key": "gpu", "operator": "Exists"}],
+                              "image_pull_secrets": ["regcred"]})
+    assert c.gpu_executor_resources == Resources(cpu="2", memory="8Gi")
+    assert c.gpu_tolerations == (Toleration(key="gpu"),)
+    assert c.image_pull_secrets == ("regcred",)
+    with pytest.raises(K8sConfigError, match=r"unknown field\(s\) \['replicas'\]"):
+        KubeConfig.from_dict({"replicas": 3})
+    with pytest.raises(K8sConfigError, match="gateway_resources: .*unexpected keyword argument 'gpu'"):
+        KubeConfig.from_dict({"gateway_resources": {"gpu": 1}})
+
+
+def test_replace_validates_again():
+    c = KubeConfig().replace(namespace="ml")
+    assert c.namespace == "ml"
+    with pytest.raises(K8sConfigError, match="'bad ns'"):
+        c.replace(namespace="bad ns")
