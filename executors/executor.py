@@ -30,7 +30,7 @@ from executors.errors import status_for
 from executors.gpu import gpu_stats, set_executor_class
 from executors.placement import PLAN_KEY
 from executors.routing import complete, deliveries
-from executors.wire import WireError, pack, unpack
+from executors.wire import WireError, pack, unpack, zero_copy
 from flow.context import set_store
 from flow.exceptions import FlowError, NoValidResultError, OperatorError
 from flow.table import Table
@@ -115,7 +115,7 @@ class Executor:
             sock.setsockopt(zmq.SNDHWM, 100_000)
             sock.connect(address)
             socks[address] = sock
-        sock.send_multipart(frames, copy=False)
+        sock.send_multipart(frames, copy=not zero_copy(frames))
 
     # -- main loop --------------------------------------------------------------------------
 

@@ -123,3 +123,12 @@ def unpack(frames: list) -> tuple[dict, dict[str, Table]]:
     body = frames[1:]
     tables = {k: decode_table(m, body) for k, m in (header.pop("tables", None) or {}).items()}
     return header, tables
+
+
+ZERO_COPY_BYTES = 256 * 1024
+
+
+def zero_copy(frames: list) -> bool:
+    """Send without copying only when a message is large: for small ones ZeroMQ's
+    zero-copy bookkeeping (a release callback per frame) costs more than the copy."""
+    return sum(len(f) for f in frames) >= ZERO_COPY_BYTES
