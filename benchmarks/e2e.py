@@ -167,6 +167,7 @@ def measure(system, seconds: float, concurrencies=(1, 8)) -> dict:
 def run(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks e2e", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=10.0, help="per measurement (default 10)")
+    p.add_argument("--rounds", type=int, default=2, help="rounds over all systems; medians reported (default 2)")
     p.add_argument("--ray-python", default=os.environ.get("RAY_PYTHON", "/tmp/rayenv/bin/python"),
                    help="a Python with ray[serve] and torch (benchmarks/requirements-peers.txt); skipped if missing")
     args = p.parse_args(argv)
@@ -176,10 +177,45 @@ def run(argv=None) -> dict:
         systems.append(RayServe(args.ray_python))
     else:
         progress(f"Ray Serve skipped: {args.ray_python} not found")
-    results = {s.name: measure(s, args.seconds) for s in systems}
-    save("e2e", {"seconds": args.seconds, "results": results})
+    rounds: dict[str, list[dict]] = {s.name: [] for s in systems}
+    for r in range(args.rounds):  # rounds interleave the systems: drift hits all alike
+        progress(f"round {r + 1} of {args.rounds}")
+        for s in systems:
+            rounds[s.name].append(measure(s, args.seconds))
+    results = {name: _median(rs) for name, rs in rounds.items()}
+    ratios = _ratios(results)
+    for k, v in ratios.items():
+        progress(f"{k}: {v:.2f}")
+    save("e2e", {"seconds": args.seconds, "rounds": args.rounds, "results": results, "ratios": ratios,
+                 "per_round": rounds})
     _plot(results)
     return results
+
+
+def _median(rounds: list[dict]) -> dict:
+    import statistics
+
+    out = {}
+    for key in rounds[0]:
+        if key == "plans":
+            out[key] = rounds[0][key]
+            continue
+        out[key] = {m: statistics.median(r[key][m] for r in rounds)
+                    for m in ("rps", "p50_ms", "p90_ms", "p99_ms")}
+    return out
+
+
+def _ratios(results: dict) -> dict:
+    floor, opt = results.get(Floor.name), results.get("flowserve optimized")
+    ray = results.get(RayServe.name)
+    out = {}
+    for flow in FLOWS:
+        if opt and floor:
+            out[f"{flow}: optimized / floor throughput at c=8"] = opt[f"{flow}/c8"]["rps"] / floor[f"{flow}/c8"]["rps"]
+            out[f"{flow}: optimized / floor p50 at c=1"] = opt[f"{flow}/c1"]["p50_ms"] / floor[f"{flow}/c1"]["p50_ms"]
+        if opt and ray:
+            out[f"{flow}: optimized / ray serve throughput at c=8"] = opt[f"{flow}/c8"]["rps"] / ray[f"{flow}/c8"]["rps"]
+    return out
 
 
 def _plot(results: dict) -> None:

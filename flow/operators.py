@@ -68,17 +68,19 @@ class Operator:
     def label(self) -> str:
         return self.kind
 
+    # The user's flags live in fields named ``batching_``, ``gpu_``, ``high_variance_`` on the
+    # operators that take them (the trailing underscore keeps these properties readable).
     @property
     def batching(self) -> bool:
-        return False
+        return getattr(self, "batching_", False)
 
     @property
     def gpu(self) -> bool:
-        return False
+        return getattr(self, "gpu_", False)
 
     @property
     def high_variance(self) -> bool:
-        return False
+        return getattr(self, "high_variance_", False)
 
     @property
     def rowwise(self) -> bool:
@@ -140,18 +142,6 @@ class MapOp(Operator):
     @property
     def label(self) -> str:
         return callable_name(self.fn)
-
-    @property
-    def batching(self):
-        return self.batching_
-
-    @property
-    def gpu(self):
-        return self.gpu_
-
-    @property
-    def high_variance(self):
-        return self.high_variance_
 
     def describe(self) -> str:
         flags = [f for f, on in (("batching", self.batching), ("gpu", self.gpu),
@@ -321,10 +311,6 @@ class FilterOp(Operator):
     @property
     def label(self) -> str:
         return callable_name(self.pred)
-
-    @property
-    def batching(self):
-        return self.batching_
 
     def describe(self) -> str:
         return f"filter {self.label}"
@@ -769,16 +755,8 @@ class AnyOfOp(Operator):
         return "anyof(" + ",".join(callable_name(f) for f in self.alternatives) + ")"
 
     @property
-    def batching(self):
-        return self.batching_
-
-    @property
-    def gpu(self):
-        return self.gpu_
-
-    @property
     def high_variance(self):
-        return True
+        return True  # alternatives always race
 
     @property
     def rowwise(self):
