@@ -14,6 +14,10 @@ BENCHMARKS = {
     "chain": "added latency per stage on a chain of no-op stages",
     "autoscale": "a 2x load step: time until a new replica serves; replicas and p99 over time",
     "kvs_cache": "8 MB reads: local cache vs Redis vs Redis + decode",
+    "fusion": "chains of 2-10 no-op stages, 10 KB-10 MB payloads: fused vs one stage per operator",
+    "competition": "a Gamma-sleeping stage raced by 1, 3 or 7 replicas: median and p99",
+    "locality": "100 objects of 8 KB-8 MB read by per-row lookups: naive, fusion, fusion + continuations",
+    "batching": "one CNN operator at batch 1-40: in-process through the batching path, and over HTTP",
 }
 
 

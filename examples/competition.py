@@ -30,8 +30,8 @@ from flow import ColumnType, Flow  # noqa: E402
 THRESHOLD = 0.9
 
 
-def preprocess(table):
-    return preprocess_batch(table["img"])
+def preprocess(img):
+    return preprocess_batch(img)
 
 
 class Named:
@@ -64,7 +64,7 @@ def answer(row):
 
 def build() -> Flow:
     flow = Flow("competition", schema={"img": ColumnType.tensor(np.uint8, (28, 28))})
-    img = flow.map(preprocess, names=["img"], batching=True)
+    img = flow.map(preprocess, names=["img"], col="img")  # per row: cheap; the models batch
     best = img.anyof(Small, Medium, Big, names=["cls", "conf", "model"], valid=confident, batching=True)
     best.map(answer, names=["cls", "conf", "model", "answer"])
     return flow
@@ -75,7 +75,7 @@ def each_model(images, store) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     out = {}
     for model in (Small, Medium, Big):
         f = Flow(f"reference-{model.name}", schema={"img": ColumnType.tensor(np.uint8, (28, 28))})
-        f.map(preprocess, names=["img"], batching=True).map(model, names=["cls", "conf", "model"], batching=True)
+        f.map(preprocess, names=["img"], col="img").map(model, names=["cls", "conf", "model"], batching=True)
         t = f.run([{"img": x} for x in images], kvs=store)
         out[model.name] = (t["cls"], t["conf"])
     return out

@@ -240,7 +240,7 @@ class Dispatcher:
         for consumer in self._input_consumers(plan):
             stage = plan.stages[consumer]
             for d in deliveries(req.table, stage, routes[consumer]):
-                self._send(d.address, pack(dict(base, stage=consumer, path=list(d.path)), {"t": d.table}))
+                self._send(d.address, pack(dict(base, stage=consumer, path=list(d.path), copy=d.copy), {"t": d.table}))
 
     @property
     def _by_address(self) -> dict[str, str]:
@@ -317,8 +317,8 @@ class Dispatcher:
                 fut.set_result(h)
             return
         req = self.requests.get(h.get("req"))
-        if req is None or h.get("att") != req.attempt:
-            return  # answered already, or from an attempt that was superseded
+        if req is None or h.get("att") != req.attempt or req.future.done():
+            return  # answered already (e.g. a losing racing copy), or a superseded attempt
         if kind == "error":
             status = int(h.get("status", 500))
             body = {k: h.get(k) for k in ("error", "message", "operator", "qid") if h.get(k) is not None}

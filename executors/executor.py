@@ -154,11 +154,12 @@ class Executor:
 
     def _run_inline(self) -> None:
         """Run the cheap batching work gathered while draining, one batch per stage."""
-        ready, self._inline = self._inline, {}
-        for hosted, items in ready.values():
-            size = hosted.stage.batch.max_batch_size
-            for i in range(0, len(items), size):
-                self.run_batch(hosted, items[i:i + size])
+        while self._inline:  # running a batch may make the next stage's batch ready here
+            ready, self._inline = self._inline, {}
+            for hosted, items in ready.values():
+                size = hosted.stage.batch.max_batch_size
+                for i in range(0, len(items), size):
+                    self.run_batch(hosted, items[i:i + size])
 
     def handle(self, frames) -> None:
         header, tables = unpack(frames)
@@ -223,6 +224,8 @@ class Executor:
         rid = (h["req"], h["att"], h["stage"])
         if stage.continuation is not None:
             rid += (path,)  # each key group of a request runs on its own
+        if stage.competitive > 1:
+            rid += (h.get("copy", 0),)  # racing copies placed on one executor all run
         if rid in self.done:
             return []  # a late competing copy, or a retry's leftover
         if stage.continuation is not None:
@@ -380,7 +383,7 @@ class Executor:
         for consumer in hosted.consumers:
             stage = hosted.plan.stages[consumer]
             for d in deliveries(out, stage, h["routes"][consumer], item.path):
-                msg = dict(base, stage=consumer, path=list(d.path))
+                msg = dict(base, stage=consumer, path=list(d.path), copy=d.copy)
                 if d.address == self.address:
                     # the consumer runs here too: hand the Table over, no socket, no encoding
                     for ready in self.gather(msg, d.table):

@@ -31,6 +31,7 @@ class Delivery:
     address: str
     table: Table
     path: Path = ()
+    copy: int = 0  # which racing copy (competitive stages may put several on one executor)
 
 
 def rendezvous(key, addresses: list[str]) -> str:
@@ -56,7 +57,7 @@ def deliveries(table: Table, stage, addresses: list[str], path: Path = ()) -> li
         return _by_key(table, stage.continuation, addresses, path)
     if len(addresses) > 1:
         # competing copies: every copy runs, the consumer keeps the first answer
-        return [Delivery(a, table, path) for a in addresses]
+        return [Delivery(a, table, path, j) for j, a in enumerate(addresses)]
     return [Delivery(addresses[0], table, path)]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -171,3 +172,46 @@ def test_colocated_stages_stay_on_one_executor_at_light_load(cluster, http):
     for _ in range(5):  # one request at a time: every executor equally idle
         trace = json.loads(http.post(d.url, json={"x": 1}).headers["x-flowserve-trace"])
         assert len({executor for _s, executor, _ms, _b in trace}) == 1, trace
+
+
+def ident(x):
+    return x
+
+
+def test_consecutive_cheap_batching_stages_on_one_executor_never_stall():
+    """A batch that makes the next batching stage's work ready on the same executor runs
+    it at once (it used to wait for the next message: 504s at light load)."""
+    f = Flow("stall", schema={"x": float})
+    f.map(ident, names=["x"], col="x", batching=True).map(ident, names=["x"], col="x", batching=True)
+    with LocalCluster(ClusterConfig(executors=1, request_timeout_s=3)) as c:
+        d = c.deploy(f, rules=["batching"])  # batching, no fusion: two batching stages
+        assert sum(s.batch is not None for s in d.plan.stages.values()) == 2
+        for i in range(20):
+            assert d.invoke({"x": float(i)})["x"].tolist() == [float(i)]
+
+
+def counted(row):
+    from flow import current_store
+
+    current_store().redis.incr("race3-runs")  # every copy that runs counts itself
+    return row.x * 10
+
+
+def test_racing_copies_on_one_executor_all_run():
+    """competitive=3 on 2 executors: the third copy shares an executor and still runs."""
+    with LocalCluster(ClusterConfig(executors=2, threads=4)) as c:
+        f = Flow("race3")
+        f.map(counted, names=["y"], high_variance=True)
+        d = c.deploy(f)
+        assert [s.competitive for s in d.plan.stages.values()] == [3]
+        for i in range(10):
+            assert c.http.post(d.url, json={"x": i}).json()["rows"][0]["y"] == i * 10
+        deadline = time.monotonic() + 10
+        while int(c.kvs.redis.get("race3-runs") or 0) < 30:  # the losers may still be running
+            assert time.monotonic() < deadline, f"only {c.kvs.redis.get('race3-runs')} of 30 copies ran"
+            time.sleep(0.02)
+        assert int(c.kvs.redis.get("race3-runs")) == 30
+        metrics = c.http.get("/metrics").text
+        (stage,) = d.plan.stages
+        answered = _metric(metrics, f'flowserve_stage_latency_ms_count{{flow="race3",stage="{stage}"}}')
+        assert answered == 10  # the losers' answers are dropped, not counted

@@ -1,0 +1,186 @@
+"""Data locality: per-row lookups routed to the executor that caches the key, or not.
+
+The seed's experiment (report section 5): 100 objects (float32 arrays of 8 KB, 4 MB or
+8 MB) in the KVS, each read 10 times in a random order (1,000 requests, one key each,
+sent one at a time over HTTP) by the flow ``map(key) -> lookup(column="key") ->
+map(sum)``, deployed three ways:
+
+- ``naive``: ``optimize=False``, one stage per operator;
+- ``fusion``: ``rules=["fusion"]``, one fused stage that any executor may run (the
+  lookup reads wherever the request lands);
+- ``fusion+continuations``: the default rules: the lookup starts a continuation stage and
+  each row is routed by its key (rendezvous hashing) to the executor that caches it.
+
+The cluster runs with ``ClusterConfig(colocate=False)`` by default (``--colocate``):
+consecutive stages go to different executors, as in the seed's one-function-per-executor
+setting, so ``naive`` ships every value from the lookup's executor to the sum's.
+Each executor's KVS cache holds 256 MiB, so the cluster has ``--executors`` (default 5)
+executors: with continuations each one owns about 20 of the 100 objects (160 MB at
+8 MB), which fits; without them every executor sees all 100 (800 MB), which does not.
+Per object size: the objects are loaded, then every round runs the three deployments
+one after the other, each after a warm-up pass that reads every object once through it
+("caches warmed"), on a fresh random order of the 1,000 reads. Reported: medians over
+rounds of each round's p50 / p99 / mean latency. The objects are deleted afterwards.
+
+    python -m benchmarks locality [--rounds 3] [--reads 10] [--quick] [--sizes 8KB,4MB,8MB] [--colocate off]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+
+from benchmarks.common import ROOT, plt, progress, save
+from benchmarks.fusion import across_rounds, stats
+
+SIZES = {"8KB": 8 * 1024, "4MB": 4 * 1024 * 1024, "8MB": 8 * 1024 * 1024}
+OBJECTS = 100
+MODES = ("naive", "fusion", "fusion+continuations")
+SEED = {"8MB": {"fusion": 15.0, "naive": 22.0}}  # seed: fusion+continuations this many times faster
+
+
+def key_of(row):
+    return f"locality:{row.size}:{row.i}"
+
+
+def total(row):
+    return float(row.value.sum())
+
+
+def locality_flow(mode: str):
+    from flow import Flow
+
+    flow = Flow(f"locality_{mode.replace('+', '_')}", schema={"i": int, "size": str})
+    flow.map(key_of, names=["key"]).lookup(column="key", name="value").map(total, names=["total"])
+    return flow
+
+
+def deploy(cluster, mode: str):
+    flow = locality_flow(mode)
+    if mode == "naive":
+        return cluster.deploy(flow, optimize=False)
+    if mode == "fusion":
+        return cluster.deploy(flow, rules=["fusion"])
+    return cluster.deploy(flow)
+
+
+def measure(colocate: bool, executors: int, sizes, rounds: int, reads: int) -> dict:
+    """Every object size on one cluster; per round the three deployments, each warmed."""
+    import httpx
+
+    from executors import ClusterConfig, LocalCluster
+
+    tag = "colocated" if colocate else "spread"
+    rng = np.random.default_rng(0)
+    results, plans = {}, {}
+    with LocalCluster(ClusterConfig(executors=executors, colocate=colocate)) as cluster, \
+            httpx.Client(timeout=60) as http:
+        deployments = {m: deploy(cluster, m) for m in MODES}
+        for m, d in deployments.items():
+            plans[m] = {s.name: {"continuation": s.continuation} for s in d.plan.stages.values()}
+        where: dict = {}
+
+        def read(mode, size, i):
+            t0 = time.perf_counter()
+            r = http.post(deployments[mode].url, json={"i": int(i), "size": size})
+            ms = (time.perf_counter() - t0) * 1000
+            if r.status_code != 200:
+                raise RuntimeError(f"{mode} answered {r.status_code}: {r.text[:300]}")
+            for stage, ex, *_ in json.loads(r.headers.get("x-flowserve-trace", "[]")):
+                if "lookup" in stage:  # which executor read the key
+                    where.setdefault((mode, size, int(i)), set()).add(ex)
+            return ms, float(r.headers["server-timing"].split("dur=")[1])
+
+        for size in sizes:
+            n = SIZES[size] // 4
+            progress(f"locality ({tag}) {size}: loading {OBJECTS} objects of {SIZES[size]:,} bytes")
+            keys = [f"locality:{size}:{i}" for i in range(OBJECTS)]
+            for j in range(0, OBJECTS, 10):  # MSET in slices: 800 MB in one command is too much
+                cluster.kvs.mput({k: rng.standard_normal(n).astype(np.float32) for k in keys[j:j + 10]})
+            samples = {m: [] for m in MODES}
+            for r in range(rounds):
+                order = rng.permutation(np.repeat(np.arange(OBJECTS), reads))
+                for m in MODES:
+                    for i in range(OBJECTS):  # warm the caches this deployment uses
+                        read(m, size, i)
+                    samples[m].append(stats([read(m, size, i) for i in order]))
+                    progress(f"{tag} {size} round {r + 1} {m:22s} p50 {samples[m][-1]['p50_ms']:8.2f} ms  "
+                             f"p99 {samples[m][-1]['p99_ms']:8.2f} ms  mean {samples[m][-1]['mean_ms']:8.2f} ms")
+            summary = {m: across_rounds(samples[m]) for m in MODES}
+            best = summary["fusion+continuations"]
+            for m in MODES:
+                summary[m]["executors_per_key"] = statistics.mean(
+                    len(where.get((m, size, i), ())) for i in range(OBJECTS))
+            for m in ("naive", "fusion"):
+                summary[m]["continuations_speedup_p50"] = summary[m]["p50_ms"] / best["p50_ms"]
+                summary[m]["continuations_speedup_mean"] = summary[m]["mean_ms"] / best["mean_ms"]
+            results[size] = {"summary": summary, "rounds": samples}
+            progress(f"{tag} {size}: fusion+continuations p50 {best['p50_ms']:.2f} ms; "
+                     f"{summary['fusion']['continuations_speedup_p50']:.1f}x faster than fusion only, "
+                     f"{summary['naive']['continuations_speedup_p50']:.1f}x faster than naive; executors "
+                     f"reading each key: " + ", ".join(f"{m} {summary[m]['executors_per_key']:.1f}" for m in MODES))
+            cluster.kvs.delete(*keys)
+    return {"colocate": colocate, "executors": executors, "plans": plans, "results": results}
+
+
+def run(argv=None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m benchmarks locality", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=3, help="rounds over the three deployments (default 3)")
+    p.add_argument("--reads", type=int, default=10, help="reads of each object per round (default 10)")
+    p.add_argument("--sizes", default=",".join(SIZES), help="object sizes, comma-separated")
+    p.add_argument("--executors", type=int, default=5)
+    p.add_argument("--colocate", choices=("both", "on", "off"), default="off",
+                   help="ClusterConfig.colocate: off (default: consecutive stages on different executors, the "
+                        "seed's setting, so naive ships each value to the next stage), on (the default runtime), "
+                        "or both, one cluster after the other")
+    p.add_argument("--quick", action="store_true", help="1 round, 3 reads of each object")
+    args = p.parse_args(argv)
+    os.environ.setdefault("FLOWSERVE_QUIET", "1")
+    if args.quick:
+        args.rounds, args.reads = 1, 3
+    sizes = [s for s in args.sizes.split(",") if s]
+    settings = {"both": (False, True), "on": (True,), "off": (False,)}[args.colocate]
+    results = {("colocated" if c else "spread"): measure(c, args.executors, sizes, args.rounds, args.reads)
+               for c in settings}
+    out = {"objects": OBJECTS, "reads_per_object": args.reads, "rounds": args.rounds,
+           "executor_cache_bytes": 256 << 20, "sizes": {s: SIZES[s] for s in sizes}, "seed_speedup": SEED,
+           "setups": results}
+    save("locality", out)
+    _plot(results)
+    return out
+
+
+def _plot(setups: dict) -> None:
+    pyplot = plt()
+    fig, axes = pyplot.subplots(len(setups), 2, figsize=(11, 4 * len(setups)), squeeze=False)
+    for row, (tag, res) in zip(axes, setups.items()):
+        results = res["results"]
+        names = list(results)
+        x = np.arange(len(names))
+        width = 0.8 / len(MODES)
+        for ax, metric, label in ((row[0], "p50_ms", "p50"), (row[1], "p99_ms", "p99")):
+            for i, m in enumerate(MODES):
+                ax.bar(x + i * width, [results[s]["summary"][m][metric] for s in names], width, label=m)
+            ax.set_xticks(x + width)
+            ax.set_xticklabels(names)
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(pyplot.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(pyplot.FuncFormatter(lambda v, _: f"{v:g}" if str(v)[0] in "25" else ""))
+            ax.set_xlabel("object size")
+            ax.set_ylabel(f"{label} latency over HTTP (ms, log)")
+            ax.set_title(f"{tag} ({res['executors']} executors)", fontsize=9)
+        row[0].legend(fontsize=8)
+    fig.suptitle("map -> lookup(column=key) -> map(sum): 100 objects, each read 10 times in random order")
+    fig.tight_layout()
+    path = ROOT / "benchmarks" / "results" / "locality.png"
+    fig.savefig(path, dpi=110)
+    progress(f"wrote {path.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    run()
