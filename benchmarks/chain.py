@@ -40,13 +40,15 @@ def run(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks chain", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--spread", action="store_true",
+                   help="ClusterConfig(colocate=False): every hop crosses executors (the research's setting)")
     args = p.parse_args(argv)
     os.environ.setdefault("FLOWSERVE_QUIET", "1")
     from executors import ClusterConfig, LocalCluster
 
     body = json.dumps({"x": 1}).encode()
     samples: dict[int, list[dict]] = {n: [] for n in LENGTHS}
-    with LocalCluster(ClusterConfig(executors=2)) as cluster:
+    with LocalCluster(ClusterConfig(executors=2, colocate=not args.spread)) as cluster:
         urls = {n: cluster.deploy(chain_flow(n), optimize=False).url for n in LENGTHS}
         for url in urls.values():
             wait_http(url, body)
@@ -60,8 +62,9 @@ def run(argv=None) -> dict:
     p99 = {n: statistics.median(s["p99_ms"] for s in samples[n]) for n in LENGTHS}
     slope = float(np.polyfit(LENGTHS, [p50[n] for n in LENGTHS], 1)[0])
     progress(f"added latency per stage (slope of p50): {slope:.3f} ms")
-    out = {"lengths": LENGTHS, "p50_ms": p50, "p99_ms": p99, "per_stage_ms": slope, "rounds": samples}
-    save("chain", out)
+    out = {"spread": args.spread, "lengths": LENGTHS, "p50_ms": p50, "p99_ms": p99, "per_stage_ms": slope, "rounds": samples}
+    name = "chain_spread" if args.spread else "chain"
+    save(name, out)
     pyplot = plt()
     fig, ax = pyplot.subplots(figsize=(5, 3.5))
     ax.plot(LENGTHS, [p50[n] for n in LENGTHS], "o-", label="p50")
@@ -71,7 +74,7 @@ def run(argv=None) -> dict:
     ax.set_title(f"{slope:.2f} ms added per stage")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(ROOT / "benchmarks" / "results" / "chain.png", dpi=110)
+    fig.savefig(ROOT / "benchmarks" / "results" / f"{name}.png", dpi=110)
     return out
 
 
