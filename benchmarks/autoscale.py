@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import numpy as np
 
-from benchmarks.common import ROOT, plt, progress, save
+from benchmarks.common import plt, progress, save, save_plot
 
 
 def spin(row):
@@ -117,8 +117,7 @@ def _plot(out: dict, hot: str) -> None:
     ax2.legend(loc="upper right", fontsize=7)
     react = out["reaction_s"]
     ax.set_title(f"2x load step: new replica serving after {react:.1f} s" if react is not None else "no scale-up")
-    fig.tight_layout()
-    fig.savefig(ROOT / "benchmarks" / "results" / "autoscale.png", dpi=110)
+    save_plot(fig, "autoscale")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import ROOT, plt, progress, save, wait_http, wrk
+from benchmarks.common import plt, progress, save, save_plot, wait_http, wrk
 
 BATCHES = (1, 2, 5, 10, 20, 30, 40)
 HTTP_BATCHES = (1, 5, 10, 20, 40)
@@ -275,10 +275,7 @@ def _plot(out: dict) -> None:
         ax.set_ylim(bottom=0)
         ax.set_title(f"HTTP, {h['concurrency']} clients, {h['executors']} executor: "
                      f"{h['gain_vs_batch_1']['20' if '20' in h['gain_vs_batch_1'] else 20]:.2f}x at 20", fontsize=10)
-    fig.tight_layout()
-    path = ROOT / "benchmarks" / "results" / "batching.png"
-    fig.savefig(path, dpi=110)
-    progress(f"wrote {path.relative_to(ROOT)}")
+    save_plot(fig, "batching")
 
 
 if __name__ == "__main__":

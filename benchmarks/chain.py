@@ -17,7 +17,7 @@ import statistics
 
 import numpy as np
 
-from benchmarks.common import ROOT, plt, progress, save, wait_http, wrk
+from benchmarks.common import plt, progress, save, save_plot, wait_http, wrk
 
 LENGTHS = (2, 5, 10)
 
@@ -73,8 +73,7 @@ def run(argv=None) -> dict:
     ax.set_ylabel("latency over HTTP (ms)")
     ax.set_title(f"{slope:.2f} ms added per stage")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(ROOT / "benchmarks" / "results" / f"{name}.png", dpi=110)
+    save_plot(fig, name)
     return out
 
 

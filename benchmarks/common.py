@@ -105,3 +105,13 @@ def plt():
     import matplotlib.pyplot as pyplot
 
     return pyplot
+
+
+def save_plot(fig, name: str) -> Path:
+    """Write ``fig`` as benchmarks/results/NAME.png beside the figures it plots."""
+    fig.tight_layout()
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.png"
+    fig.savefig(path, dpi=110)
+    progress(f"wrote {path.relative_to(ROOT)}")
+    return path

@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import ROOT, plt, progress, save
+from benchmarks.common import plt, progress, save, save_plot
 from benchmarks.fusion import across_rounds, stats
 
 REPLICAS = (1, 3, 7)
@@ -171,10 +171,7 @@ def _plot(results: dict) -> None:
         ax.set_ylabel("latency over HTTP (ms): p50 solid, p99 light")
         ax.set_title(f"{res['executors']} executors x {res['threads']} threads")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = ROOT / "benchmarks" / "results" / "competition.png"
-    fig.savefig(path, dpi=110)
-    progress(f"wrote {path.relative_to(ROOT)}")
+    save_plot(fig, "competition")
 
 
 if __name__ == "__main__":

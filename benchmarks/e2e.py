@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-from benchmarks.common import ROOT, free_port, plt, progress, save, wait_http, wrk
+from benchmarks.common import ROOT, free_port, plt, progress, save, save_plot, wait_http, wrk
 from benchmarks.pipelines import CASCADE_THRESHOLD, MLP, pick, preprocess, sample_image
 
 FLOWS = ("ensemble", "cascade")
@@ -233,10 +233,7 @@ def _plot(results: dict) -> None:
         ax.set_xticklabels(FLOWS)
         ax.set_title(label)
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    path = ROOT / "benchmarks" / "results" / "e2e.png"
-    fig.savefig(path, dpi=110)
-    progress(f"wrote {path.relative_to(ROOT)}")
+    save_plot(fig, "e2e")
 
 
 if __name__ == "__main__":

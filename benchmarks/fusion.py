@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import ROOT, plt, progress, save
+from benchmarks.common import plt, progress, save, save_plot
 
 LENGTHS = (2, 4, 6, 8, 10)
 PAYLOADS = {"10KB": 10 * 1024, "500KB": 500 * 1024, "10MB": 10 * 1024 * 1024}
@@ -194,10 +194,7 @@ def _plot(results: dict, lengths) -> None:
             ax.set_ylabel("latency over HTTP (ms)")
             ax.set_ylim(bottom=0)
         row[0].legend(fontsize=7)
-    fig.tight_layout()
-    path = ROOT / "benchmarks" / "results" / "fusion.png"
-    fig.savefig(path, dpi=110)
-    progress(f"wrote {path.relative_to(ROOT)}")
+    save_plot(fig, "fusion")
 
 
 if __name__ == "__main__":

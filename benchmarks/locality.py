@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import ROOT, plt, progress, save
+from benchmarks.common import plt, progress, save, save_plot
 from benchmarks.fusion import across_rounds, stats
 
 SIZES = {"8KB": 8 * 1024, "4MB": 4 * 1024 * 1024, "8MB": 8 * 1024 * 1024}
@@ -176,10 +176,7 @@ def _plot(setups: dict) -> None:
             ax.set_title(f"{tag} ({res['executors']} executors)", fontsize=9)
         row[0].legend(fontsize=8)
     fig.suptitle("map -> lookup(column=key) -> map(sum): 100 objects, each read 10 times in random order")
-    fig.tight_layout()
-    path = ROOT / "benchmarks" / "results" / "locality.png"
-    fig.savefig(path, dpi=110)
-    progress(f"wrote {path.relative_to(ROOT)}")
+    save_plot(fig, "locality")
 
 
 if __name__ == "__main__":
