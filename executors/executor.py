@@ -327,10 +327,13 @@ class Executor:
         try:
             out = self._execute(hosted, item.inputs, item.after_head)
         except FlowError as e:
+            log.info("flow %s stage %s request %s: %s (qid %s)", item.header["flow"], hosted.stage.name,
+                     item.header["req"], e, getattr(e, "qid", None))
             self._fail(item.header, e, hosted)
             return
         except Exception as e:  # a bug in user code outside an operator's guard
-            log.exception("stage %s failed", hosted.stage.name)
+            log.exception("flow %s stage %s request %s failed", item.header["flow"], hosted.stage.name,
+                          item.header["req"])
             self._fail(item.header, e, hosted)
             return
         ms = (time.perf_counter() - t0) * 1000
