@@ -82,14 +82,11 @@ def cascade_flow():
 # -- systems ----------------------------------------------------------------------------------
 
 
-class Floor:
-    name = "floor (1 uvicorn process, in-process)"
+class _ServerProcess:
+    """A peer system served by a child process on a local port."""
 
-    def __enter__(self):
-        self.port = free_port()
-        self.proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "benchmarks.floor_server:app", "--port",
-                                      str(self.port), "--log-level", "warning"], cwd=ROOT)
-        return self
+    port: int
+    proc: subprocess.Popen
 
     def url(self, flow):
         return f"http://127.0.0.1:{self.port}/flows/{flow}"
@@ -97,6 +94,16 @@ class Floor:
     def __exit__(self, *exc):
         self.proc.terminate()
         self.proc.wait()
+
+
+class Floor(_ServerProcess):
+    name = "floor (1 uvicorn process, in-process)"
+
+    def __enter__(self):
+        self.port = free_port()
+        self.proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "benchmarks.floor_server:app", "--port",
+                                      str(self.port), "--log-level", "warning"], cwd=ROOT)
+        return self
 
 
 class Ours:
@@ -120,7 +127,7 @@ class Ours:
         self.cluster.stop()
 
 
-class RayServe:
+class RayServe(_ServerProcess):
     name = "ray serve"
 
     def __init__(self, python: str):
@@ -135,12 +142,8 @@ class RayServe:
                 break
         return self
 
-    def url(self, flow):
-        return f"http://127.0.0.1:{self.port}/flows/{flow}"
-
     def __exit__(self, *exc):
-        self.proc.terminate()
-        self.proc.wait()
+        super().__exit__(*exc)
         subprocess.run([self.python, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
 
 
