@@ -344,6 +344,13 @@ class Executor:
         """Run several requests as one merged Table, then split the output back by qid."""
         if len(items) == 1:
             return self.run_one(hosted, items[0])
+        owner, clashing = _owners(items)
+        if clashing:
+            # racing copies (or a retry) of one request share its qids, so their rows could
+            # not be told apart after the merge: run them in separate batches
+            for group in (items[:clashing[0]], items[clashing[0]:]):
+                self.run_batch(hosted, group)
+            return
         t0 = time.perf_counter()
         try:
             merged = [Table.concat([it.inputs[k] for it in items]) for k in range(len(items[0].inputs))]
@@ -355,11 +362,6 @@ class Executor:
             return
         ms = (time.perf_counter() - t0) * 1000
         hosted.observe(ms)
-        owner = {}
-        for k, it in enumerate(items):
-            for t in it.inputs:
-                for q in t.qid.tolist():
-                    owner[q] = k
         rows = [[] for _ in items]
         for i, q in enumerate(out.qid.tolist()):
             rows[owner[q]].append(i)
@@ -410,6 +412,18 @@ class Executor:
         if not isinstance(error, FlowError):
             msg["message"] = f"stage {h['stage']!r} raised {type(error).__name__}: {error}"
         self.send(h["gw"], pack(msg))
+
+
+def _owners(items: list[WorkItem]) -> tuple[dict, list]:
+    """Map each input qid to the index of the batched item it came from; ``clashing`` is
+    ``[k]`` when item ``k`` is the first to repeat a qid of an earlier item, else empty."""
+    owner: dict = {}
+    for k, it in enumerate(items):
+        qids = {q for t in it.inputs for q in t.qid.tolist()}
+        if any(q in owner for q in qids):
+            return owner, [k]
+        owner.update(dict.fromkeys(qids, k))
+    return owner, []
 
 
 def _merge(parts: dict) -> Table:

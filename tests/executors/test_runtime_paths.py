@@ -215,3 +215,23 @@ def test_racing_copies_on_one_executor_all_run():
         (stage,) = d.plan.stages
         answered = _metric(metrics, f'flowserve_stage_latency_ms_count{{flow="race3",stage="{stage}"}}')
         assert answered == 10  # the losers' answers are dropped, not counted
+
+
+def doubled(table):
+    return table["x"] * 2
+
+
+def test_racing_copies_batched_together_keep_their_rows():
+    """Racing copies of one request share its qids; batched together on one executor they
+    used to be split back by qid, so one copy got every row and another none, and an empty
+    answer could win the race."""
+    f = Flow("race-batch", schema={"x": float})
+    f.map(doubled, names=["y"], batching=True, high_variance=True)
+    with LocalCluster(ClusterConfig(executors=1, threads=4)) as c:
+        d = c.deploy(f)
+        (stage,) = d.plan.stages.values()
+        assert stage.competitive == 3 and stage.batch is not None
+        for i in range(30):
+            xs = [float(i), float(i) + 0.5, float(i) + 0.25]
+            answer = d.invoke([{"x": x} for x in xs])
+            assert sorted(answer["y"].tolist()) == sorted(2 * x for x in xs), f"request {i}"
