@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import os
 import shutil
@@ -45,7 +46,91 @@ def _progress(msg: str) -> None:
         print(f"[flowserve] {msg}", file=sys.stderr, flush=True)
 
 
-class LocalCluster:
+class ClusterClient:
+    """The client side of a running cluster, wherever it runs: deploy flows, call them,
+    read its status. Needs the gateway's URL, the KVS URL (plans are registered there)
+    and the admin token; ``LocalCluster`` fills them in from the cluster it starts, a
+    Kubernetes deploy from its Secrets and Services.
+
+        c = ClusterClient("http://gateway:8000", "redis://:pw@kvs:6379/0", admin_token="...")
+        c.deploy(flow).invoke({"x": 1})
+    """
+
+    def __init__(self, url: str, kvs_url: str, admin_token: str, token: str | None = None, *,
+                 config: ClusterConfig | None = None, load_timeout_s: float | None = None,
+                 request_timeout_s: float | None = None):
+        config = config or ClusterConfig()  # only its timeouts matter here
+        timeouts = {k: v for k, v in (("load_timeout_s", load_timeout_s), ("request_timeout_s", request_timeout_s))
+                    if v is not None}
+        self.config = dataclasses.replace(config, **timeouts) if timeouts else config
+        self.state: dict = {"url": url.rstrip("/"), "kvs_url": kvs_url, "admin_token": admin_token, "token": token}
+        self._kvs: KVS | None = None
+        self._http: httpx.Client | None = None
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+        if self._kvs is not None:
+            self._kvs.close()
+            self._kvs = None
+
+    # -- access -----------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return self.state["url"]
+
+    @property
+    def kvs(self) -> KVS:
+        """A client of the cluster's key-value store (put lookup data here)."""
+        if self._kvs is None:
+            self._kvs = KVS.from_url(self.state["kvs_url"])
+        return self._kvs
+
+    @property
+    def http(self) -> httpx.Client:
+        if self._http is None:
+            headers = {"Authorization": f"Bearer {self.state['token']}"} if self.state.get("token") else {}
+            self._http = httpx.Client(base_url=self.url, headers=headers, timeout=60)
+        return self._http
+
+    def status(self) -> dict:
+        flows = self.http.get("/flows").json()["flows"]
+        out = {"url": self.url, "health": self.http.get("/healthz").json(), "flows": []}
+        for f in flows:
+            out["flows"].append(self.http.get(f"/flows/{f['name']}").json())
+        return out
+
+    # -- deploy -------------------------------------------------------------------------------
+
+    def deploy(self, flow, *, optimize: bool = True, rules=None, options=None) -> "Deployment":
+        """Optimize ``flow``, register its plan and build its stages on the executors."""
+        from optimizer import Plan
+
+        if optimize:
+            from optimizer import optimize as run_optimizer
+
+            plan = run_optimizer(flow, rules=rules, options=options)
+        else:
+            plan = Plan.from_flow(flow)
+        _register_by_value(plan)
+        version = int(self.kvs.redis.incr(VERSION_KEY.format(flow=flow.name)))
+        self.kvs.put_trusted(PLAN_KEY.format(flow=flow.name, version=version), plan)
+        _progress(f"deploying flow {flow.name!r} v{version} ({len(plan.stages)} stages)")
+        r = httpx.post(f"{self.url}/admin/deploy", json={"flow": flow.name, "version": version},
+                       headers={"Authorization": f"Bearer {self.state['admin_token']}"},
+                       timeout=self.config.load_timeout_s + 30)
+        if r.status_code != 200:
+            raise DeployError(f"deploying flow {flow.name!r} failed ({r.status_code}): {r.json().get('message', r.text)}")
+        return Deployment(self, flow.name, plan)
+
+    def undeploy(self, name: str) -> None:
+        httpx.delete(f"{self.url}/admin/flows/{name}", headers={"Authorization": f"Bearer {self.state['admin_token']}"})
+
+
+
+class LocalCluster(ClusterClient):
     """A local cluster: KVS server, gateway and executor processes on this machine."""
 
     def __init__(self, config: ClusterConfig | None = None, *, detached: bool = False):
@@ -107,12 +192,7 @@ class LocalCluster:
 
     def stop(self, timeout: float = 60.0) -> None:
         """Stop the cluster gracefully (in-flight requests finish), then remove its files."""
-        if self._http is not None:
-            self._http.close()
-            self._http = None
-        if self._kvs is not None:
-            self._kvs.close()
-            self._kvs = None
+        self.close()
         if self.proc is not None:
             terminate(self.proc, timeout)
             self.proc = None
@@ -141,60 +221,6 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-    # -- access -----------------------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        return self.state["url"]
-
-    @property
-    def kvs(self) -> KVS:
-        """A client of the cluster's key-value store (put lookup data here)."""
-        if self._kvs is None:
-            self._kvs = KVS.from_url(self.state["kvs_url"])
-        return self._kvs
-
-    @property
-    def http(self) -> httpx.Client:
-        if self._http is None:
-            headers = {"Authorization": f"Bearer {self.state['token']}"} if self.state.get("token") else {}
-            self._http = httpx.Client(base_url=self.url, headers=headers, timeout=60)
-        return self._http
-
-    def status(self) -> dict:
-        flows = self.http.get("/flows").json()["flows"]
-        out = {"url": self.url, "health": self.http.get("/healthz").json(), "flows": []}
-        for f in flows:
-            out["flows"].append(self.http.get(f"/flows/{f['name']}").json())
-        return out
-
-    # -- deploy -------------------------------------------------------------------------------
-
-    def deploy(self, flow, *, optimize: bool = True, rules=None, options=None) -> "Deployment":
-        """Optimize ``flow``, register its plan and build its stages on the executors."""
-        from optimizer import Plan
-
-        if optimize:
-            from optimizer import optimize as run_optimizer
-
-            plan = run_optimizer(flow, rules=rules, options=options)
-        else:
-            plan = Plan.from_flow(flow)
-        _register_by_value(plan)
-        version = int(self.kvs.redis.incr(VERSION_KEY.format(flow=flow.name)))
-        self.kvs.put_trusted(PLAN_KEY.format(flow=flow.name, version=version), plan)
-        _progress(f"deploying flow {flow.name!r} v{version} ({len(plan.stages)} stages)")
-        r = httpx.post(f"{self.url}/admin/deploy", json={"flow": flow.name, "version": version},
-                       headers={"Authorization": f"Bearer {self.state['admin_token']}"},
-                       timeout=self.config.load_timeout_s + 30)
-        if r.status_code != 200:
-            raise DeployError(f"deploying flow {flow.name!r} failed ({r.status_code}): {r.json().get('message', r.text)}")
-        return Deployment(self, flow.name, plan)
-
-    def undeploy(self, name: str) -> None:
-        httpx.delete(f"{self.url}/admin/flows/{name}", headers={"Authorization": f"Bearer {self.state['admin_token']}"})
-
 
 def _register_by_value(plan) -> None:
     """Ship user code from scripts and test modules inside the plan (not by import path),
@@ -235,7 +261,7 @@ class Answer:
 class Deployment:
     """A deployed flow: ``.url`` to POST to, ``.invoke(rows)`` from Python, ``.explain()``."""
 
-    def __init__(self, cluster: LocalCluster, name: str, plan):
+    def __init__(self, cluster: ClusterClient, name: str, plan):
         self.cluster = cluster
         self.name = name
         self.plan = plan

@@ -28,7 +28,6 @@ from executors.dispatcher import Dispatcher
 from executors.gateway import Gateway, make_app
 from executors.metrics import Metrics
 from executors.scaling import ScalingLoop
-from executors.wire import pack
 from kvs import KVS, RedisServer
 from kvs.server import free_port, popen, terminate
 
@@ -72,7 +71,8 @@ class ClusterDaemon:
         self.dispatcher: Dispatcher | None = None
         self._supervisor: asyncio.Task | None = None
         self._next_index = config.executors + config.gpu_executors
-        self.scaling = (ScalingLoop(self, config.autoscaling, max_executors=config.max_executors)
+        self.scaling = (ScalingLoop(lambda: self.dispatcher, self, config.autoscaling, metrics=self.metrics,
+                                    max_executors=config.max_executors)
                         if config.autoscaling is not None else None)
         self._scaling_task: asyncio.Task | None = None
 
@@ -122,21 +122,7 @@ class ClusterDaemon:
                 raise RuntimeError(f"executor {ex.id} did not start; see {self.logdir / (ex.id + '.log')}")
 
     async def _ping(self, ex: ExecutorProcess, timeout: float) -> bool:
-        d = self.dispatcher
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and ex.alive():
-            token = f"ping-{ex.id}-{time.monotonic_ns()}"
-            fut = asyncio.get_running_loop().create_future()
-            d._waiters[token] = fut
-            d._send(ex.address, pack({"type": "ping", "reply": d.address, "token": token}))
-            try:
-                await asyncio.wait_for(fut, 0.5)
-                return True
-            except asyncio.TimeoutError:
-                continue
-            finally:
-                d._waiters.pop(token, None)
-        return False
+        return await self.dispatcher.ping(ex.address, timeout, still_worth_it=ex.alive) is not None
 
     async def _supervise(self) -> None:
         """Restart dead executors and rebuild their flows (requests in flight are re-run),
@@ -178,13 +164,19 @@ class ClusterDaemon:
         self.dispatcher.add_executor(ex.id, ex.address, device)
         if not await self._ping(ex, timeout=60):
             log.warning("new executor %s did not start", ex.id)
-            await self.remove_executor(ex)
+            await self.remove_executor(ex.id)
             return None
         log.warning("started executor %s for the autoscaler", ex.id)
         return ex.id
 
-    async def remove_executor(self, ex: ExecutorProcess) -> None:
+    def removable(self) -> list[str]:
+        return [ex.id for ex in self.executors[self.config.executors + self.config.gpu_executors:]]
+
+    async def remove_executor(self, executor_id: str) -> None:
         """Stop an executor the autoscaler no longer needs (it hosts nothing)."""
+        ex = next((e for e in self.executors if e.id == executor_id), None)
+        if ex is None:
+            return
         self.executors.remove(ex)
         self.dispatcher.remove_executor(ex.id)
         if ex.proc is not None:

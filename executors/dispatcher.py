@@ -97,6 +97,7 @@ class Dispatcher:
         self._waiters: dict[str, asyncio.Future] = {}
         self._counters: dict[tuple[str, str], StageCounters] = {}
         self._recv_task: asyncio.Task | None = None
+        self._joined: asyncio.Event | None = None  # set when an executor joins (wait_for_executor)
 
     def start(self) -> None:
         self._recv_task = asyncio.get_running_loop().create_task(self._receive())
@@ -112,6 +113,9 @@ class Dispatcher:
 
     def add_executor(self, id_: str, address: str, device: str = "cpu") -> None:
         self.executors[id_] = ExecutorInfo(id_, address, device)
+        joined, self._joined = self._joined, None
+        if joined is not None:
+            joined.set()  # wakes every wait_for_executor; each looks again
 
     def executor_died(self, id_: str) -> None:
         """Mark an executor dead and re-run (or fail) the requests that touched it."""
@@ -135,6 +139,40 @@ class Dispatcher:
             sock = self.push.pop(info.address, None)
             if sock is not None:
                 sock.close(0)
+
+    async def ping(self, address: str, timeout: float, still_worth_it=lambda: True) -> dict | None:
+        """The executor's pong (id, device, GPUs) once it answers, or None after ``timeout``
+        (or as soon as ``still_worth_it()`` is false, e.g. its process exited)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and still_worth_it():
+            token = f"ping-{next(self._ids)}"
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters[token] = fut
+            self._send(address, pack({"type": "ping", "reply": self.address, "token": token}))
+            try:
+                return await asyncio.wait_for(fut, min(0.5, max(0.01, deadline - time.monotonic())))
+            except asyncio.TimeoutError:
+                continue
+            finally:
+                self._waiters.pop(token, None)
+        return None
+
+    async def wait_for_executor(self, device: str, known: set[str], timeout: float) -> str | None:
+        """The id of a live executor of class ``device`` not in ``known``, once one has joined
+        (an autoscaler's new pod registering itself), or None after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for info in self.executors.values():
+                if info.alive and info.device == device and info.id not in known:
+                    return info.id
+            if time.monotonic() >= deadline:
+                return None
+            if self._joined is None:
+                self._joined = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._joined.wait(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                pass
 
     def executor_back(self, id_: str) -> None:
         info = self.executors.get(id_)

@@ -28,6 +28,7 @@ import zmq
 from executors.batcher import Batcher, WorkItem
 from executors.errors import status_for
 from executors.gpu import gpu_stats, set_executor_class
+from executors.membership import HEARTBEAT_S, Heartbeat, Member
 from executors.placement import PLAN_KEY
 from executors.routing import complete, deliveries
 from executors.wire import WireError, pack, unpack, zero_copy
@@ -221,7 +222,7 @@ class Executor:
         stage = hosted.stage
         src = h["from"]
         path = tuple(tuple(p) for p in h.get("path", ()))
-        rid = (h["req"], h["att"], h["stage"])
+        rid = (h["gw"], h["req"], h["att"], h["stage"])  # request ids are per gateway
         if stage.continuation is not None:
             rid += (path,)  # each key group of a request runs on its own
         if stage.competitive > 1:
@@ -442,16 +443,33 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m executors.executor", description="Run one FlowServe executor.")
     p.add_argument("--id", required=True, help="executor id, unique in the cluster")
     p.add_argument("--address", required=True, help="ZeroMQ address to bind, e.g. ipc:///tmp/fs/e0")
-    p.add_argument("--kvs", required=True, help="Redis URL of the cluster's KVS")
+    p.add_argument("--kvs", default=os.environ.get("FLOWSERVE_KVS_URL"),
+                   help="Redis URL of the cluster's KVS (default: $FLOWSERVE_KVS_URL)")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--threads", type=int, default=4)
+    p.add_argument("--heartbeat-s", type=float, default=HEARTBEAT_S,
+                   help="registration refresh period; the registration expires after 3 of them")
     args = p.parse_args(argv)
+    if not args.kvs:
+        p.error("--kvs is required (or set FLOWSERVE_KVS_URL)")
     logging.basicConfig(level=os.environ.get("FLOWSERVE_LOG_LEVEL", "WARNING"),
                         format=f"%(asctime)s executor {args.id} %(levelname)s %(message)s")
     ex = Executor(args.id, args.address, args.kvs, device=args.device, threads=args.threads)
-    signal.signal(signal.SIGTERM, ex.stop)
-    signal.signal(signal.SIGINT, ex.stop)
-    ex.serve()
+    # announce it only once it listens: gateways that find it can send at once
+    heartbeat = Heartbeat(ex.store.redis, Member(args.id, args.address, args.device, args.threads),
+                          args.heartbeat_s).start()
+
+    def stop(*_):
+        # leave the membership at once so gateways stop routing here, then finish in-flight work
+        threading.Thread(target=heartbeat.stop, daemon=True).start()
+        ex.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        ex.serve()
+    finally:
+        heartbeat.stop()
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ large), 422 (an operator rejected the row / no valid alternative / missing looku
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
@@ -33,6 +34,7 @@ from starlette.routing import Route
 
 from executors.dispatcher import DeployedFlow, Dispatcher, RequestFailed
 from executors.httpcodec import ARROW, BadRequestError, arrow_bytes, json_rows, parse_body, to_table
+from executors.membership import DEPLOYED_KEY
 from executors.metrics import Metrics
 from executors.openapi import openapi_document
 from flow.exceptions import DataError, FlowError
@@ -159,6 +161,29 @@ class Gateway:
     async def openapi(self, request: Request) -> Response:
         return JSONResponse(openapi_document(self.dispatcher.flows))
 
+    async def load_flow(self, name: str, version: int) -> DeployedFlow:
+        """Place a registered plan on the executors and build its stages there; the flow
+        is served from then on. Raises ``LoadFailed`` with the HTTP status to answer."""
+        from executors.placement import PLAN_KEY, place
+
+        try:
+            plan = await asyncio.to_thread(self.store.get, PLAN_KEY.format(flow=name, version=version), trusted=True)
+        except FlowError as e:
+            raise LoadFailed(404, "UnknownPlan", f"flow {name!r} version {version} is not registered: {e}") from None
+        try:
+            placement = place(plan, self.dispatcher.executors)
+        except FlowError as e:
+            raise LoadFailed(503, type(e).__name__, str(e)) from None
+        if self.shape_placement is not None:
+            placement = self.shape_placement(plan, placement)
+        errors = await self.dispatcher.load(name, version, placement, self.load_timeout_s)
+        failed = {k: v for k, v in errors.items() if v}
+        if failed:
+            raise LoadFailed(500, "DeployError", f"flow {name!r}: building stages failed: {failed}")
+        flow = self.dispatcher.flows[name] = DeployedFlow(plan, version, placement)
+        log.info("deployed flow %s v%s", name, version)
+        return flow
+
     async def deploy(self, request: Request) -> Response:
         if not self._bearer_ok(request, self.admin_token):
             return _error(401, "Unauthorized", "admin calls need the cluster token")
@@ -167,25 +192,15 @@ class Gateway:
             name, version = str(doc["flow"]), int(doc["version"])
         except (ValueError, KeyError, TypeError):
             return _error(400, "BadRequest", 'body must be {"flow": name, "version": n}')
-        from executors.placement import PLAN_KEY, place
-
         try:
-            plan = self.store.get(PLAN_KEY.format(flow=name, version=version), trusted=True)
-        except FlowError as e:
-            return _error(404, "UnknownPlan", f"flow {name!r} version {version} is not registered: {e}")
-        try:
-            placement = place(plan, self.dispatcher.executors)
-        except FlowError as e:
-            return _error(503, type(e).__name__, str(e))
-        if self.shape_placement is not None:
-            placement = self.shape_placement(plan, placement)
-        errors = await self.dispatcher.load(name, version, placement, self.load_timeout_s)
-        failed = {k: v for k, v in errors.items() if v}
-        if failed:
-            return _error(500, "DeployError", f"flow {name!r}: building stages failed: {failed}")
-        self.dispatcher.flows[name] = DeployedFlow(plan, version, placement)
-        log.info("deployed flow %s v%s", name, version)
-        return JSONResponse(describe(self.dispatcher.flows[name], self.dispatcher))
+            flow = await self.load_flow(name, version)
+        except LoadFailed as e:
+            return _error(e.status, e.error, e.message)
+        try:  # every gateway of the cluster serves what the registry lists (membership.py)
+            await asyncio.to_thread(self.store.redis.hset, DEPLOYED_KEY, name, version)
+        except Exception as e:
+            log.warning("flow %s v%s serves on this gateway but is not registered for others: %s", name, version, e)
+        return JSONResponse(describe(flow, self.dispatcher))
 
     async def undeploy(self, request: Request) -> Response:
         if not self._bearer_ok(request, self.admin_token):
@@ -193,7 +208,17 @@ class Gateway:
         name = request.path_params["name"]
         if self.dispatcher.flows.pop(name, None) is None:
             return _error(404, "UnknownFlow", f"no deployed flow named {name!r}")
+        try:
+            await asyncio.to_thread(self.store.redis.hdel, DEPLOYED_KEY, name)
+        except Exception as e:
+            log.warning("flow %s: could not remove it from the registry: %s", name, e)
         return JSONResponse({"undeployed": name})
+
+
+class LoadFailed(Exception):
+    def __init__(self, status: int, error: str, message: str):
+        super().__init__(message)
+        self.status, self.error, self.message = status, error, message
 
 
 def describe(f: DeployedFlow, dispatcher: Dispatcher, scaling_status=None) -> dict:
@@ -245,3 +270,9 @@ def make_app(gateway: Gateway, on_startup=(), on_shutdown=()) -> Starlette:
             await fn()
 
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={Exception: server_error})
+
+
+if __name__ == "__main__":  # python -m executors.gateway: the standalone (Kubernetes) gateway
+    from executors.standalone import main
+
+    main()

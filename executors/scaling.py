@@ -19,6 +19,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from executors.autoscale import Autoscaler, AutoscalingConfig, ScalingDecision, StageMetrics
 
@@ -35,10 +36,40 @@ class StageCounters:
     last: list = field(default_factory=list)  # recent decisions, for status
 
 
+class ExecutorBackend(Protocol):
+    """Where new executors come from: local processes (daemon.py), Kubernetes pods
+    (k8s/scaling.py), or nowhere (``FixedExecutors``)."""
+
+    async def add_executor(self, device: str) -> str | None:
+        """Start one more executor of class ``device``; its id once it serves, else None."""
+
+    async def remove_executor(self, executor_id: str) -> None:
+        """Stop an executor that hosts nothing any more."""
+
+    def removable(self) -> list[str]:
+        """Executors this backend started beyond the baseline (stopped when idle)."""
+
+
+class FixedExecutors:
+    """No backend: stages scale across the executors the cluster already has."""
+
+    async def add_executor(self, device: str) -> str | None:
+        return None
+
+    async def remove_executor(self, executor_id: str) -> None:
+        return None
+
+    def removable(self) -> list[str]:
+        return []
+
+
 class ScalingLoop:
-    def __init__(self, daemon, config: AutoscalingConfig, interval_s: float = 0.5, max_executors: int = 8):
-        self.daemon = daemon
+    def __init__(self, dispatcher_of, backend: ExecutorBackend, config: AutoscalingConfig, *,
+                 metrics=None, interval_s: float = 0.5, max_executors: int = 8):
+        self._dispatcher_of = dispatcher_of  # the dispatcher exists once the app starts
+        self.backend = backend
         self.config = config
+        self.metrics = metrics
         self.interval_s = interval_s
         self.max_executors = max_executors
         self.scalers: dict[str, Autoscaler] = {}
@@ -47,7 +78,7 @@ class ScalingLoop:
 
     @property
     def dispatcher(self):
-        return self.daemon.dispatcher
+        return self._dispatcher_of()
 
     def initial_placement(self, plan, full: dict[str, list[str]]) -> dict[str, list[str]]:
         """Start each scalable stage on ``min_replicas`` (at least one) executors."""
@@ -115,8 +146,8 @@ class ScalingLoop:
             current = [e for e in current if e in keep]
         flow.placement[decision.stage] = current
         self.decisions.setdefault((flow_name, decision.stage), []).append(decision)
-        if self.daemon.metrics:
-            self.daemon.metrics.scaling.labels(flow_name, decision.stage, decision.direction).inc()
+        if self.metrics:
+            self.metrics.scaling.labels(flow_name, decision.stage, decision.direction).inc()
 
     async def _free_executor(self, flow, stage: str, current: list[str]) -> str | None:
         d = self.dispatcher
@@ -125,15 +156,16 @@ class ScalingLoop:
                 and (e.device == device or not any(x.device == device for x in d.executors.values()))]
         if pool:
             return min(pool, key=lambda e: (e.inflight, e.id)).id
-        if len(self.daemon.executors) >= self.max_executors:
+        if len(d.executors) >= self.max_executors:
             return None
-        return await self.daemon.add_executor(device)
+        return await self.backend.add_executor(device)
 
     async def _stop_idle_extras(self) -> None:
         used = {e for f in self.dispatcher.flows.values() for ids in f.placement.values() for e in ids}
-        for ex in list(self.daemon.executors[self.daemon.config.executors + self.daemon.config.gpu_executors:]):
-            if ex.id not in used and self.dispatcher.executors[ex.id].inflight == 0:
-                await self.daemon.remove_executor(ex)
+        for id_ in self.backend.removable():
+            info = self.dispatcher.executors.get(id_)
+            if id_ not in used and (info is None or info.inflight == 0):
+                await self.backend.remove_executor(id_)
 
     def status(self, flow_name: str) -> dict[str, dict]:
         scaler = self.scalers.get(flow_name)

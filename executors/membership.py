@@ -1,0 +1,136 @@
+"""Cluster membership and the deployed-flows registry, kept in the KVS.
+
+Executors announce themselves; gateways find them. Each executor writes its description
+(id, ZeroMQ address, device class, threads) into the hash ``flowserve:executors`` and
+keeps a per-executor key ``flowserve:alive:<id>`` alive with a heartbeat: the key expires
+``3 x heartbeat`` after the last beat, so an executor that dies (or a pod that is
+deleted) drops out by itself; a graceful stop deletes it at once.
+
+Gateways started with ``--membership kvs`` (Kubernetes, or any cluster whose executors
+are not the gateway's children) read the live members a few times a second and add or
+drop executors (``MemberWatch``). Heartbeats are periodic by nature, so this is the one
+place the runtime polls the KVS; the data path never does.
+
+Deployed flows are registered in the hash ``flowserve:deployed`` (flow -> version) by
+whichever gateway receives ``POST /admin/deploy``; every gateway loads what the registry
+says, so several gateway replicas serve the same flows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger("flowserve.membership")
+
+MEMBERS_KEY = "flowserve:executors"
+ALIVE_KEY = "flowserve:alive:{id}"
+DEPLOYED_KEY = "flowserve:deployed"
+GATEWAYS_KEY = "flowserve:gateways"  # counter: each gateway takes its own block of qids
+HEARTBEAT_S = 1.0
+
+
+@dataclass(frozen=True)
+class Member:
+    id: str
+    address: str
+    device: str = "cpu"
+    threads: int = 4
+
+
+class Heartbeat:
+    """An executor's registration: a thread that refreshes its alive key until stopped."""
+
+    def __init__(self, redis, member: Member, interval_s: float = HEARTBEAT_S):
+        self.redis = redis
+        self.member = member
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
+
+    def start(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def beat(self) -> None:
+        m = self.member
+        ttl_ms = int(self.interval_s * 3000)
+        pipe = self.redis.pipeline()
+        pipe.hset(MEMBERS_KEY, m.id, json.dumps({"address": m.address, "device": m.device, "threads": m.threads}))
+        pipe.set(ALIVE_KEY.format(id=m.id), str(time.time()), px=ttl_ms)
+        pipe.execute()
+
+    def _loop(self) -> None:
+        failing = False
+        while not self._stop.is_set():
+            try:
+                self.beat()
+                if failing:
+                    log.warning("executor %s: registered again in the KVS", self.member.id)
+                failing = False
+            except Exception as e:  # the KVS may be restarting: keep beating
+                if not failing:
+                    log.warning("executor %s: heartbeat failed (%s); retrying", self.member.id, e)
+                failing = True
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        """Leave the cluster now (a graceful stop), not when the key expires."""
+        self._stop.set()
+        try:
+            pipe = self.redis.pipeline()
+            pipe.delete(ALIVE_KEY.format(id=self.member.id))
+            pipe.hdel(MEMBERS_KEY, self.member.id)
+            pipe.execute()
+        except Exception as e:
+            log.warning("executor %s: could not deregister (%s); it expires by itself", self.member.id, e)
+
+
+def live_members(redis) -> dict[str, Member]:
+    """The executors whose heartbeat has not expired; forgets the descriptions of others."""
+    described = redis.hgetall(MEMBERS_KEY)
+    if not described:
+        return {}
+    ids = [k.decode() for k in described]
+    alive = redis.mget([ALIVE_KEY.format(id=i) for i in ids])
+    out, dead = {}, []
+    for id_, beat in zip(ids, alive):
+        if beat is None:
+            dead.append(id_)
+            continue
+        try:
+            doc = json.loads(described[id_.encode()])
+            out[id_] = Member(id_, str(doc["address"]), str(doc.get("device", "cpu")), int(doc.get("threads", 4)))
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring executor %s: malformed registration", id_)
+    if dead:
+        redis.hdel(MEMBERS_KEY, *dead)
+    return out
+
+
+def deployed_flows(redis) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in redis.hgetall(DEPLOYED_KEY).items()}
+
+
+class Absence:
+    """Debounces departures: an executor counts as gone only after it has been missing for
+    ``grace_s`` (a KVS that restarts without persistence loses every alive key until the
+    next beats; that must not look like the whole cluster dying)."""
+
+    def __init__(self, grace_s: float):
+        self.grace_s = grace_s
+        self.missing_since: dict[str, float] = {}
+
+    def gone(self, known: set[str], present: set[str], now: float) -> list[str]:
+        for id_ in present:
+            self.missing_since.pop(id_, None)
+        out = []
+        for id_ in known - present:
+            first = self.missing_since.setdefault(id_, now)
+            if now - first >= self.grace_s:
+                out.append(id_)
+                del self.missing_since[id_]
+        return out

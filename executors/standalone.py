@@ -1,0 +1,231 @@
+"""A gateway that starts nothing: it finds its executors, and the flows to serve, in the KVS.
+
+This is the gateway of a Kubernetes deployment (or of any cluster whose executors are
+not the gateway's children). Executors register themselves (``membership.py``); every
+``poll_s`` the gateway adds the ones that joined (after a ping), builds the deployed
+flows' stages on them, and drops the ones whose registration expired, re-running the
+requests they held. It loads every flow the registry lists, so gateway replicas behind
+one Service all serve the same flows, whichever of them took the deploy.
+
+    FLOWSERVE_ADMIN_TOKEN=... python -m executors.gateway --host 0.0.0.0 --port 8000 \\
+        --address tcp://10.0.0.7:5556 --kvs redis://:pw@kvs:6379/0 --membership kvs
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+
+import uvicorn
+
+from executors.autoscale import AutoscalingConfig, AutoscalingError
+from executors.config import ClusterConfig
+from executors.dispatcher import Dispatcher
+from executors.gateway import Gateway, LoadFailed, make_app
+from executors.membership import GATEWAYS_KEY, Absence, deployed_flows, live_members
+from executors.metrics import Metrics
+from executors.placement import place
+from executors.scaling import FixedExecutors, ScalingLoop
+from kvs import KVS
+
+log = logging.getLogger("flowserve.gateway")
+QID_BLOCK = 1 << 40  # each gateway start takes its own range of query ids
+
+
+class StandaloneGateway:
+    def __init__(self, config: ClusterConfig, *, kvs_url: str, address: str, admin_token: str,
+                 autoscaling: AutoscalingConfig | None = None, scaler: str | None = None,
+                 scaler_args: dict | None = None, poll_s: float = 0.5, grace_s: float = 1.5):
+        self.config = config
+        self.address = address
+        self.store = KVS.from_url(kvs_url)
+        self.metrics = Metrics()
+        self.poll_s = poll_s
+        self.absence = Absence(grace_s)
+        self.dispatcher = Dispatcher(address, config.max_retries, self.metrics, colocate=config.colocate)
+        self.gateway = Gateway(self.dispatcher, self.store, token=config.token, admin_token=admin_token,
+                               max_body_bytes=config.max_body_bytes, request_timeout_s=config.request_timeout_s,
+                               load_timeout_s=config.load_timeout_s, metrics=self.metrics)
+        self.scaler, self.scaler_args = scaler, scaler_args or {}
+        self.scaling = None
+        if autoscaling is not None:
+            self.scaling = ScalingLoop(lambda: self.dispatcher, FixedExecutors(), autoscaling,
+                                       metrics=self.metrics, max_executors=config.max_executors)
+            self.gateway.shape_placement = self.scaling.initial_placement
+            self.gateway.scaling_status = self.scaling.status
+        self._failed_loads: dict[tuple[str, int], float] = {}  # (flow, version) -> retry after
+        self._tasks: list[asyncio.Task] = []
+
+    def app(self):
+        return make_app(self.gateway, on_startup=[self._started], on_shutdown=[self._stopping])
+
+    def run(self, host: str, port: int) -> None:
+        server = uvicorn.Server(uvicorn.Config(self.app(), host=host, port=port, log_level="warning",
+                                               lifespan="on", timeout_graceful_shutdown=30))
+        try:
+            server.run()
+        finally:
+            self.store.close()
+
+    async def _started(self) -> None:
+        self.dispatcher.start()
+        # query ids stay unique across gateway replicas and restarts
+        block = await asyncio.to_thread(self.store.redis.incr, GATEWAYS_KEY)
+        self.dispatcher.next_qid = int(block) * QID_BLOCK + 1
+        await self.sync()
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._watch()))
+        if self.scaling is not None:
+            self.scaling.backend = self._backend()
+            self._tasks.append(loop.create_task(self.scaling.run()))
+        log.info("gateway on %s: %d executors, %d flows", self.address, len(self.dispatcher.executors),
+                 len(self.dispatcher.flows))
+
+    def _backend(self):
+        if self.scaler != "k8s":
+            return FixedExecutors()
+        from k8s.scaling import KubernetesExecutors
+
+        baseline: dict[str, int] = {}
+        for info in self.dispatcher.executors.values():
+            baseline[info.device] = baseline.get(info.device, 0) + 1
+        return KubernetesExecutors.from_incluster(self.scaler_args["namespace"], self.scaler_args["instance"],
+                                                  self.dispatcher, baseline)
+
+    async def _stopping(self) -> None:
+        self.gateway.accepting = False
+        deadline = time.monotonic() + self.config.request_timeout_s
+        while self.dispatcher.requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for task in self._tasks:
+            task.cancel()
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            try:
+                await self.sync()
+            except Exception as e:  # the KVS may be restarting: keep the last known view
+                log.warning("membership sync failed: %s", e)
+
+    # -- membership and registry -------------------------------------------------------------
+
+    async def sync(self) -> None:
+        members = await asyncio.to_thread(live_members, self.store.redis)
+        await self._members_changed(members)
+        registry = await asyncio.to_thread(deployed_flows, self.store.redis)
+        await self._registry_changed(registry)
+
+    async def _members_changed(self, members: dict) -> None:
+        d = self.dispatcher
+        known = {i for i, info in d.executors.items() if info.alive}
+        moved = {i for i in known if i in members and members[i].address != d.executors[i].address}
+        for id_ in self.absence.gone(known, set(members) - moved, time.monotonic()) + sorted(moved):
+            log.warning("executor %s left the cluster", id_)
+            self._leave(id_)
+        for id_, m in members.items():
+            info = d.executors.get(id_)
+            if info is not None and info.alive and info.address == m.address:
+                continue
+            if await d.ping(m.address, timeout=2.0) is None:
+                continue  # registered but not answering yet: try again next round
+            d.remove_executor(id_)  # a restarted pod may reuse its name with a new address
+            d.add_executor(id_, m.address, m.device)
+            log.warning("executor %s joined (%s, %s)", id_, m.device, m.address)
+            await self._extend_flows(id_)
+
+    def _leave(self, id_: str) -> None:
+        d = self.dispatcher
+        for f in d.flows.values():
+            for stage, ids in f.placement.items():
+                if id_ in ids:
+                    f.placement[stage] = [i for i in ids if i != id_]
+        d.executor_died(id_)  # re-runs the requests it held
+        d.remove_executor(id_)
+
+    async def _extend_flows(self, id_: str) -> None:
+        """Give a joining executor its share of the deployed flows' stages."""
+        d = self.dispatcher
+        for name, f in list(d.flows.items()):
+            wanted = place(f.plan, d.executors)
+            stages = []
+            for stage, ids in wanted.items():
+                st = f.plan.stages[stage]
+                scaled = self.scaling is not None and st.continuation is None and st.competitive == 1
+                if id_ in ids and id_ not in f.placement[stage] and (not scaled or not f.placement[stage]):
+                    stages.append(stage)
+            if not stages:
+                continue
+            errors = await d.load(name, f.version, {s: [id_] for s in stages}, self.config.load_timeout_s)
+            if errors.get(id_):
+                log.warning("flow %s: building stages on %s failed: %s", name, id_, errors[id_])
+                continue
+            if d.flows.get(name) is f:
+                for s in stages:
+                    f.placement[s] = f.placement[s] + [id_]
+
+    async def _registry_changed(self, registry: dict[str, int]) -> None:
+        d = self.dispatcher
+        for name in [n for n in d.flows if n not in registry]:
+            log.warning("flow %s was undeployed", name)
+            d.flows.pop(name, None)
+        now = time.monotonic()
+        for name, version in sorted(registry.items()):
+            current = d.flows.get(name)
+            if (current is not None and current.version >= version) or \
+                    self._failed_loads.get((name, version), 0) > now:
+                continue
+            try:
+                await self.gateway.load_flow(name, version)
+            except LoadFailed as e:
+                # e.g. no executor yet: try again, without flooding the log
+                log.warning("flow %s v%s is not served here yet: %s", name, version, e.message)
+                self._failed_loads[(name, version)] = now + 5.0
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m executors.gateway",
+                                description="Run a FlowServe gateway that finds its executors in the KVS.")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--address", required=True,
+                   help="ZeroMQ address executors send results to, reachable by them, e.g. tcp://10.0.0.7:5556")
+    p.add_argument("--kvs", default=os.environ.get("FLOWSERVE_KVS_URL"),
+                   help="Redis URL of the cluster's KVS (default: $FLOWSERVE_KVS_URL)")
+    p.add_argument("--membership", default="kvs", choices=["kvs"],
+                   help="how executors are found: their registration in the KVS")
+    p.add_argument("--config", default="{}", help="ClusterConfig fields as JSON (timeouts, limits, retries)")
+    p.add_argument("--autoscale", default=None, help="AutoscalingConfig fields as JSON: scale stages")
+    p.add_argument("--scaler", default=None, choices=["k8s"],
+                   help="with --autoscale: also add/remove executors (k8s: scale the executor Deployments)")
+    p.add_argument("--k8s-namespace", default=os.environ.get("POD_NAMESPACE"))
+    p.add_argument("--k8s-instance", default="flowserve")
+    p.add_argument("--poll-s", type=float, default=0.5, help="how often membership and registry are read")
+    args = p.parse_args(argv)
+    if not args.kvs:
+        p.error("--kvs is required (or set FLOWSERVE_KVS_URL)")
+    admin_token = os.environ.get("FLOWSERVE_ADMIN_TOKEN")
+    if not admin_token:
+        p.error("set FLOWSERVE_ADMIN_TOKEN: deploys need the cluster's admin token")
+    if args.scaler == "k8s" and not args.k8s_namespace:
+        p.error("--scaler k8s needs --k8s-namespace (or POD_NAMESPACE)")
+    try:
+        fields = json.loads(args.config)
+        if os.environ.get("FLOWSERVE_TOKEN"):
+            fields["token"] = os.environ["FLOWSERVE_TOKEN"]
+        config = ClusterConfig.from_json(fields)
+        autoscaling = None if args.autoscale is None else AutoscalingConfig.from_json(json.loads(args.autoscale))
+    except (ValueError, TypeError, AutoscalingError) as e:
+        p.error(str(e))
+    logging.basicConfig(level=os.environ.get("FLOWSERVE_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    gw = StandaloneGateway(config, kvs_url=args.kvs, address=args.address, admin_token=admin_token,
+                           autoscaling=autoscaling, scaler=args.scaler, poll_s=args.poll_s,
+                           scaler_args={"namespace": args.k8s_namespace, "instance": args.k8s_instance})
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))  # uvicorn stops on SIGINT
+    gw.run(args.host, args.port)

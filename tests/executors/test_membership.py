@@ -1,0 +1,235 @@
+"""Gateways that spawn nothing (the Kubernetes shape): executors register in the KVS,
+gateways find them, several gateways serve the flows any one of them took.
+
+Real processes throughout: a Redis server of this module, executors started with
+``python -m executors.executor`` on TCP addresses, gateways with ``python -m
+executors.gateway --membership kvs``, HTTP between them and the test.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from executors.cluster import ClusterClient
+from executors.membership import ALIVE_KEY, Absence, Heartbeat, Member, live_members
+from flow import Flow
+from flow.table import Table
+from kvs import KVS, RedisServer
+from kvs.server import free_port, popen, terminate
+from tests.executors.conftest import unique
+from tests.flowgen import assert_same_rows
+
+ADMIN = "admin-token-for-tests"
+HEARTBEAT_S = 0.2  # registrations expire after 0.6 s: departures show quickly
+
+
+@pytest.fixture(scope="module")
+def redis(tmp_path_factory):
+    server = RedisServer(dir=tmp_path_factory.mktemp("membership-redis"), appendonly=False)
+    server.start()
+    yield server
+    server.stop()
+
+
+class Procs:
+    """The processes a test starts; all stopped at its end."""
+
+    def __init__(self, redis_url: str, logdir):
+        self.redis_url, self.logdir = redis_url, logdir
+        self.procs: list[subprocess.Popen] = []
+
+    def _start(self, name: str, cmd: list[str], env: dict | None = None) -> subprocess.Popen:
+        log = open(self.logdir / f"{name}.log", "ab")
+        full_env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), **(env or {}))
+        proc = popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env)
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def executor(self, id_: str) -> subprocess.Popen:
+        return self._start(id_, [sys.executable, "-m", "executors.executor", "--id", id_,
+                                 "--address", f"tcp://127.0.0.1:{free_port()}", "--threads", "2",
+                                 "--heartbeat-s", str(HEARTBEAT_S)],
+                           env={"FLOWSERVE_KVS_URL": self.redis_url})  # the URL from the environment, as in a pod
+
+    def gateway(self, name: str) -> str:
+        port = free_port()
+        self._start(name, [sys.executable, "-m", "executors.gateway", "--port", str(port),
+                           "--address", f"tcp://127.0.0.1:{free_port()}", "--kvs", self.redis_url,
+                           "--membership", "kvs", "--poll-s", "0.1"],
+                    env={"FLOWSERVE_ADMIN_TOKEN": ADMIN})
+        return f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            terminate(p, 10)
+
+
+@pytest.fixture
+def procs(redis, tmp_path):
+    with KVS.from_url(redis.url) as store:
+        store.redis.flushall()  # no members or flows left from the previous test
+    p = Procs(redis.url, tmp_path)
+    yield p
+    p.stop()
+
+
+def wait_until(what: str, cond, timeout: float = 30.0):
+    """A bounded poll of the system's own state (membership is periodic by design)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def health(url: str) -> dict:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2).json()
+    except httpx.HTTPError:
+        return {}
+
+
+def scale(row):
+    return row.x * 3.0
+
+
+def flow_of(name: str) -> Flow:
+    f = Flow(name, schema={"x": float})
+    f.map(scale, names=["y"]).filter(lambda r: r.y >= 0)
+    return f
+
+
+def post(url: str, name: str, rows) -> httpx.Response:
+    return httpx.post(f"{url}/flows/{name}", json=rows, timeout=30)
+
+
+def test_gateways_find_executors_and_serve_every_deployed_flow(procs):
+    procs.executor("e0")
+    procs.executor("e1")
+    a, b = procs.gateway("gw-a"), procs.gateway("gw-b")
+    for url in (a, b):
+        wait_until(f"{url} to find both executors", lambda url=url: health(url).get("executors") == 2)
+
+    name = unique("members")
+    flow = flow_of(name)
+    client = ClusterClient(a, procs.redis_url, ADMIN)
+    try:
+        d = client.deploy(flow)
+        rows = [{"x": float(i) - 2} for i in range(6)]
+        answer = d.call(rows)
+        assert_same_rows(answer.table, flow.run(Table.from_any(rows).with_qid(answer.input_qids)))
+    finally:
+        client.close()
+
+    # the other gateway loads it from the registry, and answers the same
+    wait_until("gateway b to serve the flow", lambda: name in health(b).get("flows", []))
+    ra, rb = post(a, name, rows), post(b, name, rows)
+    assert ra.status_code == rb.status_code == 200, (ra.text, rb.text)
+    assert [r["y"] for r in ra.json()["rows"]] == [r["y"] for r in rb.json()["rows"]] == [0.0, 3.0, 6.0, 9.0]
+    # each gateway gives out its own range of query ids
+    assert ra.headers["x-qid-start"] != rb.headers["x-qid-start"]
+
+    # undeploying through one gateway undeploys on every gateway
+    r = httpx.delete(f"{b}/admin/flows/{name}", headers={"Authorization": f"Bearer {ADMIN}"})
+    assert r.status_code == 200
+    wait_until("gateway a to drop the flow", lambda: name not in health(a).get("flows", []))
+    assert post(a, name, rows).status_code == 404
+
+
+def test_executors_that_leave_or_die_are_dropped_and_joiners_get_work(procs):
+    e0 = procs.executor("e0")
+    e1 = procs.executor("e1")
+    gw = procs.gateway("gw")
+    wait_until("two executors", lambda: health(gw).get("executors") == 2)
+    name = unique("churn")
+    client = ClusterClient(gw, procs.redis_url, ADMIN)
+    try:
+        client.deploy(flow_of(name))
+    finally:
+        client.close()
+
+    def hosts() -> set:
+        stages = httpx.get(f"{gw}/flows/{name}").json()["stages"]
+        return {e for s in stages for e in s["executors"]}
+
+    assert hosts() == {"e0", "e1"}
+
+    # a graceful stop leaves the membership at once
+    e1.send_signal(signal.SIGTERM)
+    wait_until("e1 to leave", lambda: health(gw).get("executors") == 1)
+    assert hosts() == {"e0"}
+    assert post(gw, name, {"x": 1.0}).json()["rows"][0]["y"] == 3.0
+
+    # a newcomer is found, pinged, and given the flow's stages
+    procs.executor("e2")
+    wait_until("e2 to host the flow", lambda: hosts() == {"e0", "e2"})
+
+    # kill -9: the registration expires, the gateway drops it, every request is answered
+    answers = []
+    e0.send_signal(signal.SIGKILL)
+    e0.wait()
+    deadline = time.monotonic() + 30
+    while hosts() != {"e2"}:
+        assert time.monotonic() < deadline, "the dead executor was never dropped"
+        answers.append(post(gw, name, {"x": 2.0}))
+    answers += [post(gw, name, {"x": 2.0}) for _ in range(5)]
+    assert [r.status_code for r in answers] == [200] * len(answers), [r.text for r in answers if r.status_code != 200]
+    assert {r.json()["rows"][0]["y"] for r in answers} == {6.0}
+
+
+def test_heartbeat_registers_expires_and_deregisters(redis):
+    store = KVS.from_url(redis.url)
+    try:
+        store.redis.flushall()
+        beat = Heartbeat(store.redis, Member("hb0", "tcp://127.0.0.1:1", "gpu", 3), interval_s=0.1)
+        beat.beat()
+        assert live_members(store.redis) == {"hb0": Member("hb0", "tcp://127.0.0.1:1", "gpu", 3)}
+        store.redis.delete(ALIVE_KEY.format(id="hb0"))  # as if it expired
+        assert live_members(store.redis) == {}
+        assert store.redis.hlen("flowserve:executors") == 0  # expired descriptions are forgotten
+        beat.start()
+        wait_until("the heartbeat thread to register", lambda: "hb0" in live_members(store.redis))
+        beat.stop()
+        assert live_members(store.redis) == {}
+    finally:
+        store.close()
+
+
+def test_absence_waits_out_the_grace_period():
+    a = Absence(grace_s=1.0)
+    assert a.gone({"x", "y"}, {"y"}, now=10.0) == []
+    assert a.gone({"x", "y"}, {"y"}, now=10.5) == []
+    assert a.gone({"x", "y"}, {"x", "y"}, now=10.8) == []  # came back: the clock restarts
+    assert a.gone({"x", "y"}, {"y"}, now=11.0) == []
+    assert a.gone({"x", "y"}, {"y"}, now=12.0) == ["x"]
+
+
+@pytest.mark.parametrize("cmd, env, message", [
+    (["executors.gateway", "--address", "tcp://127.0.0.1:1", "--kvs", "redis://127.0.0.1:1/0"], {},
+     "FLOWSERVE_ADMIN_TOKEN"),
+    (["executors.gateway", "--address", "tcp://127.0.0.1:1"], {"FLOWSERVE_ADMIN_TOKEN": "t"}, "--kvs"),
+    (["executors.gateway", "--address", "tcp://127.0.0.1:1", "--kvs", "redis://x/0", "--autoscale", '{"nope": 1}'],
+     {"FLOWSERVE_ADMIN_TOKEN": "t"}, "nope"),
+    (["executors.executor", "--id", "e", "--address", "tcp://127.0.0.1:1"], {}, "--kvs"),
+])
+def test_entry_points_refuse_incomplete_settings(cmd, env, message):
+    clean = {k: v for k, v in os.environ.items() if k not in ("FLOWSERVE_ADMIN_TOKEN", "FLOWSERVE_KVS_URL")}
+    r = subprocess.run([sys.executable, "-m", *cmd], capture_output=True, text=True, timeout=60,
+                       env=dict(clean, **env))
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr
