@@ -3,8 +3,11 @@
 
 The wait is adaptive: a batcher only waits when requests have lately been arriving less
 than ``max_wait_ms`` apart (an exponentially weighted mean of the gaps), so a lone request
-at low load runs at once instead of paying the whole window for a batch that will not come.
-Whatever is already queued is always taken."""
+at low load runs at once instead of paying the whole window for a batch that will not come,
+and only while waiting has lately paid off (brought at least one more request). The second
+rule matters for closed-loop clients: one client that sends its next request when the
+answer comes arrives often, yet nothing ever comes during a wait. A batcher that stopped
+waiting tries again every ``PROBE_EVERY`` batches. Whatever is already queued is always taken."""
 
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+
+PROBE_EVERY = 50  # batches run without waiting before a batcher that stopped tries again
 
 
 @dataclass
@@ -36,6 +41,8 @@ class Batcher:
         self._stopping = stopping
         self._last_put = 0.0
         self.gap_ewma = float("inf")  # seconds between arrivals; no waiting until measured
+        self.payoff = 1.0  # weighted share of recent waits that brought another request
+        self._since_wait = 0
         self.thread = threading.Thread(target=self._loop, name=f"batcher-{hosted.stage.name}", daemon=True)
         self.thread.start()
 
@@ -46,9 +53,24 @@ class Batcher:
             self.gap_ewma = gap if self.gap_ewma == float("inf") else 0.7 * self.gap_ewma + 0.3 * gap
         self._last_put = now
 
+    def worth_waiting(self) -> bool:
+        """True if requests arrive often enough, and waits lately paid off (or it is time
+        to try again), so that waiting is likely to grow a batch."""
+        if self.gap_ewma >= self.config.max_wait_ms / 1000:
+            return False
+        return self.payoff >= 0.5 or self._since_wait >= PROBE_EVERY
+
     def should_wait(self) -> bool:
-        """True if requests arrive often enough that waiting is likely to grow a batch."""
-        return self.gap_ewma < self.config.max_wait_ms / 1000 or not self.queue.empty()
+        """True if a request should go through the queue (to wait, or behind others)."""
+        return not self.queue.empty() or self.worth_waiting()
+
+    def learn(self, waited: bool, batch_size: int) -> None:
+        """Record how a batch formed (inline runs count as batches that did not wait)."""
+        if waited:
+            self.payoff = 0.7 * self.payoff + 0.3 * (batch_size > 1)
+            self._since_wait = 0
+        else:
+            self._since_wait += 1
 
     def put(self, item: WorkItem) -> None:
         self.note_arrival()
@@ -66,7 +88,8 @@ class Batcher:
                 continue
             batch = [first]
             # wait for more only if another request is likely to come within the window
-            deadline = time.perf_counter() + (wait if self.should_wait() else 0.0)
+            waiting = self.queue.empty() and self.worth_waiting()
+            deadline = time.perf_counter() + (wait if waiting else 0.0)
             while len(batch) < max_size:
                 try:  # take what is already queued without waiting
                     batch.append(self.queue.get_nowait())
@@ -80,4 +103,5 @@ class Batcher:
                     batch.append(self.queue.get(timeout=left))
                 except queue.Empty:
                     break
+            self.learn(waiting, len(batch))
             self.run(self.hosted, batch)

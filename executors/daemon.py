@@ -87,7 +87,8 @@ class ClusterDaemon:
             ex.start()
             self.executors.append(ex)
         server = uvicorn.Server(uvicorn.Config(self._app(), host=self.config.host, port=self.port,
-                                               log_level="warning", lifespan="on", timeout_graceful_shutdown=30))
+                                               log_level="warning", lifespan="on", timeout_graceful_shutdown=30,
+                                               access_log=False, proxy_headers=False))
         try:
             server.run()
         finally:

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
-import zmq.asyncio
 
 from executors.errors import NoExecutorError
 from executors.routing import complete, deliveries
@@ -79,9 +78,10 @@ class Request:
 class Dispatcher:
     def __init__(self, address: str, max_retries: int = 2, metrics=None, colocate: bool = True):
         self.address = address
-        self.ctx = zmq.asyncio.Context.instance()
         self.sync_ctx = zmq.Context.instance()
-        self.pull = self.ctx.socket(zmq.PULL)
+        # a plain socket read from the event loop's reader callback (not zmq.asyncio, whose
+        # per-message futures cost more than the rest of receiving an answer)
+        self.pull = self.sync_ctx.socket(zmq.PULL)
         self.pull.setsockopt(zmq.LINGER, 0)
         self.pull.bind(address)
         self.push: dict[str, zmq.Socket] = {}
@@ -96,15 +96,17 @@ class Dispatcher:
         self._rr = itertools.count()
         self._waiters: dict[str, asyncio.Future] = {}
         self._counters: dict[tuple[str, str], StageCounters] = {}
-        self._recv_task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._joined: asyncio.Event | None = None  # set when an executor joins (wait_for_executor)
 
     def start(self) -> None:
-        self._recv_task = asyncio.get_running_loop().create_task(self._receive())
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self.pull.getsockopt(zmq.FD), self._drain)
+        self._loop.call_soon(self._drain)  # messages that came before the reader was added
 
     async def close(self) -> None:
-        if self._recv_task:
-            self._recv_task.cancel()
+        if self._loop is not None:
+            self._loop.remove_reader(self.pull.getsockopt(zmq.FD))
         for s in self.push.values():
             s.close(0)
         self.pull.close(0)
@@ -239,16 +241,17 @@ class Dispatcher:
         req = Request(next(self._ids), flow, table, time.time() + timeout, loop.create_future(),
                       retries_left=self.max_retries)
         self.requests[req.id] = req
+        # a timer rather than asyncio.wait_for: no task per request
+        timer = loop.call_later(timeout, self._resolve, req, None, RequestFailed(504, {
+            "error": "DeadlineExceededError", "message": f"flow {name!r}: no answer within {timeout:g} s"}))
         try:
             self._dispatch(req)
-            out = await asyncio.wait_for(asyncio.shield(req.future), timeout)
+            out = await req.future
             if trace is not None:
                 trace.extend(req.trace)
             return out
-        except asyncio.TimeoutError:
-            raise RequestFailed(504, {"error": "DeadlineExceededError",
-                                      "message": f"flow {name!r}: no answer within {timeout:g} s"}) from None
         finally:
+            timer.cancel()
             self._finish(req)
 
     def _finish(self, req: Request) -> None:
@@ -336,9 +339,14 @@ class Dispatcher:
 
     # -- answers -----------------------------------------------------------------------------
 
-    async def _receive(self) -> None:
-        while True:
-            frames = await self.pull.recv_multipart(copy=False)
+    def _drain(self) -> None:
+        """Handle every message waiting. ZeroMQ's FD is edge-triggered: it signals that
+        events changed, so the socket is read until empty each time it fires."""
+        while self.pull.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            try:
+                frames = self.pull.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
             try:
                 header, tables = unpack(frames)
                 self._on_message(header, tables)

@@ -311,6 +311,7 @@ class Executor:
                 # light load and a quick stage: no thread hop, no waiting; requests that
                 # arrived together (drained in one go) still run as one batch
                 hosted.batcher.note_arrival()
+                hosted.batcher.learn(False, 1)
                 if threading.get_ident() == self._io_thread:
                     self._inline.setdefault(id(hosted), (hosted, []))[1].append(item)
                 else:

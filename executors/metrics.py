@@ -30,13 +30,22 @@ class Metrics:
                                ["flow", "stage", "direction"], registry=r)
         self.replicas = Gauge("flowserve_stage_replicas", "Replicas hosting a stage", ["flow", "stage"], registry=r)
 
+        self._children: dict = {}  # (metric, labels) -> child: .labels() costs more than .observe()
+
+    def child(self, metric, *labels):
+        key = (id(metric), labels)
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = metric.labels(*labels)
+        return c
+
     def observe_trace(self, flow: str, trace) -> None:
         for entry in trace:
             stage, _executor, ms, batch = entry[:4]
-            self.stage_latency.labels(flow, stage).observe(float(ms))
-            self.batch_size.labels(flow, stage).observe(int(batch))
+            self.child(self.stage_latency, flow, stage).observe(float(ms))
+            self.child(self.batch_size, flow, stage).observe(int(batch))
             if len(entry) > 4:
-                self.queue.labels(flow, stage).set(int(entry[4]))
+                self.child(self.queue, flow, stage).set(int(entry[4]))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -81,21 +81,19 @@ class StandaloneGateway:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._watch()))
         if self.scaling is not None:
-            self.scaling.backend = self._backend()
+            self.scaling.backend = await self._backend()
             self._tasks.append(loop.create_task(self.scaling.run()))
         log.info("gateway on %s: %d executors, %d flows", self.address, len(self.dispatcher.executors),
                  len(self.dispatcher.flows))
 
-    def _backend(self):
+    async def _backend(self):
         if self.scaler != "k8s":
             return FixedExecutors()
         from k8s.scaling import KubernetesExecutors
 
-        baseline: dict[str, int] = {}
-        for info in self.dispatcher.executors.values():
-            baseline[info.device] = baseline.get(info.device, 0) + 1
-        return KubernetesExecutors.from_incluster(self.scaler_args["namespace"], self.scaler_args["instance"],
-                                                  self.dispatcher, baseline)
+        # the baseline (executors never removed) is read from the Deployments: blocking calls
+        return await asyncio.to_thread(KubernetesExecutors.from_incluster, self.scaler_args["namespace"],
+                                       self.scaler_args["instance"], self.dispatcher)
 
     async def _stopping(self) -> None:
         self.gateway.accepting = False

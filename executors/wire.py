@@ -13,6 +13,7 @@ benchmarks/README.md) and keeps a 10 MB tensor a single zero-copy frame.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -93,7 +94,7 @@ def _frame(frames: list, i: int):
 
 def _array(frames: list, i: int, dtype: np.dtype, shape: tuple) -> np.ndarray:
     buf = _frame(frames, i)
-    count = int(np.prod(shape)) if shape else 1
+    count = math.prod(shape)
     if count == 0:
         return np.empty(shape, dtype=dtype)
     arr = np.frombuffer(buf, dtype=dtype)

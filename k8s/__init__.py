@@ -6,10 +6,12 @@
     cluster = KubernetesCluster(config=config)           # kubeconfig or in-cluster credentials
     cluster.ensure_secrets(); cluster.apply(render(config, plan))
     cluster.scale("executor-gpu", 3)                     # what an autoscaler calls
+    d = cluster.deploy(flow)                             # or flow.deploy(cluster=cluster)
 
 Modules: ``config`` (KubeConfig, Resources, Toleration), ``manifests`` (render, to_yaml),
-``backend`` (KubernetesCluster; needs the ``kubernetes`` package), ``cli``
-(``flowserve k8s render``), ``exceptions``.
+``backend`` (KubernetesCluster; needs the ``kubernetes`` package), ``scaling``
+(KubernetesExecutors: the gateway autoscaler's backend), ``cli`` (``flowserve k8s
+render``), ``exceptions``.
 """
 
 from k8s.config import KubeConfig, Resources, Toleration, parse_quantity
@@ -23,7 +25,9 @@ from k8s.exceptions import (
     K8sForbiddenError,
     K8sInvalidError,
     K8sNotFoundError,
+    K8sNotReadyError,
     K8sUnavailableError,
+    K8sUnreachableError,
     ManifestError,
 )
 from k8s.manifests import COMPONENTS, SCALABLE, render, to_yaml
@@ -34,12 +38,17 @@ def __getattr__(name):  # the backend imports the kubernetes client: only when a
         from k8s.backend import KubernetesCluster
 
         return KubernetesCluster
+    if name == "KubernetesExecutors":
+        from k8s.scaling import KubernetesExecutors
+
+        return KubernetesExecutors
     raise AttributeError(f"module 'k8s' has no attribute {name!r}")
 
 
 __all__ = [
-    "COMPONENTS", "SCALABLE", "KubeConfig", "KubernetesCluster", "Resources", "Toleration", "parse_quantity",
+    "COMPONENTS", "SCALABLE", "KubeConfig", "KubernetesCluster", "KubernetesExecutors", "Resources", "Toleration",
+    "parse_quantity",
     "render", "to_yaml", "K8sError", "K8sConfigError", "K8sConfigTypeError", "ManifestError",
     "K8sClientMissingError", "K8sApiError", "K8sNotFoundError", "K8sConflictError", "K8sForbiddenError",
-    "K8sInvalidError", "K8sUnavailableError",
+    "K8sInvalidError", "K8sUnavailableError", "K8sNotReadyError", "K8sUnreachableError",
 ]

@@ -7,22 +7,27 @@
     cluster.scale("executor-gpu", 3)         # patches the Deployment's scale subresource
     cluster.status()                         # desired/ready replicas per component
     cluster.delete()                         # everything labelled with this instance
+    flow.deploy(cluster=cluster)             # Secrets, apply, wait until ready, deploy the plan
 
 Every call goes through the ``kubernetes`` client's typed APIs (``AppsV1Api``, ``CoreV1Api``,
-``NetworkingV1Api``), built from the kubeconfig / in-cluster credentials unless they are
-passed in (tests pass recorders). Manifests become the client's model objects
-(``V1Deployment``, ``V1Service``, ...) before anything is sent, and a field the model does
-not know is an error rather than silently dropped. API failures raise the
+``NetworkingV1Api``, ``RbacAuthorizationV1Api``), built from the kubeconfig / in-cluster
+credentials unless they are passed in (tests pass recorders). Manifests become the client's
+model objects (``V1Deployment``, ``V1Service``, ...) before anything is sent, and a field the
+model does not know is an error rather than silently dropped. API failures raise the
 ``K8sApiError`` family naming the verb and the object.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import secrets
+import time
 from dataclasses import dataclass
+from urllib.parse import quote, urlsplit
 
-from k8s.config import KubeConfig, _int
+from k8s.config import KubeConfig, _int, redact_url
 from k8s.exceptions import (
     K8sApiError,
     K8sClientMissingError,
@@ -30,10 +35,13 @@ from k8s.exceptions import (
     K8sConfigTypeError,
     K8sError,
     K8sNotFoundError,
+    K8sNotReadyError,
+    K8sUnreachableError,
     ManifestError,
     api_error_for,
 )
 from k8s.manifests import (
+    A_BASELINE,
     L_COMPONENT,
     SCALABLE,
     instance_selector,
@@ -47,7 +55,7 @@ from k8s.manifests import (
 class Kind:
     """How one kind maps onto the typed client: which API, which model, which methods."""
 
-    api: str  # "apps", "core" or "networking"
+    api: str  # "apps", "core", "networking" or "rbac"
     model: str  # the client's model class, e.g. "V1Deployment"
     suffix: str  # the method suffix: create_<suffix>, replace_<suffix>, ...
 
@@ -61,11 +69,21 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("apps/v1", "Deployment"): Kind("apps", "V1Deployment", "namespaced_deployment"),
     ("apps/v1", "StatefulSet"): Kind("apps", "V1StatefulSet", "namespaced_stateful_set"),
     ("networking.k8s.io/v1", "NetworkPolicy"): Kind("networking", "V1NetworkPolicy", "namespaced_network_policy"),
+    ("rbac.authorization.k8s.io/v1", "Role"): Kind("rbac", "V1Role", "namespaced_role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): Kind("rbac", "V1RoleBinding", "namespaced_role_binding"),
 }
-# what ``delete`` removes, in this order (workloads first so pods stop before their Services)
+# what ``delete`` removes, in this order (workloads first so pods stop before their Services;
+# the autoscaler's permissions only after the gateway that uses them is gone)
 DELETE_ORDER = [("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"), ("v1", "Service"),
-                ("networking.k8s.io/v1", "NetworkPolicy"), ("v1", "ConfigMap"), ("v1", "ServiceAccount")]
+                ("networking.k8s.io/v1", "NetworkPolicy"), ("v1", "ConfigMap"),
+                ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("rbac.authorization.k8s.io/v1", "Role"),
+                ("v1", "ServiceAccount")]
 DATA_KINDS = [("v1", "PersistentVolumeClaim"), ("v1", "Secret")]  # only with delete(keep_data=False)
+# pods are never applied, only annotated by the autoscaler: not in KINDS
+POD = Kind("core", "V1Pod", "namespaced_pod")
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+WORKLOADS = ("kvs", "gateway", "executor-cpu", "executor-gpu")  # what deploy waits for
+REQUIRED = ("kvs", "gateway", "executor-cpu")  # always rendered: missing means not applied yet
 
 
 def _client():
@@ -180,23 +198,29 @@ class KubernetesCluster:
     """One FlowServe instance on a Kubernetes cluster, driven through the typed client.
 
     ``namespace``/``image`` override those of ``config`` (default ``KubeConfig()``).
-    ``apps_api``/``core_api``/``networking_api``: the client's ``AppsV1Api``, ``CoreV1Api``
-    and ``NetworkingV1Api`` (default: built from the in-cluster or kubeconfig credentials on
-    first use). Nothing is contacted until a method is called.
+    ``apps_api``/``core_api``/``networking_api``/``rbac_api``: the client's ``AppsV1Api``,
+    ``CoreV1Api``, ``NetworkingV1Api`` and ``RbacAuthorizationV1Api`` (default: built from the
+    in-cluster or kubeconfig credentials on first use). Nothing is contacted until a method
+    is called.
 
         cluster = KubernetesCluster(namespace="ml", image="reg.example.com/flowserve:0.1.0")
         cluster.apply(render(cluster.config))
+        flow.deploy(cluster=cluster)           # or cluster.deploy(flow)
     """
 
+    poll_s = 2.0  # how often deploy() looks at the workloads while waiting for them
+
     def __init__(self, namespace: str | None = None, image: str | None = None, config: KubeConfig | None = None,
-                 *, apps_api=None, core_api=None, networking_api=None):
+                 *, apps_api=None, core_api=None, networking_api=None, rbac_api=None):
         if config is None:
             config = KubeConfig()
         elif not isinstance(config, KubeConfig):
             raise K8sConfigTypeError(f"config must be a k8s.KubeConfig, got {type(config).__name__} {config!r:.80}")
         changes = {k: v for k, v in (("namespace", namespace), ("image", image)) if v is not None}
         self.config = config.replace(**changes) if changes else config
-        self._apis = {"apps": apps_api, "core": core_api, "networking": networking_api}
+        self._apis = {"apps": apps_api, "core": core_api, "networking": networking_api, "rbac": rbac_api}
+        self._plans: dict = {}  # flow name -> the plan deploy() last rendered for it
+        self._clients: dict = {}  # (gateway URL, KVS URL, tokens) -> ClusterClient
 
     @property
     def namespace(self) -> str:
@@ -208,7 +232,8 @@ class KubernetesCluster:
         if self._apis[which] is None:
             client = _client()
             api_client = _default_api_client()
-            built = {"apps": client.AppsV1Api, "core": client.CoreV1Api, "networking": client.NetworkingV1Api}
+            built = {"apps": client.AppsV1Api, "core": client.CoreV1Api, "networking": client.NetworkingV1Api,
+                     "rbac": client.RbacAuthorizationV1Api}
             for k, cls in built.items():
                 if self._apis[k] is None:
                     self._apis[k] = cls(api_client)
@@ -346,6 +371,22 @@ class KubernetesCluster:
             created.append(name)
         return created
 
+    def read_secret(self, name: str, key: str) -> str:
+        """The value under ``key`` of the Secret ``name`` (the API sends it base64-encoded).
+
+            cluster.read_secret(cluster.config.admin_secret_name, "token")
+        """
+        secret = self._call("read", "Secret", KINDS[("v1", "Secret")], name, name, self.namespace)
+        data = secret.data or {}
+        if key not in data:
+            raise K8sError(f"Secret {self.namespace}/{name} has no key {key!r} (keys: {sorted(data)}); "
+                           f"recreate it with that key (docs/kubernetes.md, section 2)")
+        try:
+            return base64.b64decode(data[key], validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError) as e:
+            raise K8sError(f"Secret {self.namespace}/{name} key {key!r} is not base64-encoded UTF-8 text: "
+                           f"{e}") from None
+
     # -- scale -------------------------------------------------------------------------------
 
     def deployment_name(self, component_or_deployment: str) -> str:
@@ -377,6 +418,60 @@ class KubernetesCluster:
                            suffix="namespaced_deployment_scale")
         spec = getattr(scale, "spec", None)
         return spec.replicas if spec is not None and spec.replicas is not None else replicas
+
+    def replicas(self, component_or_deployment: str) -> int:
+        """The replicas a Deployment wants now, read from its scale subresource (what the
+        autoscaler adds one to; the Role of ``rbac()`` allows reading it).
+
+            cluster.replicas("executor-cpu")    # 2
+        """
+        name = self.deployment_name(component_or_deployment)
+        scale = self._call("read", "Deployment", KINDS[("apps/v1", "Deployment")], name, name, self.namespace,
+                           suffix="namespaced_deployment_scale")
+        spec = getattr(scale, "spec", None)
+        return spec.replicas if spec is not None and spec.replicas is not None else 0
+
+    def baseline_replicas(self) -> dict[str, int]:
+        """Executors per device the configuration asked for (``flowserve.io/baseline-replicas``
+        on the executor Deployments, else their replicas); a missing Deployment counts 0.
+        The autoscaler never removes executors below these counts.
+
+            cluster.baseline_replicas()    # {"cpu": 2, "gpu": 1}
+        """
+        kind = KINDS[("apps/v1", "Deployment")]
+        out = {}
+        for device in ("cpu", "gpu"):
+            name = object_name(self.config, f"executor-{device}")
+            try:
+                dep = self._call("read", "Deployment", kind, name, name, self.namespace)
+            except K8sNotFoundError:
+                out[device] = 0
+                continue
+            out[device] = self._baseline_of(dep)
+        return out
+
+    def _baseline_of(self, dep) -> int:
+        value = (dep.metadata.annotations or {}).get(A_BASELINE)
+        if value is None:  # rendered without autoscaling: what is running is the baseline
+            return dep.spec.replicas if dep.spec is not None and dep.spec.replicas is not None else 1
+        if not value.isdigit():
+            raise K8sError(f"Deployment {self.namespace}/{dep.metadata.name}: annotation {A_BASELINE}={value!r} "
+                           f"is not a replica count")
+        return int(value)
+
+    def set_deletion_cost(self, pod: str, cost: int) -> None:
+        """Annotate ``pod`` with ``controller.kubernetes.io/pod-deletion-cost``: on the next
+        scale-down its ReplicaSet removes the pods of lowest cost first (after any pod that
+        is not ready), so a low cost picks the pod the autoscaler drained.
+
+            cluster.set_deletion_cost("flowserve-executor-cpu-7d9f-x2x9q", -1000)
+        """
+        if not isinstance(pod, str) or not pod:
+            raise K8sConfigTypeError(f"pod must be a pod name, got {type(pod).__name__} {pod!r}")
+        if not _int(cost):
+            raise K8sConfigTypeError(f"cost must be an int, got {type(cost).__name__} {cost!r}")
+        body = {"metadata": {"annotations": {DELETION_COST: str(cost)}}}
+        self._call("patch", "Pod", POD, pod, pod, self.namespace, body)
 
     # -- delete ------------------------------------------------------------------------------
 
@@ -426,6 +521,7 @@ class KubernetesCluster:
                     "ready": (st.ready_replicas if st else None) or 0,
                     "available": (getattr(st, "available_replicas", None) if st else None) or 0,
                     "updated": (st.updated_replicas if st else None) or 0,
+                    "rolled_out": _rolled_out(kind_name, item),
                 }
         out = {"namespace": self.namespace, "instance": self.config.name, "components": components, "gateway": None}
         svc_kind = KINDS[("v1", "Service")]
@@ -440,8 +536,178 @@ class KubernetesCluster:
                           "port": svc.spec.ports[0].port if svc.spec.ports else None}
         return out
 
+    # -- deploy ------------------------------------------------------------------------------
+
+    def deploy(self, flow, *, optimize: bool = True, rules=None, options=None, gateway_url: str | None = None,
+               kvs_url: str | None = None, wait_s: float = 300):
+        """Serve ``flow`` on this instance: create the Secrets if missing, apply the manifests
+        sized for its plan, wait up to ``wait_s`` seconds until the KVS, the gateway and the
+        executors are ready, then register the plan and deploy it through the gateway.
+        Returns the runtime's ``Deployment`` (``.invoke(rows)``, ``.url``, ``.undeploy()``).
+
+        ``gateway_url``/``kvs_url`` (default ``config.gateway_url``/``config.kvs_url``, else the
+        in-cluster DNS names): from outside the cluster, port-forward and pass local addresses;
+        a KVS URL without a password gets the one from the redis Secret.
+
+            d = KubernetesCluster(config=cfg).deploy(flow)                 # inside the cluster
+            d = cluster.deploy(flow, gateway_url="http://localhost:8080",  # kubectl port-forward
+                               kvs_url="redis://localhost:6379/0")
+        """
+        _check_wait(wait_s)  # before anything is sent
+        plan = _optimized(flow, optimize, rules, options)
+        # every plan deployed through this object: GPU executors and annotations cover them all
+        plans = {**self._plans, plan.flow_name: plan}
+        manifests = render(self.config, list(plans.values()))
+        self.ensure_secrets()
+        self.apply(manifests)
+        self._plans = plans
+        self.wait_ready(_components(manifests), wait_s)
+        url = (gateway_url or self.gateway_url()).rstrip("/")
+        kvs = self.kvs_url(kvs_url)
+        admin = self.read_secret(self.config.admin_secret_name, "token")
+        token = self.read_secret(self.config.token_secret, "token") if self.config.token_secret else None
+        client = self._client_for(url, kvs, admin, token)
+        try:
+            return client.deploy(flow, optimize=optimize, rules=rules, options=options)
+        except Exception as e:
+            if _unreachable(e):
+                raise K8sUnreachableError(self._unreachable_message(flow, url, kvs, e)) from e
+            raise
+
+    def gateway_url(self) -> str:
+        """``config.gateway_url``, else the gateway Service's in-cluster DNS name."""
+        if self.config.gateway_url is not None:
+            return self.config.gateway_url
+        return f"http://{object_name(self.config, 'gateway')}.{self.namespace}.svc.cluster.local:" \
+               f"{self.config.service_port}"
+
+    def kvs_url(self, url: str | None = None) -> str:
+        """``url``, else ``config.kvs_url``, else the KVS Service's in-cluster DNS name; without
+        a password in it, the one from the redis Secret is added (URL-quoted)."""
+        url = url or self.config.kvs_url or \
+            f"redis://{object_name(self.config, 'kvs')}.{self.namespace}.svc.cluster.local:{self.config.redis_port}/0"
+        parts = urlsplit(url)
+        if parts.password is not None:
+            return url
+        password = self.read_secret(self.config.redis_secret_name, "password")
+        host = parts.netloc.rpartition("@")[2]
+        user = quote(parts.username, safe="") if parts.username else ""
+        return parts._replace(netloc=f"{user}:{quote(password, safe='')}@{host}").geturl()
+
+    def wait_ready(self, components=None, wait_s: float = 300) -> dict:
+        """Poll ``status()`` until each of ``components`` is rolled out (every wanted replica
+        updated and ready); returns the last status. Raises ``K8sNotReadyError`` after
+        ``wait_s`` seconds naming each component still short, with its replica counts.
+        ``components`` None: the KVS, the gateway, the CPU executors and the GPU executors
+        if they exist (``deploy`` passes exactly what it rendered).
+
+            cluster.wait_ready(wait_s=120)
+        """
+        _check_wait(wait_s)
+        deadline = time.monotonic() + wait_s
+        while True:
+            status = self.status()
+            wanted = components if components is not None else \
+                [c for c in WORKLOADS if c in REQUIRED or c in status["components"]]
+            pending = _pending(status["components"], wanted)
+            if not pending:
+                return status
+            if time.monotonic() >= deadline:
+                raise K8sNotReadyError(
+                    f"{self.config.name} in namespace {self.namespace} not ready after {wait_s:g} s: "
+                    f"{'; '.join(pending)} (see kubectl -n {self.namespace} get pods -l "
+                    f"{instance_selector(self.config)}, and describe the pending ones)")
+            time.sleep(min(self.poll_s, max(deadline - time.monotonic(), 0)))
+
+    def _cluster_client(self, url: str, kvs_url: str, admin_token: str, token: str | None):
+        """The runtime's client of a running cluster; one small method so tests can see what
+        it is given. Imported here: the runtime is not needed to render or apply."""
+        from executors.cluster import ClusterClient
+
+        return ClusterClient(url=url, kvs_url=kvs_url, admin_token=admin_token, token=token)
+
+    def _client_for(self, url: str, kvs_url: str, admin_token: str, token: str | None):
+        # the returned Deployment calls through its client: keep it open, reuse it per address
+        key = (url, kvs_url, admin_token, token)
+        if key not in self._clients:
+            self._clients[key] = self._cluster_client(url, kvs_url, admin_token, token)
+        return self._clients[key]
+
+    def _unreachable_message(self, flow, url: str, kvs_url: str, e: Exception) -> str:
+        hint = ""
+        if ".svc.cluster.local" in url or ".svc.cluster.local" in kvs_url:
+            svc = object_name(self.config, "gateway"), object_name(self.config, "kvs")
+            hint = (f"; outside the cluster these names do not resolve: run `kubectl -n {self.namespace} "
+                    f"port-forward svc/{svc[0]} 8080:{self.config.service_port}` and `kubectl -n {self.namespace} "
+                    f"port-forward svc/{svc[1]} {self.config.redis_port}`, then pass "
+                    f"gateway_url='http://localhost:8080', kvs_url='redis://localhost:{self.config.redis_port}/0'")
+        return (f"deploying flow {getattr(flow, 'name', flow)!r}: gateway {url} or KVS {redact_url(kvs_url)} did "
+                f"not answer: {type(e).__name__}: {redact_url(str(e))}{hint}")
+
+    def close(self) -> None:
+        """Close the runtime clients ``deploy`` opened (their Deployments stop working)."""
+        clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            c.close()
+
     def __repr__(self) -> str:
         return f"KubernetesCluster(namespace={self.namespace!r}, instance={self.config.name!r})"
 
 
-__all__ = ["KINDS", "Kind", "KubernetesCluster", "describe", "to_api_object"]
+def _check_wait(wait_s) -> None:
+    if not isinstance(wait_s, (int, float)) or isinstance(wait_s, bool) or not 0 <= wait_s < float("inf"):
+        raise K8sConfigError(f"wait_s must be a number of seconds >= 0, got {wait_s!r}")
+
+
+def _optimized(flow, optimize: bool, rules, options):
+    """The plan ``deploy`` renders for: what the runtime client will deploy."""
+    from optimizer import Plan, optimize as run_optimizer
+
+    if not isinstance(optimize, bool):
+        raise K8sConfigTypeError(f"optimize must be a bool, got {type(optimize).__name__} {optimize!r}")
+    return run_optimizer(flow, rules=rules, options=options) if optimize else Plan.from_flow(flow)
+
+
+def _components(manifests: list[dict]) -> tuple[str, ...]:
+    """The components of the rendered workloads (what deploy waits for)."""
+    return tuple(m["metadata"]["labels"][L_COMPONENT] for m in manifests
+                 if m["kind"] in ("Deployment", "StatefulSet"))
+
+
+def _rolled_out(kind_name: str, item) -> bool:
+    """Like ``kubectl rollout status``: the controller saw the latest spec, every wanted
+    replica runs the latest template and is ready (Deployments: available), no old pod is left."""
+    st, want = item.status, item.spec.replicas if item.spec.replicas is not None else 1
+    if st is None:
+        return want == 0
+    generation, observed = item.metadata.generation, st.observed_generation
+    if generation is not None and (observed is None or observed < generation):
+        return False
+    updated, ready = st.updated_replicas or 0, st.ready_replicas or 0
+    if kind_name == "Deployment":
+        return updated >= want and (st.replicas or 0) <= updated and (st.available_replicas or 0) >= want
+    return updated >= want and ready >= want
+
+
+def _pending(components: dict, wanted) -> list[str]:
+    out = []
+    for c in wanted:
+        st = components.get(c)
+        if st is None:
+            out.append(f"{c}: not found")
+        elif not st["rolled_out"]:
+            out.append(f"{c}: {st['ready']}/{st['replicas']} ready, {st['updated']} updated")
+    return out
+
+
+def _unreachable(e: Exception) -> bool:
+    """Whether ``e`` means the gateway or the KVS could not be reached at all."""
+    import httpx
+    import redis
+
+    from kvs.exceptions import KVSConnectionError
+
+    return isinstance(e, (httpx.TransportError, redis.exceptions.ConnectionError, KVSConnectionError, OSError))
+
+
+__all__ = ["KINDS", "Kind", "KubernetesCluster", "WORKLOADS", "describe", "to_api_object"]

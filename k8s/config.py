@@ -16,9 +16,13 @@ import re
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
+from urllib.parse import urlsplit
 
 from k8s.exceptions import K8sConfigError, K8sConfigTypeError
+
+if TYPE_CHECKING:  # importing the runtime costs ~0.3 s: only when autoscaling is configured
+    from executors.autoscale import AutoscalingConfig
 
 
 def _package_version() -> str:
@@ -253,6 +257,17 @@ class KubeConfig:
     network_policies: render NetworkPolicies so only this instance's pods reach the KVS,
         the executors and the gateway's result port.
     env: extra environment for the gateway and executors (not the names the manifests set).
+    autoscaling: None (default: fixed replicas), or an ``executors.autoscale.AutoscalingConfig``
+        (a mapping of its fields is converted): the gateway then runs the autoscaler and
+        scales the executor Deployments itself through the API (``--scaler k8s``), with a
+        Role allowing just that and the API token mounted in the gateway pods only. Needs
+        ``gateway_replicas`` <= 1: each gateway replica would run its own autoscaler over
+        the same executors and remove executors another one still routes to.
+    gateway_url / kvs_url: where ``KubernetesCluster.deploy`` reaches the gateway (http(s)://)
+        and the KVS (redis:// or rediss://). None: the in-cluster DNS names, which resolve
+        only inside the cluster; from outside, port-forward and set them (e.g.
+        ``http://localhost:8080``, ``redis://localhost:6379/0``). A KVS URL without a
+        password gets the one from ``redis_secret``, so no password needs to be written here.
     """
 
     name: str = "flowserve"
@@ -290,6 +305,9 @@ class KubeConfig:
     s3_secret: str | None = None
     network_policies: bool = True
     env: Mapping[str, str] = field(default_factory=dict)
+    autoscaling: "AutoscalingConfig | None" = None
+    gateway_url: str | None = None
+    kvs_url: str | None = None
 
     def __post_init__(self):
         def bad(fname: str, what: str, type_error: bool = False):
@@ -355,6 +373,10 @@ class KubeConfig:
              "s3_endpoint", "None or a string: an http(s):// URL", "str")
         need(isinstance(self.network_policies, bool), "network_policies", "a bool", "bool")
         self._freeze_env()
+        self._convert_autoscaling()
+        need(self.gateway_url is None or _url_ok(self.gateway_url, ("http", "https")), "gateway_url",
+             "None or a string: an http(s):// URL such as 'http://localhost:8080'", "str")
+        self._check_kvs_url()
 
     # -- field checks that convert ------------------------------------------------------
 
@@ -404,6 +426,42 @@ class KubeConfig:
                 raise K8sConfigTypeError(f"KubeConfig.env[{k!r}] must be a string, got {type(val).__name__} {val!r}")
         object.__setattr__(self, "env", MappingProxyType(dict(v)))
 
+    def _check_kvs_url(self) -> None:
+        """A redis URL without a password: configs get logged and committed, and the password
+        is in ``redis_secret`` already. Messages quote the URL with any password masked."""
+        v = self.kvs_url
+        if v is None:
+            return
+        what = "None or a string: a redis:// or rediss:// URL such as 'redis://localhost:6379/0'"
+        if not isinstance(v, str):
+            raise K8sConfigTypeError(f"KubeConfig.kvs_url must be {what}, got {type(v).__name__} {v!r}")
+        if not _url_ok(v, ("redis", "rediss")):
+            raise K8sConfigError(f"KubeConfig.kvs_url must be {what}, got {redact_url(v)!r}")
+        if urlsplit(v).password is not None:
+            raise K8sConfigError(f"KubeConfig.kvs_url must not hold a password (deploy takes it from the Secret "
+                                 f"{self.redis_secret_name!r}), got {redact_url(v)!r}")
+
+    def _convert_autoscaling(self) -> None:
+        v = self.autoscaling
+        if v is None:
+            return
+        from executors.autoscale import AutoscalingConfig, AutoscalingError
+
+        if isinstance(v, Mapping):
+            try:
+                v = AutoscalingConfig.from_json(dict(v))
+            except AutoscalingError as e:  # its message names the field and quotes the value
+                cls = K8sConfigTypeError if isinstance(e, TypeError) else K8sConfigError
+                raise cls(f"KubeConfig.autoscaling: {e}") from None
+            object.__setattr__(self, "autoscaling", v)
+        if not isinstance(v, AutoscalingConfig):
+            raise K8sConfigTypeError(f"KubeConfig.autoscaling must be None, an executors.autoscale."
+                                     f"AutoscalingConfig or a mapping of its fields, got {type(v).__name__} {v!r}")
+        if self.gateway_replicas > 1:
+            raise K8sConfigError(f"KubeConfig.autoscaling needs gateway_replicas <= 1 (each gateway replica runs its "
+                                 f"own autoscaler over the same executors), got gateway_replicas="
+                                 f"{self.gateway_replicas!r}")
+
     # -- derived names -----------------------------------------------------------------------
 
     @property
@@ -444,6 +502,36 @@ class KubeConfig:
         if isinstance(fields.get("image_pull_secrets"), list):
             fields["image_pull_secrets"] = tuple(fields["image_pull_secrets"])
         return cls(**fields)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``, for messages and logs.
+
+        redact_url("redis://:s3cret@kvs:6379/0")   # 'redis://:***@kvs:6379/0'
+    """
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        password = None
+        parts = None
+    if parts is None or password is None:
+        # unparsable: mask whatever sits between "scheme://user:" and "@"
+        return re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url)
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    return parts._replace(netloc=f"{user}:***@{host}").geturl()
+
+
+def _url_ok(v, schemes: tuple[str, ...]) -> bool:
+    if not isinstance(v, str) or re.search(r"\s", v):
+        return False
+    try:
+        parts = urlsplit(v)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+    except ValueError:
+        return False
+    return parts.scheme in schemes and bool(parts.hostname)
 
 
 def _secret_ok(v) -> bool:

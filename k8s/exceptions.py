@@ -5,6 +5,8 @@
     │   └── K8sConfigTypeError    (also TypeError) a KubeConfig field of the wrong type
     ├── ManifestError             (also ValueError) a manifest the backend cannot send
     ├── K8sClientMissingError     (also ImportError) the ``kubernetes`` package is not installed
+    ├── K8sNotReadyError          ``deploy`` waited ``wait_s`` and workloads were still not ready
+    ├── K8sUnreachableError       (also RetryableError) the gateway or KVS address did not answer
     └── K8sApiError               the API server refused a call (names kind, namespace/name)
         ├── K8sNotFoundError      404: the object (or namespace) does not exist
         ├── K8sConflictError      409: it exists already / was changed meanwhile
@@ -40,6 +42,17 @@ class ManifestError(K8sError, ValueError):
 
 class K8sClientMissingError(K8sError, ImportError):
     """The ``kubernetes`` Python client is not installed: ``pip install 'flowserve[k8s]'``."""
+
+
+class K8sNotReadyError(K8sError):
+    """The instance's workloads did not become ready in time; the message names each one
+    with its ready/desired replicas (pods pending for want of a GPU node, an image that
+    cannot be pulled, a crashing container...)."""
+
+
+class K8sUnreachableError(K8sError, RetryableError):
+    """The gateway or the KVS address ``deploy`` uses did not answer (from outside the
+    cluster the in-cluster DNS names do not resolve: port-forward and pass the addresses)."""
 
 
 class K8sApiError(K8sError):

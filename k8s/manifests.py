@@ -6,7 +6,10 @@
 
 What is rendered (``<name>`` is ``KubeConfig.name``), in apply order:
 
-* ServiceAccount ``<name>`` (no API token mounted: the pods do not call the API server);
+* ServiceAccount ``<name>`` (no API token mounted: the pods do not call the API server,
+  except the gateway when ``autoscaling`` is set);
+* with ``autoscaling``: Role + RoleBinding ``<name>-autoscaler`` letting that ServiceAccount
+  read and scale the executor Deployments and annotate pods, nothing else;
 * NetworkPolicies (``network_policies=True``): only this instance's pods reach the KVS, the
   executors' ZeroMQ port and the gateway's result port; the gateway's HTTP port is open;
 * the KVS: Service + StatefulSet ``<name>-kvs`` running Redis with ``--requirepass`` taken
@@ -25,7 +28,10 @@ filesystem (writable ``/tmp`` and caches are emptyDir volumes).
 
 The container commands are the runtime's contract (see ``GATEWAY_COMMAND``,
 ``executor_args``): executors bind ZeroMQ on ``tcp://$(POD_IP):<executor_port>`` (the pod IP
-from the downward API) and get the KVS URL from the Secret.
+from the downward API) and get the KVS URL from the Secret. With ``autoscaling`` the gateway
+also gets ``--autoscale <json> --scaler k8s --k8s-namespace <ns> --k8s-instance <name>``
+(``gateway_args``) and the executor Deployments the ``flowserve.io/baseline-replicas``
+annotation: the configured count, below which the autoscaler never removes executors.
 """
 
 from __future__ import annotations
@@ -58,6 +64,9 @@ L_MANAGED_BY = "app.kubernetes.io/managed-by"
 L_VERSION = "app.kubernetes.io/version"
 A_FLOWS = "flowserve.io/flows"
 A_GPU_STAGES = "flowserve.io/gpu-stages"
+# the configured executor replicas; the live count may be higher (the autoscaler added some)
+A_BASELINE = "flowserve.io/baseline-replicas"
+RBAC_API = "rbac.authorization.k8s.io"
 
 
 # -- labels and names ---------------------------------------------------------------------
@@ -286,10 +295,21 @@ def kvs(config: KubeConfig) -> list[dict]:
 
 def gateway_args(config: KubeConfig) -> list[str]:
     """The gateway's arguments in a pod: listen on all interfaces, receive results over TCP,
-    find the executors through their registration in the KVS (not by spawning them)."""
-    return ["--host", "0.0.0.0", "--port", str(config.gateway_port),
+    find the executors through their registration in the KVS (not by spawning them); with
+    ``autoscaling``, run the autoscaler and scale this instance's executor Deployments."""
+    args = ["--host", "0.0.0.0", "--port", str(config.gateway_port),
             "--address", f"tcp://$(POD_IP):{config.gateway_zmq_port}",
             "--kvs", "$(FLOWSERVE_KVS_URL)", "--membership", "kvs"]
+    if config.autoscaling is not None:
+        args += ["--autoscale", autoscale_json(config), "--scaler", "k8s",
+                 "--k8s-namespace", config.namespace, "--k8s-instance", config.name]
+    return args
+
+
+def autoscale_json(config: KubeConfig) -> str:
+    """``config.autoscaling`` as the compact JSON ``--autoscale`` takes
+    (``AutoscalingConfig.from_json`` reads it back)."""
+    return json.dumps(config.autoscaling.to_json(), separators=(",", ":"))
 
 
 def gateway(config: KubeConfig) -> list[dict]:
@@ -318,6 +338,10 @@ def gateway(config: KubeConfig) -> list[dict]:
     }
     # in-flight requests finish within the request timeout (30 s) after SIGTERM
     pod = _pod_spec(config, [container], [_tmp_volume("256Mi")], grace_s=45)
+    if config.autoscaling is not None:
+        # the autoscaler calls the API server with the ServiceAccount's token (bound by
+        # rbac()); only the gateway pods get it, the executors stay without
+        pod["automountServiceAccountToken"] = True
     deployment = _deployment(config, component, config.gateway_replicas, pod)
     service = _service(config, component, [{"name": "http", "port": config.service_port, "targetPort": "http",
                                             "protocol": "TCP"}], config.service_type)
@@ -365,6 +389,32 @@ def executors(config: KubeConfig, device: str, replicas: int, annotations: dict 
                     node_selector=dict(config.gpu_node_selector) if gpu else None,
                     tolerations=[t.to_k8s() for t in config.gpu_tolerations] if gpu else None)
     return _deployment(config, component, replicas, pod, annotations, surge=not gpu)
+
+
+def rbac(config: KubeConfig) -> list[dict]:
+    """Role + RoleBinding for the gateway's autoscaler: read and scale this instance's
+    executor Deployments, and annotate pods (``controller.kubernetes.io/pod-deletion-cost``)
+    so a scale-down removes the drained executor. Pods cannot be named in advance (the
+    ReplicaSet names them), Deployments can: the Role grants only those two."""
+    name = f"{config.name}-autoscaler"
+    deployments = [object_name(config, "executor-cpu"), object_name(config, "executor-gpu")]
+    role = {
+        "apiVersion": f"{RBAC_API}/v1", "kind": "Role",
+        "metadata": _metadata(config, name, "autoscaler"),
+        "rules": [
+            {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": deployments, "verbs": ["get"]},
+            {"apiGroups": ["apps"], "resources": ["deployments/scale"], "resourceNames": deployments,
+             "verbs": ["get", "patch", "update"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch"]},
+        ],
+    }
+    binding = {
+        "apiVersion": f"{RBAC_API}/v1", "kind": "RoleBinding",
+        "metadata": _metadata(config, name, "autoscaler"),
+        "subjects": [{"kind": "ServiceAccount", "name": config.name, "namespace": config.namespace}],
+        "roleRef": {"apiGroup": RBAC_API, "kind": "Role", "name": name},
+    }
+    return [role, binding]
 
 
 def network_policies(config: KubeConfig) -> list[dict]:
@@ -421,14 +471,18 @@ def render(config: KubeConfig | None = None, plan=None) -> list[dict]:
     annotations = {}
     if plans:
         annotations[A_FLOWS] = ",".join(sorted({p.flow_name for p in plans}))
+    scaling = config.autoscaling is not None
     out = [service_account(config)]
+    if scaling:
+        out += rbac(config)
     if config.network_policies:
         out += network_policies(config)
     out += kvs(config)
     out += gateway(config)
-    out.append(executors(config, "cpu", config.cpu_executors, annotations))
+    cpu_ann = dict(annotations, **({A_BASELINE: str(config.cpu_executors)} if scaling else {}))
+    out.append(executors(config, "cpu", config.cpu_executors, cpu_ann))
     if n_gpu:
-        gpu_ann = dict(annotations)
+        gpu_ann = dict(annotations, **({A_BASELINE: str(n_gpu)} if scaling else {}))
         if need_gpu:
             gpu_ann[A_GPU_STAGES] = ",".join(need_gpu)
         out.append(executors(config, "gpu", n_gpu, gpu_ann))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from executors.autoscale import AutoscalingConfig
 from flow import Flow
 from k8s import KubeConfig, Resources, Toleration
 from optimizer import optimize
@@ -43,7 +44,8 @@ def cpu_plan():
 
 
 def configs() -> dict[str, KubeConfig]:
-    """Configs covering the options: defaults (CPU only), a GPU cluster, a minimal one."""
+    """Configs covering the options: defaults (CPU only), a GPU cluster, a minimal one, and
+    autoscaling ones (from the dataclass and from plain data, as a --config file gives it)."""
     return {
         "cpu-default": KubeConfig(),
         "gpu": KubeConfig(
@@ -62,4 +64,10 @@ def configs() -> dict[str, KubeConfig]:
             gpu_executors=0, image="localhost:5000/flowserve@sha256:" + "a" * 64, version="dev-1",
             service_type="NodePort", token_secret="fs-token",
             cpu_executor_resources=Resources(cpu="100m", memory="128Mi")),
+        "autoscaling": KubeConfig(
+            name="scaled", namespace="ml", cpu_executors=2, gpu_executors=1,
+            autoscaling=AutoscalingConfig(min_replicas=1, max_replicas=4, target_utilisation=0.6)),
+        "autoscaling-minimal": KubeConfig.from_dict({
+            "name": "tiny", "namespace": "default", "network_policies": False, "cpu_executors": 0,
+            "gpu_executors": 0, "autoscaling": {"target_utilisation": None, "target_queue_per_replica": 4}}),
     }

@@ -102,7 +102,7 @@ class WireRecorder:
 
 
 _COLLECTIONS = {"deployments", "statefulsets", "services", "serviceaccounts", "networkpolicies", "configmaps",
-                "secrets", "persistentvolumeclaims"}
+                "secrets", "persistentvolumeclaims", "roles", "rolebindings", "pods"}
 
 
 class ApiRecorder:
@@ -127,14 +127,26 @@ class ApiRecorder:
         return [c[0] for c in self.calls]
 
 
+def recorded_cluster(config=None, wire: WireRecorder | None = None, cls=None):
+    """(``cls`` (default KubernetesCluster) on recorded APIs, wire, apis)."""
+    from k8s import KubeConfig
+    from k8s.backend import KubernetesCluster
+
+    wire, apis = recorded_apis(wire)
+    cluster = (cls or KubernetesCluster)(config=config or KubeConfig(), apps_api=apis["apps"], core_api=apis["core"],
+                                         networking_api=apis["networking"], rbac_api=apis["rbac"])
+    return cluster, wire, apis
+
+
 def recorded_apis(wire: WireRecorder | None = None):
-    """(wire, {"apps": ApiRecorder(AppsV1Api), "core": ..., "networking": ...}) sharing one
-    real ApiClient whose transport is ``wire``."""
+    """(wire, {"apps": ApiRecorder(AppsV1Api), "core": ..., "networking": ..., "rbac": ...})
+    sharing one real ApiClient whose transport is ``wire``."""
     wire = wire or WireRecorder()
     cfg = client.Configuration()
     cfg.host = HOST
     api_client = client.ApiClient(cfg)
     api_client.rest_client.pool_manager = wire
     apis = {"apps": ApiRecorder(client.AppsV1Api(api_client)), "core": ApiRecorder(client.CoreV1Api(api_client)),
-            "networking": ApiRecorder(client.NetworkingV1Api(api_client))}
+            "networking": ApiRecorder(client.NetworkingV1Api(api_client)),
+            "rbac": ApiRecorder(client.RbacAuthorizationV1Api(api_client))}
     return wire, apis

@@ -30,7 +30,7 @@ from tests.k8s.conftest import configs
 
 client = pytest.importorskip("kubernetes.client")
 from k8s.backend import KINDS, KubernetesCluster, to_api_object  # noqa: E402 - needs the client
-from tests.k8s.recorders import WireRecorder, recorded_apis, status_body  # noqa: E402
+from tests.k8s.recorders import WireRecorder, recorded_cluster, status_body  # noqa: E402
 
 SERIALIZE = client.ApiClient().sanitize_for_serialization
 NS = "flowserve"
@@ -39,14 +39,12 @@ CORE = f"/api/v1/namespaces/{NS}"
 NET = f"/apis/networking.k8s.io/v1/namespaces/{NS}"
 MODEL = {"ServiceAccount": client.V1ServiceAccount, "Service": client.V1Service,
          "StatefulSet": client.V1StatefulSet, "Deployment": client.V1Deployment,
-         "NetworkPolicy": client.V1NetworkPolicy, "Secret": client.V1Secret}
+         "NetworkPolicy": client.V1NetworkPolicy, "Secret": client.V1Secret, "Role": client.V1Role,
+         "RoleBinding": client.V1RoleBinding}
 
 
 def cluster_with(config: KubeConfig | None = None, wire: WireRecorder | None = None):
-    wire, apis = recorded_apis(wire)
-    cluster = KubernetesCluster(config=config or KubeConfig(), apps_api=apis["apps"], core_api=apis["core"],
-                                networking_api=apis["networking"])
-    return cluster, wire, apis
+    return recorded_cluster(config, wire)
 
 
 def all_calls(apis) -> list:
@@ -322,7 +320,8 @@ def test_delete_removes_every_labelled_object_and_keeps_data_by_default():
     for r in wire.calls("GET"):
         assert r.query == {"labelSelector": "app.kubernetes.io/name=flowserve,app.kubernetes.io/instance=flowserve"}
     assert [r.path.split(f"{NS}/")[1] for r in wire.calls("GET")] == [
-        "deployments", "statefulsets", "services", "networkpolicies", "configmaps", "serviceaccounts"]
+        "deployments", "statefulsets", "services", "networkpolicies", "configmaps", "rolebindings", "roles",
+        "serviceaccounts"]
     assert [(d["kind"], d["name"]) for d in deleted] == [
         ("Deployment", "flowserve-gateway"), ("Deployment", "flowserve-executor-cpu"),
         ("StatefulSet", "flowserve-kvs"), ("Service", "flowserve-gateway"),
@@ -379,11 +378,11 @@ def test_status_reports_replicas_per_component_and_the_gateway_address():
     assert st["namespace"] == NS and st["instance"] == "flowserve"
     assert st["components"] == {
         "kvs": {"kind": "StatefulSet", "name": "flowserve-kvs", "replicas": 1, "ready": 0, "available": 0,
-                "updated": 0},
+                "updated": 0, "rolled_out": False},
         "gateway": {"kind": "Deployment", "name": "flowserve-gateway", "replicas": 1, "ready": 1, "available": 1,
-                    "updated": 1},
+                    "updated": 1, "rolled_out": True},
         "executor-cpu": {"kind": "Deployment", "name": "flowserve-executor-cpu", "replicas": 2, "ready": 1,
-                         "available": 0, "updated": 2},
+                         "available": 0, "updated": 2, "rolled_out": False},
     }
     assert st["gateway"] == {"type": "LoadBalancer", "cluster_ip": "10.96.0.9", "external": ["203.0.113.5"],
                              "port": 80}
@@ -448,9 +447,197 @@ def test_the_package_exports_the_backend_lazily():
 
 
 def test_every_kind_maps_to_real_client_methods():
-    apis = {"apps": client.AppsV1Api, "core": client.CoreV1Api, "networking": client.NetworkingV1Api}
+    apis = {"apps": client.AppsV1Api, "core": client.CoreV1Api, "networking": client.NetworkingV1Api,
+            "rbac": client.RbacAuthorizationV1Api}
     for (version, kind_name), kind in KINDS.items():
         for verb in ("create", "read", "replace", "delete", "list"):
             assert callable(getattr(apis[kind.api], f"{verb}_{kind.suffix}")), (kind_name, verb)
         assert hasattr(client, kind.model)
     assert isinstance(K8sApiError("x"), K8sError)
+
+
+# -- autoscaling: RBAC objects, replicas, baseline, pod deletion cost ---------------------------
+
+RBAC = "/apis/rbac.authorization.k8s.io/v1/namespaces/ml"
+
+
+def test_apply_sends_the_role_and_binding_through_the_rbac_api():
+    cfg = configs()["autoscaling"]
+    manifests = render(cfg)
+    cluster, wire, apis = cluster_with(cfg)
+    cluster.apply(manifests)
+    assert [(r.method, r.path) for r in wire.requests[:3]] == [
+        ("POST", "/api/v1/namespaces/ml/serviceaccounts"), ("POST", f"{RBAC}/roles"), ("POST", f"{RBAC}/rolebindings")]
+    assert wire.requests[1].body == manifests[1] and wire.requests[2].body == manifests[2]
+    assert [(name, type(args[1]).__name__) for name, args, _ in apis["rbac"].calls] == [
+        ("create_namespaced_role", "V1Role"), ("create_namespaced_role_binding", "V1RoleBinding")]
+
+
+def test_an_existing_role_is_replaced():
+    cfg = configs()["autoscaling"]
+    role = render(cfg)[1]
+    wire = (WireRecorder().reply("POST", f"{RBAC}/roles", 409, status_body(409, "exists", "AlreadyExists"))
+            .reply("GET", f"{RBAC}/roles/scaled-autoscaler", 200,
+                   dict(role, metadata=dict(role["metadata"], resourceVersion="12"))))
+    cluster, wire, _ = cluster_with(cfg, wire)
+    assert cluster.apply([role])[0]["action"] == "replaced"
+    (put,) = wire.calls("PUT")
+    assert put.path == f"{RBAC}/roles/scaled-autoscaler" and put.body["metadata"]["resourceVersion"] == "12"
+
+
+def test_delete_removes_the_rbac_objects_before_the_service_account():
+    wire = (WireRecorder().reply("GET", f"{CORE}/serviceaccounts", 200, _list("ServiceAccount", "flowserve"))
+            .reply("GET", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/roles", 200,
+                   _list("Role", "flowserve-autoscaler"))
+            .reply("GET", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/rolebindings", 200,
+                   dict(_list("RoleBinding", "flowserve-autoscaler"), items=[{  # the model requires roleRef
+                       "metadata": {"name": "flowserve-autoscaler", "namespace": NS},
+                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                   "name": "flowserve-autoscaler"}}])))
+    cluster, wire, _ = cluster_with(wire=wire)
+    assert [(d["kind"], d["name"]) for d in cluster.delete()] == [
+        ("RoleBinding", "flowserve-autoscaler"), ("Role", "flowserve-autoscaler"), ("ServiceAccount", "flowserve")]
+
+
+def _scale(name: str, replicas) -> dict:
+    spec = {} if replicas is None else {"replicas": replicas}
+    return {"kind": "Scale", "apiVersion": "autoscaling/v1", "metadata": {"name": name, "namespace": NS},
+            "spec": spec, "status": {"replicas": 0}}
+
+
+def test_replicas_reads_the_scale_subresource():
+    wire = (WireRecorder().reply("GET", f"{APPS}/deployments/flowserve-executor-cpu/scale", 200,
+                                 _scale("flowserve-executor-cpu", 3))
+            .reply("GET", f"{APPS}/deployments/flowserve-executor-gpu/scale", 200,
+                   _scale("flowserve-executor-gpu", None)))
+    cluster, wire, apis = cluster_with(wire=wire)
+    assert cluster.replicas("executor-cpu") == 3
+    assert cluster.replicas("flowserve-executor-gpu") == 0  # scaled to zero: the server omits the field
+    assert apis["apps"].calls[0] == ("read_namespaced_deployment_scale", ("flowserve-executor-cpu", NS), {})
+    assert [(r.method, r.path) for r in wire.requests] == [
+        ("GET", f"{APPS}/deployments/flowserve-executor-cpu/scale"),
+        ("GET", f"{APPS}/deployments/flowserve-executor-gpu/scale")]
+
+
+def test_replicas_of_a_missing_deployment_or_a_bad_component():
+    cluster, wire, _ = cluster_with()  # default answer to a GET of one object: 404
+    with pytest.raises(K8sNotFoundError, match="read Deployment flowserve/flowserve-executor-gpu failed: 404"):
+        cluster.replicas("executor-gpu")
+    with pytest.raises(K8sConfigError, match="cannot scale 'kvs'"):
+        cluster.replicas("kvs")
+    assert len(wire.requests) == 1
+
+
+def _deployment(name: str, replicas: int, annotations: dict | None = None) -> dict:
+    md = {"name": name, "namespace": NS}
+    if annotations:
+        md["annotations"] = annotations
+    return {"kind": "Deployment", "apiVersion": "apps/v1", "metadata": md,
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"a": "b"}},
+                     "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": []}}}}
+
+
+def test_baseline_replicas_come_from_the_annotation_else_the_live_count():
+    wire = WireRecorder().reply("GET", f"{APPS}/deployments/flowserve-executor-cpu", 200, _deployment(
+        "flowserve-executor-cpu", 5, {"flowserve.io/baseline-replicas": "2"}))
+    cluster, _, _ = cluster_with(wire=wire)
+    assert cluster.baseline_replicas() == {"cpu": 2, "gpu": 0}  # no GPU Deployment: 0
+    wire = WireRecorder().reply("GET", f"{APPS}/deployments/flowserve-executor-.*", 200,
+                                lambda req: _deployment(req.path.rsplit("/", 1)[1], 3))
+    cluster, _, _ = cluster_with(wire=wire)
+    assert cluster.baseline_replicas() == {"cpu": 3, "gpu": 3}
+
+
+def test_a_bad_baseline_annotation_is_named():
+    wire = WireRecorder().reply("GET", f"{APPS}/deployments/flowserve-executor-cpu", 200, _deployment(
+        "flowserve-executor-cpu", 5, {"flowserve.io/baseline-replicas": "two"}))
+    cluster, _, _ = cluster_with(wire=wire)
+    with pytest.raises(K8sError, match=r"Deployment flowserve/flowserve-executor-cpu: annotation "
+                                       r"flowserve.io/baseline-replicas='two' is not a replica count"):
+        cluster.baseline_replicas()
+
+
+def test_set_deletion_cost_patches_the_pod_annotation():
+    cluster, wire, apis = cluster_with()
+    cluster.set_deletion_cost("flowserve-executor-cpu-5d8c9-abcde", -1000)
+    body = {"metadata": {"annotations": {"controller.kubernetes.io/pod-deletion-cost": "-1000"}}}
+    assert apis["core"].calls == [("patch_namespaced_pod", ("flowserve-executor-cpu-5d8c9-abcde", NS, body), {})]
+    (req,) = wire.requests
+    assert (req.method, req.path) == ("PATCH", f"{CORE}/pods/flowserve-executor-cpu-5d8c9-abcde")
+    assert req.content_type == "application/strategic-merge-patch+json"
+    assert req.body == body
+
+
+def test_set_deletion_cost_errors():
+    wire = WireRecorder().reply("PATCH", f"{CORE}/pods/.*", 404, status_body(404, 'pods "gone" not found', "NotFound"))
+    cluster, wire, _ = cluster_with(wire=wire)
+    with pytest.raises(K8sNotFoundError,
+                       match=r'patch Pod flowserve/gone failed: 404 Not Found: pods "gone" not found'):
+        cluster.set_deletion_cost("gone", -1000)
+    with pytest.raises(K8sConfigTypeError, match="cost must be an int, got str '-1000'"):
+        cluster.set_deletion_cost("p", "-1000")
+    with pytest.raises(K8sConfigTypeError, match="pod must be a pod name, got str ''"):
+        cluster.set_deletion_cost("", -1000)
+    assert len(wire.requests) == 1
+
+
+# -- reading Secrets, status rollout -------------------------------------------------------
+
+
+def _secret(name: str, data: dict) -> dict:
+    return {"kind": "Secret", "apiVersion": "v1", "metadata": {"name": name, "namespace": NS}, "data": data}
+
+
+def test_read_secret_decodes_the_base64_value():
+    import base64
+
+    wire = WireRecorder().reply("GET", f"{CORE}/secrets/flowserve-admin", 200, _secret(
+        "flowserve-admin", {"token": base64.b64encode("s3cret-tøken".encode()).decode()}))
+    cluster, wire, apis = cluster_with(wire=wire)
+    assert cluster.read_secret("flowserve-admin", "token") == "s3cret-tøken"
+    assert apis["core"].calls == [("read_namespaced_secret", ("flowserve-admin", NS), {})]
+
+
+def test_read_secret_errors_name_the_secret_and_key():
+    wire = (WireRecorder().reply("GET", f"{CORE}/secrets/a", 200, _secret("a", {"password": "eA=="}))
+            .reply("GET", f"{CORE}/secrets/b", 200, _secret("b", {"token": "not base64!"})))
+    cluster, _, _ = cluster_with(wire=wire)
+    with pytest.raises(K8sError, match=r"Secret flowserve/a has no key 'token' \(keys: \['password'\]\)"):
+        cluster.read_secret("a", "token")
+    with pytest.raises(K8sError, match="Secret flowserve/b key 'token' is not base64-encoded"):
+        cluster.read_secret("b", "token")
+    with pytest.raises(K8sNotFoundError, match="read Secret flowserve/c failed: 404"):
+        cluster.read_secret("c", "token")
+
+
+@pytest.mark.parametrize("status,generation,rolled_out", [
+    ({"observedGeneration": 2, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2, "availableReplicas": 2},
+     2, True),
+    # the controller has not seen the latest spec yet: the counts are about the old one
+    ({"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2, "availableReplicas": 2},
+     2, False),
+    # an old pod is still there
+    ({"observedGeneration": 2, "replicas": 3, "updatedReplicas": 2, "readyReplicas": 3, "availableReplicas": 3},
+     2, False),
+    ({"observedGeneration": 2, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 1, "availableReplicas": 1},
+     2, False),
+    (None, 1, False),
+])
+def test_status_says_whether_a_deployment_is_rolled_out(status, generation, rolled_out):
+    dep = _deployment("flowserve-gateway", 2)
+    dep["metadata"].update(generation=generation, labels={"app.kubernetes.io/component": "gateway"})
+    if status is not None:
+        dep["status"] = status
+    wire = WireRecorder().reply("GET", f"{APPS}/deployments", 200, {
+        "kind": "DeploymentList", "apiVersion": "apps/v1", "metadata": {}, "items": [dep]})
+    cluster, _, _ = cluster_with(wire=wire)
+    assert cluster.status()["components"]["gateway"]["rolled_out"] is rolled_out
+
+
+def test_the_package_exports_the_scaling_backend_lazily():
+    import k8s
+    from k8s.scaling import KubernetesExecutors
+
+    assert k8s.KubernetesExecutors is KubernetesExecutors
+    assert issubclass(k8s.K8sNotReadyError, K8sError) and not issubclass(k8s.K8sNotReadyError, RetryableError)
+    assert issubclass(k8s.K8sUnreachableError, RetryableError)

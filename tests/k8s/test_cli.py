@@ -145,3 +145,20 @@ def test_runs_as_a_module():
     r = subprocess.run([sys.executable, "-m", "k8s.cli", "render", "--help"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0 and "--gpu-executors N" in r.stdout and "Secrets are referenced" in r.stdout
+
+
+def test_autoscaling_from_a_config_file(tmp_path, capsys):
+    cfg = tmp_path / "k8s.yaml"
+    cfg.write_text("namespace: ml\nautoscaling:\n  max_replicas: 4\n  target_queue_per_replica: 8\n")
+    code, out, err = run(capsys, "render", "--config", str(cfg))
+    assert code == 0, err
+    docs = list(yaml.safe_load_all(out))
+    assert names(docs)[:3] == [("ServiceAccount", "flowserve"), ("Role", "flowserve-autoscaler"),
+                               ("RoleBinding", "flowserve-autoscaler")]
+    gw = next(d for d in docs if (d["kind"], d["metadata"]["name"]) == ("Deployment", "flowserve-gateway"))
+    args = gw["spec"]["template"]["spec"]["containers"][0]["args"]
+    autoscale = json.loads(args[args.index("--autoscale") + 1])
+    assert (autoscale["max_replicas"], autoscale["target_queue_per_replica"]) == (4, 8)
+    cfg.write_text("autoscaling:\n  max_replicas: 0\n")
+    code, _, err = run(capsys, "render", "--config", str(cfg))
+    assert code == 2 and "KubeConfig.autoscaling: AutoscalingConfig.max_replicas must be an int >= 1, got 0" in err

@@ -61,6 +61,16 @@ def test_defaults_are_a_small_cpu_cluster():
     ("env", {"LEVEL": 3}, K8sConfigTypeError, "3"),
     ("gateway_resources", {"cpu": "1"}, K8sConfigTypeError, "{'cpu': '1'}"),
     ("image_pull_secrets", ("ok", "Not OK"), K8sConfigError, "'Not OK'"),
+    ("autoscaling", {"max_replicas": 0}, K8sConfigError, "got 0"),
+    ("autoscaling", {"min_replicas": "1"}, K8sConfigTypeError, "'1'"),
+    ("autoscaling", {"colour": "red"}, K8sConfigError, "['colour']"),
+    ("autoscaling", 3, K8sConfigTypeError, "int 3"),
+    ("gateway_url", "localhost:8080", K8sConfigError, "'localhost:8080'"),
+    ("gateway_url", "ftp://gw", K8sConfigError, "'ftp://gw'"),
+    ("gateway_url", 8080, K8sConfigTypeError, "8080"),
+    ("kvs_url", "http://localhost:6379", K8sConfigError, "'http://localhost:6379'"),
+    ("kvs_url", "redis://localhost:99999/0", K8sConfigError, "'redis://localhost:99999/0'"),
+    ("kvs_url", 6379, K8sConfigTypeError, "int 6379"),
 ])
 def test_bad_values_raise_naming_the_field_and_quoting_the_value(field, value, error, quoted):
     with pytest.raises(error) as info:
@@ -70,6 +80,38 @@ def test_bad_values_raise_naming_the_field_and_quoting_the_value(field, value, e
     assert isinstance(info.value, K8sError)
     if field not in ("gpu_tolerations",):
         assert field in str(info.value)
+
+
+def test_autoscaling_takes_the_dataclass_or_its_fields():
+    from executors.autoscale import AutoscalingConfig
+
+    assert KubeConfig().autoscaling is None
+    given = AutoscalingConfig(max_replicas=3)
+    assert KubeConfig(autoscaling=given).autoscaling is given
+    assert KubeConfig(autoscaling={"max_replicas": 3}).autoscaling == given
+    assert KubeConfig.from_dict({"autoscaling": {"max_replicas": 3}}).autoscaling == given
+    assert KubeConfig(autoscaling={}).autoscaling == AutoscalingConfig()
+
+
+def test_autoscaling_refuses_several_gateways():
+    with pytest.raises(K8sConfigError, match=r"autoscaling needs gateway_replicas <= 1 .* got gateway_replicas=2"):
+        KubeConfig(autoscaling={}, gateway_replicas=2)
+    assert KubeConfig(autoscaling={}, gateway_replicas=0).gateway_replicas == 0
+
+
+def test_addresses_for_deploy():
+    c = KubeConfig(gateway_url="http://localhost:8080", kvs_url="rediss://kvs.example.com:6380/0")
+    assert (c.gateway_url, c.kvs_url) == ("http://localhost:8080", "rediss://kvs.example.com:6380/0")
+    assert (KubeConfig().gateway_url, KubeConfig().kvs_url) == (None, None)
+
+
+def test_kvs_url_must_not_hold_the_password_and_messages_do_not_show_it():
+    with pytest.raises(K8sConfigError, match="must not hold a password .*'flowserve-redis'") as info:
+        KubeConfig(kvs_url="redis://:hunter2@localhost:6379/0")
+    assert "hunter2" not in str(info.value) and "redis://:***@localhost:6379/0" in str(info.value)
+    with pytest.raises(K8sConfigError) as info:
+        KubeConfig(kvs_url="redis://:hunter2@localhost:99999/0")  # invalid port: still masked
+    assert "hunter2" not in str(info.value)
 
 
 def test_ports_must_differ():

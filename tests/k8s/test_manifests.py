@@ -6,6 +6,9 @@ schemas it ships; a guard proves no network is used. Nothing is applied to a clu
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import json
 import re
 import socket
 import warnings
@@ -14,7 +17,8 @@ import pytest
 
 from k8s import KubeConfig, render, to_yaml
 from k8s.exceptions import K8sConfigTypeError
-from k8s.manifests import A_FLOWS, A_GPU_STAGES, SCALABLE, selector
+from executors.autoscale import AutoscalingConfig
+from k8s.manifests import A_BASELINE, A_FLOWS, A_GPU_STAGES, SCALABLE, selector
 from tests.k8s.conftest import K8S_VERSIONS, configs
 
 yaml = pytest.importorskip("yaml")
@@ -78,6 +82,16 @@ def test_manifests_rendered_from_a_gpu_plan_validate(gpu_plan, version, nonetwor
         kv.validate(m, version, strict=True)
 
 
+def test_the_validator_checks_the_rbac_objects(nonetwork):
+    role, binding = by_kind(_render("autoscaling"), "Role") + by_kind(_render("autoscaling"), "RoleBinding")
+    role["rules"][0]["verb"] = ["get"]
+    with pytest.raises(kv.ValidationError, match="verb"):
+        kv.validate(role, K8S_VERSIONS[0], strict=True)
+    del binding["roleRef"]
+    with pytest.raises(kv.ValidationError, match="roleRef"):
+        kv.validate(binding, K8S_VERSIONS[0], strict=True)
+
+
 def test_the_validator_is_not_vacuous(nonetwork):
     """A misspelt field and a wrong type are caught: the schema check has teeth."""
     m = _render("cpu-default")[-1]
@@ -135,12 +149,15 @@ def test_version_label_follows_the_image_tag_or_the_override():
 
 @pytest.mark.parametrize("name", sorted(configs()))
 def test_every_container_is_locked_down_and_has_resources(name):
+    scaler = configs()[name].autoscaling is not None
     for m in workloads(_render(name)):
         pod = m["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["runAsUser"] > 0
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-        assert pod["automountServiceAccountToken"] is False
+        # only an autoscaling gateway calls the API server
+        component = m["metadata"]["labels"]["app.kubernetes.io/component"]
+        assert pod["automountServiceAccountToken"] is (scaler and component == "gateway")
         volumes = {v["name"] for v in pod["volumes"]}
         volumes |= {t["metadata"]["name"] for t in m["spec"].get("volumeClaimTemplates", [])}
         for c in pod["containers"]:
@@ -357,6 +374,100 @@ def test_render_rejects_what_is_not_a_config_or_plan():
 def test_scalable_components_are_the_rendered_deployments():
     names = {m["metadata"]["name"] for m in by_kind(_render("gpu"), "Deployment")}
     assert names == {f"vision-{c}" for c in SCALABLE}
+
+
+# -- autoscaling ---------------------------------------------------------------------------
+
+
+def test_autoscaling_gateway_runs_the_k8s_scaler_with_the_config_as_json():
+    cfg = configs()["autoscaling"]
+    (gw,) = containers(named(_render("autoscaling"), "scaled-gateway", "Deployment"))
+    args = gw["args"]
+    base = ["--host", "0.0.0.0", "--port", "8000", "--address", "tcp://$(POD_IP):5556",
+            "--kvs", "$(FLOWSERVE_KVS_URL)", "--membership", "kvs"]
+    assert args[:len(base)] == base
+    assert args[len(base):] == ["--autoscale", args[len(base) + 1], "--scaler", "k8s",
+                                "--k8s-namespace", "ml", "--k8s-instance", "scaled"]
+    doc = json.loads(args[len(base) + 1])
+    assert doc == dataclasses.asdict(cfg.autoscaling)
+    assert doc["max_replicas"] == 4 and doc["target_utilisation"] == 0.6
+    assert AutoscalingConfig.from_json(doc) == cfg.autoscaling  # what the gateway reads back
+    assert " " not in args[len(base) + 1]  # compact: one argument, readable in `ps`
+
+
+def test_autoscaling_from_plain_data_renders_the_same_json():
+    (gw,) = containers(named(_render("autoscaling-minimal"), "tiny-gateway", "Deployment"))
+    doc = json.loads(gw["args"][gw["args"].index("--autoscale") + 1])
+    assert doc == dataclasses.asdict(AutoscalingConfig(target_utilisation=None, target_queue_per_replica=4))
+
+
+def test_autoscaling_renders_a_role_limited_to_scaling_the_executors():
+    manifests = _render("autoscaling")
+    assert [(m["kind"], m["metadata"]["name"]) for m in manifests[:3]] == [
+        ("ServiceAccount", "scaled"), ("Role", "scaled-autoscaler"), ("RoleBinding", "scaled-autoscaler")]
+    (role,) = by_kind(manifests, "Role")
+    (binding,) = by_kind(manifests, "RoleBinding")
+    executors = ["scaled-executor-cpu", "scaled-executor-gpu"]
+    assert role["rules"] == [
+        {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": executors, "verbs": ["get"]},
+        {"apiGroups": ["apps"], "resources": ["deployments/scale"], "resourceNames": executors,
+         "verbs": ["get", "patch", "update"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch"]},
+    ]
+    assert role["metadata"]["namespace"] == "ml"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "scaled", "namespace": "ml"}]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": "scaled-autoscaler"}
+    # the ServiceAccount still mounts no token by default: the gateway pod opts in alone
+    assert manifests[0]["automountServiceAccountToken"] is False
+    assert named(manifests, "scaled-gateway", "Deployment")["spec"]["template"]["spec"][
+        "automountServiceAccountToken"] is True
+
+
+def test_autoscaling_annotates_the_executors_with_their_baseline(gpu_plan):
+    manifests = _render("autoscaling")
+    assert named(manifests, "scaled-executor-cpu")["metadata"]["annotations"] == {A_BASELINE: "2"}
+    assert named(manifests, "scaled-executor-gpu")["metadata"]["annotations"] == {A_BASELINE: "1"}
+    # the GPU count a plan decides is the GPU baseline
+    from_plan = render(KubeConfig(autoscaling={}), gpu_plan)
+    assert named(from_plan, "flowserve-executor-gpu")["metadata"]["annotations"] == {
+        A_FLOWS: "ensemble", A_GPU_STAGES: "ensemble/net", A_BASELINE: "1"}
+
+
+def _without_autoscaling(manifests: list[dict]) -> list[dict]:
+    """``manifests`` with exactly the autoscaling additions taken out again."""
+    out = [copy.deepcopy(m) for m in manifests if m["kind"] not in ("Role", "RoleBinding")]
+    for m in workloads(out):
+        m["spec"]["template"]["spec"]["automountServiceAccountToken"] = False
+        (m["metadata"].get("annotations") or {}).pop(A_BASELINE, None)
+        if m["metadata"].get("annotations") == {}:
+            del m["metadata"]["annotations"]
+        for c in containers(m):
+            if "--autoscale" in c["args"]:
+                del c["args"][c["args"].index("--autoscale"):]
+    return out
+
+
+@pytest.mark.parametrize("name", ["autoscaling", "autoscaling-minimal"])
+def test_autoscaling_changes_nothing_else(name, gpu_plan):
+    cfg = configs()[name]
+    for plan in (None, gpu_plan):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            scaled, fixed = render(cfg, plan), render(cfg.replace(autoscaling=None), plan)
+        assert scaled != fixed
+        assert _without_autoscaling(scaled) == fixed
+
+
+@pytest.mark.parametrize("name", ["cpu-default", "gpu", "minimal"])
+def test_without_autoscaling_no_rbac_no_token_no_scaler_args(name):
+    manifests = _render(name)
+    assert not by_kind(manifests, "Role") and not by_kind(manifests, "RoleBinding")
+    for m in workloads(manifests):
+        assert m["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+        assert A_BASELINE not in (m["metadata"].get("annotations") or {})
+        for c in containers(m):
+            assert not {"--autoscale", "--scaler", "--k8s-namespace"} & set(c["args"])
 
 
 # -- YAML ----------------------------------------------------------------------------------

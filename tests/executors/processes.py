@@ -1,0 +1,73 @@
+"""Runtime processes started the way a Kubernetes pod starts them, for tests: executors
+(``python -m executors.executor``, KVS URL from the environment, registering themselves)
+and standalone gateways (``python -m executors.gateway --membership kvs``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+
+from kvs.server import free_port, popen, terminate
+
+ADMIN = "admin-token-for-tests"
+HEARTBEAT_S = 0.2  # registrations expire after 0.6 s: departures show quickly
+
+
+class Procs:
+    """The processes a test starts; all stopped at its end."""
+
+    def __init__(self, redis_url: str, logdir, admin_token: str = ADMIN):
+        self.redis_url, self.logdir, self.admin_token = redis_url, logdir, admin_token
+        self.procs: list[subprocess.Popen] = []
+
+    def _start(self, name: str, cmd: list[str], env: dict | None = None) -> subprocess.Popen:
+        log = open(self.logdir / f"{name}.log", "ab")
+        full_env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), **(env or {}))
+        proc = popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env)
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def executor(self, id_: str) -> subprocess.Popen:
+        return self._start(id_, [sys.executable, "-m", "executors.executor", "--id", id_,
+                                 "--address", f"tcp://127.0.0.1:{free_port()}", "--threads", "2",
+                                 "--heartbeat-s", str(HEARTBEAT_S)],
+                           env={"FLOWSERVE_KVS_URL": self.redis_url})  # the URL from the environment, as in a pod
+
+    def gateway(self, name: str) -> str:
+        port = free_port()
+        self._start(name, [sys.executable, "-m", "executors.gateway", "--port", str(port),
+                           "--address", f"tcp://127.0.0.1:{free_port()}", "--kvs", self.redis_url,
+                           "--membership", "kvs", "--poll-s", "0.1"],
+                    env={"FLOWSERVE_ADMIN_TOKEN": self.admin_token})
+        return f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            terminate(p, 10)
+
+
+def wait_until(what: str, cond, timeout: float = 30.0):
+    """A bounded poll of the system's own state (membership is periodic by design)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def health(url: str) -> dict:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2).json()
+    except httpx.HTTPError:
+        return {}
