@@ -591,11 +591,12 @@ def _unique_qid_pairs(lq: np.ndarray, rq: np.ndarray, how: str):
     """Row pairs of a join on qid, vectorised, when each side has every qid once (the
     common case: two branches of the same requests); None otherwise. Same order as the
     general path: left rows in order, then (outer) unmatched right rows in order."""
-    if len(np.unique(lq)) != len(lq) or len(np.unique(rq)) != len(rq):
-        return None
     if np.array_equal(lq, rq):
-        idx = np.arange(len(lq), dtype=np.int64)
-        return idx, idx.copy()
+        if not _distinct(lq):
+            return None
+        return SAME_ROWS, SAME_ROWS
+    if not (_distinct(lq) and _distinct(rq)):
+        return None
     order = np.argsort(rq, kind="stable")
     pos = np.searchsorted(rq[order], lq)
     pos_ok = pos < len(rq)
@@ -615,7 +616,20 @@ def _unique_qid_pairs(lq: np.ndarray, rq: np.ndarray, how: str):
     return li, ri
 
 
+SAME_ROWS = object()  # _unique_qid_pairs: both sides hold the same qids in the same order
+
+
+def _distinct(q: np.ndarray) -> bool:
+    # qids usually arrive sorted: a strictly increasing array needs no np.unique
+    return len(q) < 2 or bool((q[1:] > q[:-1]).all()) or len(np.unique(q)) == len(q)
+
+
 def _joined(left: Table, right: Table, li_arr, ri_arr, keys, key_types, suffixes, name) -> Table:
+    if li_arr is SAME_ROWS:
+        # row i pairs with row i: the columns are reused as they are (a 1:1 join of two
+        # branches of the same requests, the usual case, costs no copies)
+        return _assemble(left, right, keys, suffixes, name, left.qid,
+                         {c: left.column(c).as_type(key_types[c]) for c in keys}, None, None)
     left_only = li_arr < 0
     qid = np.empty(len(li_arr), dtype=np.int64)
     if len(li_arr):
@@ -634,6 +648,12 @@ def _joined(left: Table, right: Table, li_arr, ri_arr, keys, key_types, suffixes
         lvalid = lt.valid if lt.valid is not None else np.ones(len(lt), bool)
         rvalid = rt.valid if rt.valid is not None else np.ones(len(rt), bool)
         key_cols[c] = Column(ktype, values, np.where(left_only, rvalid, lvalid))
+    return _assemble(left, right, keys, suffixes, name, qid, key_cols, li_arr, ri_arr)
+
+
+def _assemble(left, right, keys, suffixes, name, qid, key_cols, li_arr, ri_arr) -> Table:
+    """The joined Table: left columns, then right ones (keys once, clashes suffixed);
+    rows picked by ``li_arr``/``ri_arr``, or taken as they are when those are None."""
     lsuf, rsuf = suffixes
     clash = (set(left.columns) & set(right.columns)) - set(keys)
     cols: dict[str, Column] = {}
@@ -642,7 +662,11 @@ def _joined(left: Table, right: Table, li_arr, ri_arr, keys, key_types, suffixes
     for c, out, src, idx in pending:
         if out in cols:
             raise SchemaError(f"operator {name!r}: output column {out!r} appears twice; pass other suffixes=")
-        cols[out] = key_cols[c] if (src is left and c in key_cols) else src.column(c).take(idx)
+        if src is left and c in key_cols:
+            cols[out] = key_cols[c]
+        else:
+            col = src.column(c)
+            cols[out] = col if idx is None else col.take(idx)
     return Table(cols, qid)
 
 
