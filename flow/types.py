@@ -10,6 +10,7 @@ return ``None``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Sequence
 
 import numpy as np
@@ -165,8 +166,11 @@ def build_column(values: Any, column: str, type_: ColumnType | None = None):
     if isinstance(values, (str, bytes, np.generic)) or not hasattr(values, "__iter__"):
         raise DataTypeError(f"column {column!r}: expected a sequence of values, got {type(values).__name__}")
     values = list(values)
-    valid = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
     present = [v for v in values if v is not None]
+    if len(present) == len(values):
+        valid = np.ones(len(values), dtype=bool)
+    else:
+        valid = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
     kind = type_.kind if type_ is not None else _infer_kind(present, column)
     if kind == "null":
         if present:
@@ -206,9 +210,13 @@ def _mask_or_none(valid: np.ndarray) -> np.ndarray | None:
 
 
 def _infer_kind(present: list, column: str) -> str:
-    kinds = {_value_kind(v) for v in present}
-    if not kinds:
+    if not present:
         return "null"
+    # a value's kind depends on its type alone: one check when every value has the same type
+    if len(present) == 1 or len(set(map(type, present))) == 1:
+        kinds = {_value_kind(present[0])}
+    else:
+        kinds = {_value_kind(v) for v in present}
     if "other" in kinds:
         bad = next(v for v in present if _value_kind(v) == "other")
         raise DataTypeError(
@@ -236,8 +244,16 @@ def _check_scalars(present: list, kind: str, column: str) -> None:
 
 
 def _tensor_column(values, valid, present, column, type_):
-    arrays = [_as_tensor(v, column) for v in present]
-    shapes = {a.shape for a in arrays}
+    # C-level passes over the rows (map/set), no per-row Python frames: a lookup of 1,000
+    # cached arrays spends its time copying, not here
+    try:
+        arrays = list(map(np.asarray, present))
+    except Exception:  # e.g. a ragged nested list: fail on the same row, same error as per row
+        arrays = [_as_tensor(v, column) for v in present]
+    dtypes = set(map(_DTYPE_OF, arrays))
+    if any(dt.kind not in "biuf" for dt in dtypes):
+        _as_tensor(next(a for a in arrays if a.dtype.kind not in "biuf"), column)  # raises, first bad row
+    shapes = set(map(_SHAPE_OF, arrays))
     if len(shapes) > 1:
         raise DataTypeError(
             f"column {column!r}: ragged tensor column, rows have shapes {sorted(shapes)[:4]}; "
@@ -248,18 +264,51 @@ def _tensor_column(values, valid, present, column, type_):
         if arrays and arrays[0].shape != shape:
             raise DataTypeError(f"column {column!r}: expected shape {shape}, got {arrays[0].shape}")
     elif arrays:
-        dtype, shape = np.result_type(*arrays), arrays[0].shape
+        dtype, shape = np.result_type(*dtypes) if len(dtypes) == 1 else np.result_type(*arrays), arrays[0].shape
     else:
         raise DataTypeError(f"column {column!r}: cannot infer a tensor shape from no values")
     if shape == ():
         raise DataTypeError(f"column {column!r}: 0-d arrays are scalars; store them as numbers")
-    out = np.zeros((len(values),) + shape, dtype=dtype)
-    if valid.all():
-        if arrays:
-            out[...] = np.stack(arrays)
-    else:
-        out[valid] = np.stack(arrays) if arrays else out[valid]
+    n = len(values)
+    if not arrays:
+        return ColumnType.tensor(dtype, shape), np.zeros((n,) + shape, dtype=dtype), _mask_or_none(valid)
+    if n == 1 and len(arrays) == 1:
+        a = arrays[0]
+        if a.dtype == dtype and a.flags.c_contiguous and a.flags.aligned and _is_frozen(a):
+            # nobody can change a frozen array (a KVS cache hit): share it, do not copy
+            out = a[None] if a.dtype is dtype else a.view(dtype)[None]
+            return ColumnType.tensor(dtype, shape), out, None
+    # rows of several dtypes under a declared dtype: promote, then cast (as numpy's stack did)
+    work = np.result_type(*arrays) if len(dtypes) > 1 and type_ is not None else dtype
+    if len(arrays) < n:  # missing rows hold zeros
+        fill, it = np.zeros(shape, dtype=work), iter(arrays)
+        arrays = [next(it) if ok else fill for ok in valid.tolist()]
+    # one C call, one pass: concatenate casts each row into a fresh (n, *shape) array
+    out = np.concatenate(arrays, dtype=work, casting="unsafe").reshape((n,) + shape)
+    if work != dtype:
+        out = out.astype(dtype)
     return ColumnType.tensor(dtype, shape), out, _mask_or_none(valid)
+
+
+_DTYPE_OF, _SHAPE_OF = attrgetter("dtype"), attrgetter("shape")
+
+
+def _is_frozen(a: np.ndarray) -> bool:
+    """Whether nobody can change ``a``'s data: ``a`` and every array it views are read-only
+    and the memory is owned by one of them or by ``bytes`` (a KVS value is a view of the
+    bytes it was decoded from). A read-only view of a writable array is not frozen."""
+    if a.flags.writeable:
+        return False
+    base = a.base
+    while isinstance(base, np.ndarray):
+        if base.flags.writeable:
+            return False
+        base = base.base
+    while isinstance(base, memoryview):
+        if not base.readonly:
+            return False
+        base = base.obj
+    return base is None or type(base) is bytes
 
 
 def _from_typed_array(arr: np.ndarray, column: str, type_: ColumnType | None):

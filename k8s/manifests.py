@@ -299,7 +299,7 @@ def gateway_args(config: KubeConfig) -> list[str]:
     ``autoscaling``, run the autoscaler and scale this instance's executor Deployments."""
     args = ["--host", "0.0.0.0", "--port", str(config.gateway_port),
             "--address", f"tcp://$(POD_IP):{config.gateway_zmq_port}",
-            "--kvs", "$(FLOWSERVE_KVS_URL)", "--membership", "kvs"]
+            "--membership", "kvs"]  # the KVS URL comes from $FLOWSERVE_KVS_URL: no password in argv
     if config.autoscaling is not None:
         args += ["--autoscale", autoscale_json(config), "--scaler", "k8s",
                  "--k8s-namespace", config.namespace, "--k8s-instance", config.name]
@@ -350,9 +350,10 @@ def gateway(config: KubeConfig) -> list[dict]:
 
 def executor_args(config: KubeConfig, device: str) -> list[str]:
     """``python -m executors.executor`` arguments in a pod: the pod name as id, ZeroMQ on the
-    pod IP (downward API), the KVS URL from the Secret."""
+    pod IP (downward API). The KVS URL (with the password from the Secret) is read from
+    ``$FLOWSERVE_KVS_URL``, so it does not appear in the process's arguments."""
     return ["--id", "$(POD_NAME)", "--address", f"tcp://$(POD_IP):{config.executor_port}",
-            "--kvs", "$(FLOWSERVE_KVS_URL)", "--device", device, "--threads", str(config.executor_threads)]
+            "--device", device, "--threads", str(config.executor_threads)]
 
 
 def executors(config: KubeConfig, device: str, replicas: int, annotations: dict | None = None) -> dict:

@@ -41,9 +41,8 @@ class Procs:
     def gateway(self, name: str) -> str:
         port = free_port()
         self._start(name, [sys.executable, "-m", "executors.gateway", "--port", str(port),
-                           "--address", f"tcp://127.0.0.1:{free_port()}", "--kvs", self.redis_url,
-                           "--membership", "kvs", "--poll-s", "0.1"],
-                    env={"FLOWSERVE_ADMIN_TOKEN": self.admin_token})
+                           "--address", f"tcp://127.0.0.1:{free_port()}", "--membership", "kvs", "--poll-s", "0.1"],
+                    env={"FLOWSERVE_ADMIN_TOKEN": self.admin_token, "FLOWSERVE_KVS_URL": self.redis_url})
         return f"http://127.0.0.1:{port}"
 
     def stop(self) -> None:
