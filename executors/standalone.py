@@ -75,9 +75,9 @@ class StandaloneGateway:
     async def _started(self) -> None:
         self.dispatcher.start()
         # query ids stay unique across gateway replicas and restarts
-        block = await asyncio.to_thread(self.store.redis.incr, GATEWAYS_KEY)
+        block = await self._when_kvs_answers(lambda: self.store.redis.incr(GATEWAYS_KEY))
         self.dispatcher.next_qid = int(block) * QID_BLOCK + 1
-        await self.sync()
+        await self._when_kvs_answers(self.sync)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._watch()))
         if self.scaling is not None:
@@ -94,6 +94,18 @@ class StandaloneGateway:
         # the baseline (executors never removed) is read from the Deployments: blocking calls
         return await asyncio.to_thread(KubernetesExecutors.from_incluster, self.scaler_args["namespace"],
                                        self.scaler_args["instance"], self.dispatcher)
+
+    async def _when_kvs_answers(self, call):
+        """``call()`` once the KVS answers: in a cluster the gateway may start before Redis."""
+        delay = 0.2
+        while True:
+            try:
+                result = call()
+                return await result if asyncio.iscoroutine(result) else result
+            except Exception as e:
+                log.warning("waiting for the KVS (%s); retrying in %.1f s", e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def _stopping(self) -> None:
         self.gateway.accepting = False

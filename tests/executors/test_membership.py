@@ -175,3 +175,28 @@ def test_entry_points_refuse_incomplete_settings(cmd, env, message):
     assert r.returncode == 2, r.stderr
     assert message in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_gateway_started_before_the_kvs_waits_for_it(tmp_path):
+    """In a cluster the gateway pod may come up before Redis: it waits, then serves."""
+    from kvs.server import free_port
+
+    port = free_port()
+    procs = Procs(f"redis://127.0.0.1:{port}/0", tmp_path)
+    try:
+        gw = procs.gateway("early-gateway")
+        procs.executor("late-e0")
+        log = tmp_path / "early-gateway.log"
+        wait_until("the gateway to wait for the KVS",
+                   lambda: log.exists() and "waiting for the KVS" in log.read_text())
+        # neither can reach the KVS yet: the gateway does not answer, nothing crashed
+        assert health(gw) == {}
+        assert all(p.poll() is None for p in procs.procs)
+        server = RedisServer(dir=tmp_path / "late-redis", port=port, appendonly=False)
+        server.start()
+        try:
+            wait_until("the gateway to start and find the executor", lambda: health(gw).get("executors") == 1)
+        finally:
+            server.stop()
+    finally:
+        procs.stop()
