@@ -38,10 +38,11 @@ class Procs:
                                  "--heartbeat-s", str(HEARTBEAT_S)],
                            env={"FLOWSERVE_KVS_URL": self.redis_url})  # the URL from the environment, as in a pod
 
-    def gateway(self, name: str) -> str:
+    def gateway(self, name: str, *extra: str) -> str:
         port = free_port()
         self._start(name, [sys.executable, "-m", "executors.gateway", "--port", str(port),
-                           "--address", f"tcp://127.0.0.1:{free_port()}", "--membership", "kvs", "--poll-s", "0.1"],
+                           "--address", f"tcp://127.0.0.1:{free_port()}", "--membership", "kvs", "--poll-s", "0.1",
+                           *extra],
                     env={"FLOWSERVE_ADMIN_TOKEN": self.admin_token, "FLOWSERVE_KVS_URL": self.redis_url})
         return f"http://127.0.0.1:{port}"
 

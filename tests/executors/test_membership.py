@@ -200,3 +200,53 @@ def test_a_gateway_started_before_the_kvs_waits_for_it(tmp_path):
             server.stop()
     finally:
         procs.stop()
+
+
+def test_a_standalone_gateway_autoscales_the_hot_stage_across_registered_executors(procs):
+    import json
+    import threading
+
+    from executors.autoscale import AutoscalingConfig
+    from tests.executors.test_autoscaling import busy
+
+    policy = AutoscalingConfig(min_replicas=1, max_replicas=3, upscale_delay_s=0.5, upscale_cooldown_s=0.5,
+                               downscale_delay_s=2.0, downscale_cooldown_s=1.0, smoothing_window_s=0.5)
+    for i in range(3):
+        procs.executor(f"as{i}")
+    gw = procs.gateway("gw-autoscale", "--autoscale", json.dumps(policy.to_json()))
+    wait_until("three executors", lambda: health(gw).get("executors") == 3)
+    name = unique("hotcold")
+    f = Flow(name)
+    f.map(lambda r: r.x + 1, names=["x"]).map(busy, names=["y"])
+    client = ClusterClient(gw, procs.redis_url, ADMIN)
+    try:
+        d = client.deploy(f, optimize=False)
+    finally:
+        client.close()
+    cold, hot = list(d.plan.stages)
+
+    def replicas() -> dict:
+        return {s["name"]: s["replicas"] for s in httpx.get(f"{gw}/flows/{name}").json()["stages"]}
+
+    assert replicas() == {cold: 1, hot: 1}
+    stop, failures = threading.Event(), []
+
+    def load():
+        with httpx.Client(timeout=30) as http:
+            while not stop.is_set():
+                r = http.post(f"{gw}/flows/{name}", json={"x": 1})
+                if r.status_code != 200:
+                    failures.append(r.text)
+
+    threads = [threading.Thread(target=load) for _ in range(6)]
+    for t in threads:
+        t.start()
+    try:
+        wait_until("the hot stage to scale up", lambda: replicas()[hot] >= 2)
+        assert replicas()[cold] == 1
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not failures, failures[:3]
+    wait_until("the hot stage to scale back down", lambda: replicas()[hot] == 1)
