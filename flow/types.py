@@ -5,6 +5,10 @@ A column is one of: ``int`` (int64), ``float`` (float64), ``bool``, ``str``, ``b
 axis first), or ``null`` (every value missing, type not yet known). Any column may hold
 missing values (``None``), which appear after left/outer joins and from operators that
 return ``None``.
+
+Columns are immutable by convention, so a one-row tensor column built from a frozen array
+(read-only and backed by ``bytes``, as KVS cache hits are) is a read-only view of it, not a
+copy; several rows are copied once into one new array.
 """
 
 from __future__ import annotations
@@ -167,9 +171,8 @@ def build_column(values: Any, column: str, type_: ColumnType | None = None):
         raise DataTypeError(f"column {column!r}: expected a sequence of values, got {type(values).__name__}")
     values = list(values)
     present = [v for v in values if v is not None]
-    if len(present) == len(values):
-        valid = np.ones(len(values), dtype=bool)
-    else:
+    valid = None  # every value present; else one bool per value
+    if len(present) < len(values):
         valid = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
     kind = type_.kind if type_ is not None else _infer_kind(present, column)
     if kind == "null":
@@ -194,7 +197,7 @@ def build_column(values: Any, column: str, type_: ColumnType | None = None):
         if kind == "float":  # NaN is a missing value, as in pandas (and JSON has no NaN)
             nan = np.isnan(arr)
             if nan.any():
-                valid &= ~nan
+                valid = ~nan if valid is None else valid & ~nan
     return ctype, arr, _mask_or_none(valid)
 
 
@@ -205,8 +208,8 @@ def _is_pandas_series(values) -> bool:
     return type(values).__name__ == "Series" and type(values).__module__.startswith("pandas")
 
 
-def _mask_or_none(valid: np.ndarray) -> np.ndarray | None:
-    return None if valid.all() else valid
+def _mask_or_none(valid: np.ndarray | None) -> np.ndarray | None:
+    return None if valid is None or valid.all() else valid
 
 
 def _infer_kind(present: list, column: str) -> str:
@@ -283,8 +286,10 @@ def _tensor_column(values, valid, present, column, type_):
     if len(arrays) < n:  # missing rows hold zeros
         fill, it = np.zeros(shape, dtype=work), iter(arrays)
         arrays = [next(it) if ok else fill for ok in valid.tolist()]
-    # one C call, one pass: concatenate casts each row into a fresh (n, *shape) array
-    out = np.concatenate(arrays, dtype=work, casting="unsafe").reshape((n,) + shape)
+    # one C call, one pass, no zero fill: each row is cast into its place in a fresh C-order
+    # (n, *shape) array (concatenate's own result would follow the rows' layout)
+    out = np.empty((n,) + shape, dtype=work)
+    np.concatenate(arrays, out=out.reshape((n * shape[0],) + shape[1:]), casting="unsafe")
     if work != dtype:
         out = out.astype(dtype)
     return ColumnType.tensor(dtype, shape), out, _mask_or_none(valid)

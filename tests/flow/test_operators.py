@@ -501,6 +501,27 @@ def test_lookup_per_row_key_from_a_column():
     assert run(lambda f: f.lookup(column="u"), data=data, kvs=STORE).columns == ("u", "u_value")
 
 
+def test_lookup_of_one_row_shares_a_read_only_stored_array():
+    # a KVS cache hit is a read-only array backed by bytes: a 1-row lookup does not copy it
+    vec = np.frombuffer(np.arange(4, dtype=np.float32).tobytes(), dtype=np.float32)
+    store = {"k": vec, "j": np.ones(4, dtype=np.float32)}
+    out = run(lambda f: f.lookup(column="u", name="v"), data=[{"u": "k"}], kvs=store)
+    assert out.schema["v"] == ColumnType.tensor(np.float32, (4,)) and np.shares_memory(out["v"], vec)
+
+    def total(f):
+        v = f.lookup(column="u", name="v")
+        s = v.map(lambda x: float(x.sum()), names=["s"], col="v")
+        b = v.map(lambda xs: xs * 2, names=["d"], col="v", batching=True)
+        return s.join(b).join(v)
+    out = run(total, data=[{"u": "k"}], kvs=store)
+    assert out.to_pylist()[0]["s"] == 6.0 and out["d"].tolist() == [[0.0, 2.0, 4.0, 6.0]]
+    assert np.shares_memory(out["v"], vec)  # still shared after the joins
+    out = run(lambda f: f.lookup(column="u", name="v"), data=[{"u": "k"}, {"u": "j"}, {"u": "k"}], kvs=store)
+    assert out["v"].tolist() == [vec.tolist(), [1.0] * 4, vec.tolist()]
+    assert not np.shares_memory(out["v"], vec) and out["v"].flags.writeable  # rows: one new array
+    assert vec.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
 def test_lookup_missing_keys_error_or_none():
     data = [{"u": "u:a"}, {"u": "u:zz"}, {"u": None}]
     with pytest.raises(LookupKeyError, match=r"operator 'lookup\(u\)': key 'u:zz' is not in the store") as e:

@@ -327,6 +327,33 @@ def test_concat_unifies_types_and_keeps_order():
         Table.concat([a, Table.from_dict({"x": ["s"], "t": [None]})])
 
 
+def test_one_row_tensor_from_a_frozen_array_is_shared_read_only_and_safe_to_combine():
+    # a read-only array backed by bytes, like a KVS cache hit: the Table shares it (no copy)
+    value = np.frombuffer(np.arange(6, dtype=np.float32).tobytes(), dtype=np.float32).reshape(2, 3)
+    t = Table.from_pylist([{"x": 1, "emb": value}], qid=[5])
+    assert t.schema["emb"] == ColumnType.tensor(np.float32, (2, 3))
+    assert np.shares_memory(t["emb"], value) and np.shares_memory(t.row(0).emb, value)
+    with pytest.raises(ValueError, match="read-only"):
+        t["emb"][0, 0, 0] = 99.0  # the Table refuses writes into the shared value
+    with pytest.raises(ValueError, match="read-only"):
+        t.row(0).emb[0, 0] = 99.0
+    other = Table.from_pylist([{"x": 2, "emb": np.ones((2, 3), dtype=np.float32)}], qid=[6])
+    both = Table.concat([t, other])
+    assert both["emb"].tolist() == [value.tolist(), np.ones((2, 3)).tolist()]
+    taken = t.take([0, 0])
+    assert taken["emb"].tolist() == [value.tolist()] * 2
+    outer = t.column("emb").take(np.array([-1, 0]))  # the missing row is written with zeros
+    assert outer.to_list()[0] is None and outer.values[0].tolist() == [[0.0] * 3] * 2
+    widened = t.column("emb").as_type(ColumnType.tensor(np.float64, (2, 3)))
+    assert widened.values.dtype == np.float64 and widened.values[0].tolist() == value.tolist()
+    for arr in (both["emb"], taken["emb"], outer.values, widened.values):  # fresh, writable
+        assert not np.shares_memory(arr, value)
+        arr[...] = -1.0
+    assert value.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]  # the shared value never changed
+    assert t == Table.from_pylist([{"x": 1, "emb": value.copy()}], qid=[5])
+    assert Table.from_arrow(t.to_arrow(), qid="qid") == t
+
+
 def test_split_by_qid_and_sort():
     t = Table.from_dict({"x": [1, 2, 3, 4]}, qid=[7, 3, 7, 3])
     parts = t.split_by_qid()

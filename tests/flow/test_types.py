@@ -104,6 +104,99 @@ def test_typed_2d_array_is_a_tensor_column_without_copy():
     assert np.shares_memory(arr, data)
 
 
+def frozen(arr: np.ndarray) -> np.ndarray:
+    """A read-only array backed by bytes, like a value from the KVS cache."""
+    return np.frombuffer(arr.tobytes(), dtype=arr.dtype).reshape(arr.shape)
+
+
+def test_one_row_of_a_frozen_array_is_a_view_not_a_copy():
+    value = frozen(np.arange(12, dtype=np.float32).reshape(3, 4))
+    ctype, arr, valid = build_column([value], "emb")
+    assert ctype == ColumnType.tensor(np.float32, (3, 4)) and valid is None
+    assert arr.shape == (1, 3, 4) and arr.flags.c_contiguous
+    assert np.shares_memory(arr, value)  # no copy of a cached 8 MB array
+    assert not arr.flags.writeable  # and no way to change the cached value through it
+    assert arr[0].tolist() == value.tolist()
+    want = ColumnType.tensor(np.float32, (3, 4))  # a declared type that matches: a view too
+    assert np.shares_memory(build_column([value], "emb", want)[1], value)
+
+
+def _readonly_view(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
+@pytest.mark.parametrize("make", [
+    lambda a: a,  # writable: its owner may change it later
+    _readonly_view,  # read-only, but a view of a writable array
+    lambda a: frozen(np.asfortranarray(a).T).T,  # frozen but Fortran-ordered
+    lambda a: frozen(a.astype(">f4")),  # frozen but not in the column's (native) dtype
+], ids=["writable", "readonly-view-of-writable", "frozen-fortran", "frozen-big-endian"])
+def test_one_row_is_copied_when_sharing_is_not_safe(make):
+    base = np.arange(6, dtype=np.float32).reshape(2, 3)
+    value = make(base)
+    ctype, arr, _ = build_column([value], "c")
+    assert ctype == ColumnType.tensor(np.float32, (2, 3)) and arr.dtype == np.dtype("=f4")
+    assert arr.flags.c_contiguous and arr.tolist() == [base.tolist()]
+    assert not np.shares_memory(arr, value)
+    base += 1  # the owner changes its array: the column keeps the values it was built from
+    assert arr.tolist() == [[[0, 1, 2], [3, 4, 5]]]
+
+
+def test_one_frozen_row_with_another_declared_dtype_is_converted():
+    value = frozen(np.array([1.5, -2.5, 3.0]))
+    ctype, arr, _ = build_column([value], "c", ColumnType.tensor(np.int32, (3,)))
+    assert ctype == ColumnType.tensor(np.int32, (3,)) and arr.dtype == np.int32
+    assert arr.tolist() == [[1, -2, 3]] and not np.shares_memory(arr, value)
+
+
+def test_several_rows_make_one_fresh_contiguous_array():
+    rows = [frozen(np.full((2, 2), i, dtype=np.float32)) for i in range(3)]
+    ctype, arr, valid = build_column(rows, "c")
+    assert ctype == ColumnType.tensor(np.float32, (2, 2)) and valid is None
+    assert arr.shape == (3, 2, 2) and arr.flags.c_contiguous and arr.flags.writeable
+    assert not any(np.shares_memory(arr, r) for r in rows)
+    assert arr.tolist() == [r.tolist() for r in rows]
+
+
+def test_missing_tensor_rows_hold_zeros_and_are_masked():
+    rows = [None, frozen(np.full(3, 7.0)), None, np.full(3, 8.0)]
+    ctype, arr, valid = build_column(rows, "c")
+    assert ctype == ColumnType.tensor(np.float64, (3,)) and valid.tolist() == [False, True, False, True]
+    assert arr.tolist() == [[0.0] * 3, [7.0] * 3, [0.0] * 3, [8.0] * 3]
+    value = frozen(np.full(3, 7.0))  # one row present of two: a new array, not a view
+    _, arr, valid = build_column([value, None], "c")
+    assert arr.tolist() == [[7.0] * 3, [0.0] * 3] and valid.tolist() == [True, False]
+    assert not np.shares_memory(arr, value)
+    _, arr, valid = build_column([None, None], "c", ColumnType.tensor(np.int8, (2,)))
+    assert arr.dtype == np.int8 and arr.tolist() == [[0, 0], [0, 0]] and valid.tolist() == [False, False]
+
+
+def test_tensor_rows_are_promoted_or_converted_to_the_column_dtype():
+    ctype, arr, _ = build_column([np.zeros(2, np.float32), np.ones(2, np.int64)], "c")
+    assert ctype == ColumnType.tensor(np.float64, (2,)) and arr.dtype == np.float64
+    ctype, arr, _ = build_column([frozen(np.array([1.9, -1.9])), np.array([300.0, 2.0])], "c",
+                                 ColumnType.tensor(np.int16, (2,)))
+    assert arr.dtype == np.int16 and arr.tolist() == [[1, -1], [300, 2]]
+    # rows of several dtypes are promoted together first, then cast (as np.stack did): 2**53 + 1
+    # goes through float64 on its way to int64
+    big = np.array([2**53 + 1], dtype=np.int64)
+    _, arr, _ = build_column([big, np.array([0.5], np.float32)], "c", ColumnType.tensor(np.int64, (1,)))
+    assert arr.tolist() == [[2**53], [0]]
+    ctype, arr, _ = build_column([frozen(np.zeros(2, ">f4"))] * 2, "c")  # native byte order
+    assert arr.dtype == np.dtype("<f4") and ctype == ColumnType.tensor(np.float32, (2,))
+
+
+def test_tensor_row_errors_name_the_first_bad_row():
+    with pytest.raises(DataTypeError, match=r"column 'c': array values must be numeric or bool, got dtype <U1$"):
+        build_column([np.zeros(2), np.array(["a", "b"]), np.array([b"x", b"y"])], "c")
+    with pytest.raises(DataTypeError, match=r"got dtype object \(are the rows of different lengths\?\)"):
+        build_column([np.zeros(2), [1, None]], "c")
+    with pytest.raises(DataTypeError, match=r"ragged tensor column, rows have shapes \[\(2,\), \(3,\)\]; all rows"):
+        build_column([frozen(np.zeros(2))] * 3 + [np.zeros(3)], "c")
+
+
 def test_pandas_series_is_accepted():
     ctype, arr, valid = build_column(pd.Series([1.0, None]), "x")
     assert ctype.kind == "float" and valid.tolist() == [True, False]

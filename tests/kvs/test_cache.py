@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from flow import Flow
 from kvs import KVS, CachedKVS, KeyNotFoundError, KVSConnectionError, KVSError, RedisServer, SerializationError
 from kvs.cache import ENTRY_OVERHEAD
 from kvs.serialization import encode
@@ -101,6 +102,20 @@ def test_cached_arrays_are_read_only(cached_kvs):
     with pytest.raises(ValueError):
         arr[0] = 1
     np.testing.assert_array_equal(cached_kvs.get("a"), np.zeros(4))
+
+
+def test_a_lookup_of_one_row_shares_the_cached_array(cached_kvs, other):
+    """A hit is not copied by get, mget, the lookup operator or its 1-row column."""
+    other.put("emb", np.arange(2048, dtype=np.float32))  # 8 KB
+    cached = cached_kvs.get("emb")  # a miss: now cached
+    assert cached_kvs.get("emb") is cached and cached_kvs.mget(["emb"])[0] is cached
+    flow = Flow("lookup")
+    flow.lookup(column="key", name="v")
+    out = flow.run([{"key": "emb"}], kvs=cached_kvs)
+    assert np.shares_memory(out["v"], cached) and not out["v"].flags.writeable
+    assert cached_kvs.stats().hits == 3
+    out = flow.run([{"key": "emb"}, {"key": "emb"}], kvs=cached_kvs)  # two rows: one new array
+    assert out["v"].tolist() == [cached.tolist()] * 2 and not np.shares_memory(out["v"], cached)
 
 
 def test_cached_json_containers_are_fresh_copies(cached_kvs):
