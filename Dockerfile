@@ -55,6 +55,6 @@ ENV PATH=/opt/flowserve/bin:$PATH \
     FLOWSERVE_ARTIFACT_CACHE=/var/cache/flowserve
 WORKDIR /home/flowserve
 USER 10001:10001
-# 8000 gateway HTTP, 5556 gateway results (ZeroMQ), 5555 executor (ZeroMQ)
+# 8000 gateway HTTP, 5556 gateway results, 5555 executor messages (framed TCP, executors/transport.py)
 EXPOSE 8000 5555 5556
 CMD ["flowserve", "--help"]

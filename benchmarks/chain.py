@@ -1,7 +1,7 @@
 """Added latency per stage: chains of 2, 5 and 10 unfused no-op stages over HTTP.
 
 Each stage is its own function (``optimize=False``), so every stage adds one hop between
-executors (ZeroMQ, the wire format, a wake-up). The per-stage cost is the slope of p50
+executors (a socket hop, the wire format, a wake-up). The per-stage cost is the slope of p50
 latency against chain length; rounds interleave the chain lengths and the medians of the
 rounds are reported.
 

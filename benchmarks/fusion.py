@@ -10,7 +10,7 @@ reported figure is the median over rounds of each round's median / p99.
 
 Two cluster setups, one after the other (``--colocate``): ``spread``
 (``ClusterConfig(colocate=False)``: consecutive stages run on different executors, so
-every unfused stage costs a ZeroMQ hop of the payload, the seed's one-function-per-
+every unfused stage costs a socket hop of the payload, the seed's one-function-per-
 executor setting) and ``colocated`` (the default runtime: a request's stages run where
 their input is and the Table is handed over in-process).
 

@@ -17,16 +17,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import socket
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import zmq
 
 from executors.errors import NoExecutorError
 from executors.routing import complete, deliveries
 from executors.scaling import StageCounters
-from executors.wire import WireError, pack, unpack, zero_copy
+from executors.transport import Outbox, Reader, TransportError, accept, listen
+from executors.wire import WireError, pack, unpack
 from flow.table import Table
 from optimizer.plan import INPUT, Plan
 
@@ -78,13 +79,10 @@ class Request:
 class Dispatcher:
     def __init__(self, address: str, max_retries: int = 2, metrics=None, colocate: bool = True):
         self.address = address
-        self.sync_ctx = zmq.Context.instance()
-        # a plain socket read from the event loop's reader callback (not zmq.asyncio, whose
-        # per-message futures cost more than the rest of receiving an answer)
-        self.pull = self.sync_ctx.socket(zmq.PULL)
-        self.pull.setsockopt(zmq.LINGER, 0)
-        self.pull.bind(address)
-        self.push: dict[str, zmq.Socket] = {}
+        # answers arrive on connections read by the event loop's reader callbacks
+        self.listener = listen(address)
+        self.outbox = Outbox("gateway")
+        self._connections: dict[int, socket.socket] = {}
         self.executors: dict[str, ExecutorInfo] = {}
         self.flows: dict[str, DeployedFlow] = {}
         self.requests: dict[int, Request] = {}
@@ -101,15 +99,17 @@ class Dispatcher:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(self.pull.getsockopt(zmq.FD), self._drain)
-        self._loop.call_soon(self._drain)  # messages that came before the reader was added
+        self._loop.add_reader(self.listener.fileno(), self._accept)
 
     async def close(self) -> None:
         if self._loop is not None:
-            self._loop.remove_reader(self.pull.getsockopt(zmq.FD))
-        for s in self.push.values():
-            s.close(0)
-        self.pull.close(0)
+            self._loop.remove_reader(self.listener.fileno())
+            for fd, conn in list(self._connections.items()):
+                self._loop.remove_reader(fd)
+                conn.close()
+        self._connections.clear()
+        self.outbox.close()
+        self.listener.close()
 
     # -- membership -----------------------------------------------------------------------
 
@@ -127,9 +127,7 @@ class Dispatcher:
         info.alive = False
         info.loaded.clear()
         info.inflight = 0
-        sock = self.push.pop(info.address, None)
-        if sock is not None:
-            sock.close(0)
+        self.outbox.forget(info.address)
         for req in list(self.requests.values()):
             if id_ in req.executors:
                 self._retry(req, f"executor {id_} died")
@@ -138,9 +136,7 @@ class Dispatcher:
         """Forget an executor that was stopped on purpose (it hosts no stage any more)."""
         info = self.executors.pop(id_, None)
         if info is not None:
-            sock = self.push.pop(info.address, None)
-            if sock is not None:
-                sock.close(0)
+            self.outbox.forget(info.address)
 
     async def ping(self, address: str, timeout: float, still_worth_it=lambda: True) -> dict | None:
         """The executor's pong (id, device, GPUs) once it answers, or None after ``timeout``
@@ -181,20 +177,9 @@ class Dispatcher:
         if info is not None:
             info.alive = True
 
-    def _socket(self, address: str) -> zmq.Socket:
-        sock = self.push.get(address)
-        if sock is None:
-            # a plain socket: a PUSH with a deep queue never blocks, and skipping the
-            # asyncio wrapper's event bookkeeping halves the cost of a send
-            sock = self.sync_ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, 100_000)
-            sock.connect(address)
-            self.push[address] = sock
-        return sock
-
     def _send(self, address: str, frames: list) -> None:
-        self._socket(address).send_multipart(frames, copy=not zero_copy(frames), flags=zmq.NOBLOCK)
+        if not self.outbox.send(address, frames):
+            log.debug("%s cannot be reached; a message to it was dropped", address)
 
     # -- loading --------------------------------------------------------------------------
 
@@ -339,14 +324,18 @@ class Dispatcher:
 
     # -- answers -----------------------------------------------------------------------------
 
-    def _drain(self) -> None:
-        """Handle every message waiting. ZeroMQ's FD is edge-triggered: it signals that
-        events changed, so the socket is read until empty each time it fires."""
-        while self.pull.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            try:
-                frames = self.pull.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
+    def _accept(self) -> None:
+        while (conn := accept(self.listener)) is not None:
+            self._connections[conn.fileno()] = conn
+            self._loop.add_reader(conn.fileno(), self._readable, conn, Reader(conn))
+
+    def _readable(self, conn: socket.socket, reader: Reader) -> None:
+        try:
+            messages, still_open = reader.read()
+        except TransportError as e:
+            log.warning("closing a connection that broke the framing: %s", e)
+            messages, still_open = [], False
+        for frames in messages:
             try:
                 header, tables = unpack(frames)
                 self._on_message(header, tables)
@@ -354,6 +343,10 @@ class Dispatcher:
                 log.warning("dropped a malformed message: %s", e)
             except Exception:
                 log.exception("error handling an answer")
+        if not still_open:
+            self._loop.remove_reader(conn.fileno())
+            self._connections.pop(conn.fileno(), None)
+            conn.close()
 
     def _on_message(self, h: dict, tables: dict) -> None:
         kind = h.get("type")

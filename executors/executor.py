@@ -1,6 +1,6 @@
 """An executor process: hosts any stage of any deployed flow and runs it on worker threads.
 
-One IO thread owns the receiving ZeroMQ socket: it decodes messages, gathers each
+One IO thread owns the receiving sockets (transport.py): it decodes messages, gathers each
 request's inputs per stage (all inputs, all parts of a key-split input, the first of
 competing copies, the first valid of competing alternatives) and hands ready work to a
 thread pool, or to the stage's batcher. Workers run the stage and send its output straight
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import selectors
 import signal
 import threading
 import time
@@ -23,7 +24,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
-import zmq
 
 from executors.batcher import Batcher, WorkItem
 from executors.errors import status_for
@@ -31,7 +31,8 @@ from executors.gpu import gpu_stats, set_executor_class
 from executors.membership import HEARTBEAT_S, Heartbeat, Member
 from executors.placement import PLAN_KEY
 from executors.routing import complete, deliveries
-from executors.wire import WireError, pack, unpack, zero_copy
+from executors.transport import Outbox, Reader, TransportError, accept, listen
+from executors.wire import WireError, pack, unpack
 from flow.context import set_store
 from flow.exceptions import FlowError, NoValidResultError, OperatorError
 from flow.table import Table
@@ -40,7 +41,6 @@ from optimizer.plan import Plan
 log = logging.getLogger("flowserve.executor")
 
 CHEAP_MS = 2.0  # stages faster than this on average run on the IO thread
-DRAIN_MAX = 256  # messages taken per wake-up before running what they made ready
 DONE_MEMORY = 100_000  # (request, stage) pairs remembered to drop late competing copies
 
 
@@ -85,16 +85,13 @@ class Executor:
         self.store = _open_store(kvs_url)
         set_store(self.store)  # operator code may read it (model weights in init)
         set_executor_class(device)  # warns once if a gpu executor has no GPU
-        self.ctx = zmq.Context.instance()
-        self.pull = self.ctx.socket(zmq.PULL)
-        self.pull.setsockopt(zmq.LINGER, 0)
-        self.pull.bind(address)
+        self.listener = listen(address)
+        self.outbox = Outbox(f"executor {executor_id}")
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{executor_id}-worker")
         self.hosted: dict[tuple[str, int, str], HostedStage] = {}
         self.latest: dict[str, int] = {}
         self.pending: dict[tuple, Pending] = {}
         self.done: OrderedDict = OrderedDict()
-        self._local = threading.local()
         self._stopping = threading.Event()
         self.inflight = 0
         self._inline: dict = {}  # id(hosted) -> (hosted, ready items) to run after a drain
@@ -105,42 +102,43 @@ class Executor:
     # -- sockets ---------------------------------------------------------------------------
 
     def send(self, address: str, frames: list) -> None:
-        """Send on this thread's own socket to ``address`` (ZeroMQ sockets are per thread)."""
-        socks = getattr(self._local, "socks", None)
-        if socks is None:
-            socks = self._local.socks = {}
-        sock = socks.get(address)
-        if sock is None:
-            sock = self.ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 1000)
-            sock.setsockopt(zmq.SNDHWM, 100_000)
-            sock.connect(address)
-            socks[address] = sock
-        sock.send_multipart(frames, copy=not zero_copy(frames))
+        if not self.outbox.send(address, frames):
+            log.warning("executor %s: %s cannot be reached; a message to it was dropped", self.id, address)
 
     # -- main loop --------------------------------------------------------------------------
 
     def serve(self) -> None:
         log.info("executor %s listening on %s (%s)", self.id, self.address, self.device)
         self._io_thread = threading.get_ident()
-        poller = zmq.Poller()
-        poller.register(self.pull, zmq.POLLIN)
+        selector = selectors.DefaultSelector()
+        selector.register(self.listener, selectors.EVENT_READ, None)
         last_gc = time.monotonic()
         while not self._stopping.is_set():
-            if poller.poll(200):
-                # drain what has arrived, then run cheap ready work as batches right here
-                for _ in range(DRAIN_MAX):
-                    try:
-                        frames = self.pull.recv_multipart(copy=False, flags=zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
+            for key, _ in selector.select(0.2):
+                if key.data is None:  # a new connection
+                    while (conn := accept(self.listener)) is not None:
+                        selector.register(conn, selectors.EVENT_READ, Reader(conn))
+                    continue
+                try:
+                    messages, still_open = key.data.read()
+                except TransportError as e:
+                    log.warning("executor %s: closing a connection that broke the framing: %s", self.id, e)
+                    messages, still_open = [], False
+                for frames in messages:
                     self._handle_safely(frames)
-                self._run_inline()
+                if not still_open:
+                    selector.unregister(key.fileobj)
+                    key.fileobj.close()
+            # cheap ready work gathered while reading runs here, as batches
+            self._run_inline()
             now = time.monotonic()
             if now - last_gc > 1.0:
                 self._expire(time.time())
                 last_gc = now
         self.pool.shutdown(wait=True)  # graceful: in-flight work finishes
+        for key in list(selector.get_map().values()):
+            key.fileobj.close()
+        self.outbox.close()
 
     def stop(self, *_):
         self._stopping.set()
@@ -443,7 +441,7 @@ def _open_store(url: str):
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m executors.executor", description="Run one FlowServe executor.")
     p.add_argument("--id", required=True, help="executor id, unique in the cluster")
-    p.add_argument("--address", required=True, help="ZeroMQ address to bind, e.g. ipc:///tmp/fs/e0")
+    p.add_argument("--address", required=True, help="address to listen on for messages: ipc:///path or tcp://host:port")
     p.add_argument("--kvs", default=os.environ.get("FLOWSERVE_KVS_URL"),
                    help="Redis URL of the cluster's KVS (default: $FLOWSERVE_KVS_URL)")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])

@@ -1,7 +1,7 @@
 """Cluster membership and the deployed-flows registry, kept in the KVS.
 
 Executors announce themselves; gateways find them. Each executor writes its description
-(id, ZeroMQ address, device class, threads) into the hash ``flowserve:executors`` and
+(id, message address, device class, threads) into the hash ``flowserve:executors`` and
 keeps a per-executor key ``flowserve:alive:<id>`` alive with a heartbeat: the key expires
 ``3 x heartbeat`` after the last beat, so an executor that dies (or a pod that is
 deleted) drops out by itself; a graceful stop deletes it at once.

@@ -204,7 +204,7 @@ def main(argv=None) -> None:
     p.add_argument("--host", default="127.0.0.1", help="HTTP address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--address", required=True,
-                   help="ZeroMQ address executors send results to, reachable by them, e.g. tcp://10.0.0.7:5556")
+                   help="address executors send results to (ipc:///path or tcp://host:port), reachable by them, e.g. tcp://10.0.0.7:5556")
     p.add_argument("--kvs", default=os.environ.get("FLOWSERVE_KVS_URL"),
                    help="Redis URL of the cluster's KVS (default: $FLOWSERVE_KVS_URL)")
     p.add_argument("--membership", default="kvs", choices=["kvs"],

@@ -1,6 +1,6 @@
 """The executor-to-executor wire format: a small JSON header plus raw column buffers.
 
-A message is a list of ZeroMQ frames: ``[header, buf0, buf1, ...]``. The header is JSON
+A message is a list of frames (transport.py): ``[header, buf0, buf1, ...]``. The header is JSON
 (never pickle: frames may come from the network) and describes each Table it carries as
 column metadata pointing at buffer frames. Numeric and tensor columns travel as their raw
 numpy bytes and are rebuilt with ``np.frombuffer`` without a copy; str/bytes columns as an
@@ -139,12 +139,3 @@ def unpack(frames: list) -> tuple[dict, dict[str, Table]]:
     body = frames[1:]
     tables = {k: decode_table(m, body) for k, m in (header.pop("tables", None) or {}).items()}
     return header, tables
-
-
-ZERO_COPY_BYTES = 256 * 1024
-
-
-def zero_copy(frames: list) -> bool:
-    """Send without copying only when a message is large: for small ones ZeroMQ's
-    zero-copy bookkeeping (a release callback per frame) costs more than the copy."""
-    return sum(len(f) for f in frames) >= ZERO_COPY_BYTES

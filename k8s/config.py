@@ -247,8 +247,8 @@ class KubeConfig:
         requesting ``nvidia.com/gpu`` already restricts scheduling to GPU nodes).
     service_type: the gateway Service's type (ClusterIP, NodePort, LoadBalancer);
         service_port: the port it exposes.
-    gateway_port / gateway_zmq_port / executor_port / redis_port: container ports (HTTP,
-        ZeroMQ results into the gateway, ZeroMQ into executors, Redis).
+    gateway_port / gateway_results_port / executor_port / redis_port: container ports (HTTP,
+        results into the gateway, messages into executors, Redis).
     kvs_storage: size of the KVS's PersistentVolumeClaim (None: an emptyDir, data is lost
         when the pod goes); storage_class: its StorageClass (None: the cluster default).
     artifact_cache_size: size limit of the executors' artifact cache (``kvs.artifacts``).
@@ -295,7 +295,7 @@ class KubeConfig:
     service_type: str = "ClusterIP"
     service_port: int = 80
     gateway_port: int = 8000
-    gateway_zmq_port: int = 5556
+    gateway_results_port: int = 5556
     executor_port: int = 5555
     redis_port: int = 6379
     kvs_storage: str | None = "1Gi"
@@ -357,13 +357,13 @@ class KubeConfig:
         self._freeze_node_selector()
         self._freeze_tolerations()
         need(self.service_type in SERVICE_TYPES, "service_type", f"one of {SERVICE_TYPES}")
-        ports = ("service_port", "gateway_port", "gateway_zmq_port", "executor_port", "redis_port")
+        ports = ("service_port", "gateway_port", "gateway_results_port", "executor_port", "redis_port")
         for f in ports:
             need(_int(getattr(self, f)) and 1 <= getattr(self, f) <= 65535, f, "an int in 1..65535", "int")
         container_ports = [getattr(self, f) for f in ports[1:]]
         if len(set(container_ports)) != len(container_ports):
             raise K8sConfigError(f"KubeConfig ports must differ: gateway_port={self.gateway_port!r}, "
-                                 f"gateway_zmq_port={self.gateway_zmq_port!r}, executor_port={self.executor_port!r}, "
+                                 f"gateway_results_port={self.gateway_results_port!r}, executor_port={self.executor_port!r}, "
                                  f"redis_port={self.redis_port!r}")
         if self.kvs_storage is not None:
             _check_quantity("KubeConfig", "kvs_storage", self.kvs_storage, optional=False)

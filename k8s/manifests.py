@@ -11,7 +11,7 @@ What is rendered (``<name>`` is ``KubeConfig.name``), in apply order:
 * with ``autoscaling``: Role + RoleBinding ``<name>-autoscaler`` letting that ServiceAccount
   read and scale the executor Deployments and annotate pods, nothing else;
 * NetworkPolicies (``network_policies=True``): only this instance's pods reach the KVS, the
-  executors' ZeroMQ port and the gateway's result port; the gateway's HTTP port is open;
+  executors' message port and the gateway's result port; the gateway's HTTP port is open;
 * the KVS: Service + StatefulSet ``<name>-kvs`` running Redis with ``--requirepass`` taken
   from the Secret ``redis_secret`` (key ``password``) through the environment, so the
   password is in no manifest; a PersistentVolumeClaim keeps the data (``kvs_storage``);
@@ -27,7 +27,7 @@ all capabilities dropped, the RuntimeDefault seccomp profile and a read-only roo
 filesystem (writable ``/tmp`` and caches are emptyDir volumes).
 
 The container commands are the runtime's contract (see ``GATEWAY_COMMAND``,
-``executor_args``): executors bind ZeroMQ on ``tcp://$(POD_IP):<executor_port>`` (the pod IP
+``executor_args``): executors listen for messages on ``tcp://$(POD_IP):<executor_port>`` (the pod IP
 from the downward API) and get the KVS URL from the Secret. With ``autoscaling`` the gateway
 also gets ``--autoscale <json> --scaler k8s --k8s-namespace <ns> --k8s-instance <name>``
 (``gateway_args``) and the executor Deployments the ``flowserve.io/baseline-replicas``
@@ -298,7 +298,7 @@ def gateway_args(config: KubeConfig) -> list[str]:
     find the executors through their registration in the KVS (not by spawning them); with
     ``autoscaling``, run the autoscaler and scale this instance's executor Deployments."""
     args = ["--host", "0.0.0.0", "--port", str(config.gateway_port),
-            "--address", f"tcp://$(POD_IP):{config.gateway_zmq_port}",
+            "--address", f"tcp://$(POD_IP):{config.gateway_results_port}",
             "--membership", "kvs"]  # the KVS URL comes from $FLOWSERVE_KVS_URL: no password in argv
     if config.autoscaling is not None:
         args += ["--autoscale", autoscale_json(config), "--scaler", "k8s",
@@ -328,7 +328,7 @@ def gateway(config: KubeConfig) -> list[dict]:
         "args": gateway_args(config),
         "env": env,
         "ports": [{"name": "http", "containerPort": config.gateway_port, "protocol": "TCP"},
-                  {"name": "results", "containerPort": config.gateway_zmq_port, "protocol": "TCP"}],
+                  {"name": "results", "containerPort": config.gateway_results_port, "protocol": "TCP"}],
         "resources": config.gateway_resources.to_k8s(),
         "securityContext": _container_security(),
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
@@ -349,7 +349,7 @@ def gateway(config: KubeConfig) -> list[dict]:
 
 
 def executor_args(config: KubeConfig, device: str) -> list[str]:
-    """``python -m executors.executor`` arguments in a pod: the pod name as id, ZeroMQ on the
+    """``python -m executors.executor`` arguments in a pod: the pod name as id, messages on the
     pod IP (downward API). The KVS URL (with the password from the Secret) is read from
     ``$FLOWSERVE_KVS_URL``, so it does not appear in the process's arguments."""
     return ["--id", "$(POD_NAME)", "--address", f"tcp://$(POD_IP):{config.executor_port}",
@@ -364,7 +364,7 @@ def executors(config: KubeConfig, device: str, replicas: int, annotations: dict 
     env.append({"name": "FLOWSERVE_ARTIFACT_CACHE", "value": ARTIFACT_CACHE})
     if config.s3_endpoint is not None:
         env.append({"name": "FLOWSERVE_S3_ENDPOINT", "value": config.s3_endpoint})
-    probe = {"tcpSocket": {"port": "zmq"}, "timeoutSeconds": 2}
+    probe = {"tcpSocket": {"port": "messages"}, "timeoutSeconds": 2}
     resources = config.gpu_executor_resources if gpu else config.cpu_executor_resources
     container = {
         "name": "executor",
@@ -373,7 +373,7 @@ def executors(config: KubeConfig, device: str, replicas: int, annotations: dict 
         "command": list(EXECUTOR_COMMAND),
         "args": executor_args(config, device),
         "env": env,
-        "ports": [{"name": "zmq", "containerPort": config.executor_port, "protocol": "TCP"}],
+        "ports": [{"name": "messages", "containerPort": config.executor_port, "protocol": "TCP"}],
         "resources": resources.to_k8s(gpus=config.gpus_per_executor if gpu else 0),
         "securityContext": _container_security(),
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"},
@@ -419,7 +419,7 @@ def rbac(config: KubeConfig) -> list[dict]:
 
 
 def network_policies(config: KubeConfig) -> list[dict]:
-    """Ingress rules: the KVS and the executors' ZeroMQ port only from this instance's pods,
+    """Ingress rules: the KVS and the executors' message port only from this instance's pods,
     the gateway's result port likewise; the gateway's HTTP port from anywhere."""
     peers = [{"podSelector": {"matchLabels": {L_NAME: APP_NAME, L_INSTANCE: config.name}}}]
 
@@ -440,7 +440,7 @@ def network_policies(config: KubeConfig) -> list[dict]:
         policy("executors", exec_sel, [{"from": peers, "ports": tcp(config.executor_port)}]),
         policy("gateway", {"matchLabels": selector(config, "gateway")},
                [{"ports": tcp(config.gateway_port)},
-                {"from": peers, "ports": tcp(config.gateway_zmq_port)}]),
+                {"from": peers, "ports": tcp(config.gateway_results_port)}]),
     ]
 
 

@@ -129,7 +129,7 @@ def test_dockerignore_keeps_the_sources_and_drops_the_rest(instructions):
 def test_ports_and_paths_match_the_manifests(instructions):
     cfg = KubeConfig()
     exposed = {int(p) for word, rest in instructions if word == "EXPOSE" for p in rest.split()}
-    assert exposed == {cfg.gateway_port, cfg.gateway_zmq_port, cfg.executor_port}
+    assert exposed == {cfg.gateway_port, cfg.gateway_results_port, cfg.executor_port}
     env = " ".join(rest for word, rest in instructions if word == "ENV")
     assert f"FLOWSERVE_ARTIFACT_CACHE={ARTIFACT_CACHE}" in env
     assert "PYTHONDONTWRITEBYTECODE=1" in env  # the root filesystem is read-only in the pods

@@ -268,7 +268,7 @@ def test_gateway_is_probed_on_healthz_and_exposed_by_its_service():
     assert svc["spec"]["selector"] == selector(cfg, "gateway")
 
 
-def test_executors_bind_zeromq_on_the_pod_ip_and_read_the_kvs_url_from_the_secret():
+def test_executors_listen_on_the_pod_ip_and_read_the_kvs_url_from_the_secret():
     dep = named(_render("cpu-default"), "flowserve-executor-cpu")
     (ex,) = containers(dep)
     assert ex["command"] == ["python", "-m", "executors.executor"]

@@ -1,0 +1,334 @@
+"""Messages between the gateway and the executors: framed byte streams over Unix-domain
+sockets (``ipc:///path``) or TCP (``tcp://host:port``).
+
+Why not ZeroMQ (which session 1 used): libzmq moves every message through an I/O thread
+on each side, so one message between two processes that sleep between requests wakes
+three threads. Measured on this project's machine with two processes that idle between
+messages: a round trip costs 105 us over ZeroMQ IPC and 17 us over a Unix socket
+(benchmarks/README.md). Serving latency is made of such hops.
+
+A message is a list of frames (the wire format's header and buffers, see wire.py). On
+the stream it is ``u32 frame count, u64 length per frame, the frames``. Limits on the
+count and the total size keep a hostile or broken peer from making a receiver allocate
+without bound; a peer that breaks them is disconnected.
+
+Sending (``Outbox``) never blocks the caller: a message goes straight into the socket
+when it fits in the kernel's buffer (the common case: no thread hop); what does not fit
+waits in a per-destination backlog that a writer thread drains in order. Two executors
+sending large Tables to each other therefore cannot deadlock, and the gateway's event
+loop never waits for a slow reader. A destination that cannot be reached (not started
+yet, or dead) loses the message, as a ZeroMQ PUSH socket with no peer would keep it
+forever: callers ping before they rely on a peer, and requests sent to an executor that
+died are re-run by the dispatcher.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import struct
+import threading
+from collections import deque
+
+log = logging.getLogger("flowserve.transport")
+
+MAX_FRAMES = 4096
+MAX_MESSAGE_BYTES = 2 << 30
+_COUNT = struct.Struct("<I")
+_LEN = struct.Struct("<Q")
+
+
+class TransportError(OSError):
+    """A peer broke the framing (it is disconnected), or an address is malformed."""
+
+
+def parse_address(address: str):
+    """``ipc:///path`` -> (AF_UNIX, path); ``tcp://host:port`` -> (AF_INET/6, (host, port))."""
+    if address.startswith("ipc://"):
+        return socket.AF_UNIX, address[len("ipc://"):]
+    if address.startswith("tcp://"):
+        host, sep, port = address[len("tcp://"):].rpartition(":")
+        if not sep or not port.isdigit():
+            raise TransportError(f"address {address!r}: expected tcp://host:port")
+        host = host.strip("[]")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        return family, (host, int(port))
+    raise TransportError(f"address {address!r}: expected ipc:///path or tcp://host:port")
+
+
+def listen(address: str) -> socket.socket:
+    """A non-blocking listening socket bound to ``address`` (a stale socket file is removed)."""
+    family, where = parse_address(address)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    if family == socket.AF_UNIX:
+        try:
+            os.unlink(where)  # left by a process that died: binding would fail
+        except FileNotFoundError:
+            pass
+    else:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(where)
+    sock.listen(512)
+    sock.setblocking(False)
+    return sock
+
+
+def accept(listener: socket.socket) -> socket.socket | None:
+    try:
+        conn, _ = listener.accept()
+    except (BlockingIOError, InterruptedError):
+        return None
+    conn.setblocking(False)
+    _tune(conn)
+    return conn
+
+
+def _tune(sock: socket.socket) -> None:
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def encode(frames) -> list:
+    """The buffers that put ``frames`` on a stream (the frames themselves are not copied)."""
+    head = bytearray(_COUNT.pack(len(frames)))
+    for f in frames:
+        head += _LEN.pack(memoryview(f).nbytes)
+    return [bytes(head), *frames]
+
+
+class Reader:
+    """Reassembles messages from one connection's bytes, reading straight into each
+    frame's own buffer (a 10 MB frame is received once, into its final place)."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self._head = bytearray()
+        self._lengths: list[int] | None = None
+        self._frames: list = []
+        self._current: memoryview | None = None
+        self._filled = 0
+
+    def read(self) -> tuple[list, bool]:
+        """Messages completed by what the socket has now, and whether it is still open."""
+        out = []
+        while True:
+            try:
+                if self._current is not None:
+                    n = self.sock.recv_into(self._current[self._filled:])
+                else:
+                    chunk = self.sock.recv(65536)
+                    n = len(chunk)
+            except (BlockingIOError, InterruptedError):
+                return out, True
+            except OSError:
+                return out, False
+            if n == 0:
+                return out, False
+            if self._current is not None:
+                self._filled += n
+                if self._filled == len(self._current):
+                    self._frame_done(out)
+            else:
+                self._head += chunk
+                self._parse_head(out)
+
+    def _parse_head(self, out: list) -> None:
+        while True:
+            if self._lengths is None:
+                if len(self._head) < 4:
+                    return
+                (count,) = _COUNT.unpack_from(self._head)
+                if not 0 < count <= MAX_FRAMES:
+                    raise TransportError(f"message with {count} frames (at most {MAX_FRAMES})")
+                need = 4 + 8 * count
+                if len(self._head) < need:
+                    return
+                lengths = [_LEN.unpack_from(self._head, 4 + 8 * i)[0] for i in range(count)]
+                if sum(lengths) > MAX_MESSAGE_BYTES:
+                    raise TransportError(f"message of {sum(lengths)} bytes (at most {MAX_MESSAGE_BYTES})")
+                del self._head[:need]
+                self._lengths, self._frames = lengths, []
+            # frames: take what the head buffer already holds, then read the rest in place
+            while len(self._frames) < len(self._lengths):
+                size = self._lengths[len(self._frames)]
+                if len(self._head) >= size:
+                    self._frames.append(bytes(self._head[:size]))
+                    del self._head[:size]
+                    continue
+                buf = bytearray(size)
+                have = len(self._head)
+                buf[:have] = self._head
+                self._head.clear()
+                self._current, self._filled = memoryview(buf), have
+                return
+            out.append(self._frames)
+            self._lengths, self._frames = None, []
+
+    def _frame_done(self, out: list) -> None:
+        # read-only, like a received ZeroMQ frame: arrays built on it must not be written
+        self._frames.append(self._current.toreadonly())
+        self._current, self._filled = None, 0
+        if len(self._frames) == len(self._lengths):
+            out.append(self._frames)
+            self._lengths, self._frames = None, []
+        self._parse_head(out)
+
+
+class Outbox:
+    """Connections to other processes, one per destination, shared by every thread."""
+
+    def __init__(self, name: str = "outbox"):
+        self.name = name
+        self._lock = threading.Lock()
+        self._peers: dict[str, _Peer] = {}
+
+    def send(self, address: str, frames) -> bool:
+        """Queue ``frames`` for ``address``; False if the peer cannot be reached now."""
+        with self._lock:
+            peer = self._peers.get(address)
+            if peer is None:
+                peer = self._peers[address] = _Peer(address, self.name)
+        return peer.send(encode(frames))
+
+    def forget(self, address: str) -> None:
+        with self._lock:
+            peer = self._peers.pop(address, None)
+        if peer is not None:
+            peer.close()
+
+    def close(self) -> None:
+        with self._lock:
+            peers, self._peers = list(self._peers.values()), {}
+        for p in peers:
+            p.close()
+
+
+class _Peer:
+    def __init__(self, address: str, owner: str):
+        self.address = address
+        self.owner = owner
+        self.lock = threading.Lock()
+        self.sock: socket.socket | None = None
+        self.backlog: deque = deque()  # memoryviews still to send, in order
+        self.wake = threading.Condition(self.lock)
+        self.writer: threading.Thread | None = None
+        self.closed = False
+
+    def _connect(self) -> bool:
+        family, where = parse_address(self.address)
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.settimeout(5.0)
+        try:
+            sock.connect(where)
+        except OSError as e:
+            sock.close()
+            log.debug("%s: cannot reach %s: %s", self.owner, self.address, e)
+            return False
+        _tune(sock)
+        sock.setblocking(False)
+        self.sock = sock
+        return True
+
+    def send(self, buffers: list) -> bool:
+        with self.lock:
+            if self.closed:
+                return False
+            if self.sock is None and not self._connect():
+                return False
+            if self.backlog:
+                self.backlog.extend(memoryview(b).cast("B") for b in buffers)
+                return True
+            try:
+                rest = _send_now(self.sock, buffers)
+            except OSError:
+                # the peer went away (e.g. restarted): one fresh connection, then give up
+                self._drop()
+                if not self._connect():
+                    return False
+                try:
+                    rest = _send_now(self.sock, buffers)
+                except OSError as e:
+                    log.warning("%s: sending to %s failed: %s", self.owner, self.address, e)
+                    self._drop()
+                    return False
+            if rest:
+                self.backlog.extend(rest)
+                self._start_writer()
+            return True
+
+    def _start_writer(self) -> None:
+        if self.writer is None:
+            self.writer = threading.Thread(target=self._drain, name=f"send-{self.address}", daemon=True)
+            self.writer.start()
+        self.wake.notify()
+
+    def _drain(self) -> None:
+        """The writer thread: sends the backlog in order, blocking only itself. While the
+        backlog is not empty senders only append to it, so this thread alone uses the socket."""
+        while True:
+            with self.lock:
+                while not self.backlog and not self.closed:
+                    self.wake.wait()
+                if self.closed:
+                    return
+                sock, head = self.sock, self.backlog[0]
+                if sock is None:
+                    self.backlog.clear()
+                    continue
+            try:
+                sock.settimeout(None)
+                n = sock.send(head)
+            except OSError as e:
+                with self.lock:
+                    log.warning("%s: sending to %s failed: %s", self.owner, self.address, e)
+                    self.backlog.clear()
+                    self._drop()
+                continue
+            with self.lock:
+                if self.backlog and self.backlog[0] is head:
+                    if n >= head.nbytes:
+                        self.backlog.popleft()
+                    else:
+                        self.backlog[0] = head[n:]
+                if not self.backlog and self.sock is sock:
+                    sock.setblocking(False)  # direct sends again
+
+    def _drop(self) -> None:
+        if self.sock is not None:
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+            self.sock = None
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.backlog.clear()
+            self._drop()
+            self.wake.notify_all()
+
+
+def _send_now(sock: socket.socket, buffers: list) -> list:
+    """Send what the kernel takes now; the unsent rest as memoryviews (empty: all sent)."""
+    views = [memoryview(b).cast("B") for b in buffers]
+    views = [v for v in views if v.nbytes]
+    while views:
+        try:
+            n = sock.sendmsg(views[:512])  # IOV_MAX is 1024 on Linux
+        except (BlockingIOError, InterruptedError):
+            return views
+        except OSError as e:
+            if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                return views
+            raise
+        while n and views:
+            if n >= views[0].nbytes:
+                n -= views[0].nbytes
+                views.pop(0)
+            else:
+                views[0] = views[0][n:]
+                n = 0
+    return []
