@@ -219,7 +219,9 @@ class _Peer:
     def _connect(self) -> bool:
         family, where = parse_address(self.address)
         sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.settimeout(5.0)
+        # bounded: the caller may be the gateway's event loop (local and in-cluster peers
+        # answer or refuse within milliseconds; a blackholed address must not stall it long)
+        sock.settimeout(1.0)
         try:
             sock.connect(where)
         except OSError as e:
