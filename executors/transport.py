@@ -242,6 +242,12 @@ class _Peer:
             if self.backlog:
                 self.backlog.extend(memoryview(b).cast("B") for b in buffers)
                 return True
+            if _peer_closed(self.sock):
+                # the peer restarted since the last message (same address): over TCP the
+                # first write to the dead connection would be accepted and then lost
+                self._drop()
+                if not self._connect():
+                    return False
             try:
                 rest = _send_now(self.sock, buffers)
             except OSError:
@@ -311,6 +317,17 @@ class _Peer:
             self.backlog.clear()
             self._drop()
             self.wake.notify_all()
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """True if the other end has closed this connection (we never read from it, so any
+    readable state means end-of-stream or an error)."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
 
 
 def _send_now(sock: socket.socket, buffers: list) -> list:

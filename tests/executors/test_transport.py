@@ -80,32 +80,22 @@ def test_two_peers_sending_large_messages_to_each_other_do_not_deadlock(tmp_path
         out_a.close(), out_b.close(), a.close(), b.close()
 
 
-def test_an_unreachable_peer_is_reported_and_a_restarted_one_is_reconnected(tmp_path):
-    address = f"ipc://{tmp_path}/p"
+def test_an_unreachable_peer_is_reported_and_a_restarted_one_is_reconnected(address):
     out = Outbox("test")
     try:
         assert out.send(address, [b"nobody"]) is False
         listener = listen(address)
         assert out.send(address, [b"one"])
         assert [bytes(m[0]) for m in receive(listener, 1)] == [b"one"]
-        listener.close()  # the peer dies; a new one binds the same path
+        listener.close()  # the peer dies; a new one listens on the same address
         listener = listen(address)
-        deadline = time.monotonic() + 10
-        got = []
-        while not got:  # the first send may still go to the dead connection's buffer
-            assert time.monotonic() < deadline
-            out.send(address, [b"two"])
-            got = [bytes(m[0]) for m in receive(listener, 1, timeout=0.5)] if _ready(listener) else []
-        assert got == [b"two"]
+        # the very first message after the restart arrives: over TCP a write into the dead
+        # connection would be accepted by the kernel and lost
+        assert out.send(address, [b"two"])
+        assert [bytes(m[0]) for m in receive(listener, 1, timeout=5)] == [b"two"]
         listener.close()
     finally:
         out.close()
-
-
-def _ready(listener) -> bool:
-    sel = selectors.DefaultSelector()
-    sel.register(listener, selectors.EVENT_READ)
-    return bool(sel.select(0.2))
 
 
 def test_a_message_split_into_single_bytes_is_reassembled(tmp_path):
