@@ -249,13 +249,12 @@ class Dispatcher:
     def _dispatch(self, req: Request) -> None:
         plan = req.flow.plan
         try:
-            routes = self._routes(req.flow)
+            routes, used = self._routes(req.flow)
         except NoExecutorError as e:
             self._resolve(req, error=RequestFailed(503, {"error": "NoExecutorError", "message": str(e)}))
             return
         for stage in routes:
             self.stage_counters(plan.flow_name, stage).arrivals += 1
-        used = {self._by_address[a] for addrs in routes.values() for a in addrs}
         for ex in used - req.executors:
             self.executors[ex].inflight += 1
         req.executors |= used
@@ -268,17 +267,13 @@ class Dispatcher:
             for d in deliveries(req.table, stage, routes[consumer]):
                 self._send(d.address, pack(dict(base, stage=consumer, path=list(d.path), copy=d.copy), {"t": d.table}))
 
-    @property
-    def _by_address(self) -> dict[str, str]:
-        return {i.address: i.id for i in self.executors.values()}
-
     @staticmethod
     def _input_consumers(plan: Plan) -> list[str]:
         return [s.name for s in plan.stages.values() if INPUT in s.inputs]
 
-    def _routes(self, flow: DeployedFlow) -> dict[str, list[str]]:
-        """Per stage, the addresses that run it for this request."""
-        routes = {}
+    def _routes(self, flow: DeployedFlow) -> tuple[dict[str, list[str]], set[str]]:
+        """Per stage, the addresses that run it for this request; and the executors used."""
+        routes, used = {}, set()
         key = (flow.plan.flow_name, flow.version)
         for name, stage in flow.plan.stages.items():
             live = [self.executors[i] for i in flow.placement[name]
@@ -287,6 +282,7 @@ class Dispatcher:
                 raise NoExecutorError(f"flow {flow.plan.flow_name!r}: no live executor hosts stage {name!r}")
             if stage.continuation is not None:
                 routes[name] = sorted(e.address for e in live)
+                used.update(e.id for e in live)
                 continue
             # least loaded first; among equals, where an input of this stage runs (its
             # output is already there: the hop is a hand-over, not a message) -- or, with
@@ -298,7 +294,8 @@ class Dispatcher:
                                                  (hash(e.id) + turn) % 1009))
             chosen = [ranked[j % len(ranked)] for j in range(k)]
             routes[name] = [e.address for e in chosen]
-        return routes
+            used.update(e.id for e in chosen)
+        return routes, used
 
     def _retry(self, req: Request, why: str) -> None:
         if req.future.done():
