@@ -63,6 +63,9 @@ class Gateway:
         self.load_timeout_s = load_timeout_s
         self.metrics = metrics
         self.accepting = True
+        # flow -> when this gateway last deployed/undeployed it (monotonic): a registry read
+        # that started earlier is stale for that flow (standalone.py)
+        self.changed_at: dict[str, float] = {}
         self.shape_placement = None  # the autoscaler's hook: start stages on fewer replicas
         self.scaling_status = None  # the autoscaler's per-stage status, for describe()
 
@@ -159,9 +162,10 @@ class Gateway:
     async def openapi(self, request: Request) -> Response:
         return JSONResponse(openapi_document(self.dispatcher.flows))
 
-    async def load_flow(self, name: str, version: int) -> DeployedFlow:
+    async def load_flow(self, name: str, version: int, install_if=None) -> DeployedFlow:
         """Place a registered plan on the executors and build its stages there; the flow
-        is served from then on. Raises ``LoadFailed`` with the HTTP status to answer."""
+        is served from then on (unless ``install_if()``, asked once it is built, says it
+        has become stale). Raises ``LoadFailed`` with the HTTP status to answer."""
         from executors.placement import PLAN_KEY, place
 
         try:
@@ -178,8 +182,10 @@ class Gateway:
         failed = {k: v for k, v in errors.items() if v}
         if failed:
             raise LoadFailed(500, "DeployError", f"flow {name!r}: building stages failed: {failed}")
-        flow = self.dispatcher.flows[name] = DeployedFlow(plan, version, placement)
-        log.info("deployed flow %s v%s", name, version)
+        flow = DeployedFlow(plan, version, placement)
+        if install_if is None or install_if():
+            self.dispatcher.flows[name] = flow
+            log.info("deployed flow %s v%s", name, version)
         return flow
 
     async def deploy(self, request: Request) -> Response:
@@ -194,6 +200,7 @@ class Gateway:
             flow = await self.load_flow(name, version)
         except LoadFailed as e:
             return _error(e.status, e.error, e.message)
+        self.changed_at[name] = time.monotonic()
         try:  # every gateway of the cluster serves what the registry lists (membership.py)
             await asyncio.to_thread(self.store.redis.hset, DEPLOYED_KEY, name, version)
         except Exception as e:
@@ -206,6 +213,7 @@ class Gateway:
         name = request.path_params["name"]
         if self.dispatcher.flows.pop(name, None) is None:
             return _error(404, "UnknownFlow", f"no deployed flow named {name!r}")
+        self.changed_at[name] = time.monotonic()
         try:
             await asyncio.to_thread(self.store.redis.hdel, DEPLOYED_KEY, name)
         except Exception as e:

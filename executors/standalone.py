@@ -128,8 +128,9 @@ class StandaloneGateway:
     async def sync(self) -> None:
         members = await asyncio.to_thread(live_members, self.store.redis)
         await self._members_changed(members)
+        read_at = time.monotonic()
         registry = await asyncio.to_thread(deployed_flows, self.store.redis)
-        await self._registry_changed(registry)
+        await self._registry_changed(registry, read_at)
 
     async def _members_changed(self, members: dict) -> None:
         d = self.dispatcher
@@ -179,19 +180,27 @@ class StandaloneGateway:
                 for s in stages:
                     f.placement[s] = f.placement[s] + [id_]
 
-    async def _registry_changed(self, registry: dict[str, int]) -> None:
+    async def _registry_changed(self, registry: dict[str, int], read_at: float) -> None:
         d = self.dispatcher
-        for name in [n for n in d.flows if n not in registry]:
+
+        def newer_here(name: str) -> bool:
+            # a deploy or undeploy this gateway handled since the registry was read is newer
+            # than what was read (checked at each step: loading a flow below takes a while)
+            return self.gateway.changed_at.get(name, float("-inf")) >= read_at
+
+        for name in [n for n in d.flows if n not in registry and not newer_here(n)]:
             log.warning("flow %s was undeployed", name)
             d.flows.pop(name, None)
         now = time.monotonic()
         for name, version in sorted(registry.items()):
+            if newer_here(name):
+                continue
             current = d.flows.get(name)
             if (current is not None and current.version >= version) or \
                     self._failed_loads.get((name, version), 0) > now:
                 continue
             try:
-                await self.gateway.load_flow(name, version)
+                await self.gateway.load_flow(name, version, install_if=lambda n=name: not newer_here(n))
             except LoadFailed as e:
                 # e.g. no executor yet: try again, without flooding the log
                 log.warning("flow %s v%s is not served here yet: %s", name, version, e.message)

@@ -250,3 +250,39 @@ def test_a_standalone_gateway_autoscales_the_hot_stage_across_registered_executo
             t.join(30)
     assert not failures, failures[:3]
     wait_until("the hot stage to scale back down", lambda: replicas()[hot] == 1)
+
+
+def test_a_registry_read_older_than_a_local_deploy_or_undeploy_does_not_undo_it(redis, tmp_path):
+    """The sync loop reads the registry while deploys run on the same gateway: a flow
+    deployed (or undeployed) here after that read must not be dropped (or reloaded)."""
+    import asyncio
+
+    from executors.config import ClusterConfig
+    from executors.dispatcher import DeployedFlow
+    from executors.standalone import StandaloneGateway
+    from optimizer import Plan
+
+    gw = StandaloneGateway(ClusterConfig(), kvs_url=redis.url, address=f"ipc://{tmp_path}/gw", admin_token=ADMIN)
+    f = Flow("raced")
+    f.map(scale, names=["y"])
+    flow = DeployedFlow(Plan.from_flow(f), 1, {})
+
+    async def scenario():
+        read_at = time.monotonic()  # the sync loop starts reading the registry ...
+        gw.dispatcher.flows["raced"] = flow  # ... a deploy lands here meanwhile ...
+        gw.gateway.changed_at["raced"] = time.monotonic()
+        await gw._registry_changed({}, read_at)  # ... and the read did not list it yet
+        assert gw.dispatcher.flows.get("raced") is flow
+        await gw._registry_changed({}, time.monotonic())  # a later read without it: undeployed elsewhere
+        assert "raced" not in gw.dispatcher.flows
+
+        read_at = time.monotonic()  # an undeploy here after the read listed the flow:
+        gw.gateway.changed_at["raced"] = time.monotonic()
+        await gw._registry_changed({"raced": 1}, read_at)  # not reloaded (no load is attempted)
+        assert "raced" not in gw.dispatcher.flows and not gw._failed_loads
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        gw.dispatcher.listener.close()  # never started: nothing else is open
+        gw.store.close()
