@@ -4,9 +4,11 @@ and standalone gateways (``python -m executors.gateway --membership kvs``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -71,3 +73,27 @@ def health(url: str) -> dict:
         return httpx.get(f"{url}/healthz", timeout=2).json()
     except httpx.HTTPError:
         return {}
+
+
+@contextlib.contextmanager
+def steady_load(url: str, body: dict, clients: int = 6):
+    """Closed-loop clients POSTing ``body`` to ``url`` until the block ends; yields the
+    list that collects the text of every non-200 answer."""
+    stop, failures = threading.Event(), []
+
+    def client():
+        with httpx.Client(timeout=30) as http:
+            while not stop.is_set():
+                r = http.post(url, json=body)
+                if r.status_code != 200:
+                    failures.append(r.text)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    try:
+        yield failures
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)

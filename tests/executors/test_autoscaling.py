@@ -3,15 +3,14 @@ and it shrinks back once the load is gone."""
 
 from __future__ import annotations
 
-import threading
 import time
 
-import httpx
 
 from executors.autoscale import AutoscalingConfig
 from executors.cluster import LocalCluster
 from executors.config import ClusterConfig
 from flow import Flow
+from tests.executors.processes import steady_load
 
 
 def busy(row):
@@ -35,29 +34,12 @@ def test_load_step_scales_the_hot_stage_only_then_back():
         cold, hot = list(d.plan.stages)
         assert replicas(c, f.name) == {cold: 1, hot: 1}
 
-        stop = threading.Event()
-        failures: list = []
-
-        def client():
-            with httpx.Client(timeout=30) as http:
-                while not stop.is_set():
-                    r = http.post(d.url, json={"x": 1})
-                    if r.status_code != 200:
-                        failures.append(r.text)
-
-        threads = [threading.Thread(target=client) for _ in range(6)]
-        for t in threads:
-            t.start()
-        try:
+        with steady_load(d.url, {"x": 1}) as failures:
             deadline = time.monotonic() + 30
             while replicas(c, f.name)[hot] < 2:
                 assert time.monotonic() < deadline, f"hot stage did not scale up: {replicas(c, f.name)}"
                 time.sleep(0.1)
             assert replicas(c, f.name)[cold] == 1  # 6 req in flight x 0.1 ms: no need to grow
-        finally:
-            stop.set()
-            for t in threads:
-                t.join(30)
         assert not failures, failures[:3]
         deadline = time.monotonic() + 30
         while replicas(c, f.name)[hot] > 1:

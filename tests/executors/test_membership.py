@@ -1,7 +1,7 @@
 """Gateways that spawn nothing (the Kubernetes shape): executors register in the KVS,
 gateways find them, several gateways serve the flows any one of them took.
 
-Real processes throughout: a Redis server of this module, executors started with
+Real processes throughout: the session's Redis server (flushed per test), executors started with
 ``python -m executors.executor`` on TCP addresses, gateways with ``python -m
 executors.gateway --membership kvs``, HTTP between them and the test.
 """
@@ -23,24 +23,16 @@ from flow import Flow
 from flow.table import Table
 from kvs import KVS, RedisServer
 from tests.executors.conftest import unique
-from tests.executors.processes import ADMIN, Procs, health, wait_until
+from tests.executors.processes import ADMIN, Procs, health, steady_load, wait_until
 from tests.flowgen import assert_same_rows
 
 
 
-@pytest.fixture(scope="module")
-def redis(tmp_path_factory):
-    server = RedisServer(dir=tmp_path_factory.mktemp("membership-redis"), appendonly=False)
-    server.start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
-def procs(redis, tmp_path):
-    with KVS.from_url(redis.url) as store:
+def procs(redis_server, tmp_path):
+    with KVS.from_url(redis_server.url) as store:
         store.redis.flushall()  # no members or flows left from the previous test
-    p = Procs(redis.url, tmp_path)
+    p = Procs(redis_server.url, tmp_path)
     yield p
     p.stop()
 
@@ -133,8 +125,8 @@ def test_executors_that_leave_or_die_are_dropped_and_joiners_get_work(procs):
     assert {r.json()["rows"][0]["y"] for r in answers} == {6.0}
 
 
-def test_heartbeat_registers_expires_and_deregisters(redis):
-    store = KVS.from_url(redis.url)
+def test_heartbeat_registers_expires_and_deregisters(redis_server):
+    store = KVS.from_url(redis_server.url)
     try:
         store.redis.flushall()
         beat = Heartbeat(store.redis, Member("hb0", "tcp://127.0.0.1:1", "gpu", 3), interval_s=0.1)
@@ -204,7 +196,6 @@ def test_a_gateway_started_before_the_kvs_waits_for_it(tmp_path):
 
 def test_a_standalone_gateway_autoscales_the_hot_stage_across_registered_executors(procs):
     import json
-    import threading
 
     from executors.autoscale import AutoscalingConfig
     from tests.executors.test_autoscaling import busy
@@ -229,30 +220,14 @@ def test_a_standalone_gateway_autoscales_the_hot_stage_across_registered_executo
         return {s["name"]: s["replicas"] for s in httpx.get(f"{gw}/flows/{name}").json()["stages"]}
 
     assert replicas() == {cold: 1, hot: 1}
-    stop, failures = threading.Event(), []
-
-    def load():
-        with httpx.Client(timeout=30) as http:
-            while not stop.is_set():
-                r = http.post(f"{gw}/flows/{name}", json={"x": 1})
-                if r.status_code != 200:
-                    failures.append(r.text)
-
-    threads = [threading.Thread(target=load) for _ in range(6)]
-    for t in threads:
-        t.start()
-    try:
+    with steady_load(f"{gw}/flows/{name}", {"x": 1}) as failures:
         wait_until("the hot stage to scale up", lambda: replicas()[hot] >= 2)
         assert replicas()[cold] == 1
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(30)
     assert not failures, failures[:3]
     wait_until("the hot stage to scale back down", lambda: replicas()[hot] == 1)
 
 
-def test_a_registry_read_older_than_a_local_deploy_or_undeploy_does_not_undo_it(redis, tmp_path):
+def test_a_registry_read_older_than_a_local_deploy_or_undeploy_does_not_undo_it(redis_server, tmp_path):
     """The sync loop reads the registry while deploys run on the same gateway: a flow
     deployed (or undeployed) here after that read must not be dropped (or reloaded)."""
     import asyncio
@@ -262,7 +237,7 @@ def test_a_registry_read_older_than_a_local_deploy_or_undeploy_does_not_undo_it(
     from executors.standalone import StandaloneGateway
     from optimizer import Plan
 
-    gw = StandaloneGateway(ClusterConfig(), kvs_url=redis.url, address=f"ipc://{tmp_path}/gw", admin_token=ADMIN)
+    gw = StandaloneGateway(ClusterConfig(), kvs_url=redis_server.url, address=f"ipc://{tmp_path}/gw", admin_token=ADMIN)
     f = Flow("raced")
     f.map(scale, names=["y"])
     flow = DeployedFlow(Plan.from_flow(f), 1, {})
