@@ -4,7 +4,7 @@ on Ray Serve, and on one plain uvicorn process computing in-process (the floor).
 Closed loop with wrk at concurrency 1 and 8; systems run one after another in one run,
 on the same machine, with the same model code (benchmarks/pipelines.py).
 
-    python -m benchmarks e2e [--seconds 10] [--ray-python /tmp/rayenv/bin/python]
+    python -m benchmarks e2e [--seconds 10] [--rounds 3] [--executors 1] [--ray-python /tmp/rayenv/bin/python]
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -107,14 +108,15 @@ class Floor(_ServerProcess):
 
 
 class Ours:
-    def __init__(self, optimize: bool):
+    def __init__(self, optimize: bool, executors: int = 1):
         self.optimize = optimize
+        self.executors = executors
         self.name = "flowserve " + ("optimized" if optimize else "unoptimized")
 
     def __enter__(self):
         from executors import ClusterConfig, LocalCluster
 
-        self.cluster = LocalCluster(ClusterConfig(executors=2)).start()
+        self.cluster = LocalCluster(ClusterConfig(executors=self.executors)).start()
         self.deployments = {f.name: self.cluster.deploy(f, optimize=self.optimize)
                             for f in (ensemble_flow(), cascade_flow())}
         self.plans = {n: d.explain() for n, d in self.deployments.items()}
@@ -170,12 +172,16 @@ def measure(system, seconds: float, concurrencies=(1, 8)) -> dict:
 def run(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks e2e", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=10.0, help="per measurement (default 10)")
-    p.add_argument("--rounds", type=int, default=2, help="rounds over all systems; medians reported (default 2)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds over all systems; medians of the figures and of each round's ratios (default 3)")
+    p.add_argument("--executors", type=int, default=1,
+                   help="executor processes of our local cluster (default 1: with the gateway, the two processes "
+                        "the floor's one is compared with; the cluster's own default is one per core, at least 2)")
     p.add_argument("--ray-python", default=os.environ.get("RAY_PYTHON", "/tmp/rayenv/bin/python"),
                    help="a Python with ray[serve] and torch (benchmarks/requirements-peers.txt); skipped if missing")
     args = p.parse_args(argv)
     os.environ.setdefault("FLOWSERVE_QUIET", "1")
-    systems = [Floor(), Ours(True), Ours(False)]
+    systems = [Floor(), Ours(True, args.executors), Ours(False, args.executors)]
     if os.path.exists(args.ray_python):
         systems.append(RayServe(args.ray_python))
     else:
@@ -186,18 +192,19 @@ def run(argv=None) -> dict:
         for s in systems:
             rounds[s.name].append(measure(s, args.seconds))
     results = {name: _median(rs) for name, rs in rounds.items()}
-    ratios = _ratios(results)
+    # the machine's speed drifts between minutes: compare systems within a round, where
+    # they ran side by side, and report the median of those ratios
+    per_round = [_ratios({name: rs[r] for name, rs in rounds.items()}) for r in range(args.rounds)]
+    ratios = {k: statistics.median(pr[k] for pr in per_round) for k in per_round[0]}
     for k, v in ratios.items():
-        progress(f"{k}: {v:.2f}")
-    save("e2e", {"seconds": args.seconds, "rounds": args.rounds, "results": results, "ratios": ratios,
-                 "per_round": rounds})
+        progress(f"{k}: {v:.2f} (rounds: {', '.join(f'{pr[k]:.2f}' for pr in per_round)})")
+    save("e2e", {"seconds": args.seconds, "rounds": args.rounds, "executors": args.executors, "results": results,
+                 "ratios": ratios, "ratios_per_round": per_round, "per_round": rounds})
     _plot(results)
     return results
 
 
 def _median(rounds: list[dict]) -> dict:
-    import statistics
-
     out = {}
     for key in rounds[0]:
         if key == "plans":

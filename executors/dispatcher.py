@@ -96,12 +96,14 @@ class Dispatcher:
         self._counters: dict[tuple[str, str], StageCounters] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._joined: asyncio.Event | None = None  # set when an executor joins (wait_for_executor)
+        self._unsent: dict[str, list] = {}  # address -> messages sent this turn of the loop
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self.listener.fileno(), self._accept)
 
     async def close(self) -> None:
+        self._flush()
         if self._loop is not None:
             self._loop.remove_reader(self.listener.fileno())
             for fd, conn in list(self._connections.items()):
@@ -178,8 +180,22 @@ class Dispatcher:
             info.alive = True
 
     def _send(self, address: str, frames: list) -> None:
-        if not self.outbox.send(address, frames):
-            log.debug("%s cannot be reached; a message to it was dropped", address)
+        """Send at the end of this turn of the event loop: the requests that arrived together
+        leave as one write per executor (one wake-up of it, and it sees them together)."""
+        if self._loop is None:
+            return self._send_now(address, [frames])
+        if not self._unsent:
+            self._loop.call_soon(self._flush)
+        self._unsent.setdefault(address, []).append(frames)
+
+    def _flush(self) -> None:
+        unsent, self._unsent = self._unsent, {}
+        for address, messages in unsent.items():
+            self._send_now(address, messages)
+
+    def _send_now(self, address: str, messages: list) -> None:
+        if not self.outbox.send_many(address, messages):
+            log.debug("%s cannot be reached; %d message(s) to it dropped", address, len(messages))
 
     # -- loading --------------------------------------------------------------------------
 

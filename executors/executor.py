@@ -114,21 +114,10 @@ class Executor:
         selector.register(self.listener, selectors.EVENT_READ, None)
         last_gc = time.monotonic()
         while not self._stopping.is_set():
-            for key, _ in selector.select(0.2):
-                if key.data is None:  # a new connection
-                    while (conn := accept(self.listener)) is not None:
-                        selector.register(conn, selectors.EVENT_READ, Reader(conn))
-                    continue
-                try:
-                    messages, still_open = key.data.read()
-                except TransportError as e:
-                    log.warning("executor %s: closing a connection that broke the framing: %s", self.id, e)
-                    messages, still_open = [], False
-                for frames in messages:
-                    self._handle_safely(frames)
-                if not still_open:
-                    selector.unregister(key.fileobj)
-                    key.fileobj.close()
+            events = selector.select(0.2)
+            with self.outbox.corked():  # what reading sends (pongs, errors): one write per peer
+                for key, _ in events:
+                    self._read(selector, key)
             # cheap ready work gathered while reading runs here, as batches
             self._run_inline()
             now = time.monotonic()
@@ -139,6 +128,22 @@ class Executor:
         for key in list(selector.get_map().values()):
             key.fileobj.close()
         self.outbox.close()
+
+    def _read(self, selector, key) -> None:
+        if key.data is None:  # a new connection
+            while (conn := accept(self.listener)) is not None:
+                selector.register(conn, selectors.EVENT_READ, Reader(conn))
+            return
+        try:
+            messages, still_open = key.data.read()
+        except TransportError as e:
+            log.warning("executor %s: closing a connection that broke the framing: %s", self.id, e)
+            messages, still_open = [], False
+        for frames in messages:
+            self._handle_safely(frames)
+        if not still_open:
+            selector.unregister(key.fileobj)
+            key.fileobj.close()
 
     def stop(self, *_):
         self._stopping.set()
@@ -351,6 +356,9 @@ class Executor:
             for group in (items[:clashing[0]], items[clashing[0]:]):
                 self.run_batch(hosted, group)
             return
+        self._run_merged(hosted, items, owner)
+
+    def _run_merged(self, hosted: HostedStage, items: list[WorkItem], owner: dict) -> None:
         t0 = time.perf_counter()
         try:
             merged = [Table.concat([it.inputs[k] for it in items]) for k in range(len(items[0].inputs))]
@@ -365,8 +373,11 @@ class Executor:
         rows = [[] for _ in items]
         for i, q in enumerate(out.qid.tolist()):
             rows[owner[q]].append(i)
-        for k, it in enumerate(items):
-            self.forward(hosted, it, out.take(np.asarray(rows[k], dtype=np.int64)), ms, len(items))
+        local = []
+        with self.outbox.corked():  # the batch's answers: one write per peer
+            for k, it in enumerate(items):
+                self.forward(hosted, it, out.take(np.asarray(rows[k], dtype=np.int64)), ms, len(items), local)
+        self._dispatch_all(local)
 
     def _execute(self, hosted: HostedStage, inputs: list[Table], after_head: bool) -> Table:
         bound = hosted.bound
@@ -377,11 +388,28 @@ class Executor:
             out = b([out], self.store)
         return out
 
-    def forward(self, hosted: HostedStage, item: WorkItem, out: Table, ms: float, batch: int) -> None:
+    def forward(self, hosted: HostedStage, item: WorkItem, out: Table, ms: float, batch: int,
+                local: list | None = None) -> None:
         h = item.header
         trace = item.trace + [[hosted.stage.name, self.id, round(ms, 3), batch]]
         base = {"type": "run", "req": h["req"], "att": h["att"], "flow": h["flow"], "ver": h["ver"],
                 "from": hosted.stage.name, "routes": h["routes"], "gw": h["gw"], "dl": h.get("dl"), "trace": trace}
+        if local is not None:
+            return self._deliver(hosted, item, base, out, local)
+        local = []
+        with self.outbox.corked():  # one write per peer for all of this item's messages
+            self._deliver(hosted, item, base, out, local)
+        self._dispatch_all(local)
+
+    def _dispatch_all(self, local: list) -> None:
+        for ready in local:
+            self.dispatch(*ready)
+
+    def _deliver(self, hosted: HostedStage, item: WorkItem, base: dict, out: Table, local: list) -> None:
+        """Send ``out`` on to the gateway and remote consumers; ready work of consumers
+        hosted here goes to ``local``, to start once the messages have left (a remote
+        branch must not wait for a local one)."""
+        h = item.header
         if hosted.is_sink:
             msg = dict(base, type="result", path=list(item.path))
             self.send(h["gw"], pack(msg, {"t": out}))
@@ -391,8 +419,7 @@ class Executor:
                 msg = dict(base, stage=consumer, path=list(d.path), copy=d.copy)
                 if d.address == self.address:
                     # the consumer runs here too: hand the Table over, no socket, no encoding
-                    for ready in self.gather(msg, d.table):
-                        self.dispatch(*ready)
+                    local.extend(self.gather(msg, d.table))
                 else:
                     self.send(d.address, pack(msg, {"t": d.table}))
 

@@ -20,10 +20,17 @@ loop never waits for a slow reader. A destination that cannot be reached (not st
 yet, or dead) loses the message, as a ZeroMQ PUSH socket with no peer would keep it
 forever: callers ping before they rely on a peer, and requests sent to an executor that
 died are re-run by the dispatcher.
+
+Corking (``Outbox.corked``) coalesces: inside the block, a thread's messages to one peer
+leave together as one write when the block ends. An executor corks each batch and each
+pass of its read loop, so the answers of a batch of N requests cost one system call and
+one wake-up of the gateway instead of N; the gateway corks each turn of its event loop.
+On a virtual machine a wake-up of a sleeping peer is among the dearest things a hop does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -127,12 +134,18 @@ class Reader:
             if n == 0:
                 return out, False
             if self._current is not None:
+                wanted = len(self._current) - self._filled
                 self._filled += n
                 if self._filled == len(self._current):
                     self._frame_done(out)
             else:
+                wanted = 65536
                 self._head += chunk
                 self._parse_head(out)
+            if n < wanted:
+                # the socket is drained for now: the selector (level-triggered) reports it
+                # again when more comes, so no read just to see EAGAIN
+                return out, True
 
     def _parse_head(self, out: list) -> None:
         while True:
@@ -183,14 +196,42 @@ class Outbox:
         self.name = name
         self._lock = threading.Lock()
         self._peers: dict[str, _Peer] = {}
+        self._local = threading.local()  # .pending: address -> buffers, while corked
 
     def send(self, address: str, frames) -> bool:
-        """Queue ``frames`` for ``address``; False if the peer cannot be reached now."""
+        """Queue ``frames`` for ``address``; False if the peer cannot be reached now (while
+        corked: True, and a peer found unreachable at the end of the block is logged)."""
+        pending = getattr(self._local, "pending", None)
+        if pending is not None:
+            pending.setdefault(address, []).extend(encode(frames))
+            return True
+        return self._send_buffers(address, encode(frames))
+
+    def send_many(self, address: str, messages: list) -> bool:
+        """Send several messages to one peer with one write."""
+        return self._send_buffers(address, [b for frames in messages for b in encode(frames)])
+
+    @contextlib.contextmanager
+    def corked(self):
+        """This thread's sends inside the block leave at its end, one write per peer."""
+        if getattr(self._local, "pending", None) is not None:  # nested: the outer block sends
+            yield
+            return
+        self._local.pending = {}
+        try:
+            yield
+        finally:
+            pending, self._local.pending = self._local.pending, None
+            for address, buffers in pending.items():
+                if not self._send_buffers(address, buffers):
+                    log.warning("%s: %s cannot be reached; messages to it were dropped", self.name, address)
+
+    def _send_buffers(self, address: str, buffers: list) -> bool:
         with self._lock:
             peer = self._peers.get(address)
             if peer is None:
                 peer = self._peers[address] = _Peer(address, self.name)
-        return peer.send(encode(frames))
+        return peer.send(buffers)
 
     def forget(self, address: str) -> None:
         with self._lock:
@@ -242,9 +283,10 @@ class _Peer:
             if self.backlog:
                 self.backlog.extend(memoryview(b).cast("B") for b in buffers)
                 return True
-            if _peer_closed(self.sock):
+            if self.sock.family != socket.AF_UNIX and _peer_closed(self.sock):
                 # the peer restarted since the last message (same address): over TCP the
-                # first write to the dead connection would be accepted and then lost
+                # first write to the dead connection would be accepted and then lost (over a
+                # Unix socket that write fails at once, and is retried below)
                 self._drop()
                 if not self._connect():
                     return False

@@ -150,3 +150,41 @@ def test_a_peer_that_breaks_the_framing_is_refused(tmp_path, head):
 def test_malformed_addresses_are_named(bad):
     with pytest.raises(TransportError, match="address"):
         parse_address(bad)
+
+
+def test_corked_sends_leave_together_when_the_block_ends(tmp_path, caplog):
+    address = f"ipc://{tmp_path}/c.sock"
+    listener = listen(address)
+    out = Outbox("test")
+    try:
+        with out.corked():
+            assert out.send(address, [b"one"])
+            with out.corked():  # nested: only the outermost block sends
+                assert out.send(address, [b"two", b"2"])
+            assert accept(listener) is None  # nothing has left yet, not even a connection
+            # corking is per thread: another thread's message goes out at once
+            other = threading.Thread(target=out.send, args=(address, [b"other"]))
+            other.start()
+            other.join()
+            assert [bytes(m[0]) for m in receive(listener, 1)] == [b"other"]
+        got = receive(listener, 2)
+        assert [[bytes(f) for f in m] for m in got] == [[b"one"], [b"two", b"2"]]
+        # a peer that cannot be reached when the block ends: dropped, logged, no exception
+        with out.corked():
+            assert out.send(f"ipc://{tmp_path}/nobody.sock", [b"lost"])
+        assert "nobody.sock cannot be reached" in caplog.text
+    finally:
+        out.close()
+        listener.close()
+
+
+def test_send_many_delivers_every_message_in_order(address):
+    listener = listen(address)
+    out = Outbox("test")
+    try:
+        messages = [[b"m%d" % i, bytes(i)] for i in range(20)]
+        assert out.send_many(address, messages)
+        assert [[bytes(f) for f in m] for m in receive(listener, 20)] == messages
+    finally:
+        out.close()
+        listener.close()
