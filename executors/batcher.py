@@ -1,5 +1,6 @@
 """Per-stage batching on an executor: up to ``max_batch_size`` requests, waiting at most
-``max_wait_ms`` after the first one for more (Clipper's delayed batching).
+``max_wait_ms`` after the first one for more (Clipper's delayed batching). The default
+window is 0: a batch is what is queued when the stage is free.
 
 The wait is adaptive: a batcher only waits when requests have lately been arriving less
 than ``max_wait_ms`` apart (an exponentially weighted mean of the gaps), so a lone request

@@ -67,8 +67,8 @@ def _stage(i: int, s: Stage) -> list[str]:
     if s.batch is None:
         out.append(_field("batching", "no"))
     else:
-        out.append(_field("batching", f"up to {s.batch.max_batch_size} requests, "
-                                      f"waiting at most {s.batch.max_wait_ms:g} ms"))
+        wait = f"waiting at most {s.batch.max_wait_ms:g} ms" if s.batch.max_wait_ms else "the queued ones, no wait"
+        out.append(_field("batching", f"up to {s.batch.max_batch_size} requests, {wait}"))
     if s.continuation is not None:
         out.append(_field("continuation", f"route rows by key column {s.continuation!r} "
                                           f"to an executor that caches the key"))

@@ -30,7 +30,7 @@ class OptimizerOptions:
       competition, locality, placement, fusion, batching).
     - ``competitive_replicas``: k replicas race for a ``high_variance`` operator's stage
       (default 3, the seed's knee: 1 -> 3 replicas cut p99 by 71-94%). 1 turns racing off.
-    - ``batch``: the BatchConfig given to batching stages (default: 20 requests, 2 ms).
+    - ``batch``: the BatchConfig given to batching stages (default: up to 20 requests, no wait window).
     - ``fuse_branches``: let fusion also merge fork-join regions (a stage, the branches it
       feeds and the stage that joins them) into one stage that runs the branches one after
       the other (default True: a hop costs more than most branches; operators that race,

@@ -63,13 +63,20 @@ def _is_int(v) -> bool:
 class BatchConfig:
     """How a batching stage merges requests: up to ``max_batch_size`` requests per call,
     waiting at most ``max_wait_ms`` for more after the first arrives (Clipper's delayed
-    batching; the seed drained up to 20 queued requests with no wait window).
+    batching).
+
+    The default waits not at all: a batch is whatever is queued when the stage is free
+    (the seed's policy, and Triton's default). Batches still grow with load, since
+    requests queue while a batch runs, and a busy executor never idles waiting for
+    requests that its own answers would release (closed-loop clients): measured on the
+    Ensemble at concurrency 8, a 2 ms window cost 20% of throughput. A window pays when a
+    call costs nearly the same for 1 and N rows (a GPU model) and load is moderate.
 
         BatchConfig(max_batch_size=32, max_wait_ms=5)
     """
 
     max_batch_size: int = 20
-    max_wait_ms: float = 2.0
+    max_wait_ms: float = 0.0
 
     def __post_init__(self):
         if not _is_int(self.max_batch_size) or self.max_batch_size < 1:

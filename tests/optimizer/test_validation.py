@@ -89,7 +89,7 @@ def test_options_are_frozen_with_documented_defaults():
     opts = OptimizerOptions()
     assert opts.rules == DEFAULT_RULES == ("competition", "locality", "placement", "fusion", "batching")
     assert opts.competitive_replicas == 3 and opts.fuse_across_devices is False
-    assert opts.batch == BatchConfig(max_batch_size=20, max_wait_ms=2.0)
+    assert opts.batch == BatchConfig(max_batch_size=20, max_wait_ms=0.0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         opts.competitive_replicas = 5
     assert OptimizerOptions(rules=["fusion"]).rules == ("fusion",)  # a list is taken as a tuple
