@@ -197,6 +197,7 @@ class Outbox:
         self._lock = threading.Lock()
         self._peers: dict[str, _Peer] = {}
         self._local = threading.local()  # .pending: address -> buffers, while corked
+        self._closed = False
 
     def send(self, address: str, frames) -> bool:
         """Queue ``frames`` for ``address``; False if the peer cannot be reached now (while
@@ -228,6 +229,8 @@ class Outbox:
 
     def _send_buffers(self, address: str, buffers: list) -> bool:
         with self._lock:
+            if self._closed:  # e.g. a worker's corked answers after shutdown: no new connection
+                return False
             peer = self._peers.get(address)
             if peer is None:
                 peer = self._peers[address] = _Peer(address, self.name)
@@ -241,6 +244,7 @@ class Outbox:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             peers, self._peers = list(self._peers.values()), {}
         for p in peers:
             p.close()

@@ -188,3 +188,17 @@ def test_send_many_delivers_every_message_in_order(address):
     finally:
         out.close()
         listener.close()
+
+
+def test_a_closed_outbox_sends_nothing_and_connects_nowhere(tmp_path):
+    address = f"ipc://{tmp_path}/closed.sock"
+    listener = listen(address)
+    out = Outbox("test")
+    try:
+        with out.corked():
+            assert out.send(address, [b"late"])  # held until the block ends
+            out.close()  # the process is stopping meanwhile
+        assert out.send(address, [b"later"]) is False
+        assert accept(listener) is None
+    finally:
+        listener.close()
