@@ -343,7 +343,7 @@ class Executor:
             return
         ms = (time.perf_counter() - t0) * 1000
         hosted.observe(ms)
-        self.forward(hosted, item, out, ms, 1)
+        self.forward(hosted, [(item, out)], ms, 1)
 
     def run_batch(self, hosted: HostedStage, items: list[WorkItem]) -> None:
         """Run several requests as one merged Table, then split the output back by qid."""
@@ -373,11 +373,8 @@ class Executor:
         rows = [[] for _ in items]
         for i, q in enumerate(out.qid.tolist()):
             rows[owner[q]].append(i)
-        local = []
-        with self.outbox.corked():  # the batch's answers: one write per peer
-            for k, it in enumerate(items):
-                self.forward(hosted, it, out.take(np.asarray(rows[k], dtype=np.int64)), ms, len(items), local)
-        self._dispatch_all(local)
+        self.forward(hosted, [(it, out.take(np.asarray(rows[k], dtype=np.int64))) for k, it in enumerate(items)],
+                     ms, len(items))
 
     def _execute(self, hosted: HostedStage, inputs: list[Table], after_head: bool) -> Table:
         bound = hosted.bound
@@ -388,28 +385,24 @@ class Executor:
             out = b([out], self.store)
         return out
 
-    def forward(self, hosted: HostedStage, item: WorkItem, out: Table, ms: float, batch: int,
-                local: list | None = None) -> None:
+    def forward(self, hosted: HostedStage, outputs: list[tuple[WorkItem, Table]], ms: float, batch: int) -> None:
+        """Send each request's output on to the gateway (sink) and to remote consumers, one
+        write per peer for them all; consumers hosted here start once the messages have
+        left (a remote branch must not wait for a local one)."""
+        local = []
+        with self.outbox.corked():
+            for item, out in outputs:
+                local.extend(self._deliver(hosted, item, out, ms, batch))
+        for ready in local:
+            self.dispatch(*ready)
+
+    def _deliver(self, hosted: HostedStage, item: WorkItem, out: Table, ms: float, batch: int) -> list:
+        """Send one request's output; the ready work of consumers hosted here, to start."""
         h = item.header
         trace = item.trace + [[hosted.stage.name, self.id, round(ms, 3), batch]]
         base = {"type": "run", "req": h["req"], "att": h["att"], "flow": h["flow"], "ver": h["ver"],
                 "from": hosted.stage.name, "routes": h["routes"], "gw": h["gw"], "dl": h.get("dl"), "trace": trace}
-        if local is not None:
-            return self._deliver(hosted, item, base, out, local)
         local = []
-        with self.outbox.corked():  # one write per peer for all of this item's messages
-            self._deliver(hosted, item, base, out, local)
-        self._dispatch_all(local)
-
-    def _dispatch_all(self, local: list) -> None:
-        for ready in local:
-            self.dispatch(*ready)
-
-    def _deliver(self, hosted: HostedStage, item: WorkItem, base: dict, out: Table, local: list) -> None:
-        """Send ``out`` on to the gateway and remote consumers; ready work of consumers
-        hosted here goes to ``local``, to start once the messages have left (a remote
-        branch must not wait for a local one)."""
-        h = item.header
         if hosted.is_sink:
             msg = dict(base, type="result", path=list(item.path))
             self.send(h["gw"], pack(msg, {"t": out}))
@@ -422,6 +415,7 @@ class Executor:
                     local.extend(self.gather(msg, d.table))
                 else:
                     self.send(d.address, pack(msg, {"t": d.table}))
+        return local
 
     def _fail(self, h: dict, error: BaseException, hosted: HostedStage | None = None) -> None:
         if hosted is not None and hosted.consumers and all(
