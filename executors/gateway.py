@@ -200,9 +200,8 @@ class Gateway:
             flow = await self.load_flow(name, version)
         except LoadFailed as e:
             return _error(e.status, e.error, e.message)
-        self.changed_at[name] = time.monotonic()
         try:  # every gateway of the cluster serves what the registry lists (membership.py)
-            await asyncio.to_thread(self.store.redis.hset, DEPLOYED_KEY, name, version)
+            await self._record_change(name, self.store.redis.hset, DEPLOYED_KEY, name, version)
         except Exception as e:
             log.warning("flow %s v%s serves on this gateway but is not registered for others: %s", name, version, e)
         return JSONResponse(describe(flow, self.dispatcher))
@@ -213,12 +212,22 @@ class Gateway:
         name = request.path_params["name"]
         if self.dispatcher.flows.pop(name, None) is None:
             return _error(404, "UnknownFlow", f"no deployed flow named {name!r}")
-        self.changed_at[name] = time.monotonic()
         try:
-            await asyncio.to_thread(self.store.redis.hdel, DEPLOYED_KEY, name)
+            await self._record_change(name, self.store.redis.hdel, DEPLOYED_KEY, name)
         except Exception as e:
             log.warning("flow %s: could not remove it from the registry: %s", name, e)
         return JSONResponse({"undeployed": name})
+
+
+    async def _record_change(self, name: str, write, *args) -> None:
+        """Run the registry ``write`` for a deploy/undeploy served here. A registry read
+        that started before the write finished may not show it, so the change is stamped
+        both before and after the write: such a read is then older than the change."""
+        self.changed_at[name] = time.monotonic()
+        try:
+            await asyncio.to_thread(write, *args)
+        finally:
+            self.changed_at[name] = time.monotonic()
 
 
 class LoadFailed(Exception):

@@ -256,6 +256,13 @@ def test_a_registry_read_older_than_a_local_deploy_or_undeploy_does_not_undo_it(
         await gw._registry_changed({"raced": 1}, read_at)  # not reloaded (no load is attempted)
         assert "raced" not in gw.dispatcher.flows and not gw._failed_loads
 
+        # a read that starts after the deploy but before its registry write lands
+        gw.dispatcher.flows["raced"] = flow
+        reads = []
+        await gw.gateway._record_change("raced", lambda: reads.append(time.monotonic()))
+        await gw._registry_changed({}, reads[0])  # the read did not see the write yet
+        assert gw.dispatcher.flows.get("raced") is flow
+
     try:
         asyncio.run(scenario())
     finally:
