@@ -38,6 +38,10 @@ class ClusterConfig:
         hand the Table over in-process (default True). False spreads consecutive stages
         over different executors, as on a cluster of many machines; the benchmarks use it
         to reproduce the research's one-function-per-executor setting.
+    busy_poll_ms: after a message, the gateway and each executor keep polling for this long
+        before sleeping (default 10): a woken process runs slowly for a while, so polling
+        cuts each hop's latency; each poll yields the CPU to runnable work, so it uses idle
+        time only. 0 turns it off (executors/busypoll.py).
     persistence: keep the KVS on disk (AOF) so it survives a restart (`flowserve up`).
     dir: where state, logs and sockets live (None: a private temporary directory).
     """
@@ -56,6 +60,7 @@ class ClusterConfig:
     autoscaling: Any = None
     max_executors: int = 8
     colocate: bool = True
+    busy_poll_ms: float = 10.0
     persistence: bool = False
     dir: str | None = None
 
@@ -79,6 +84,7 @@ class ClusterConfig:
         need(isinstance(self.restart_executors, bool), "restart_executors", "a bool")
         need(_int(self.max_executors) and self.max_executors >= 1, "max_executors", "an int >= 1")
         need(isinstance(self.colocate, bool), "colocate", "a bool")
+        need(_num(self.busy_poll_ms) and 0 <= self.busy_poll_ms <= 1000, "busy_poll_ms", "a number in 0..1000")
         if isinstance(self.autoscaling, dict):
             object.__setattr__(self, "autoscaling", AutoscalingConfig.from_json(self.autoscaling))
         need(self.autoscaling is None or isinstance(self.autoscaling, AutoscalingConfig), "autoscaling",

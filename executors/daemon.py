@@ -38,16 +38,19 @@ STATE_FILE = "cluster.json"
 class ExecutorProcess:
     """One executor child process; restarted by the supervisor when it dies."""
 
-    def __init__(self, id_: str, address: str, device: str, kvs_url: str, threads: int, logdir: Path):
+    def __init__(self, id_: str, address: str, device: str, kvs_url: str, threads: int, logdir: Path,
+                 busy_poll_ms: float):
         self.id, self.address, self.device = id_, address, device
         self.kvs_url, self.threads, self.logdir = kvs_url, threads, logdir
+        self.busy_poll_ms = busy_poll_ms
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
 
     def start(self) -> None:
         logfile = open(self.logdir / f"{self.id}.log", "ab")
         cmd = [sys.executable, "-m", "executors.executor", "--id", self.id, "--address", self.address,
-               "--kvs", self.kvs_url, "--device", self.device, "--threads", str(self.threads)]
+               "--kvs", self.kvs_url, "--device", self.device, "--threads", str(self.threads),
+               "--busy-poll-ms", repr(float(self.busy_poll_ms))]
         self.proc = popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         logfile.close()
 
@@ -83,7 +86,7 @@ class ClusterDaemon:
         for i in range(self.config.executors + self.config.gpu_executors):
             device = "cpu" if i < self.config.executors else "gpu"
             ex = ExecutorProcess(f"{device}{i}", f"ipc://{self.dir}/e{i}.ipc", device, kvs_url,
-                                 self.config.threads, self.logdir)
+                                 self.config.threads, self.logdir, self.config.busy_poll_ms)
             ex.start()
             self.executors.append(ex)
         server = uvicorn.Server(uvicorn.Config(self._app(), host=self.config.host, port=self.port,
@@ -96,7 +99,7 @@ class ClusterDaemon:
 
     def _app(self):
         self.dispatcher = Dispatcher(f"ipc://{self.dir}/gateway.ipc", self.config.max_retries, self.metrics,
-                                     colocate=self.config.colocate)
+                                     colocate=self.config.colocate, busy_poll_ms=self.config.busy_poll_ms)
         for ex in self.executors:
             self.dispatcher.add_executor(ex.id, ex.address, ex.device)
         self.gateway = Gateway(self.dispatcher, self.store, token=self.config.token, admin_token=self.admin_token,
@@ -159,7 +162,7 @@ class ClusterDaemon:
         i = self._next_index
         self._next_index += 1
         ex = ExecutorProcess(f"{device}{i}", f"ipc://{self.dir}/e{i}.ipc", device, self.redis.url,
-                             self.config.threads, self.logdir)
+                             self.config.threads, self.logdir, self.config.busy_poll_ms)
         ex.start()
         self.executors.append(ex)
         self.dispatcher.add_executor(ex.id, ex.address, device)

@@ -27,6 +27,8 @@ from executors.errors import NoExecutorError
 from executors.routing import complete, deliveries
 from executors.scaling import StageCounters
 from executors.transport import Outbox, Reader, TransportError, accept, listen
+from executors.busypoll import DEFAULT_MS as DEFAULT_BUSY_POLL_MS
+from executors.busypoll import BusyPoll
 from executors.wire import WireError, pack, unpack
 from flow.table import Table
 from optimizer.plan import INPUT, Plan
@@ -77,7 +79,8 @@ class Request:
 
 
 class Dispatcher:
-    def __init__(self, address: str, max_retries: int = 2, metrics=None, colocate: bool = True):
+    def __init__(self, address: str, max_retries: int = 2, metrics=None, colocate: bool = True,
+                 busy_poll_ms: float = DEFAULT_BUSY_POLL_MS):
         self.address = address
         # answers arrive on connections read by the event loop's reader callbacks
         self.listener = listen(address)
@@ -97,6 +100,8 @@ class Dispatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._joined: asyncio.Event | None = None  # set when an executor joins (wait_for_executor)
         self._unsent: dict[str, list] = {}  # address -> messages sent this turn of the loop
+        self.busy_poll = BusyPoll(busy_poll_ms)  # busypoll.py: why the loop polls after a message
+        self._polling = False
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -188,7 +193,23 @@ class Dispatcher:
             self._loop.call_soon(self._flush)
         self._unsent.setdefault(address, []).append(frames)
 
+    def _keep_hot(self) -> None:
+        """A message came or went: keep the event loop polling (a ready callback makes it poll
+        without sleeping) for the busy-poll window, so the answer is read at once."""
+        self.busy_poll.touch()
+        if not self._polling and self.busy_poll.window_s:
+            self._polling = True
+            self._loop.call_soon(self._poll)
+
+    def _poll(self) -> None:
+        if self.busy_poll.hot():
+            self.busy_poll.pause()
+            self._loop.call_soon(self._poll)
+        else:
+            self._polling = False
+
     def _flush(self) -> None:
+        self._keep_hot()
         unsent, self._unsent = self._unsent, {}
         for address, messages in unsent.items():
             self._send_now(address, messages)
@@ -343,6 +364,7 @@ class Dispatcher:
             self._loop.add_reader(conn.fileno(), self._readable, conn, Reader(conn))
 
     def _readable(self, conn: socket.socket, reader: Reader) -> None:
+        self._keep_hot()
         try:
             messages, still_open = reader.read()
         except TransportError as e:

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from executors.batcher import Batcher, WorkItem
+from executors.busypoll import DEFAULT_MS as DEFAULT_BUSY_POLL_MS
+from executors.busypoll import BusyPoll
 from executors.errors import status_for
 from executors.gpu import gpu_stats, set_executor_class
 from executors.membership import HEARTBEAT_S, Heartbeat, Member
@@ -77,7 +79,7 @@ class HostedStage:
 
 class Executor:
     def __init__(self, executor_id: str, address: str, kvs_url: str, device: str = "cpu",
-                 threads: int = 4, gpu_available: bool = False):
+                 threads: int = 4, gpu_available: bool = False, busy_poll_ms: float = DEFAULT_BUSY_POLL_MS):
         self.id = executor_id
         self.address = address
         self.device = device
@@ -98,6 +100,7 @@ class Executor:
         self._lock = threading.Lock()  # guards pending/done: the IO thread and workers gather
         self._io_thread = None
         self._inflight_lock = threading.Lock()
+        self.busy_poll = BusyPoll(busy_poll_ms)  # busypoll.py: why the IO thread polls after a message
 
     # -- sockets ---------------------------------------------------------------------------
 
@@ -114,12 +117,18 @@ class Executor:
         selector.register(self.listener, selectors.EVENT_READ, None)
         last_gc = time.monotonic()
         while not self._stopping.is_set():
-            events = selector.select(0.2)
-            with self.outbox.corked():  # what reading sends (pongs, errors): one write per peer
-                for key, _ in events:
-                    self._read(selector, key)
-            # cheap ready work gathered while reading runs here, as batches
-            self._run_inline()
+            hot = self.busy_poll.hot()
+            events = selector.select(0 if hot else 0.2)
+            if not events:
+                if hot:
+                    self.busy_poll.pause()
+            else:
+                with self.outbox.corked():  # what reading sends (pongs, errors): one write per peer
+                    for key, _ in events:
+                        self._read(selector, key)
+                # cheap ready work gathered while reading runs here, as batches
+                self._run_inline()
+                self.busy_poll.touch()
             now = time.monotonic()
             if now - last_gc > 1.0:
                 self._expire(time.time())
@@ -467,6 +476,9 @@ def main(argv=None) -> None:
                    help="Redis URL of the cluster's KVS (default: $FLOWSERVE_KVS_URL)")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--threads", type=int, default=4)
+    p.add_argument("--busy-poll-ms", type=float, default=DEFAULT_BUSY_POLL_MS,
+                   help="after a message, poll for this long before sleeping (lower latency for CPU "
+                        f"that is otherwise idle; 0: off; default {DEFAULT_BUSY_POLL_MS:g})")
     p.add_argument("--heartbeat-s", type=float, default=HEARTBEAT_S,
                    help="registration refresh period; the registration expires after 3 of them")
     args = p.parse_args(argv)
@@ -474,7 +486,10 @@ def main(argv=None) -> None:
         p.error("--kvs is required (or set FLOWSERVE_KVS_URL)")
     logging.basicConfig(level=os.environ.get("FLOWSERVE_LOG_LEVEL", "WARNING"),
                         format=f"%(asctime)s executor {args.id} %(levelname)s %(message)s")
-    ex = Executor(args.id, args.address, args.kvs, device=args.device, threads=args.threads)
+    if not 0 <= args.busy_poll_ms <= 1000:
+        p.error(f"--busy-poll-ms must be in 0..1000, got {args.busy_poll_ms:g}")
+    ex = Executor(args.id, args.address, args.kvs, device=args.device, threads=args.threads,
+                  busy_poll_ms=args.busy_poll_ms)
     # announce it only once it listens: gateways that find it can send at once
     heartbeat = Heartbeat(ex.store.redis, Member(args.id, args.address, args.device, args.threads),
                           args.heartbeat_s).start()

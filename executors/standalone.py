@@ -47,7 +47,8 @@ class StandaloneGateway:
         self.metrics = Metrics()
         self.poll_s = poll_s
         self.absence = Absence(grace_s)
-        self.dispatcher = Dispatcher(address, config.max_retries, self.metrics, colocate=config.colocate)
+        self.dispatcher = Dispatcher(address, config.max_retries, self.metrics, colocate=config.colocate,
+                                     busy_poll_ms=config.busy_poll_ms)
         self.gateway = Gateway(self.dispatcher, self.store, token=config.token, admin_token=admin_token,
                                max_body_bytes=config.max_body_bytes, request_timeout_s=config.request_timeout_s,
                                load_timeout_s=config.load_timeout_s, metrics=self.metrics)

@@ -12,8 +12,10 @@ import numpy as np
 from executors.cluster import LocalCluster
 from executors.config import ClusterConfig
 from flow import Flow
+from flow.table import Table
 from optimizer import BatchConfig, OptimizerOptions
 from tests.executors.conftest import unique
+from tests.flowgen import assert_same_rows
 
 
 def small(row):
@@ -163,6 +165,22 @@ def test_spread_stages_cross_executors_and_answer_the_same():
             trace = json.loads(c.http.post(d.url, json={"x": 1}).headers["x-flowserve-trace"])
             where = [executor for _stage, executor, _ms, _batch in trace]
             assert len(where) == 3 and where[0] != where[1] != where[2], trace
+
+
+def test_busy_polling_off_answers_the_same():
+    """busy_poll_ms=0 reaches the executors (they then sleep between messages) and the
+    gateway; answers do not change."""
+    with LocalCluster(ClusterConfig(executors=1, busy_poll_ms=0)) as c:
+        (pid,) = _executor_pids(c)
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            args = fh.read().split(b"\0")
+        assert args[args.index(b"--busy-poll-ms") + 1] == b"0.0"
+        f = Flow("unpolled")
+        f.map(lambda r: r.x * 3, names=["y"]).filter(lambda r: r.y > 2)
+        d = c.deploy(f)
+        rows = [{"x": float(i)} for i in range(5)]
+        answer = d.call(rows)
+        assert_same_rows(answer.table, f.run(Table.from_any(rows).with_qid(answer.input_qids)))
 
 
 def test_colocated_stages_stay_on_one_executor_at_light_load(cluster, http):
