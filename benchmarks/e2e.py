@@ -1,15 +1,20 @@
 """End to end over HTTP: the Ensemble and the Cascade on FlowServe (optimized and not),
 on Ray Serve, and on one plain uvicorn process computing in-process (the floor).
 
-Closed loop with wrk at concurrency 1 and 8; systems run one after another in one run,
-on the same machine, with the same model code (benchmarks/pipelines.py).
+Closed loop with wrk at concurrency 1 and 8, the same model code in every system
+(benchmarks/pipelines.py). The systems run side by side: all are up at once and short
+measurements alternate between them, rep after rep, so the drift of a shared machine hits
+them alike; ratios are the medians of the per-rep ratios. Ray Serve, 40x slower, is
+measured in a second phase against FlowServe optimized (its idle processes would disturb
+the others).
 
-    python -m benchmarks e2e [--seconds 10] [--rounds 3] [--executors 1] [--ray-python /tmp/rayenv/bin/python]
+    python -m benchmarks e2e [--seconds 3] [--reps 8] [--executors 1] [--ray-python /tmp/rayenv/bin/python]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -108,15 +113,19 @@ class Floor(_ServerProcess):
 
 
 class Ours:
-    def __init__(self, optimize: bool, executors: int = 1):
+    def __init__(self, optimize: bool, executors: int = 1, busy_poll_ms: float | None = None):
         self.optimize = optimize
         self.executors = executors
+        self.busy_poll_ms = busy_poll_ms  # None: the cluster's default
         self.name = "flowserve " + ("optimized" if optimize else "unoptimized")
+        if busy_poll_ms is not None:
+            self.name += f", busy_poll_ms={busy_poll_ms:g}"
 
     def __enter__(self):
         from executors import ClusterConfig, LocalCluster
 
-        self.cluster = LocalCluster(ClusterConfig(executors=self.executors)).start()
+        extra = {} if self.busy_poll_ms is None else {"busy_poll_ms": self.busy_poll_ms}
+        self.cluster = LocalCluster(ClusterConfig(executors=self.executors, **extra)).start()
         self.deployments = {f.name: self.cluster.deploy(f, optimize=self.optimize)
                             for f in (ensemble_flow(), cascade_flow())}
         self.plans = {n: d.explain() for n, d in self.deployments.items()}
@@ -152,28 +161,39 @@ class RayServe(_ServerProcess):
 # -- the run -------------------------------------------------------------------------------------
 
 
-def measure(system, seconds: float, concurrencies=(1, 8)) -> dict:
+def measure_side_by_side(systems: list, seconds: float, reps: int, concurrencies=(1, 8)) -> list[dict]:
+    """All ``systems`` up at once; each rep measures every system at every flow and
+    concurrency, one after another. Returns one {system name: {flow/cN: figures}} per rep."""
     body = json.dumps({"img": sample_image().tolist()}).encode()
-    out = {}
-    with system as s:
-        for flow in FLOWS:
-            wait_http(s.url(flow), body)
-            wrk(s.url(flow), body, 2, 2)  # warm up: models, caches, connections
-            for c in concurrencies:
-                r = wrk(s.url(flow), body, c, seconds)
-                progress(f"{system.name:40s} {flow:9s} c={c}: {r['rps']:8.1f} req/s  p50 {r['p50_ms']:.2f} ms  "
-                         f"p99 {r['p99_ms']:.2f} ms  non-2xx {r['non_2xx']}")
-                out[f"{flow}/c{c}"] = r
-        if hasattr(s, "plans"):
-            out["plans"] = s.plans
+    with contextlib.ExitStack() as stack:
+        started = [stack.enter_context(s) for s in systems]
+        for s in started:
+            for flow in FLOWS:
+                wait_http(s.url(flow), body)
+                wrk(s.url(flow), body, 2, 2)  # warm up: models, caches, connections
+        out = []
+        for rep in range(reps):
+            figures: dict = {s.name: {} for s in started}
+            for flow in FLOWS:
+                for c in concurrencies:
+                    for s in started:
+                        figures[s.name][f"{flow}/c{c}"] = wrk(s.url(flow), body, c, seconds)
+            progress(f"rep {rep + 1} of {reps}: " + "; ".join(
+                f"{name} c=1 p50 {f['ensemble/c1']['p50_ms']:.2f} ms, c=8 {f['ensemble/c8']['rps']:.0f} req/s"
+                for name, f in figures.items()))
+            out.append(figures)
+        plans = {s.name: s.plans for s in started if hasattr(s, "plans")}
+    for figures in out:
+        for name, p in plans.items():
+            figures[name]["plans"] = p
     return out
 
 
 def run(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks e2e", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds", type=float, default=10.0, help="per measurement (default 10)")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="rounds over all systems; medians of the figures and of each round's ratios (default 3)")
+    p.add_argument("--seconds", type=float, default=3.0, help="per measurement (default 3)")
+    p.add_argument("--reps", type=int, default=8,
+                   help="reps over all systems; medians of the figures and of each rep's ratios (default 8)")
     p.add_argument("--executors", type=int, default=1,
                    help="executor processes of our local cluster (default 1: with the gateway, the two processes "
                         "the floor's one is compared with; the cluster's own default is one per core, at least 2)")
@@ -181,25 +201,30 @@ def run(argv=None) -> dict:
                    help="a Python with ray[serve] and torch (benchmarks/requirements-peers.txt); skipped if missing")
     args = p.parse_args(argv)
     os.environ.setdefault("FLOWSERVE_QUIET", "1")
-    systems = [Floor(), Ours(True, args.executors), Ours(False, args.executors)]
+    ours = Ours(True, args.executors)
+    systems = [Floor(), ours, Ours(True, args.executors, busy_poll_ms=0), Ours(False, args.executors)]
+    progress(f"phase 1: {', '.join(s.name for s in systems)}")
+    reps = measure_side_by_side(systems, args.seconds, args.reps)
     if os.path.exists(args.ray_python):
-        systems.append(RayServe(args.ray_python))
+        progress("phase 2: ray serve against flowserve optimized")
+        ray_reps = measure_side_by_side([RayServe(args.ray_python), ours], args.seconds, max(2, args.reps // 3))
     else:
         progress(f"Ray Serve skipped: {args.ray_python} not found")
-    rounds: dict[str, list[dict]] = {s.name: [] for s in systems}
-    for r in range(args.rounds):  # rounds interleave the systems: drift hits all alike
-        progress(f"round {r + 1} of {args.rounds}")
-        for s in systems:
-            rounds[s.name].append(measure(s, args.seconds))
-    results = {name: _median(rs) for name, rs in rounds.items()}
-    # the machine's speed drifts between minutes: compare systems within a round, where
+        ray_reps = []
+    names = [s.name for s in systems] + ([RayServe.name] if ray_reps else [])
+    by_system = {n: [r[n] for r in reps] for n in names if n != RayServe.name}
+    if ray_reps:
+        by_system[RayServe.name] = [r[RayServe.name] for r in ray_reps]
+    results = {name: _median(rs) for name, rs in by_system.items()}
+    # the machine's speed drifts between minutes: compare systems within a rep, where
     # they ran side by side, and report the median of those ratios
-    per_round = [_ratios({name: rs[r] for name, rs in rounds.items()}) for r in range(args.rounds)]
-    ratios = {k: statistics.median(pr[k] for pr in per_round) for k in per_round[0]}
+    per_rep = [_ratios(r) for r in reps] + [_ratios(r) for r in ray_reps]
+    keys = dict.fromkeys(k for pr in per_rep for k in pr)
+    ratios = {k: statistics.median(pr[k] for pr in per_rep if k in pr) for k in keys}
     for k, v in ratios.items():
-        progress(f"{k}: {v:.2f} (rounds: {', '.join(f'{pr[k]:.2f}' for pr in per_round)})")
-    save("e2e", {"seconds": args.seconds, "rounds": args.rounds, "executors": args.executors, "results": results,
-                 "ratios": ratios, "ratios_per_round": per_round, "per_round": rounds})
+        progress(f"{k}: {v:.2f} (reps: {', '.join(f'{pr[k]:.2f}' for pr in per_rep if k in pr)})")
+    save("e2e", {"seconds": args.seconds, "reps": args.reps, "executors": args.executors, "results": results,
+                 "ratios": ratios, "ratios_per_rep": per_rep, "per_rep": reps, "ray_per_rep": ray_reps})
     _plot(results)
     return results
 
@@ -217,12 +242,17 @@ def _median(rounds: list[dict]) -> dict:
 
 def _ratios(results: dict) -> dict:
     floor, opt = results.get(Floor.name), results.get("flowserve optimized")
-    ray = results.get(RayServe.name)
+    ray, unpolled = results.get(RayServe.name), results.get("flowserve optimized, busy_poll_ms=0")
     out = {}
     for flow in FLOWS:
         if opt and floor:
             out[f"{flow}: optimized / floor throughput at c=8"] = opt[f"{flow}/c8"]["rps"] / floor[f"{flow}/c8"]["rps"]
             out[f"{flow}: optimized / floor p50 at c=1"] = opt[f"{flow}/c1"]["p50_ms"] / floor[f"{flow}/c1"]["p50_ms"]
+        if unpolled and floor:
+            out[f"{flow}: busy polling off / floor throughput at c=8"] = \
+                unpolled[f"{flow}/c8"]["rps"] / floor[f"{flow}/c8"]["rps"]
+            out[f"{flow}: busy polling off / floor p50 at c=1"] = \
+                unpolled[f"{flow}/c1"]["p50_ms"] / floor[f"{flow}/c1"]["p50_ms"]
         if opt and ray:
             out[f"{flow}: optimized / ray serve throughput at c=8"] = opt[f"{flow}/c8"]["rps"] / ray[f"{flow}/c8"]["rps"]
     return out
