@@ -241,6 +241,9 @@ class KubeConfig:
         stage, else 0.
     executor_threads: worker threads per executor. gpus_per_executor: ``nvidia.com/gpu``
         each GPU executor requests.
+    busy_poll_ms: how long the gateway and executors keep polling after a message before
+        sleeping (``ClusterConfig.busy_poll_ms``, default 10). Polling yields the CPU to
+        runnable work but counts against a pod's CPU limit: 0 turns it off.
     *_resources: requests/limits per component (``Resources``), sane defaults below.
     gpu_node_selector / gpu_tolerations: where GPU executors may run (default: tolerate the
         ``nvidia.com/gpu`` taint GPU node pools usually carry; no node selector, because
@@ -285,6 +288,7 @@ class KubeConfig:
     gpu_executors: int | None = None
     executor_threads: int = 4
     gpus_per_executor: int = 1
+    busy_poll_ms: float = 10.0
     kvs_resources: Resources = Resources(cpu="250m", memory="256Mi", cpu_limit="1", memory_limit="1Gi")
     gateway_resources: Resources = Resources(cpu="250m", memory="256Mi", cpu_limit="1", memory_limit="512Mi")
     cpu_executor_resources: Resources = Resources(cpu="1", memory="2Gi", cpu_limit="2", memory_limit="4Gi")
@@ -321,7 +325,8 @@ class KubeConfig:
                 return
             v = getattr(self, fname)
             wrong_type = v is not None and (kind == "int" and not _int(v) or kind == "str" and not isinstance(v, str)
-                                            or kind == "bool" and not isinstance(v, bool))
+                                            or kind == "bool" and not isinstance(v, bool)
+                                            or kind == "number" and (isinstance(v, bool) or not isinstance(v, (int, float))))
             bad(fname, what, wrong_type)
 
         need(isinstance(self.name, str) and len(self.name) <= MAX_NAME and bool(_DNS1035_LABEL.match(self.name)),
@@ -351,6 +356,8 @@ class KubeConfig:
              "an int in 1..256", "int")
         need(_int(self.gpus_per_executor) and 1 <= self.gpus_per_executor <= 16, "gpus_per_executor",
              "an int in 1..16", "int")
+        need(isinstance(self.busy_poll_ms, (int, float)) and not isinstance(self.busy_poll_ms, bool)
+             and 0 <= self.busy_poll_ms <= 1000, "busy_poll_ms", "a number in 0..1000", "number")
         for f in ("kvs_resources", "gateway_resources", "cpu_executor_resources", "gpu_executor_resources"):
             if not isinstance(getattr(self, f), Resources):
                 bad(f, "a k8s.Resources", type_error=True)

@@ -300,6 +300,8 @@ def gateway_args(config: KubeConfig) -> list[str]:
     args = ["--host", "0.0.0.0", "--port", str(config.gateway_port),
             "--address", f"tcp://$(POD_IP):{config.gateway_results_port}",
             "--membership", "kvs"]  # the KVS URL comes from $FLOWSERVE_KVS_URL: no password in argv
+    if config.busy_poll_ms != KubeConfig.busy_poll_ms:  # the runtime's default: nothing to say
+        args += ["--config", json.dumps({"busy_poll_ms": config.busy_poll_ms})]
     if config.autoscaling is not None:
         args += ["--autoscale", autoscale_json(config), "--scaler", "k8s",
                  "--k8s-namespace", config.namespace, "--k8s-instance", config.name]
@@ -353,7 +355,8 @@ def executor_args(config: KubeConfig, device: str) -> list[str]:
     pod IP (downward API). The KVS URL (with the password from the Secret) is read from
     ``$FLOWSERVE_KVS_URL``, so it does not appear in the process's arguments."""
     return ["--id", "$(POD_NAME)", "--address", f"tcp://$(POD_IP):{config.executor_port}",
-            "--device", device, "--threads", str(config.executor_threads)]
+            "--device", device, "--threads", str(config.executor_threads)] + (
+        [] if config.busy_poll_ms == KubeConfig.busy_poll_ms else ["--busy-poll-ms", f"{config.busy_poll_ms:g}"])
 
 
 def executors(config: KubeConfig, device: str, replicas: int, annotations: dict | None = None) -> dict:

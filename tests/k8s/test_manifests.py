@@ -18,7 +18,7 @@ import pytest
 from k8s import KubeConfig, render, to_yaml
 from k8s.exceptions import K8sConfigTypeError
 from executors.autoscale import AutoscalingConfig
-from k8s.manifests import A_BASELINE, A_FLOWS, A_GPU_STAGES, SCALABLE, selector
+from k8s.manifests import A_BASELINE, A_FLOWS, A_GPU_STAGES, SCALABLE, executor_args, gateway_args, selector
 from tests.k8s.conftest import K8S_VERSIONS, configs
 
 yaml = pytest.importorskip("yaml")
@@ -486,3 +486,31 @@ def test_to_yaml_round_trips_without_aliases(name):
 def test_to_yaml_rejects_non_dicts():
     with pytest.raises(K8sConfigTypeError, match="manifest #1 must be a dict, got str"):
         to_yaml([{"kind": "Service"}, "kind: Service"])
+
+
+# -- busy polling ----------------------------------------------------------------------------
+
+
+def test_busy_polling_defaults_to_the_runtimes_and_renders_nothing_extra():
+    from executors.busypoll import DEFAULT_MS
+    from executors.config import ClusterConfig
+
+    assert KubeConfig.busy_poll_ms == DEFAULT_MS == ClusterConfig.busy_poll_ms
+    assert "--busy-poll-ms" not in executor_args(KubeConfig(), "cpu")
+    assert "--config" not in gateway_args(KubeConfig())
+
+
+def test_busy_polling_off_reaches_the_gateway_and_the_executors():
+    from executors.config import ClusterConfig
+
+    cfg = KubeConfig(busy_poll_ms=0)
+    args = executor_args(cfg, "cpu")
+    assert args[args.index("--busy-poll-ms") + 1] == "0"
+    gw = gateway_args(cfg)
+    assert ClusterConfig.from_json(json.loads(gw[gw.index("--config") + 1])).busy_poll_ms == 0
+
+
+@pytest.mark.parametrize("bad, error", [(-1, ValueError), (5000, ValueError), ("10", TypeError), (True, TypeError)])
+def test_busy_polling_refuses_bad_values(bad, error):
+    with pytest.raises(error, match="busy_poll_ms"):
+        KubeConfig(busy_poll_ms=bad)
