@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from flow.exceptions import DataTypeError, SchemaError
-from flow.types import ColumnType, build_column, unify
+from flow.types import ColumnType, any_true, build_column, unify
 
 QID = "qid"
 
@@ -44,7 +44,7 @@ class Column:
                 values = values.astype(np.float64)
             nan = np.isnan(values)
             if valid is None:
-                valid = ~nan if nan.any() else None
+                valid = ~nan if any_true(nan) else None
             else:
                 valid = valid & ~nan
                 if not nan[~valid].all():
@@ -52,7 +52,7 @@ class Column:
                     values[~valid] = np.nan
         self.type = type_
         self.values = values
-        self.valid = valid if valid is None or not valid.all() else None
+        self.valid = valid if valid is None or np.count_nonzero(valid) < len(valid) else None
 
     def __len__(self) -> int:
         return len(self.values)

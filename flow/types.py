@@ -14,6 +14,7 @@ copy; several rows are copied once into one new array.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from operator import attrgetter
 from typing import Any, Sequence
 
@@ -58,7 +59,15 @@ class ColumnType:
 
     @classmethod
     def tensor(cls, dtype, shape: Sequence[int]) -> "ColumnType":
-        return cls("tensor", np.dtype(dtype), tuple(shape))
+        return _tensor_type(np.dtype(dtype), tuple(shape))
+
+    @classmethod
+    def scalar(cls, kind: str) -> "ColumnType":
+        """The (shared, immutable) type of a non-tensor kind: built once, not per column."""
+        try:
+            return _SCALAR_TYPES[kind]
+        except KeyError:
+            return cls(kind)  # raises the unknown-kind error
 
     @property
     def storage_dtype(self) -> np.dtype:
@@ -108,6 +117,21 @@ class ColumnType:
             f"column {column!r}: cannot understand type {spec!r}; use int, float, bool, str, "
             f"bytes or ColumnType.tensor(dtype, shape)"
         )
+
+
+_SCALAR_TYPES = {k: ColumnType(k) for k in KINDS if k != "tensor"}
+
+
+@lru_cache(maxsize=1024)
+def _tensor_type(dtype: np.dtype, shape: tuple) -> ColumnType:
+    # a request's columns are built per operator: reuse their (immutable) types
+    return ColumnType("tensor", dtype, shape)
+
+
+def any_true(mask: np.ndarray) -> bool:
+    """``mask.any()`` for a bool array, without ndarray.any's Python-level dispatch (a
+    quarter of the cost on the one-row tables of single requests)."""
+    return np.count_nonzero(mask) > 0
 
 
 def _kind_of_dtype(dt: np.dtype) -> str | None:
@@ -170,6 +194,10 @@ def build_column(values: Any, column: str, type_: ColumnType | None = None):
     if isinstance(values, (str, bytes, np.generic)) or not hasattr(values, "__iter__"):
         raise DataTypeError(f"column {column!r}: expected a sequence of values, got {type(values).__name__}")
     values = list(values)
+    if type_ is None and values:
+        fast = _plain_numbers(values)
+        if fast is not None:
+            return fast
     present = [v for v in values if v is not None]
     valid = None  # every value present; else one bool per value
     if len(present) < len(values):
@@ -181,7 +209,7 @@ def build_column(values: Any, column: str, type_: ColumnType | None = None):
         return ColumnType("null"), np.full(len(values), None, dtype=object), _mask_or_none(valid)
     if kind == "tensor":
         return _tensor_column(values, valid, present, column, type_)
-    ctype = ColumnType(kind)
+    ctype = ColumnType.scalar(kind)
     fill = ctype.fill_value()
     filled = [fill if v is None else v for v in values]
     _check_scalars(present, kind, column)
@@ -196,7 +224,7 @@ def build_column(values: Any, column: str, type_: ColumnType | None = None):
             raise DataTypeError(f"column {column!r}: {big} does not fit in int64") from None
         if kind == "float":  # NaN is a missing value, as in pandas (and JSON has no NaN)
             nan = np.isnan(arr)
-            if nan.any():
+            if any_true(nan):
                 valid = ~nan if valid is None else valid & ~nan
     return ctype, arr, _mask_or_none(valid)
 
@@ -204,12 +232,34 @@ def build_column(values: Any, column: str, type_: ColumnType | None = None):
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
+def _plain_numbers(values: list):
+    """The common case of a row-wise operator's output, all Python floats or all Python
+    ints (not bools), built without the general path's per-value checks; None otherwise."""
+    first = type(values[0])
+    if first is not float and first is not int:
+        return None
+    for v in values:
+        if type(v) is not first:
+            return None
+    kind = "float" if first is float else "int"
+    try:
+        arr = np.array(values, dtype=_STORAGE[kind])
+    except OverflowError:  # an int beyond int64: the general path names it
+        return None
+    valid = None
+    if kind == "float":  # NaN is a missing value
+        nan = np.isnan(arr)
+        if any_true(nan):
+            valid = ~nan
+    return ColumnType.scalar(kind), arr, valid
+
+
 def _is_pandas_series(values) -> bool:
     return type(values).__name__ == "Series" and type(values).__module__.startswith("pandas")
 
 
 def _mask_or_none(valid: np.ndarray | None) -> np.ndarray | None:
-    return None if valid is None or valid.all() else valid
+    return None if valid is None or np.count_nonzero(valid) == len(valid) else valid
 
 
 def _infer_kind(present: list, column: str) -> str:
@@ -339,11 +389,11 @@ def _from_typed_array(arr: np.ndarray, column: str, type_: ColumnType | None):
         kind = "float"
     if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and len(arr) and arr.max() > _INT64_MAX:
         raise DataTypeError(f"column {column!r}: {arr.max()} does not fit in int64")
-    ctype = ColumnType(kind)
+    ctype = ColumnType.scalar(kind)
     out = np.ascontiguousarray(arr, dtype=ctype.dtype)
     if kind == "float":  # NaN is a missing value
         nan = np.isnan(out)
-        if nan.any():
+        if any_true(nan):
             return ctype, out, ~nan
     return ctype, out, None
 
