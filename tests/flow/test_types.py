@@ -83,6 +83,30 @@ def test_nan_is_missing_in_float_columns():
     assert build_column([1, float("nan")], "c")[0].kind == "float"
 
 
+@pytest.mark.parametrize("values", [[0.5, float("nan"), 2.0], [1, 2, 3], [float("nan")], [2**62, -(2**62)]])
+def test_plain_number_lists_build_like_the_general_path(values):
+    """All-float or all-int lists take a shortcut; it must agree with the general path
+    (a None forces the general path and then masks one more row)."""
+    ctype, arr, valid = build_column(values, "c")
+    gtype, garr, gvalid = build_column(values + [None], "c")
+    assert ctype == gtype and arr.dtype == garr.dtype
+    np.testing.assert_array_equal(arr, garr[:-1])
+    expected = None if gvalid[:-1].all() else gvalid[:-1].tolist()
+    assert (None if valid is None else valid.tolist()) == expected
+
+
+def test_plain_ints_beyond_int64_still_name_the_column():
+    with pytest.raises(DataTypeError, match="column 'big'.*does not fit in int64"):
+        build_column([2**63], "big")
+
+
+def test_column_types_are_shared_and_still_checked():
+    assert ColumnType.tensor(np.float32, (2, 3)) is ColumnType.tensor("float32", [2, 3])
+    assert ColumnType.scalar("float") is ColumnType.scalar("float") == ColumnType("float")
+    with pytest.raises(ValueError, match="unknown column kind"):
+        ColumnType.scalar("tensor-ish")
+
+
 def test_nan_inside_a_tensor_is_a_value_not_a_missing_row():
     ctype, arr, valid = build_column([np.array([np.nan, 1.0])], "c")
     assert ctype.kind == "tensor" and valid is None and np.isnan(arr[0, 0])
