@@ -42,13 +42,15 @@ def run(argv=None) -> dict:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--spread", action="store_true",
                    help="ClusterConfig(colocate=False): every hop crosses executors (the research's setting)")
+    p.add_argument("--busy-poll-ms", type=float, default=None, help="ClusterConfig.busy_poll_ms (default: its default)")
     args = p.parse_args(argv)
     os.environ.setdefault("FLOWSERVE_QUIET", "1")
     from executors import ClusterConfig, LocalCluster
 
     body = json.dumps({"x": 1}).encode()
     samples: dict[int, list[dict]] = {n: [] for n in LENGTHS}
-    with LocalCluster(ClusterConfig(executors=2, colocate=not args.spread)) as cluster:
+    extra = {} if args.busy_poll_ms is None else {"busy_poll_ms": args.busy_poll_ms}
+    with LocalCluster(ClusterConfig(executors=2, colocate=not args.spread, **extra)) as cluster:
         urls = {n: cluster.deploy(chain_flow(n), optimize=False).url for n in LENGTHS}
         for url in urls.values():
             wait_http(url, body)

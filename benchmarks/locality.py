@@ -69,7 +69,7 @@ def deploy(cluster, mode: str):
     return cluster.deploy(flow)
 
 
-def measure(colocate: bool, executors: int, sizes, rounds: int, reads: int) -> dict:
+def measure(colocate: bool, executors: int, sizes, rounds: int, reads: int, busy_poll_ms: float | None = None) -> dict:
     """Every object size on one cluster; per round the three deployments, each warmed."""
     import httpx
 
@@ -78,7 +78,8 @@ def measure(colocate: bool, executors: int, sizes, rounds: int, reads: int) -> d
     tag = "colocated" if colocate else "spread"
     rng = np.random.default_rng(0)
     results, plans = {}, {}
-    with LocalCluster(ClusterConfig(executors=executors, colocate=colocate)) as cluster, \
+    extra = {} if busy_poll_ms is None else {"busy_poll_ms": busy_poll_ms}
+    with LocalCluster(ClusterConfig(executors=executors, colocate=colocate, **extra)) as cluster, \
             httpx.Client(timeout=60) as http:
         deployments = {m: deploy(cluster, m) for m in MODES}
         for m, d in deployments.items():
@@ -138,6 +139,7 @@ def run(argv=None) -> dict:
                    help="ClusterConfig.colocate: off (default: consecutive stages on different executors, the "
                         "seed's setting, so naive ships each value to the next stage), on (the default runtime), "
                         "or both, one cluster after the other")
+    p.add_argument("--busy-poll-ms", type=float, default=None, help="ClusterConfig.busy_poll_ms (default: its default)")
     p.add_argument("--quick", action="store_true", help="1 round, 3 reads of each object")
     args = p.parse_args(argv)
     os.environ.setdefault("FLOWSERVE_QUIET", "1")
@@ -145,9 +147,10 @@ def run(argv=None) -> dict:
         args.rounds, args.reads = 1, 3
     sizes = [s for s in args.sizes.split(",") if s]
     settings = {"both": (False, True), "on": (True,), "off": (False,)}[args.colocate]
-    results = {("colocated" if c else "spread"): measure(c, args.executors, sizes, args.rounds, args.reads)
+    results = {("colocated" if c else "spread"): measure(c, args.executors, sizes, args.rounds, args.reads,
+                                                                 args.busy_poll_ms)
                for c in settings}
-    out = {"objects": OBJECTS, "reads_per_object": args.reads, "rounds": args.rounds,
+    out = {"objects": OBJECTS, "reads_per_object": args.reads, "rounds": args.rounds, "busy_poll_ms": args.busy_poll_ms,
            "executor_cache_bytes": 256 << 20, "sizes": {s: SIZES[s] for s in sizes}, "seed_speedup": SEED,
            "setups": results}
     save("locality", out)
