@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from executors.busypoll import DEFAULT_MS as DEFAULT_BUSY_POLL_MS
+from executors.busypoll import BusyPoll
 from executors.errors import NoExecutorError
 from executors.routing import complete, deliveries
 from executors.scaling import StageCounters
 from executors.transport import Outbox, Reader, TransportError, accept, listen
-from executors.busypoll import DEFAULT_MS as DEFAULT_BUSY_POLL_MS
-from executors.busypoll import BusyPoll
 from executors.wire import WireError, pack, unpack
 from flow.table import Table
 from optimizer.plan import INPUT, Plan

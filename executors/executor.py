@@ -119,16 +119,16 @@ class Executor:
         while not self._stopping.is_set():
             hot = self.busy_poll.hot()
             events = selector.select(0 if hot else 0.2)
-            if not events:
-                if hot:
-                    self.busy_poll.pause()
-            else:
+            if events:
                 with self.outbox.corked():  # what reading sends (pongs, errors): one write per peer
                     for key, _ in events:
                         self._read(selector, key)
-                # cheap ready work gathered while reading runs here, as batches
-                self._run_inline()
-                self.busy_poll.touch()
+            elif hot:
+                self.busy_poll.pause()
+            # cheap ready work gathered while reading runs here, as batches
+            self._run_inline()
+            if events:
+                self.busy_poll.touch()  # from the end of the work: the next message is often the reply to what it sent
             now = time.monotonic()
             if now - last_gc > 1.0:
                 self._expire(time.time())
