@@ -5,9 +5,9 @@ Why: on a multi-process data path every hop wakes a sleeping process, and a proc
 VM, a halted vCPU) that has just been woken runs slowly for a while. Measured on this
 project's 2-core VM, the Ensemble's in-process compute took 260 us run back to back, 420
 us after 0.5 ms idle and 1,070 us after 5 ms idle. A process that polls for
-``busy_poll_ms`` after each message catches the next one hot (benchmarks/README.md: at
-concurrency 1 the gateway + executor p50 went from 2.6x to 2.0x the one-process floor,
-and at concurrency 8 throughput rose by half).
+``busy_poll_ms`` after each message catches the next one hot (benchmarks/README.md, the
+Ensemble side by side with the previous runtime: p50 at concurrency 1 went from 2.80x to
+2.17x the one-process floor, throughput at concurrency 8 from 0.86x to 1.08x).
 
 It costs CPU only right after traffic: each poll yields the CPU to any runnable process
 (``sched_yield``), so a polling process uses idle time rather than taking it from the
@@ -21,13 +21,16 @@ import os
 import time
 
 DEFAULT_MS = 10.0
+MAX_MS = 1000.0  # a longer window is a busy loop, not a latency setting
 
 
 class BusyPoll:
     """The window after the last message during which polling is worth it."""
 
     def __init__(self, ms: float = DEFAULT_MS):
-        self.window_s = max(0.0, float(ms)) / 1000.0
+        if not 0 <= ms <= MAX_MS:
+            raise ValueError(f"busy polling window must be in 0..{MAX_MS:g} ms, got {ms!r}")
+        self.window_s = float(ms) / 1000.0
         self._until = 0.0
 
     def touch(self) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from executors.autoscale import AutoscalingConfig
+from executors.busypoll import MAX_MS as BUSY_POLL_MAX_MS
 
 
 def default_executors() -> int:
@@ -84,7 +85,8 @@ class ClusterConfig:
         need(isinstance(self.restart_executors, bool), "restart_executors", "a bool")
         need(_int(self.max_executors) and self.max_executors >= 1, "max_executors", "an int >= 1")
         need(isinstance(self.colocate, bool), "colocate", "a bool")
-        need(_num(self.busy_poll_ms) and 0 <= self.busy_poll_ms <= 1000, "busy_poll_ms", "a number in 0..1000")
+        need(_num(self.busy_poll_ms) and 0 <= self.busy_poll_ms <= BUSY_POLL_MAX_MS, "busy_poll_ms",
+             f"a number in 0..{BUSY_POLL_MAX_MS:g}")
         if isinstance(self.autoscaling, dict):
             object.__setattr__(self, "autoscaling", AutoscalingConfig.from_json(self.autoscaling))
         need(self.autoscaling is None or isinstance(self.autoscaling, AutoscalingConfig), "autoscaling",

@@ -27,6 +27,7 @@ import numpy as np
 
 from executors.batcher import Batcher, WorkItem
 from executors.busypoll import DEFAULT_MS as DEFAULT_BUSY_POLL_MS
+from executors.busypoll import MAX_MS as BUSY_POLL_MAX_MS
 from executors.busypoll import BusyPoll
 from executors.errors import status_for
 from executors.gpu import gpu_stats, set_executor_class
@@ -486,8 +487,8 @@ def main(argv=None) -> None:
         p.error("--kvs is required (or set FLOWSERVE_KVS_URL)")
     logging.basicConfig(level=os.environ.get("FLOWSERVE_LOG_LEVEL", "WARNING"),
                         format=f"%(asctime)s executor {args.id} %(levelname)s %(message)s")
-    if not 0 <= args.busy_poll_ms <= 1000:
-        p.error(f"--busy-poll-ms must be in 0..1000, got {args.busy_poll_ms:g}")
+    if not 0 <= args.busy_poll_ms <= BUSY_POLL_MAX_MS:
+        p.error(f"--busy-poll-ms must be in 0..{BUSY_POLL_MAX_MS:g}, got {args.busy_poll_ms:g}")
     ex = Executor(args.id, args.address, args.kvs, device=args.device, threads=args.threads,
                   busy_poll_ms=args.busy_poll_ms)
     # announce it only once it listens: gateways that find it can send at once

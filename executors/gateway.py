@@ -218,7 +218,6 @@ class Gateway:
             log.warning("flow %s: could not remove it from the registry: %s", name, e)
         return JSONResponse({"undeployed": name})
 
-
     async def _record_change(self, name: str, write, *args) -> None:
         """Run the registry ``write`` for a deploy/undeploy served here. A registry read
         that started before the write finished may not show it, so the change is stamped

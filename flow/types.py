@@ -223,9 +223,9 @@ def build_column(values: Any, column: str, type_: ColumnType | None = None):
             big = next(v for v in present if isinstance(v, int) and not _INT64_MIN <= v <= _INT64_MAX)
             raise DataTypeError(f"column {column!r}: {big} does not fit in int64") from None
         if kind == "float":  # NaN is a missing value, as in pandas (and JSON has no NaN)
-            nan = np.isnan(arr)
-            if any_true(nan):
-                valid = ~nan if valid is None else valid & ~nan
+            not_nan = _not_nan_mask(arr)
+            if not_nan is not None:
+                valid = not_nan if valid is None else valid & not_nan
     return ctype, arr, _mask_or_none(valid)
 
 
@@ -246,12 +246,14 @@ def _plain_numbers(values: list):
         arr = np.array(values, dtype=_STORAGE[kind])
     except OverflowError:  # an int beyond int64: the general path names it
         return None
-    valid = None
-    if kind == "float":  # NaN is a missing value
-        nan = np.isnan(arr)
-        if any_true(nan):
-            valid = ~nan
-    return ColumnType.scalar(kind), arr, valid
+    return ColumnType.scalar(kind), arr, _not_nan_mask(arr) if kind == "float" else None
+
+
+def _not_nan_mask(arr: np.ndarray) -> np.ndarray | None:
+    """A float column's validity: False where the value is NaN (a missing value, as in
+    pandas); None when nothing is NaN."""
+    nan = np.isnan(arr)
+    return ~nan if any_true(nan) else None
 
 
 def _is_pandas_series(values) -> bool:
@@ -391,11 +393,7 @@ def _from_typed_array(arr: np.ndarray, column: str, type_: ColumnType | None):
         raise DataTypeError(f"column {column!r}: {arr.max()} does not fit in int64")
     ctype = ColumnType.scalar(kind)
     out = np.ascontiguousarray(arr, dtype=ctype.dtype)
-    if kind == "float":  # NaN is a missing value
-        nan = np.isnan(out)
-        if any_true(nan):
-            return ctype, out, ~nan
-    return ctype, out, None
+    return ctype, out, _not_nan_mask(out) if kind == "float" else None
 
 
 def unify(a: ColumnType, b: ColumnType, column: str) -> ColumnType:

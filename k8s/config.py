@@ -66,6 +66,10 @@ def _int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def parse_quantity(value: str) -> Decimal:
     """The number a Kubernetes quantity string stands for: ``"500m"`` -> 0.5, ``"1Gi"`` -> 2**30.
 
@@ -326,7 +330,7 @@ class KubeConfig:
             v = getattr(self, fname)
             wrong_type = v is not None and (kind == "int" and not _int(v) or kind == "str" and not isinstance(v, str)
                                             or kind == "bool" and not isinstance(v, bool)
-                                            or kind == "number" and (isinstance(v, bool) or not isinstance(v, (int, float))))
+                                            or kind == "number" and not _num(v))
             bad(fname, what, wrong_type)
 
         need(isinstance(self.name, str) and len(self.name) <= MAX_NAME and bool(_DNS1035_LABEL.match(self.name)),
@@ -356,8 +360,7 @@ class KubeConfig:
              "an int in 1..256", "int")
         need(_int(self.gpus_per_executor) and 1 <= self.gpus_per_executor <= 16, "gpus_per_executor",
              "an int in 1..16", "int")
-        need(isinstance(self.busy_poll_ms, (int, float)) and not isinstance(self.busy_poll_ms, bool)
-             and 0 <= self.busy_poll_ms <= 1000, "busy_poll_ms", "a number in 0..1000", "number")
+        need(_num(self.busy_poll_ms) and 0 <= self.busy_poll_ms <= 1000, "busy_poll_ms", "a number in 0..1000", "number")
         for f in ("kvs_resources", "gateway_resources", "cpu_executor_resources", "gpu_executor_resources"):
             if not isinstance(getattr(self, f), Resources):
                 bad(f, "a k8s.Resources", type_error=True)

@@ -354,9 +354,11 @@ def executor_args(config: KubeConfig, device: str) -> list[str]:
     """``python -m executors.executor`` arguments in a pod: the pod name as id, messages on the
     pod IP (downward API). The KVS URL (with the password from the Secret) is read from
     ``$FLOWSERVE_KVS_URL``, so it does not appear in the process's arguments."""
-    return ["--id", "$(POD_NAME)", "--address", f"tcp://$(POD_IP):{config.executor_port}",
-            "--device", device, "--threads", str(config.executor_threads)] + (
-        [] if config.busy_poll_ms == KubeConfig.busy_poll_ms else ["--busy-poll-ms", f"{config.busy_poll_ms:g}"])
+    args = ["--id", "$(POD_NAME)", "--address", f"tcp://$(POD_IP):{config.executor_port}",
+            "--device", device, "--threads", str(config.executor_threads)]
+    if config.busy_poll_ms != KubeConfig.busy_poll_ms:  # the runtime's default: nothing to say
+        args += ["--busy-poll-ms", f"{config.busy_poll_ms:g}"]
+    return args
 
 
 def executors(config: KubeConfig, device: str, replicas: int, annotations: dict | None = None) -> dict:

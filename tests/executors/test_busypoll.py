@@ -21,6 +21,12 @@ def test_the_window_opens_on_a_message_and_closes_after_it(monkeypatch):
     assert not poll.hot()
 
 
+@pytest.mark.parametrize("bad", [-1, 1000.5])
+def test_a_window_out_of_range_is_refused_not_clamped(bad):
+    with pytest.raises(ValueError, match="busy polling window"):
+        BusyPoll(bad)
+
+
 def test_zero_turns_it_off():
     poll = BusyPoll(0)
     poll.touch()
