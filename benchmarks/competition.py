@@ -68,8 +68,7 @@ def race_flow(k: int):
 
 
 def measure_setup(executors: int, threads: int, rounds: int, requests: int) -> dict:
-    import httpx
-
+    from benchmarks.client import BareClient
     from executors import ClusterConfig, LocalCluster
     from optimizer import OptimizerOptions
 
@@ -85,7 +84,7 @@ def measure_setup(executors: int, threads: int, rounds: int, requests: int) -> d
                              for s in d.plan.stages.values()}
             st = cluster.http.get(f"/flows/{d.name}").json()["stages"]
             plans[str(k)]["hosts"] = {s["name"]: s["executors"] for s in st}
-        with httpx.Client(timeout=30) as http:
+        with BareClient(timeout=30) as http:
             def call(url, scale):
                 t0 = time.perf_counter()
                 r = http.post(url, json={"x": 1.0, "scale": scale})

@@ -4,7 +4,7 @@ The seed's experiment (report section 5): a chain of N no-op functions (a map re
 its column unchanged) on a payload of 10 KB, 500 KB or 10 MB (one float32 tensor row),
 deployed fused (``optimize``: one stage) and unfused (``optimize=False``: one stage per
 operator). Requests are Arrow IPC both ways (JSON would be far too big at 10 MB), sent
-one at a time from a persistent httpx client; the bodies are built once. Configurations
+one at a time from a bare keep-alive client (client.py); the bodies are built once. Configurations
 are interleaved in rounds (every chain, both modes, every payload per round) and the
 reported figure is the median over rounds of each round's median / p99.
 
@@ -101,8 +101,7 @@ def chain_flow(n: int, mode: str, rowwise: bool):
 
 def measure(colocate: bool, executors: int, lengths, rounds: int, scale: float, rowwise: bool) -> dict:
     """Every (payload, chain length, fused/unfused) on one cluster, interleaved in rounds."""
-    import httpx
-
+    from benchmarks.client import BareClient
     from executors import ClusterConfig, LocalCluster
 
     modes = ("fused", "unfused")
@@ -113,7 +112,7 @@ def measure(colocate: bool, executors: int, lengths, rounds: int, scale: float, 
     plans, where = {}, {}
     tag = "colocated" if colocate else "spread"
     config = ClusterConfig(executors=executors, max_body_bytes=64 << 20, colocate=colocate)
-    with LocalCluster(config) as cluster, httpx.Client(timeout=120) as http:
+    with LocalCluster(config) as cluster, BareClient(timeout=120) as http:
         urls = {}
         for n in lengths:
             for m in modes:

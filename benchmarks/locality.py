@@ -71,8 +71,7 @@ def deploy(cluster, mode: str):
 
 def measure(colocate: bool, executors: int, sizes, rounds: int, reads: int, busy_poll_ms: float | None = None) -> dict:
     """Every object size on one cluster; per round the three deployments, each warmed."""
-    import httpx
-
+    from benchmarks.client import BareClient
     from executors import ClusterConfig, LocalCluster
 
     tag = "colocated" if colocate else "spread"
@@ -80,7 +79,7 @@ def measure(colocate: bool, executors: int, sizes, rounds: int, reads: int, busy
     results, plans = {}, {}
     extra = {} if busy_poll_ms is None else {"busy_poll_ms": busy_poll_ms}
     with LocalCluster(ClusterConfig(executors=executors, colocate=colocate, **extra)) as cluster, \
-            httpx.Client(timeout=60) as http:
+            BareClient(timeout=60) as http:
         deployments = {m: deploy(cluster, m) for m in MODES}
         for m, d in deployments.items():
             plans[m] = {s.name: {"continuation": s.continuation} for s in d.plan.stages.values()}

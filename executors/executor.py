@@ -43,7 +43,8 @@ from optimizer.plan import Plan
 
 log = logging.getLogger("flowserve.executor")
 
-CHEAP_MS = 2.0  # stages faster than this on average run on the IO thread
+CHEAP_MS = 2.0  # stages faster than this on average run on the IO thread...
+COSTLY_MS = 2 * CHEAP_MS  # ...until they average more than this (a hysteresis, see HostedStage.observe)
 DONE_MEMORY = 100_000  # (request, stage) pairs remembered to drop late competing copies
 
 
@@ -68,14 +69,15 @@ class HostedStage:
         self.consumers = plan.consumers()[name]
         self.is_sink = plan.sink == name
         self.batcher: Batcher | None = None
-        self.ewma_ms = CHEAP_MS * 4  # unknown cost: start on the pool until measured
-
-    @property
-    def cheap(self) -> bool:
-        return self.ewma_ms < CHEAP_MS
+        self.ewma_ms = COSTLY_MS * 2  # unknown cost: start on the pool until measured
+        self.cheap = False  # run on the IO thread (no thread hop) rather than on the pool
 
     def observe(self, ms: float) -> None:
+        """Record a run's cost. A stage whose average sits near one threshold would flip
+        between the IO thread and the pool (a thread hop every other request, seen on a
+        slow machine): it becomes cheap below CHEAP_MS and stops being so above COSTLY_MS."""
         self.ewma_ms = 0.8 * self.ewma_ms + 0.2 * ms
+        self.cheap = self.ewma_ms < (COSTLY_MS if self.cheap else CHEAP_MS)
 
 
 class Executor:
