@@ -129,6 +129,8 @@ def measure(colocate: bool, executors: int, sizes, rounds: int, reads: int, busy
 
 
 def run(argv=None) -> dict:
+    from executors import ClusterConfig
+
     p = argparse.ArgumentParser(prog="python -m benchmarks locality", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3, help="rounds over the three deployments (default 3)")
     p.add_argument("--reads", type=int, default=10, help="reads of each object per round (default 10)")
@@ -150,8 +152,8 @@ def run(argv=None) -> dict:
                                                                  args.busy_poll_ms)
                for c in settings}
     out = {"objects": OBJECTS, "reads_per_object": args.reads, "rounds": args.rounds, "busy_poll_ms": args.busy_poll_ms,
-           "executor_cache_bytes": 256 << 20, "sizes": {s: SIZES[s] for s in sizes}, "seed_speedup": SEED,
-           "setups": results}
+           "executor_cache_bytes": ClusterConfig.executor_cache_bytes, "sizes": {s: SIZES[s] for s in sizes},
+           "seed_speedup": SEED, "setups": results}
     save("locality", out)
     _plot(results)
     return out

@@ -39,6 +39,9 @@ class ClusterConfig:
         hand the Table over in-process (default True). False spreads consecutive stages
         over different executors, as on a cluster of many machines; the benchmarks use it
         to reproduce the research's one-function-per-executor setting.
+    executor_cache_bytes: byte budget of each executor's local KVS cache (default 256 MiB).
+        Lookups of keys it holds cost no round trip to Redis; continuations route each
+        key to one executor, so the cluster caches about executors x this much.
     busy_poll_ms: after a message, the gateway and each executor keep polling for this long
         before sleeping (default 10): a woken process runs slowly for a while, so polling
         cuts each hop's latency; each poll yields the CPU to runnable work, so it uses idle
@@ -62,6 +65,7 @@ class ClusterConfig:
     max_executors: int = 8
     colocate: bool = True
     busy_poll_ms: float = 10.0
+    executor_cache_bytes: int = 256 * 1024 * 1024
     persistence: bool = False
     dir: str | None = None
 
@@ -87,6 +91,8 @@ class ClusterConfig:
         need(isinstance(self.colocate, bool), "colocate", "a bool")
         need(_num(self.busy_poll_ms) and 0 <= self.busy_poll_ms <= BUSY_POLL_MAX_MS, "busy_poll_ms",
              f"a number in 0..{BUSY_POLL_MAX_MS:g}")
+        need(_int(self.executor_cache_bytes) and self.executor_cache_bytes >= 0, "executor_cache_bytes",
+             "an int >= 0 (0: no local cache)")
         if isinstance(self.autoscaling, dict):
             object.__setattr__(self, "autoscaling", AutoscalingConfig.from_json(self.autoscaling))
         need(self.autoscaling is None or isinstance(self.autoscaling, AutoscalingConfig), "autoscaling",

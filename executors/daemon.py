@@ -38,19 +38,18 @@ STATE_FILE = "cluster.json"
 class ExecutorProcess:
     """One executor child process; restarted by the supervisor when it dies."""
 
-    def __init__(self, id_: str, address: str, device: str, kvs_url: str, threads: int, logdir: Path,
-                 busy_poll_ms: float):
+    def __init__(self, id_: str, address: str, device: str, kvs_url: str, config: ClusterConfig, logdir: Path):
         self.id, self.address, self.device = id_, address, device
-        self.kvs_url, self.threads, self.logdir = kvs_url, threads, logdir
-        self.busy_poll_ms = busy_poll_ms
+        self.kvs_url, self.config, self.logdir = kvs_url, config, logdir
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
 
     def start(self) -> None:
         logfile = open(self.logdir / f"{self.id}.log", "ab")
         cmd = [sys.executable, "-m", "executors.executor", "--id", self.id, "--address", self.address,
-               "--kvs", self.kvs_url, "--device", self.device, "--threads", str(self.threads),
-               "--busy-poll-ms", repr(float(self.busy_poll_ms))]
+               "--kvs", self.kvs_url, "--device", self.device, "--threads", str(self.config.threads),
+               "--busy-poll-ms", repr(float(self.config.busy_poll_ms)),
+               "--cache-bytes", str(self.config.executor_cache_bytes)]
         self.proc = popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         logfile.close()
 
@@ -86,7 +85,7 @@ class ClusterDaemon:
         for i in range(self.config.executors + self.config.gpu_executors):
             device = "cpu" if i < self.config.executors else "gpu"
             ex = ExecutorProcess(f"{device}{i}", f"ipc://{self.dir}/e{i}.ipc", device, kvs_url,
-                                 self.config.threads, self.logdir, self.config.busy_poll_ms)
+                                 self.config, self.logdir)
             ex.start()
             self.executors.append(ex)
         server = uvicorn.Server(uvicorn.Config(self._app(), host=self.config.host, port=self.port,
@@ -162,7 +161,7 @@ class ClusterDaemon:
         i = self._next_index
         self._next_index += 1
         ex = ExecutorProcess(f"{device}{i}", f"ipc://{self.dir}/e{i}.ipc", device, self.redis.url,
-                             self.config.threads, self.logdir, self.config.busy_poll_ms)
+                             self.config, self.logdir)
         ex.start()
         self.executors.append(ex)
         self.dispatcher.add_executor(ex.id, ex.address, device)

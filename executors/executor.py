@@ -39,12 +39,15 @@ from executors.wire import WireError, pack, unpack
 from flow.context import set_store
 from flow.exceptions import FlowError, NoValidResultError, OperatorError
 from flow.table import Table
+from kvs.options import KVSOptions
 from optimizer.plan import Plan
 
 log = logging.getLogger("flowserve.executor")
 
 CHEAP_MS = 2.0  # stages faster than this on average run on the IO thread...
 COSTLY_MS = 2 * CHEAP_MS  # ...until they average more than this (a hysteresis, see HostedStage.observe)
+DEFAULT_CACHE_BYTES = KVSOptions.cache_max_bytes
+EVICTION_QUIET_S = 10.0  # a cache that evicted within this long serves only the keys it owns
 DONE_MEMORY = 100_000  # (request, stage) pairs remembered to drop late competing copies
 
 
@@ -82,12 +85,13 @@ class HostedStage:
 
 class Executor:
     def __init__(self, executor_id: str, address: str, kvs_url: str, device: str = "cpu",
-                 threads: int = 4, gpu_available: bool = False, busy_poll_ms: float = DEFAULT_BUSY_POLL_MS):
+                 threads: int = 4, gpu_available: bool = False, busy_poll_ms: float = DEFAULT_BUSY_POLL_MS,
+                 cache_bytes: int = DEFAULT_CACHE_BYTES):
         self.id = executor_id
         self.address = address
         self.device = device
         self.kvs_url = kvs_url
-        self.store = _open_store(kvs_url)
+        self.store = _open_store(kvs_url, cache_bytes)
         set_store(self.store)  # operator code may read it (model weights in init)
         set_executor_class(device)  # warns once if a gpu executor has no GPU
         self.listener = listen(address)
@@ -420,7 +424,7 @@ class Executor:
             self.send(h["gw"], pack(msg, {"t": out}))
         for consumer in hosted.consumers:
             stage = hosted.plan.stages[consumer]
-            for d in deliveries(out, stage, h["routes"][consumer], item.path):
+            for d in deliveries(out, stage, h["routes"][consumer], item.path, here=self.address, holds=self._serves):
                 msg = dict(base, stage=consumer, path=list(d.path), copy=d.copy)
                 if d.address == self.address:
                     # the consumer runs here too: hand the Table over, no socket, no encoding
@@ -428,6 +432,14 @@ class Executor:
                 else:
                     self.send(d.address, pack(msg, {"t": d.table}))
         return local
+
+    def _serves(self, key: str) -> bool:
+        """Whether a continuation row whose key is ``key`` may stay here instead of going
+        to the key's owner: this cache holds the key and has not had to evict lately.
+        A cache that evicts holds less than its share of the keys: serving other owners'
+        keys from it would push out its own (and leave their owners cold), so then rows
+        go strictly to their owners, which partitions the working set across the caches."""
+        return not self.store.evicted_within(EVICTION_QUIET_S) and self.store.holds(key)
 
     def _fail(self, h: dict, error: BaseException, hosted: HostedStage | None = None) -> None:
         if hosted is not None and hosted.consumers and all(
@@ -465,10 +477,10 @@ def _merge(parts: dict) -> Table:
     return Table.concat([parts[p] for p in sorted(parts)])
 
 
-def _open_store(url: str):
+def _open_store(url: str, cache_bytes: int):
     from kvs import CachedKVS
 
-    return CachedKVS.from_url(url)
+    return CachedKVS.from_url(url, cache_max_bytes=cache_bytes)
 
 
 def main(argv=None) -> None:
@@ -482,6 +494,8 @@ def main(argv=None) -> None:
     p.add_argument("--busy-poll-ms", type=float, default=DEFAULT_BUSY_POLL_MS,
                    help="after a message, poll for this long before sleeping (lower latency for CPU "
                         f"that is otherwise idle; 0: off; default {DEFAULT_BUSY_POLL_MS:g})")
+    p.add_argument("--cache-bytes", type=int, default=DEFAULT_CACHE_BYTES,
+                   help=f"byte budget of the local KVS cache (default {DEFAULT_CACHE_BYTES >> 20} MiB; 0: none)")
     p.add_argument("--heartbeat-s", type=float, default=HEARTBEAT_S,
                    help="registration refresh period; the registration expires after 3 of them")
     args = p.parse_args(argv)
@@ -491,8 +505,10 @@ def main(argv=None) -> None:
                         format=f"%(asctime)s executor {args.id} %(levelname)s %(message)s")
     if not 0 <= args.busy_poll_ms <= BUSY_POLL_MAX_MS:
         p.error(f"--busy-poll-ms must be in 0..{BUSY_POLL_MAX_MS:g}, got {args.busy_poll_ms:g}")
+    if args.cache_bytes < 0:
+        p.error(f"--cache-bytes must be >= 0, got {args.cache_bytes}")
     ex = Executor(args.id, args.address, args.kvs, device=args.device, threads=args.threads,
-                  busy_poll_ms=args.busy_poll_ms)
+                  busy_poll_ms=args.busy_poll_ms, cache_bytes=args.cache_bytes)
     # announce it only once it listens: gateways that find it can send at once
     heartbeat = Heartbeat(ex.store.redis, Member(args.id, args.address, args.device, args.threads),
                           args.heartbeat_s).start()

@@ -7,12 +7,17 @@ Continuation stages (a per-row ``lookup(column=...)`` at their head) are routed 
 rendezvous (highest-random-weight) hashing of each row's key onto the stage's replicas:
 the same key always lands on the same executor while the replica set is unchanged, so
 that executor's local cache holds it after the first read; when a replica is added or
-removed only the keys of that replica move (about 1/n of them).
+removed only the keys of that replica move (about 1/n of them). An executor that already
+holds a row's key in its own cache may keep that row (a hit here costs no hop; a hit at
+the owner costs one): the owner is where a key is read from the store, not the only place
+it may be served from. The executor decides (``Executor._serves``: not while its cache
+is evicting).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,29 +50,35 @@ def rendezvous(key, addresses: list[str]) -> str:
     return best
 
 
-def deliveries(table: Table, stage, addresses: list[str], path: Path = ()) -> list[Delivery]:
+def deliveries(table: Table, stage, addresses: list[str], path: Path = (), *,
+               here: str | None = None, holds: Callable[[str], bool] | None = None) -> list[Delivery]:
     """Messages that carry ``table`` to consumer ``stage`` whose replicas are ``addresses``.
 
     ``path``: the table is itself one part of a key-split output; a continuation consumer
     splits it further (the path grows), others get it as that part and merge all parts.
+    ``here`` / ``holds``: the sender's address and its cache's membership test; rows of a
+    continuation whose key the sender holds stay with it if it is one of ``addresses``.
     """
     if not addresses:
         return []
     if stage.continuation is not None:
-        return _by_key(table, stage.continuation, addresses, path)
+        local = holds if here is not None and holds is not None and here in addresses else None
+        return _by_key(table, stage.continuation, addresses, path, here, local)
     if len(addresses) > 1:
         # competing copies: every copy runs, the consumer keeps the first answer
         return [Delivery(a, table, path, j) for j, a in enumerate(addresses)]
     return [Delivery(addresses[0], table, path)]
 
 
-def _by_key(table: Table, column: str, addresses: list[str], path: Path) -> list[Delivery]:
+def _by_key(table: Table, column: str, addresses: list[str], path: Path, here: str | None,
+            holds: Callable[[str], bool] | None) -> list[Delivery]:
     if len(addresses) == 1 or len(table) == 0 or column not in table.columns:
         return [Delivery(addresses[0], table, path + ((0, 1),))]
     keys = table.column(column).to_list()
     groups: dict[str, list[int]] = {}
     for i, k in enumerate(keys):
-        groups.setdefault(rendezvous(k, addresses), []).append(i)
+        cached_here = holds is not None and isinstance(k, str) and holds(k)
+        groups.setdefault(here if cached_here else rendezvous(k, addresses), []).append(i)
     n = len(groups)
     return [Delivery(addr, table.take(np.asarray(idx)), path + ((p, n),))
             for p, (addr, idx) in enumerate(sorted(groups.items()))]

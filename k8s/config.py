@@ -248,6 +248,9 @@ class KubeConfig:
     busy_poll_ms: how long the gateway and executors keep polling after a message before
         sleeping (``ClusterConfig.busy_poll_ms``, default 10). Polling yields the CPU to
         runnable work but counts against a pod's CPU limit: 0 turns it off.
+    executor_cache_bytes: byte budget of each executor's local KVS cache
+        (``ClusterConfig.executor_cache_bytes``, default 256 MiB); keep it well under the
+        executors' memory limit.
     *_resources: requests/limits per component (``Resources``), sane defaults below.
     gpu_node_selector / gpu_tolerations: where GPU executors may run (default: tolerate the
         ``nvidia.com/gpu`` taint GPU node pools usually carry; no node selector, because
@@ -293,6 +296,7 @@ class KubeConfig:
     executor_threads: int = 4
     gpus_per_executor: int = 1
     busy_poll_ms: float = 10.0
+    executor_cache_bytes: int = 256 * 1024 * 1024
     kvs_resources: Resources = Resources(cpu="250m", memory="256Mi", cpu_limit="1", memory_limit="1Gi")
     gateway_resources: Resources = Resources(cpu="250m", memory="256Mi", cpu_limit="1", memory_limit="512Mi")
     cpu_executor_resources: Resources = Resources(cpu="1", memory="2Gi", cpu_limit="2", memory_limit="4Gi")
@@ -361,6 +365,8 @@ class KubeConfig:
         need(_int(self.gpus_per_executor) and 1 <= self.gpus_per_executor <= 16, "gpus_per_executor",
              "an int in 1..16", "int")
         need(_num(self.busy_poll_ms) and 0 <= self.busy_poll_ms <= 1000, "busy_poll_ms", "a number in 0..1000", "number")
+        need(_int(self.executor_cache_bytes) and self.executor_cache_bytes >= 0, "executor_cache_bytes",
+             "an int >= 0 (0: no local cache)", "int")
         for f in ("kvs_resources", "gateway_resources", "cpu_executor_resources", "gpu_executor_resources"):
             if not isinstance(getattr(self, f), Resources):
                 bad(f, "a k8s.Resources", type_error=True)

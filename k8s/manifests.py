@@ -358,6 +358,8 @@ def executor_args(config: KubeConfig, device: str) -> list[str]:
             "--device", device, "--threads", str(config.executor_threads)]
     if config.busy_poll_ms != KubeConfig.busy_poll_ms:  # the runtime's default: nothing to say
         args += ["--busy-poll-ms", f"{config.busy_poll_ms:g}"]
+    if config.executor_cache_bytes != KubeConfig.executor_cache_bytes:
+        args += ["--cache-bytes", str(config.executor_cache_bytes)]
     return args
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -184,6 +185,13 @@ class CachedKVS(KVS):
         placing work where its data is cached)."""
         with self._lock:
             return key in self._lru
+
+    def evicted_within(self, seconds: float) -> bool:
+        """Whether the cache dropped an entry to fit its budget in the last ``seconds``:
+        its working set does not fit (for schedulers deciding how strictly to
+        partition keys between caches)."""
+        with self._lock:
+            return time.monotonic() - self._lru.last_eviction < seconds
 
     def cached_keys(self) -> list[str]:
         """A snapshot of the cached keys, least recently used first."""

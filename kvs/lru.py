@@ -7,6 +7,8 @@ encoded size is what they actually keep alive.
 
 from __future__ import annotations
 
+import math
+import time
 from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any
@@ -16,13 +18,14 @@ class ByteLRU:
     """``key -> (value, nbytes)``; inserting evicts least-recently-used entries until
     the total fits ``max_bytes``. An entry larger than ``max_bytes`` is not stored."""
 
-    __slots__ = ("_entries", "max_bytes", "nbytes", "evictions")
+    __slots__ = ("_entries", "max_bytes", "nbytes", "evictions", "last_eviction")
 
     def __init__(self, max_bytes: int):
         self._entries: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self.max_bytes = max_bytes
         self.nbytes = 0
         self.evictions = 0
+        self.last_eviction = -math.inf  # time.monotonic() of the latest eviction
 
     def get(self, key: Hashable) -> Any | None:
         """The entry's value (marked most recently used), or None if absent."""
@@ -43,6 +46,7 @@ class ByteLRU:
             _, (_, size) = self._entries.popitem(last=False)
             self.nbytes -= size
             self.evictions += 1
+            self.last_eviction = time.monotonic()
         return True
 
     def pop(self, key: Hashable) -> bool:

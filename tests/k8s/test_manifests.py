@@ -510,6 +510,18 @@ def test_busy_polling_off_reaches_the_gateway_and_the_executors():
     assert ClusterConfig.from_json(json.loads(gw[gw.index("--config") + 1])).busy_poll_ms == 0
 
 
+def test_executor_cache_size_reaches_the_executors_and_matches_the_local_default():
+    from executors.config import ClusterConfig
+    from executors.executor import DEFAULT_CACHE_BYTES
+
+    assert KubeConfig.executor_cache_bytes == ClusterConfig.executor_cache_bytes == DEFAULT_CACHE_BYTES
+    assert "--cache-bytes" not in executor_args(KubeConfig(), "cpu")
+    args = executor_args(KubeConfig(executor_cache_bytes=64 << 20), "gpu")
+    assert args[args.index("--cache-bytes") + 1] == str(64 << 20)
+    with pytest.raises(ValueError, match="executor_cache_bytes"):
+        KubeConfig(executor_cache_bytes=-1)
+
+
 @pytest.mark.parametrize("bad, error", [(-1, ValueError), (5000, ValueError), ("10", TypeError), (True, TypeError)])
 def test_busy_polling_refuses_bad_values(bad, error):
     with pytest.raises(error, match="busy_poll_ms"):

@@ -310,8 +310,10 @@ def test_eviction_by_byte_budget_in_lru_order(redis_url, kvs):
         store.mput({k: np.zeros(125) for k in "abcd"})
         store.mget(["a", "b", "c"])
         store.get("a")  # a is now the most recently used; b the least
+        assert not store.evicted_within(3600)
         store.get("d")  # needs room: evicts b
         assert store.cached_keys() == ["c", "a", "d"]
+        assert store.evicted_within(3600) and not store.evicted_within(0)
         stats = store.stats()
         assert stats.evictions == 1 and stats.nbytes == 3 * entry <= stats.max_bytes
         store.get("b")  # evicts c
