@@ -6,10 +6,24 @@ boundary falls inside it, so they give the same plan whether fusion ran before t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from optimizer.plan import Plan, PlanNode, Stage, stage_name
+
+
+def rewrite_each(plan: Plan, matches: Callable[[Stage], bool], rewrite: Callable[[Plan, str], Plan]) -> Plan:
+    """Rewrite the first stage ``matches`` accepts, then look again, until none does.
+
+    Looking again from the start after each rewrite, rather than looping over a snapshot,
+    because a rewrite replaces the stage with new ones (cut pieces, racing copies); each
+    ``rewrite`` must leave stages that no longer match, or this would not end.
+    """
+    while True:
+        todo = next((s.name for s in plan.stages.values() if matches(s)), None)
+        if todo is None:
+            return plan
+        plan = rewrite(plan, todo)
 
 
 def is_dynamic_lookup(op) -> bool:

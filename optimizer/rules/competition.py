@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 from optimizer.plan import ChooseOp, Plan, PlanNode, Stage
-from optimizer.rules.base import cut, cut_between, wants_batching
+from optimizer.rules.base import cut, cut_between, rewrite_each, wants_batching
 
 NAME = "competition"
 
@@ -83,8 +83,4 @@ def apply(plan: Plan, options=None) -> Plan:
     from optimizer.options import OptimizerOptions
 
     options = options or OptimizerOptions()
-    while True:
-        todo = next((s.name for s in plan.stages.values() if can_compete(s, options)), None)
-        if todo is None:
-            return plan
-        plan = compete(plan, todo, options)
+    return rewrite_each(plan, lambda s: can_compete(s, options), lambda p, name: compete(p, name, options))

@@ -16,7 +16,7 @@ join on a data column). Fixed-key lookups need no routing and fuse like any oper
 from __future__ import annotations
 
 from optimizer.plan import Plan, Stage
-from optimizer.rules.base import cut, is_dynamic_lookup
+from optimizer.rules.base import cut, is_dynamic_lookup, rewrite_each
 
 NAME = "locality"
 
@@ -54,8 +54,4 @@ def continue_at(plan: Plan, name: str) -> Plan:
 
 def apply(plan: Plan, options=None) -> Plan:
     """Mark every per-row lookup as a continuation boundary (see module docs)."""
-    while True:
-        todo = next((s.name for s in plan.stages.values() if can_continue(s)), None)
-        if todo is None:
-            return plan
-        plan = continue_at(plan, todo)
+    return rewrite_each(plan, can_continue, continue_at)

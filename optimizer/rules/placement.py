@@ -17,7 +17,7 @@ goes to the GPU.
 from __future__ import annotations
 
 from optimizer.plan import Plan, Stage
-from optimizer.rules.base import cut_between, op_device
+from optimizer.rules.base import cut_between, op_device, rewrite_each
 
 NAME = "placement"
 
@@ -50,8 +50,4 @@ def apply(plan: Plan, options=None) -> Plan:
     from optimizer.options import OptimizerOptions
 
     options = options or OptimizerOptions()
-    while True:
-        todo = next((s.name for s in plan.stages.values() if can_place(s, options)), None)
-        if todo is None:
-            return plan
-        plan = place(plan, todo, options)
+    return rewrite_each(plan, lambda s: can_place(s, options), lambda p, name: place(p, name, options))
