@@ -424,7 +424,8 @@ class Executor:
             self.send(h["gw"], pack(msg, {"t": out}))
         for consumer in hosted.consumers:
             stage = hosted.plan.stages[consumer]
-            for d in deliveries(out, stage, h["routes"][consumer], item.path, here=self.address, holds=self._serves):
+            kept = self._kept_keys() if stage.continuation is not None else None
+            for d in deliveries(out, stage, h["routes"][consumer], item.path, here=self.address, holds=kept):
                 msg = dict(base, stage=consumer, path=list(d.path), copy=d.copy)
                 if d.address == self.address:
                     # the consumer runs here too: hand the Table over, no socket, no encoding
@@ -433,13 +434,13 @@ class Executor:
                     self.send(d.address, pack(msg, {"t": d.table}))
         return local
 
-    def _serves(self, key: str) -> bool:
-        """Whether a continuation row whose key is ``key`` may stay here instead of going
-        to the key's owner: this cache holds the key and has not had to evict lately.
+    def _kept_keys(self):
+        """Which continuation rows may stay here instead of going to their key's owner:
+        those whose key this cache holds, unless it has had to evict lately (None: none).
         A cache that evicts holds less than its share of the keys: serving other owners'
         keys from it would push out its own (and leave their owners cold), so then rows
         go strictly to their owners, which partitions the working set across the caches."""
-        return not self.store.evicted_within(EVICTION_QUIET_S) and self.store.holds(key)
+        return None if self.store.evicted_within(EVICTION_QUIET_S) else self.store.holds
 
     def _fail(self, h: dict, error: BaseException, hosted: HostedStage | None = None) -> None:
         if hosted is not None and hosted.consumers and all(

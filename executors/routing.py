@@ -10,8 +10,8 @@ that executor's local cache holds it after the first read; when a replica is add
 removed only the keys of that replica move (about 1/n of them). An executor that already
 holds a row's key in its own cache may keep that row (a hit here costs no hop; a hit at
 the owner costs one): the owner is where a key is read from the store, not the only place
-it may be served from. The executor decides (``Executor._serves``: not while its cache
-is evicting).
+it may be served from. The executor decides which (``Executor._kept_keys``: none while
+its cache is evicting).
 """
 
 from __future__ import annotations
