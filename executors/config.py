@@ -9,6 +9,7 @@ from typing import Any
 
 from executors.autoscale import AutoscalingConfig
 from executors.busypoll import MAX_MS as BUSY_POLL_MAX_MS
+from kvs.options import KVSOptions
 
 
 def default_executors() -> int:
@@ -65,7 +66,7 @@ class ClusterConfig:
     max_executors: int = 8
     colocate: bool = True
     busy_poll_ms: float = 10.0
-    executor_cache_bytes: int = 256 * 1024 * 1024
+    executor_cache_bytes: int = KVSOptions.cache_max_bytes  # one default for every cache
     persistence: bool = False
     dir: str | None = None
 

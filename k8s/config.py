@@ -296,7 +296,7 @@ class KubeConfig:
     executor_threads: int = 4
     gpus_per_executor: int = 1
     busy_poll_ms: float = 10.0
-    executor_cache_bytes: int = 256 * 1024 * 1024
+    executor_cache_bytes: int = 256 * 1024 * 1024  # = KVSOptions.cache_max_bytes (a test keeps them equal)
     kvs_resources: Resources = Resources(cpu="250m", memory="256Mi", cpu_limit="1", memory_limit="1Gi")
     gateway_resources: Resources = Resources(cpu="250m", memory="256Mi", cpu_limit="1", memory_limit="512Mi")
     cpu_executor_resources: Resources = Resources(cpu="1", memory="2Gi", cpu_limit="2", memory_limit="4Gi")
