@@ -47,6 +47,12 @@ class Batcher:
         self.thread = threading.Thread(target=self._loop, name=f"batcher-{hosted.stage.name}", daemon=True)
         self.thread.start()
 
+    def replace_thread(self) -> None:
+        """The batcher's thread is held by abandoned work (watchdog.py): a new thread drains
+        the queue from now on; the old one exits when (if ever) its call returns."""
+        self.thread = threading.Thread(target=self._loop, name=f"batcher-{self.hosted.stage.name}", daemon=True)
+        self.thread.start()
+
     def note_arrival(self) -> None:
         now = time.perf_counter()
         if self._last_put:
@@ -82,7 +88,8 @@ class Batcher:
 
     def _loop(self) -> None:
         max_size, wait = self.config.max_batch_size, self.config.max_wait_ms / 1000
-        while not (self._stopping.is_set() and self.queue.empty()):
+        me = threading.current_thread()
+        while not (self._stopping.is_set() and self.queue.empty()) and self.thread is me:
             try:
                 first = self.queue.get(timeout=0.2)
             except queue.Empty:

@@ -47,6 +47,9 @@ class ClusterConfig:
         before sleeping (default 10): a woken process runs slowly for a while, so polling
         cuts each hop's latency; each poll yields the CPU to runnable work, so it uses idle
         time only. 0 turns it off (executors/busypoll.py).
+    stuck_grace_s: an executor whose abandoned work (a run past its deadline or its
+        operator's ``timeout_s``, already answered 504) has not come back within this long
+        is recycled: a new process takes its place (default 10; executors/watchdog.py).
     persistence: keep the KVS on disk (AOF) so it survives a restart (`flowserve up`).
     dir: where state, logs and sockets live (None: a private temporary directory).
     """
@@ -67,6 +70,7 @@ class ClusterConfig:
     colocate: bool = True
     busy_poll_ms: float = 10.0
     executor_cache_bytes: int = KVSOptions.cache_max_bytes  # one default for every cache
+    stuck_grace_s: float = 10.0
     persistence: bool = False
     dir: str | None = None
 
@@ -94,6 +98,7 @@ class ClusterConfig:
              f"a number in 0..{BUSY_POLL_MAX_MS:g}")
         need(_int(self.executor_cache_bytes) and self.executor_cache_bytes >= 0, "executor_cache_bytes",
              "an int >= 0 (0: no local cache)")
+        need(_num(self.stuck_grace_s) and 0 < self.stuck_grace_s <= 3600, "stuck_grace_s", "a number in (0, 3600]")
         if isinstance(self.autoscaling, dict):
             object.__setattr__(self, "autoscaling", AutoscalingConfig.from_json(self.autoscaling))
         need(self.autoscaling is None or isinstance(self.autoscaling, AutoscalingConfig), "autoscaling",

@@ -28,6 +28,7 @@ from executors.dispatcher import Dispatcher
 from executors.gateway import Gateway, make_app
 from executors.metrics import Metrics
 from executors.scaling import ScalingLoop
+from executors.watchdog import EXIT_RECYCLED, Blackbox
 from kvs import KVS, RedisServer
 from kvs.server import free_port, popen, terminate
 
@@ -43,13 +44,15 @@ class ExecutorProcess:
         self.kvs_url, self.config, self.logdir = kvs_url, config, logdir
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
+        self.blackbox = logdir / f"{id_}.running"  # what its threads run: read after a crash
 
     def start(self) -> None:
         logfile = open(self.logdir / f"{self.id}.log", "ab")
         cmd = [sys.executable, "-m", "executors.executor", "--id", self.id, "--address", self.address,
                "--kvs", self.kvs_url, "--device", self.device, "--threads", str(self.config.threads),
                "--busy-poll-ms", repr(float(self.config.busy_poll_ms)),
-               "--cache-bytes", str(self.config.executor_cache_bytes)]
+               "--cache-bytes", str(self.config.executor_cache_bytes),
+               "--stuck-grace-s", repr(float(self.config.stuck_grace_s)), "--blackbox", str(self.blackbox)]
         self.proc = popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         logfile.close()
 
@@ -101,6 +104,7 @@ class ClusterDaemon:
                                      colocate=self.config.colocate, busy_poll_ms=self.config.busy_poll_ms)
         for ex in self.executors:
             self.dispatcher.add_executor(ex.id, ex.address, ex.device)
+        self.dispatcher.wait_for_restarts = self.config.restart_executors
         self.gateway = Gateway(self.dispatcher, self.store, token=self.config.token, admin_token=self.admin_token,
                                max_body_bytes=self.config.max_body_bytes,
                                request_timeout_s=self.config.request_timeout_s,
@@ -143,8 +147,7 @@ class ClusterDaemon:
                 if ex.alive() or not self.gateway.accepting:
                     continue
                 if self.dispatcher.executors[ex.id].alive:
-                    log.warning("executor %s died (exit %s)", ex.id, ex.proc.returncode)
-                    self.dispatcher.executor_died(ex.id)
+                    self._executor_exited(ex)
                 if not self.config.restart_executors:
                     continue
                 log.warning("restarting executor %s", ex.id)
@@ -155,6 +158,31 @@ class ClusterDaemon:
                         stages = {s: [ex.id] for s, ids in f.placement.items() if ex.id in ids}
                         await self.dispatcher.load(name, f.version, stages, self.config.load_timeout_s)
                     self.dispatcher.executor_back(ex.id)
+
+    def _executor_exited(self, ex: ExecutorProcess) -> None:
+        """Tell the dispatcher why an executor's process ended: it recycled itself (a stuck
+        thread: nothing to blame) or it crashed (its blackbox says which requests were
+        running: those are the suspects of a poison input)."""
+        code = ex.proc.returncode
+        info = self.dispatcher.executors[ex.id]
+        if code == EXIT_RECYCLED:
+            log.warning("executor %s recycled itself (a thread was stuck)", ex.id)
+            info.recycled += 1
+            self.metrics.recycles.labels(ex.id, "stuck").inc()
+            self.dispatcher.executor_died(ex.id, reason="recycled")
+            return
+        running = Blackbox.read(ex.blackbox)
+        how = f"signal {-code}" if code is not None and code < 0 else f"exit {code}"
+        if running:
+            for r in running:
+                log.error("executor %s crashed (%s) while running flow %s operator %r (stage %s) for request(s) %s, "
+                          "qid %s", ex.id, how, r["flow"], r["operator"], r["stage"],
+                          ",".join(str(q) for q, _ in r["requests"]), r["qid"])
+        else:
+            log.warning("executor %s died (%s) while running no request", ex.id, how)
+        info.crashed += 1
+        self.metrics.crashes.labels(ex.id).inc()
+        self.dispatcher.executor_died(ex.id, running=running)
 
     async def add_executor(self, device: str) -> str | None:
         """Start one more executor process (the autoscaler's local backend)."""

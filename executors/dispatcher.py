@@ -9,7 +9,10 @@ moves executor to executor; the sink's executor sends the result back here.
 Every accepted request is answered exactly once: by its result, its first error, a
 deadline (504), or no executor (503). A request touching an executor that died is re-run
 from the start on the others (stages are pure), at most ``max_retries`` times; answers
-from an older attempt are ignored, so no request is answered twice.
+from an older attempt are ignored, so no request is answered twice. A request that was
+*running* when its executor crashed (the supervisor reads that from the executor's
+blackbox, watchdog.py) is re-run alone; if it crashes a second executor it is a poison
+input: answered 500 ``OperatorCrashedError`` naming the operator, and not retried again.
 """
 
 from __future__ import annotations
@@ -45,6 +48,10 @@ class RequestFailed(Exception):
         self.body = body
 
 
+CRASHES_TO_QUARANTINE = 2  # executors a request may crash before it is failed, not retried
+DEADLINE_GRACE_S = 0.2  # the gateway's own 504 waits this much for an executor's, which names the operator
+
+
 @dataclass
 class ExecutorInfo:
     id: str
@@ -53,6 +60,10 @@ class ExecutorInfo:
     alive: bool = True
     inflight: int = 0
     loaded: set = field(default_factory=set)  # (flow, version) pairs built there
+    stuck: dict = field(default_factory=dict)  # (flow, stage, operator) -> abandoned runs not back yet
+    stuck_since: float | None = None  # wall time of its oldest stuck report
+    recycled: int = 0  # times it was replaced because a thread was stuck
+    crashed: int = 0  # times its process died unexpectedly
 
 
 @dataclass
@@ -76,6 +87,8 @@ class Request:
     parts: dict = field(default_factory=dict)  # path -> Table (sink output)
     started: float = field(default_factory=time.perf_counter)
     trace: list = field(default_factory=list)  # (stage, executor, ms, batch) of the answer
+    crashes: set = field(default_factory=set)  # (executor, attempt) crashes it was running in
+    solo: bool = False  # re-run alone after a crash: never merged into a batch
 
 
 class Dispatcher:
@@ -102,6 +115,10 @@ class Dispatcher:
         self._unsent: dict[str, list] = {}  # address -> messages sent this turn of the loop
         self.busy_poll = BusyPoll(busy_poll_ms)  # busypoll.py: why the loop polls after a message
         self._polling = False
+        # True where dead executors are restarted (the local cluster's supervisor): a request
+        # that finds no live executor waits for one (until its deadline) instead of a 503
+        self.wait_for_restarts = False
+        self._parked: list[Request] = []
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -126,18 +143,58 @@ class Dispatcher:
         if joined is not None:
             joined.set()  # wakes every wait_for_executor; each looks again
 
-    def executor_died(self, id_: str) -> None:
-        """Mark an executor dead and re-run (or fail) the requests that touched it."""
+    def executor_died(self, id_: str, running: list | None = None, reason: str = "died") -> None:
+        """Mark an executor dead and re-run (or fail) the requests that touched it.
+
+        ``running``: the runs its blackbox recorded (watchdog.Blackbox.read), or None when
+        not known (a pod on another machine): then every request it held counts as
+        running. A request counts a crash only when it was running there; one that has
+        crashed ``CRASHES_TO_QUARANTINE`` executors is failed (a poison input), the others
+        re-run (alone, if they were running)."""
         info = self.executors.get(id_)
         if info is None:
             return
         info.alive = False
         info.loaded.clear()
         info.inflight = 0
+        info.stuck.clear()
+        info.stuck_since = None
         self.outbox.forget(info.address)
+        blamed = None
+        if running is not None:
+            blamed = {}
+            for r in running:
+                if r.get("gw") in ("", self.address):
+                    for req_id, att in r.get("requests", ()):
+                        blamed[(req_id, att)] = r
         for req in list(self.requests.values()):
-            if id_ in req.executors:
+            if id_ not in req.executors:
+                continue
+            if reason == "recycled":
+                self._retry(req, f"executor {id_} was recycled")
+                continue
+            record = {"operator": None, "stage": None} if blamed is None else blamed.get((req.id, req.attempt))
+            if record is None:
                 self._retry(req, f"executor {id_} died")
+                continue
+            req.crashes.add((id_, req.attempt))
+            if len(req.crashes) >= CRASHES_TO_QUARANTINE:
+                self._quarantine(req, record)
+            else:
+                req.solo = True
+                self._retry(req, f"executor {id_} died while running it")
+
+    def _quarantine(self, req: Request, record: dict) -> None:
+        op = record.get("operator") or record.get("stage")
+        where = f"operator {op!r}" if op else "the request"
+        qid = record.get("qid")
+        log.error("flow %s request %s (qid %s): %s crashed its executor %d times; failing it (not retried)",
+                  req.flow.plan.flow_name, req.id, qid, where, len(req.crashes))
+        self._resolve(req, error=RequestFailed(500, {k: v for k, v in {
+            "error": "OperatorCrashedError",
+            "message": f"flow {req.flow.plan.flow_name!r}: {where} crashed its executor on this input "
+                       f"({len(req.crashes)} executors lost); the request is not retried",
+            "operator": op, "qid": qid}.items() if v is not None}))
 
     def remove_executor(self, id_: str) -> None:
         """Forget an executor that was stopped on purpose (it hosts no stage any more)."""
@@ -183,6 +240,10 @@ class Dispatcher:
         info = self.executors.get(id_)
         if info is not None:
             info.alive = True
+        parked, self._parked = self._parked, []
+        for req in parked:
+            if not req.future.done():
+                self._dispatch(req)
 
     def _send(self, address: str, frames: list) -> None:
         """Send at the end of this turn of the event loop: the requests that arrived together
@@ -263,8 +324,10 @@ class Dispatcher:
         req = Request(next(self._ids), flow, table, time.time() + timeout, loop.create_future(),
                       retries_left=self.max_retries)
         self.requests[req.id] = req
-        # a timer rather than asyncio.wait_for: no task per request
-        timer = loop.call_later(timeout, self._resolve, req, None, RequestFailed(504, {
+        # a timer rather than asyncio.wait_for: no task per request. It fires a little after
+        # the deadline: an executor running the request then answers first, naming the operator
+        timer = loop.call_later(timeout + min(DEADLINE_GRACE_S, 0.1 * timeout), self._resolve, req, None,
+                                RequestFailed(504, {
             "error": "DeadlineExceededError", "message": f"flow {name!r}: no answer within {timeout:g} s"}))
         try:
             self._dispatch(req)
@@ -288,6 +351,9 @@ class Dispatcher:
         try:
             routes, used = self._routes(req.flow)
         except NoExecutorError as e:
+            if self.wait_for_restarts and any(not i.alive for i in self.executors.values()):
+                self._parked.append(req)  # executor_back dispatches it; its deadline still holds
+                return
             self._resolve(req, error=RequestFailed(503, {"error": "NoExecutorError", "message": str(e)}))
             return
         for stage in routes:
@@ -299,6 +365,8 @@ class Dispatcher:
         base = {"type": "run", "req": req.id, "att": req.attempt, "flow": plan.flow_name,
                 "ver": req.flow.version, "from": INPUT, "routes": routes, "gw": self.address,
                 "dl": req.deadline, "trace": []}
+        if req.solo:
+            base["solo"] = True
         for consumer in self._input_consumers(plan):
             stage = plan.stages[consumer]
             for d in deliveries(req.table, stage, routes[consumer]):
@@ -390,6 +458,9 @@ class Dispatcher:
             if fut is not None and not fut.done():
                 fut.set_result(h)
             return
+        if kind in ("stuck", "unstuck", "recycling"):
+            self._executor_report(kind, h)
+            return
         req = self.requests.get(h.get("req"))
         if req is None or h.get("att") != req.attempt or req.future.done():
             return  # answered already (e.g. a losing racing copy), or a superseded attempt
@@ -408,6 +479,32 @@ class Dispatcher:
                 self._record(req.flow, h.get("trace", ()))
                 req.trace = list(h.get("trace", ()))
                 self._resolve(req, result=out)
+
+    def _executor_report(self, kind: str, h: dict) -> None:
+        """An executor's watchdog says a thread is held by abandoned work, is back, or that
+        it is recycling itself (its in-flight requests are re-run elsewhere at once)."""
+        info = self.executors.get(h.get("executor"))
+        if info is None:
+            return
+        what = (h.get("flow"), h.get("stage"), h.get("operator"))
+        if kind == "stuck":
+            info.stuck[what] = info.stuck.get(what, 0) + 1
+            info.stuck_since = info.stuck_since or float(h.get("since") or time.time())
+            log.warning("executor %s: a thread is stuck in operator %r (flow %s)", info.id, what[2], what[0])
+        elif kind == "unstuck":
+            left = info.stuck.get(what, 0) - 1
+            if left > 0:
+                info.stuck[what] = left
+            else:
+                info.stuck.pop(what, None)
+            if not info.stuck:
+                info.stuck_since = None
+        elif info.alive:
+            log.warning("executor %s is recycling itself: %s", info.id, h.get("reason"))
+            info.recycled += 1
+            if self.metrics:
+                self.metrics.recycles.labels(info.id, "stuck").inc()
+            self.executor_died(info.id, reason="recycled")
 
     def stage_counters(self, flow: str, stage: str) -> StageCounters:
         c = self._counters.get((flow, stage))

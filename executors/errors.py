@@ -5,6 +5,10 @@
     ├── DeployError                a flow could not be deployed (names the flow and stage)
     ├── NoExecutorError            (retryable) no live executor can run a stage   -> 503
     ├── DeadlineExceededError      (retryable) the request's deadline passed       -> 504
+    │   └── OperatorTimeoutError   an operator was still running at its timeout_s or the
+    │                              request's deadline; its work was abandoned        -> 504
+    ├── OperatorCrashedError       the request's attempts crashed two executors: it is not
+    │                              retried again (a poison input)                   -> 500
     └── InvocationError            an HTTP call to a deployed flow failed; carries .status and
                                    .body (the server's JSON error)
 """
@@ -42,6 +46,24 @@ class DeadlineExceededError(ClusterError, RetryableError):
     """The request's deadline passed before it was answered."""
 
 
+class OperatorTimeoutError(DeadlineExceededError):
+    """An operator did not finish within its ``timeout_s`` or the request's deadline."""
+
+    def __init__(self, message: str, *, operator: str | None = None, qid: int | None = None):
+        super().__init__(message)
+        self.operator = operator
+        self.qid = qid
+
+
+class OperatorCrashedError(ClusterError):
+    """A request's attempts crashed two executors (a poison input): not retried again."""
+
+    def __init__(self, message: str, *, operator: str | None = None, qid: int | None = None):
+        super().__init__(message)
+        self.operator = operator
+        self.qid = qid
+
+
 class InvocationError(ClusterError):
     """An HTTP call to a deployed flow failed; ``status`` and ``body`` say how."""
 
@@ -61,6 +83,8 @@ def status_for(error: BaseException) -> int:
         return 400
     if isinstance(error, DeadlineExceededError):
         return 504
+    if isinstance(error, OperatorCrashedError):
+        return 500
     if isinstance(error, (NoExecutorError, RetryableError)):
         return 503  # e.g. the KVS is restarting: the same request may succeed shortly
     return 500

@@ -19,7 +19,7 @@ import selectors
 import signal
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -29,12 +29,13 @@ from executors.batcher import Batcher, WorkItem
 from executors.busypoll import DEFAULT_MS as DEFAULT_BUSY_POLL_MS
 from executors.busypoll import MAX_MS as BUSY_POLL_MAX_MS
 from executors.busypoll import BusyPoll
-from executors.errors import status_for
+from executors.errors import OperatorTimeoutError, status_for
 from executors.gpu import gpu_stats, set_executor_class
 from executors.membership import HEARTBEAT_S, Heartbeat, Member
 from executors.placement import PLAN_KEY
 from executors.routing import complete, deliveries
 from executors.transport import Outbox, Reader, TransportError, accept, listen
+from executors.watchdog import DEFAULT_GRACE_S, EXIT_RECYCLED, Blackbox, Run, Watchdog, monotonic_deadline
 from executors.wire import WireError, pack, unpack
 from flow.context import set_store
 from flow.exceptions import FlowError, NoValidResultError, OperatorError
@@ -86,7 +87,8 @@ class HostedStage:
 class Executor:
     def __init__(self, executor_id: str, address: str, kvs_url: str, device: str = "cpu",
                  threads: int = 4, gpu_available: bool = False, busy_poll_ms: float = DEFAULT_BUSY_POLL_MS,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES):
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, stuck_grace_s: float = DEFAULT_GRACE_S,
+                 blackbox: str | None = None):
         self.id = executor_id
         self.address = address
         self.device = device
@@ -104,10 +106,20 @@ class Executor:
         self._stopping = threading.Event()
         self.inflight = 0
         self._inline: dict = {}  # id(hosted) -> (hosted, ready items) to run after a drain
+        self._inline_runs: deque = deque()  # (hosted, items): batches cut from _inline, next to run
         self._lock = threading.Lock()  # guards pending/done: the IO thread and workers gather
         self._io_thread = None
+        self._io_gen = 0  # the IO thread of generation _io_gen reads; older ones were handed off
+        self._selector = None
+        self._io: threading.Thread | None = None
         self._inflight_lock = threading.Lock()
         self.busy_poll = BusyPoll(busy_poll_ms)  # busypoll.py: why the IO thread polls after a message
+        # watchdog.py: run deadlines, IO hand-over, recycling a stuck executor; the blackbox
+        # tells the supervisor what was running if this process dies
+        self.watchdog = Watchdog(self._on_overdue, self._on_long_io, self._on_stuck, grace_s=stuck_grace_s)
+        self.blackbox = Blackbox(blackbox) if blackbox else None
+        self._gateways: set[str] = set()  # told first when this executor recycles itself
+        self.on_exit: list = []  # called before a recycle exits the process (deregistration)
 
     # -- sockets ---------------------------------------------------------------------------
 
@@ -118,14 +130,38 @@ class Executor:
     # -- main loop --------------------------------------------------------------------------
 
     def serve(self) -> None:
+        """Run until stopped. The main thread only waits (and takes signals): reading is done
+        by an IO thread, which the watchdog replaces if a cheap stage holds it too long."""
         log.info("executor %s listening on %s (%s)", self.id, self.address, self.device)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self.listener, selectors.EVENT_READ, None)
+        self.watchdog.start()
+        self._start_io_thread()
+        while not self._stopping.wait(1.0):
+            self._expire(time.time())
+        io = self._io
+        if io is not None:
+            io.join(5.0)
+        self.watchdog.stop()
+        self.pool.shutdown(wait=True)  # graceful: in-flight work finishes
+        for key in list(self._selector.get_map().values()):
+            key.fileobj.close()
+        self.outbox.close()
+
+    def _start_io_thread(self) -> None:
+        self._io_gen += 1
+        self._io = threading.Thread(target=self._io_loop, args=(self._io_gen,), name=f"{self.id}-io{self._io_gen}",
+                                    daemon=True)
+        self._io.start()
+
+    def _io_loop(self, gen: int) -> None:
         self._io_thread = threading.get_ident()
-        selector = selectors.DefaultSelector()
-        selector.register(self.listener, selectors.EVENT_READ, None)
-        last_gc = time.monotonic()
-        while not self._stopping.is_set():
+        selector = self._selector
+        while not self._stopping.is_set() and gen == self._io_gen:
             hot = self.busy_poll.hot()
             events = selector.select(0 if hot else 0.2)
+            if gen != self._io_gen:
+                break  # handed off while selecting: the new IO thread reads these
             if events:
                 with self.outbox.corked():  # what reading sends (pongs, errors): one write per peer
                     for key, _ in events:
@@ -133,17 +169,9 @@ class Executor:
             elif hot:
                 self.busy_poll.pause()
             # cheap ready work gathered while reading runs here, as batches
-            self._run_inline()
+            self._run_inline(gen)
             if events:
                 self.busy_poll.touch()  # from the end of the work: the next message is often the reply to what it sent
-            now = time.monotonic()
-            if now - last_gc > 1.0:
-                self._expire(time.time())
-                last_gc = now
-        self.pool.shutdown(wait=True)  # graceful: in-flight work finishes
-        for key in list(selector.get_map().values()):
-            key.fileobj.close()
-        self.outbox.close()
 
     def _read(self, selector, key) -> None:
         if key.data is None:  # a new connection
@@ -172,14 +200,24 @@ class Executor:
         except Exception:  # never let one message take the executor down
             log.exception("error handling a message")
 
-    def _run_inline(self) -> None:
-        """Run the cheap batching work gathered while draining, one batch per stage."""
-        while self._inline:  # running a batch may make the next stage's batch ready here
-            ready, self._inline = self._inline, {}
-            for hosted, items in ready.values():
-                size = hosted.stage.batch.max_batch_size
-                for i in range(0, len(items), size):
-                    self.run_batch(hosted, items[i:i + size])
+    def _run_inline(self, gen: int) -> None:
+        """Run the cheap work gathered while draining: one batch per batching stage, one
+        run per request otherwise. Batches are taken one at a time from shared queues, so
+        if this thread is handed off inside one, the new IO thread runs the rest."""
+        while gen == self._io_gen:  # running a batch may make the next stage's batch ready here
+            try:
+                hosted, items = self._inline_runs.popleft()
+            except IndexError:
+                if not self._inline:
+                    return
+                try:
+                    hosted, items = self._inline.pop(next(iter(self._inline)))
+                except (KeyError, StopIteration, RuntimeError):  # the other IO thread took it
+                    continue
+                size = hosted.stage.batch.max_batch_size if hosted.batcher is not None else 1
+                self._inline_runs.extend((hosted, items[i:i + size]) for i in range(0, len(items), size))
+                continue
+            self.run_batch(hosted, items)
 
     def handle(self, frames) -> None:
         header, tables = unpack(frames)
@@ -325,46 +363,183 @@ class Executor:
     # -- running ------------------------------------------------------------------------------
 
     def dispatch(self, hosted: HostedStage, item: WorkItem) -> None:
+        if item.header.get("solo"):
+            # a retry of a request that was running when an executor crashed: it runs alone
+            # (never merged into a batch), so a second crash is its own (Dispatcher.executor_died)
+            self.pool.submit(self.run_one, hosted, item)
+            return
+        on_io = threading.get_ident() == self._io_thread
         if hosted.batcher is not None:
             if hosted.cheap and not hosted.batcher.should_wait():
                 # light load and a quick stage: no thread hop, no waiting; requests that
                 # arrived together (drained in one go) still run as one batch
                 hosted.batcher.note_arrival()
                 hosted.batcher.learn(False, 1)
-                if threading.get_ident() == self._io_thread:
+                if on_io:
                     self._inline.setdefault(id(hosted), (hosted, []))[1].append(item)
                 else:
                     self.run_batch(hosted, [item])
             else:
                 hosted.batcher.put(item)
         elif hosted.cheap:
-            # a waking worker thread costs more than a stage this quick: run it right here
-            self.run_one(hosted, item)
+            # a waking worker thread costs more than a stage this quick: run it on this
+            # thread (the IO thread runs it after reading, outside the read's corked sends)
+            if on_io:
+                self._inline_runs.append((hosted, [item]))
+            else:
+                self.run_one(hosted, item)
         else:
             self.pool.submit(self.run_one, hosted, item)
 
+    # -- watching runs (watchdog.py) ----------------------------------------------------------
+
+    def _begin(self, hosted: HostedStage, items: list[WorkItem]) -> tuple[int, Run]:
+        ident = threading.get_ident()
+        if ident == self._io_thread:
+            lane = "io"
+        elif hosted.batcher is not None and hosted.batcher.thread.ident == ident:
+            lane = "batcher"
+        else:
+            lane = "pool"
+        first = items[0].inputs[0] if items[0].inputs else None
+        qid = int(first.qid[0]) if first is not None and len(first) else None
+        headers = [it.header for it in items]
+        run = Run(hosted.plan.flow_name, hosted.stage.name, headers, lane,
+                  [monotonic_deadline(h.get("dl")) for h in headers], qid, owner=hosted)
+        run.node = hosted.stage.nodes[0].name
+        self._gateways.add(headers[0].get("gw"))
+        key = self.watchdog.begin(run)
+        if self.blackbox is not None:
+            self.blackbox.record(run)
+        return key, run
+
+    def _end(self, key: int, run: Run) -> bool:
+        """The run is back; True if it was abandoned (its requests were answered 504)."""
+        self.watchdog.end(key)
+        if self.blackbox is not None:
+            self.blackbox.clear(run)
+        if run.abandoned:
+            self._lane_back(run)
+        return bool(run.answered)
+
+    def _on_node(self, run: Run, multi: bool):
+        def enter(node) -> None:
+            run.enter(node.name, node.op.timeout_s)
+            if multi and self.blackbox is not None:
+                self.blackbox.note_node(run)
+        return enter
+
+    def _on_overdue(self, run: Run, due: list[int], why: str) -> None:
+        """Watchdog: answer the requests whose time is up 504 naming the operator; once the
+        whole run is abandoned, give its thread's work to a new thread."""
+        hosted = run.owner
+        for i in due:
+            h = run.headers[i]
+            if why == "timeout":
+                msg = (f"operator {run.node!r} did not finish within its timeout_s={run.node_timeout:g}; "
+                       f"its run was abandoned")
+            else:
+                msg = (f"operator {run.node!r} (stage {run.stage!r}) was still running at the request's "
+                       f"deadline; its run was abandoned")
+            log.warning("flow %s stage %s request %s (qid %s): %s", run.flow, run.stage, h.get("req"), run.qid, msg)
+            self._fail(h, OperatorTimeoutError(msg, operator=run.node, qid=run.qid), hosted)
+        if run.abandoned and not run.lost:
+            run.lost = True
+            self._lane_lost(run)
+
+    def _lane_lost(self, run: Run) -> None:
+        """A thread is held by abandoned work: keep the executor's capacity by replacing it."""
+        hosted = run.owner
+        if run.lane == "io":
+            if not run.handed_off:
+                self._on_long_io(run)
+        elif run.lane == "batcher" and hosted.batcher is not None:
+            hosted.batcher.replace_thread()
+        else:
+            # ThreadPoolExecutor starts a new thread on submit while fewer than _max_workers
+            # exist; raising it by one (and submitting) gives back the thread the run holds
+            self.pool._max_workers += 1
+            self.pool.submit(_nothing)
+        self._report({"type": "stuck", "executor": self.id, "flow": run.flow, "stage": run.stage,
+                      "operator": run.node, "since": time.time()})
+
+    def _lane_back(self, run: Run) -> None:
+        if run.lost:
+            if run.lane == "pool":
+                self.pool._max_workers -= 1
+            self._report({"type": "unstuck", "executor": self.id, "flow": run.flow, "stage": run.stage,
+                          "operator": run.node})
+            log.warning("flow %s stage %s: an abandoned run of operator %r came back after %.1f s", run.flow,
+                        run.stage, run.node, time.monotonic() - run.started)
+
+    def _on_long_io(self, run: Run) -> None:
+        """Watchdog: a run has held the IO thread too long. A new IO thread takes over reading;
+        this one finishes its call as a plain thread. The stage runs on the pool from now on."""
+        run.handed_off = True
+        hosted = run.owner
+        hosted.cheap = False
+        hosted.ewma_ms = max(hosted.ewma_ms, COSTLY_MS * 10)
+        log.warning("executor %s: operator %r (flow %s) has held the IO thread for %.2f s; a new IO thread takes "
+                    "over", self.id, run.node, run.flow, time.monotonic() - run.started)
+        self._start_io_thread()
+
+    def _on_stuck(self, run: Run) -> None:
+        """Watchdog: abandoned work has not come back within the grace period. A thread is
+        lost for good (Python cannot interrupt it): recycle this executor. The gateways
+        re-run what was in flight here elsewhere; the supervisor starts a new process."""
+        log.error("executor %s: operator %r (flow %s, stage %s, qid %s) has been stuck for %.1f s; recycling "
+                  "this executor", self.id, run.node, run.flow, run.stage, run.qid,
+                  time.monotonic() - run.started)
+        self._report({"type": "recycling", "executor": self.id, "operator": run.node, "flow": run.flow,
+                      "reason": f"operator {run.node!r} stuck"})
+        for hook in self.on_exit:
+            try:
+                hook()
+            except Exception:
+                log.exception("executor %s: exit hook failed", self.id)
+        os._exit(EXIT_RECYCLED)
+
+    def _report(self, msg: dict) -> None:
+        for gw in list(self._gateways):
+            if gw:
+                self.send(gw, pack(msg))
+
     def run_one(self, hosted: HostedStage, item: WorkItem) -> None:
+        if _expired(item.header):
+            return self._too_late(hosted, item)
+        key, run = self._begin(hosted, [item])
         t0 = time.perf_counter()
         try:
-            out = self._execute(hosted, item.inputs, item.after_head)
+            out = self._execute(hosted, item.inputs, item.after_head, run)
         except FlowError as e:
+            if self._end(key, run):
+                return
             log.info("flow %s stage %s request %s: %s (qid %s)", item.header["flow"], hosted.stage.name,
                      item.header["req"], e, getattr(e, "qid", None))
             self._fail(item.header, e, hosted)
             return
-        except Exception as e:  # a bug in user code outside an operator's guard
+        except BaseException as e:  # a bug in user code, or SystemExit: one request, never the executor
+            if self._end(key, run):
+                return
             log.exception("flow %s stage %s request %s failed", item.header["flow"], hosted.stage.name,
                           item.header["req"])
             self._fail(item.header, e, hosted)
             return
+        if self._end(key, run):
+            return  # abandoned (answered 504): its output is dropped
         ms = (time.perf_counter() - t0) * 1000
         hosted.observe(ms)
         self.forward(hosted, [(item, out)], ms, 1)
 
     def run_batch(self, hosted: HostedStage, items: list[WorkItem]) -> None:
         """Run several requests as one merged Table, then split the output back by qid."""
-        if len(items) == 1:
-            return self.run_one(hosted, items[0])
+        late = [it for it in items if _expired(it.header)]
+        if late:
+            for it in late:
+                self._too_late(hosted, it)
+            items = [it for it in items if not _expired(it.header)]
+        if len(items) <= 1:
+            return self.run_one(hosted, items[0]) if items else None
         owner, clashing = _owners(items)
         if clashing:
             # racing copies (or a retry) of one request share its qids, so their rows could
@@ -375,29 +550,43 @@ class Executor:
         self._run_merged(hosted, items, owner)
 
     def _run_merged(self, hosted: HostedStage, items: list[WorkItem], owner: dict) -> None:
+        key, run = self._begin(hosted, items)
         t0 = time.perf_counter()
         try:
             merged = [Table.concat([it.inputs[k] for it in items]) for k in range(len(items[0].inputs))]
-            out = self._execute(hosted, merged, items[0].after_head)
-        except Exception:
+            out = self._execute(hosted, merged, items[0].after_head, run)
+        except BaseException:
+            self._end(key, run)
             # one bad request must not fail the others: run each alone to isolate it
-            for it in items:
-                self.run_one(hosted, it)
+            for k, it in enumerate(items):
+                if k not in run.answered:
+                    self.run_one(hosted, it)
             return
+        self._end(key, run)
         ms = (time.perf_counter() - t0) * 1000
         hosted.observe(ms)
         rows = [[] for _ in items]
         for i, q in enumerate(out.qid.tolist()):
             rows[owner[q]].append(i)
-        self.forward(hosted, [(it, out.take(np.asarray(rows[k], dtype=np.int64))) for k, it in enumerate(items)],
-                     ms, len(items))
+        self.forward(hosted, [(it, out.take(np.asarray(rows[k], dtype=np.int64)))
+                              for k, it in enumerate(items) if k not in run.answered], ms, len(items))
 
-    def _execute(self, hosted: HostedStage, inputs: list[Table], after_head: bool) -> Table:
+    def _too_late(self, hosted: HostedStage, item: WorkItem) -> None:
+        """The request's deadline passed while it waited for this stage: do not spend a run
+        on it; say where it was stuck (the gateway's own 504 cannot tell)."""
+        op = hosted.stage.nodes[0].name
+        self._fail(item.header, OperatorTimeoutError(
+            f"the request's deadline passed while it waited to run operator {op!r} (stage {hosted.stage.name!r})",
+            operator=op), hosted)
+
+    def _execute(self, hosted: HostedStage, inputs: list[Table], after_head: bool, run: Run) -> Table:
         bound = hosted.bound
+        enter = self._on_node(run, len(hosted.stage.nodes) > 1)
         if not after_head:
-            return bound(inputs, self.store)
+            return bound(inputs, self.store, on_node=enter)
         out = inputs[0]
         for node, b in zip(hosted.stage.nodes[1:], bound.bound[1:]):
+            enter(node)
             out = b([out], self.store)
         return out
 
@@ -460,6 +649,16 @@ class Executor:
         self.send(h["gw"], pack(msg))
 
 
+def _nothing() -> None:
+    pass
+
+
+def _expired(header: dict) -> bool:
+    """True if the request's deadline has passed (the gateway answered it 504)."""
+    dl = header.get("dl")
+    return dl is not None and time.time() > dl
+
+
 def _owners(items: list[WorkItem]) -> tuple[dict, list]:
     """Map each input qid to the index of the batched item it came from; ``clashing`` is
     ``[k]`` when item ``k`` is the first to repeat a qid of an earlier item, else empty."""
@@ -497,6 +696,11 @@ def main(argv=None) -> None:
                         f"that is otherwise idle; 0: off; default {DEFAULT_BUSY_POLL_MS:g})")
     p.add_argument("--cache-bytes", type=int, default=DEFAULT_CACHE_BYTES,
                    help=f"byte budget of the local KVS cache (default {DEFAULT_CACHE_BYTES >> 20} MiB; 0: none)")
+    p.add_argument("--stuck-grace-s", type=float, default=DEFAULT_GRACE_S,
+                   help="recycle this executor when abandoned work (past its deadline) has not come back "
+                        f"within this long (default {DEFAULT_GRACE_S:g})")
+    p.add_argument("--blackbox", default=None,
+                   help="file recording what each thread runs, for the supervisor to read after a crash")
     p.add_argument("--heartbeat-s", type=float, default=HEARTBEAT_S,
                    help="registration refresh period; the registration expires after 3 of them")
     args = p.parse_args(argv)
@@ -508,11 +712,15 @@ def main(argv=None) -> None:
         p.error(f"--busy-poll-ms must be in 0..{BUSY_POLL_MAX_MS:g}, got {args.busy_poll_ms:g}")
     if args.cache_bytes < 0:
         p.error(f"--cache-bytes must be >= 0, got {args.cache_bytes}")
+    if not args.stuck_grace_s > 0:
+        p.error(f"--stuck-grace-s must be > 0, got {args.stuck_grace_s:g}")
     ex = Executor(args.id, args.address, args.kvs, device=args.device, threads=args.threads,
-                  busy_poll_ms=args.busy_poll_ms, cache_bytes=args.cache_bytes)
+                  busy_poll_ms=args.busy_poll_ms, cache_bytes=args.cache_bytes,
+                  stuck_grace_s=args.stuck_grace_s, blackbox=args.blackbox)
     # announce it only once it listens: gateways that find it can send at once
     heartbeat = Heartbeat(ex.store.redis, Member(args.id, args.address, args.device, args.threads),
                           args.heartbeat_s).start()
+    ex.on_exit.append(heartbeat.stop)  # a recycling executor leaves the membership at once
 
     def stop(*_):
         # leave the membership at once so gateways stop routing here, then finish in-flight work

@@ -149,11 +149,24 @@ class Gateway:
         return JSONResponse(describe(f, self.dispatcher, self.scaling_status))
 
     async def healthz(self, request: Request) -> Response:
-        alive = [e.id for e in self.dispatcher.executors.values() if e.alive]
-        return JSONResponse({"status": "ok" if self.accepting else "stopping", "executors": len(alive),
-                             "inflight": len(self.dispatcher.requests), "flows": sorted(self.dispatcher.flows)})
+        """Liveness of the gateway (always 200 while it runs), and what an operator should
+        look at: ``stuck`` lists executors with a thread held by abandoned work (recycled
+        after the grace period), ``recycled``/``crashed`` count replacements; ``status`` is
+        "degraded" when no executor is alive or every live one has a stuck thread."""
+        infos = list(self.dispatcher.executors.values())
+        alive = [e.id for e in infos if e.alive]
+        stuck = [{"executor": e.id, "since": e.stuck_since,
+                  "operators": sorted({op for (_f, _s, op) in e.stuck if op}),
+                  "threads": sum(e.stuck.values())} for e in infos if e.alive and e.stuck]
+        status = "stopping" if not self.accepting else ("degraded" if len(stuck) == len(alive) else "ok")
+        return JSONResponse({"status": status, "executors": len(alive),
+                             "inflight": len(self.dispatcher.requests), "flows": sorted(self.dispatcher.flows),
+                             "stuck": stuck, "recycled": {e.id: e.recycled for e in infos if e.recycled},
+                             "crashed": {e.id: e.crashed for e in infos if e.crashed}})
 
     async def metrics_text(self, request: Request) -> Response:
+        for e in self.dispatcher.executors.values():
+            self.metrics.stuck.labels(e.id).set(sum(e.stuck.values()) if e.alive else 0)
         for name, f in self.dispatcher.flows.items():
             for stage, ids in f.placement.items():
                 self.metrics.replicas.labels(name, stage).set(len(ids))

@@ -29,6 +29,12 @@ class Metrics:
         self.scaling = Counter("flowserve_scaling_decisions", "Autoscaler decisions applied",
                                ["flow", "stage", "direction"], registry=r)
         self.replicas = Gauge("flowserve_stage_replicas", "Replicas hosting a stage", ["flow", "stage"], registry=r)
+        self.stuck = Gauge("flowserve_executor_stuck_threads",
+                           "Threads held by abandoned work (past its deadline), per executor", ["executor"], registry=r)
+        self.recycles = Counter("flowserve_executor_recycles", "Executors replaced because a thread was stuck",
+                                ["executor", "reason"], registry=r)
+        self.crashes = Counter("flowserve_executor_crashes", "Executor processes that died unexpectedly",
+                               ["executor"], registry=r)
 
         self._children: dict = {}  # (metric, labels) -> child: .labels() costs more than .observe()
 

@@ -67,13 +67,16 @@ class Node:
 
     def map(self, fn, names: Sequence[str] | str | None = None, *, init: Callable | None = None,
             col: str | None = None, batching: bool = False, gpu: bool = False,
-            high_variance: bool = False) -> "Node":
+            high_variance: bool = False, timeout_s: float | None = None) -> "Node":
         """Apply ``fn`` to each row (or, with ``batching=True``, to the whole Table).
 
         ``fn`` is a function of a row, a class (built once per replica; its ``__call__``
         takes a row or a Table), or a function whose first argument is ``init()``'s
         result. ``col=`` passes one column's value instead of the row. The output has the
         columns ``names`` (plus qid): return one value, or a tuple matching ``names``.
+        ``timeout_s=``: in a deployment, a run of this operator that takes longer is
+        abandoned and its requests answered 504 naming it (a hung model call); ``flow.run``
+        does not enforce it.
 
             probs = img.map(Net, names=["cls", "conf"], batching=True, gpu=True)
         """
@@ -91,8 +94,12 @@ class Node:
             if not isinstance(col, str):
                 raise FlowTypeError(f"operator map {label!r}: col= must be a column name (str), got {col!r}")
             self._need_columns([col], f"map {label!r}", "col")
+        if timeout_s is not None and (not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool)):
+            raise FlowTypeError(f"operator map {label!r}: timeout_s must be a number of seconds, got {timeout_s!r}")
+        if timeout_s is not None and not 0 < timeout_s < float("inf"):
+            raise FlowValueError(f"operator map {label!r}: timeout_s must be > 0 and finite, got {timeout_s!r}")
         op = MapOp(fn=fn, names=names, init=init, col=col, batching_=batching, gpu_=gpu,
-                   high_variance_=high_variance)
+                   high_variance_=high_variance, timeout_s_=None if timeout_s is None else float(timeout_s))
         return self.flow._add(op, (self,), label, names)
 
     def filter(self, pred, *, batching: bool = False) -> "Node":

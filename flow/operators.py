@@ -83,6 +83,12 @@ class Operator:
         return getattr(self, "high_variance_", False)
 
     @property
+    def timeout_s(self) -> float | None:
+        """How long one run of this operator may take in a deployment (None: the request's
+        deadline alone bounds it); past it the runtime abandons the run and answers 504."""
+        return getattr(self, "timeout_s_", None)
+
+    @property
     def rowwise(self) -> bool:
         """True if each output row depends only on one input row (safe to batch requests)."""
         return True
@@ -138,6 +144,7 @@ class MapOp(Operator):
     batching_: bool = False
     gpu_: bool = False
     high_variance_: bool = False
+    timeout_s_: float | None = None
 
     @property
     def label(self) -> str:
@@ -146,6 +153,8 @@ class MapOp(Operator):
     def describe(self) -> str:
         flags = [f for f, on in (("batching", self.batching), ("gpu", self.gpu),
                                  ("high_variance", self.high_variance)) if on]
+        if self.timeout_s_ is not None:
+            flags.append(f"timeout {self.timeout_s_:g}s")
         src = f"({self.col})" if self.col else ""
         return f"map {self.label}{src} -> {', '.join(self.names)}" + (f" [{', '.join(flags)}]" if flags else "")
 

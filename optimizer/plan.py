@@ -267,10 +267,14 @@ class BoundStage:
     def head(self) -> BoundOperator:
         return self.bound[0]
 
-    def __call__(self, inputs: Sequence[Table], store=None) -> Table:
+    def __call__(self, inputs: Sequence[Table], store=None, on_node=None) -> Table:
+        """``on_node(node)`` is told before each operator runs (the runtime's watchdog
+        uses it to know which operator a stuck run is in)."""
         results: dict[str, Table] = {}
         last = None
         for node, b in zip(self.stage.nodes, self.bound):
+            if on_node is not None:
+                on_node(node)
             args = [inputs[int(i[1:])] if i.startswith("@") else results[i] for i in node.inputs]
             last = results[node.name] = b(args, store)
         return last
