@@ -9,6 +9,7 @@ measured in a second phase against FlowServe optimized (its idle processes would
 the others).
 
     python -m benchmarks e2e [--seconds 3] [--reps 8] [--executors 1] [--ray-python /tmp/rayenv/bin/python]
+    python -m benchmarks e2e --baseline /tmp/base   # A/B: this tree against another checkout
 """
 
 from __future__ import annotations
@@ -138,6 +139,25 @@ class Ours:
         self.cluster.stop()
 
 
+class OursAt(Ours):
+    """FlowServe optimized, its cluster run from another checkout (e.g. the previous commit
+    in a git worktree): an A/B of a change side by side. The flows are deployed by this
+    tree's client; the cluster's processes import the other tree first."""
+
+    def __init__(self, tree: str, executors: int = 1):
+        super().__init__(True, executors)
+        self.tree = os.path.abspath(tree)
+        self.name = f"flowserve optimized @ {os.path.basename(self.tree)}"
+
+    def __enter__(self):
+        here = os.getcwd()
+        os.chdir(self.tree)  # LocalCluster puts the cwd first on its processes' PYTHONPATH
+        try:
+            return super().__enter__()
+        finally:
+            os.chdir(here)
+
+
 class RayServe(_ServerProcess):
     name = "ray serve"
 
@@ -199,13 +219,21 @@ def run(argv=None) -> dict:
                         "the floor's one is compared with; the cluster's own default is one per core, at least 2)")
     p.add_argument("--ray-python", default=os.environ.get("RAY_PYTHON", "/tmp/rayenv/bin/python"),
                    help="a Python with ray[serve] and torch (benchmarks/requirements-peers.txt); skipped if missing")
+    p.add_argument("--baseline", default=None,
+                   help="another checkout (e.g. `git worktree add /tmp/base HEAD~1`): measure only the floor, this "
+                        "tree and that one side by side, and report this / baseline ratios")
     args = p.parse_args(argv)
     os.environ.setdefault("FLOWSERVE_QUIET", "1")
     ours = Ours(True, args.executors)
-    systems = [Floor(), ours, Ours(True, args.executors, busy_poll_ms=0), Ours(False, args.executors)]
+    if args.baseline:
+        systems = [Floor(), ours, OursAt(args.baseline, args.executors)]
+    else:
+        systems = [Floor(), ours, Ours(True, args.executors, busy_poll_ms=0), Ours(False, args.executors)]
     progress(f"phase 1: {', '.join(s.name for s in systems)}")
     reps = measure_side_by_side(systems, args.seconds, args.reps)
-    if os.path.exists(args.ray_python):
+    if args.baseline:
+        ray_reps = []
+    elif os.path.exists(args.ray_python):
         progress("phase 2: ray serve against flowserve optimized")
         ray_reps = measure_side_by_side([RayServe(args.ray_python), ours], args.seconds, max(2, args.reps // 3))
     else:
@@ -223,9 +251,10 @@ def run(argv=None) -> dict:
     ratios = {k: statistics.median(pr[k] for pr in per_rep if k in pr) for k in keys}
     for k, v in ratios.items():
         progress(f"{k}: {v:.2f} (reps: {', '.join(f'{pr[k]:.2f}' for pr in per_rep if k in pr)})")
-    save("e2e", {"seconds": args.seconds, "reps": args.reps, "executors": args.executors, "results": results,
+    save("e2e_ab" if args.baseline else "e2e", {"baseline": args.baseline, "seconds": args.seconds, "reps": args.reps, "executors": args.executors, "results": results,
                  "ratios": ratios, "ratios_per_rep": per_rep, "per_rep": reps, "ray_per_rep": ray_reps})
-    _plot(results)
+    if not args.baseline:
+        _plot(results)
     return results
 
 
@@ -243,8 +272,12 @@ def _median(rounds: list[dict]) -> dict:
 def _ratios(results: dict) -> dict:
     floor, opt = results.get(Floor.name), results.get("flowserve optimized")
     ray, unpolled = results.get(RayServe.name), results.get("flowserve optimized, busy_poll_ms=0")
+    base = next((v for k, v in results.items() if k.startswith("flowserve optimized @ ")), None)
     out = {}
     for flow in FLOWS:
+        if opt and base:
+            out[f"{flow}: this tree / baseline throughput at c=8"] = opt[f"{flow}/c8"]["rps"] / base[f"{flow}/c8"]["rps"]
+            out[f"{flow}: this tree / baseline p50 at c=1"] = opt[f"{flow}/c1"]["p50_ms"] / base[f"{flow}/c1"]["p50_ms"]
         if opt and floor:
             out[f"{flow}: optimized / floor throughput at c=8"] = opt[f"{flow}/c8"]["rps"] / floor[f"{flow}/c8"]["rps"]
             out[f"{flow}: optimized / floor p50 at c=1"] = opt[f"{flow}/c1"]["p50_ms"] / floor[f"{flow}/c1"]["p50_ms"]

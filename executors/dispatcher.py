@@ -147,10 +147,11 @@ class Dispatcher:
         """Mark an executor dead and re-run (or fail) the requests that touched it.
 
         ``running``: the runs its blackbox recorded (watchdog.Blackbox.read), or None when
-        not known (a pod on another machine): then every request it held counts as
-        running. A request counts a crash only when it was running there; one that has
-        crashed ``CRASHES_TO_QUARANTINE`` executors is failed (a poison input), the others
-        re-run (alone, if they were running)."""
+        not known (a pod on another machine, or one that left on purpose): then nothing is
+        blamed and every request it held re-runs, up to ``max_retries`` times. A request
+        counts a crash only when it was running there; one that has crashed
+        ``CRASHES_TO_QUARANTINE`` executors is failed (a poison input), the others re-run
+        (alone, if they were running)."""
         info = self.executors.get(id_)
         if info is None:
             return
@@ -173,7 +174,7 @@ class Dispatcher:
             if reason == "recycled":
                 self._retry(req, f"executor {id_} was recycled")
                 continue
-            record = {"operator": None, "stage": None} if blamed is None else blamed.get((req.id, req.attempt))
+            record = None if blamed is None else blamed.get((req.id, req.attempt))
             if record is None:
                 self._retry(req, f"executor {id_} died")
                 continue

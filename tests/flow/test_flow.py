@@ -81,6 +81,17 @@ def test_map_flags_are_recorded():
     assert "[batching, gpu, high_variance]" in node.op.describe()
 
 
+def test_map_timeout_is_recorded_and_checked():
+    node = Flow("f").map(ident, names=["y"], timeout_s=2)
+    assert node.op.timeout_s == 2.0 and "timeout 2s" in node.op.describe()
+    assert Flow("f").map(ident, names=["y"]).op.timeout_s is None
+    with pytest.raises(FlowTypeError, match="timeout_s must be a number"):
+        Flow("f").map(ident, names=["y"], timeout_s="2")
+    for bad in (0, -1, float("inf"), float("nan")):
+        with pytest.raises(FlowValueError, match=r"map 'ident': timeout_s must be > 0"):
+            Flow("f").map(ident, names=["y"], timeout_s=bad)
+
+
 def test_building_is_thread_safe():
     flow = Flow("threads")
 

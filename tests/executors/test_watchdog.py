@@ -1,0 +1,126 @@
+"""The watchdog's pieces without a cluster: run deadlines, hand-over and recycling
+decisions (driven with deadlines already in the past, not with sleeps), and the blackbox
+a crashed executor leaves for its supervisor."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from executors.watchdog import Blackbox, Run, Watchdog, monotonic_deadline
+
+
+def _run(lane="pool", deadlines=None, n=1):
+    headers = [{"req": 10 + i, "att": 0, "gw": "ipc:///tmp/gw"} for i in range(n)]
+    return Run("f", "a+b", headers, lane, deadlines or [time.monotonic() + 60] * n, qid=7)
+
+
+class Calls:
+    def __init__(self):
+        self.overdue, self.long_io, self.stuck = [], [], []
+
+    def watchdog(self, grace_s=60.0, io_handoff_s=60.0) -> Watchdog:
+        return Watchdog(lambda r, due, why: self.overdue.append((r, due, why)), self.long_io.append,
+                        self.stuck.append, grace_s=grace_s, io_handoff_s=io_handoff_s)
+
+
+def test_a_run_within_its_deadline_is_left_alone():
+    calls = Calls()
+    w = calls.watchdog()
+    w.begin(_run())
+    w.check()
+    assert not (calls.overdue or calls.long_io or calls.stuck)
+
+
+def test_past_the_request_deadline_only_late_requests_are_answered():
+    calls = Calls()
+    w = calls.watchdog()
+    now = time.monotonic()
+    run = _run(deadlines=[now - 1, now + 60], n=2)
+    w.begin(run)
+    w.check()
+    assert [(due, why) for _, due, why in calls.overdue] == [([0], "deadline")]
+    assert not run.abandoned  # the other request of the batch may still get its answer
+    w.check()
+    assert len(calls.overdue) == 1  # each request is answered once
+
+
+def test_an_operator_timeout_abandons_the_whole_run():
+    calls = Calls()
+    w = calls.watchdog()
+    run = _run(n=3)
+    run.enter("b", 0.5)
+    run.node_started -= 1.0  # entered a second ago
+    w.begin(run)
+    w.check()
+    assert [(due, why) for _, due, why in calls.overdue] == [([0, 1, 2], "timeout")]
+    assert run.abandoned and run.node == "b"
+
+
+def test_abandoned_work_not_back_after_the_grace_period_recycles():
+    calls = Calls()
+    w = calls.watchdog(grace_s=5.0)
+    run = _run(deadlines=[time.monotonic() - 1])
+    w.begin(run)
+    w.check()
+    assert run.abandoned and not calls.stuck
+    run.overdue_at -= 6.0  # abandoned six seconds ago
+    w.check()
+    assert calls.stuck == [run]
+
+
+def test_a_run_back_in_time_is_forgotten():
+    calls = Calls()
+    w = calls.watchdog()
+    key = w.begin(_run(deadlines=[time.monotonic() + 60]))
+    assert w.end(key) is not None and not w.runs
+    w.check()
+    assert not calls.overdue
+
+
+def test_the_io_thread_is_handed_off_once():
+    calls = Calls()
+    w = calls.watchdog(io_handoff_s=0.05)
+    run = _run(lane="io")
+    run.started -= 1.0
+    w.begin(run)
+    w.check()
+    w.check()
+    assert calls.long_io == [run] and run.handed_off
+    pool_run = _run(lane="pool")
+    pool_run.started -= 1.0
+    w.begin(pool_run)
+    w.check()
+    assert calls.long_io == [run]  # only the IO lane is handed off
+
+
+def test_monotonic_deadline_follows_the_wall_clock_deadline():
+    assert abs(monotonic_deadline(time.time() + 5) - (time.monotonic() + 5)) < 0.5
+    assert monotonic_deadline(None, default_s=60) > time.monotonic() + 59
+
+
+def test_blackbox_lists_what_each_thread_was_running(tmp_path):
+    box = Blackbox(str(tmp_path / "e0.running"))
+    runs = {}
+
+    def worker(k):
+        run = _run(n=2)
+        run.node = f"op{k}"
+        box.record(run)
+        runs[k] = run
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    box.clear(runs[1])
+    records = Blackbox.read(tmp_path / "e0.running")
+    assert sorted(r["operator"] for r in records) == ["op0", "op2"]
+    assert all(r["requests"] == [(10, 0), (11, 0)] and r["qid"] == 7 and r["flow"] == "f" for r in records)
+    assert all(r["gw"] == "ipc:///tmp/gw" and r["stage"] == "a+b" for r in records)
+    box.close()
+
+
+def test_blackbox_of_a_missing_file_is_empty(tmp_path):
+    assert Blackbox.read(tmp_path / "nothing") == []
