@@ -34,6 +34,7 @@ from kvs.server import free_port, popen, terminate
 
 log = logging.getLogger("flowserve.cluster")
 STATE_FILE = "cluster.json"
+LIVENESS_S = 1.0  # how often the supervisor pings its executors
 
 
 class ExecutorProcess:
@@ -75,6 +76,7 @@ class ClusterDaemon:
         self.metrics = Metrics()
         self.dispatcher: Dispatcher | None = None
         self._supervisor: asyncio.Task | None = None
+        self._liveness: asyncio.Task | None = None
         self._next_index = config.executors + config.gpu_executors
         self.scaling = (ScalingLoop(lambda: self.dispatcher, self, config.autoscaling, metrics=self.metrics,
                                     max_executors=config.max_executors)
@@ -118,6 +120,7 @@ class ClusterDaemon:
         self.dispatcher.start()
         await self._wait_executors()
         self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
+        self._liveness = asyncio.get_running_loop().create_task(self._watch_liveness())
         if self.scaling is not None:
             self._scaling_task = asyncio.get_running_loop().create_task(self.scaling.run())
         self._write_state()
@@ -158,6 +161,23 @@ class ClusterDaemon:
                         stages = {s: [ex.id] for s, ids in f.placement.items() if ex.id in ids}
                         await self.dispatcher.load(name, f.version, stages, self.config.load_timeout_s)
                     self.dispatcher.executor_back(ex.id)
+
+    async def _watch_liveness(self) -> None:
+        """Kill an executor that stops answering pings for ``stuck_grace_s``. Its own watchdog
+        handles stuck threads, but a C call that never releases the interpreter lock (a
+        regular expression backtracking for ever) stops that watchdog too; killed, it goes
+        the crash path: the supervisor restarts it and blames what it was running."""
+        while True:
+            await asyncio.sleep(LIVENESS_S)
+            checks = [ex for ex in self.executors
+                      if ex.alive() and getattr(self.dispatcher.executors.get(ex.id), "alive", False)]
+            pongs = await asyncio.gather(*(self.dispatcher.ping(ex.address, self.config.stuck_grace_s,
+                                                                still_worth_it=ex.alive) for ex in checks))
+            for ex, pong in zip(checks, pongs):
+                if pong is None and ex.alive() and self.gateway.accepting:
+                    log.error("executor %s answered no ping for %.0f s (a thread holds the interpreter); killing it",
+                              ex.id, self.config.stuck_grace_s)
+                    ex.proc.kill()
 
     def _executor_exited(self, ex: ExecutorProcess) -> None:
         """Tell the dispatcher why an executor's process ended: it recycled itself (a stuck
@@ -221,7 +241,7 @@ class ClusterDaemon:
         deadline = time.monotonic() + self.config.request_timeout_s
         while self.dispatcher.requests and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        for task in (self._supervisor, self._scaling_task):
+        for task in (self._supervisor, self._liveness, self._scaling_task):
             if task is not None:
                 task.cancel()
 

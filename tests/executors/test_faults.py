@@ -40,6 +40,14 @@ def slow_hang(row):
     return row.x + 1
 
 
+def backtrack(row):
+    import re
+
+    if row.x < 0:  # catastrophic backtracking: a C loop that never releases the interpreter lock
+        re.match(r"(a+)+$", "a" * 60 + "b")
+    return row.x + 1
+
+
 def crash(row):
     import os
 
@@ -233,6 +241,28 @@ def test_poison_input_is_quarantined_after_two_crashes(cluster, batching):
     bad = [(x, s, a) for x, s, _, a in seen["answers"] if s != 200 or a["rows"][0]["y"] != 2 * x]
     assert not bad, bad[:3]  # no bystander lost, none answered wrong
     assert "crashed (exit 3) while running flow" in (c.dir / "cluster.log").read_text()
+
+
+def test_an_operator_holding_the_interpreter_gets_its_executor_killed(cluster):
+    """The executor's watchdog cannot run then: the supervisor's pings notice instead."""
+    c = cluster
+    f = Flow("backtrack")
+    f.map(backtrack, names=["y"])
+    d = c.deploy(f)
+    other = Flow("other-gil")
+    other.map(sleepy, names=["y"])
+    o = c.deploy(other)
+    with bystanders(o.url) as seen:
+        wait_until("bystander load", lambda: len(seen["answers"]) >= 20, timeout=30)
+        r = httpx.post(d.url, json={"x": -1}, headers={"X-Request-Timeout": "1"}, timeout=60)
+        assert r.status_code == 504, r.text
+        wait_until("the executor to be killed and replaced", lambda: sum(_health(c)["crashed"].values()) == 1,
+                   timeout=30)
+        wait_until("both executors back", lambda: _health(c)["executors"] == 2, timeout=30)
+        n = len(seen["answers"])
+        wait_until("bystanders answered again", lambda: len(seen["answers"]) >= n + 10, timeout=30)
+    _assert_all_answered(seen["answers"])
+    assert "answered no ping" in (c.dir / "cluster.log").read_text()
 
 
 def test_system_exit_in_an_operator_fails_only_its_request(cluster):
