@@ -5,6 +5,9 @@
 The flow: preprocess -> SmallNet -> filter(conf < THRESHOLD) -> BigNet on those rows ->
 left join with the small model's answers (rows the big model never saw keep missing
 values there) -> pick the big model's answer where there is one.
+
+Deployable with the CLI too (`flowserve up`, then `flowserve deploy examples/cascade.py`):
+``setup(store)`` puts what the flow reads into the store, ``flows()`` builds the flow.
 """
 
 from __future__ import annotations
@@ -19,8 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `models` when ru
 
 from models import BigNet, SmallNet, digits_28, ensure_models, preprocess_batch, small_mode  # noqa: E402
 
-from executors import default_cluster  # noqa: E402
-from flow import ColumnType, Flow  # noqa: E402
+import flowserve as fs  # noqa: E402
 
 THRESHOLD = 0.9  # the small model's answer is kept when its confidence is at least this
 
@@ -40,8 +42,13 @@ def pick(row):
     return row.cls_right, row.conf_right, "big"
 
 
-def build() -> Flow:
-    flow = Flow("cascade", schema={"img": ColumnType.tensor(np.uint8, (28, 28))})
+def setup(store) -> None:
+    """Train (seconds) and store the two models the flow reads, unless the store has them."""
+    ensure_models(store, names=("small", "big"))
+
+
+def flows() -> fs.Flow:
+    flow = fs.Flow("cascade", schema={"img": fs.ColumnType.tensor(np.uint8, (28, 28))})
     img = flow.map(preprocess, names=["img"], batching=True)
     fast = img.map(SmallNet, names=["cls", "conf"], batching=True)
     hard = img.join(fast).filter(unsure)  # the image and the small model's answer, unsure rows only
@@ -52,10 +59,10 @@ def build() -> Flow:
 
 def main(n: int | None = None) -> float:
     n = n or (40 if small_mode() else 200)
-    cluster = default_cluster()
+    cluster = fs.default_cluster()
     try:
-        ensure_models(cluster.kvs, names=("small", "big"))
-        flow = build()
+        setup(cluster.kvs)
+        flow = flows()
         images, labels = digits_28()
         test_x, test_y = images[-n:], labels[-n:]
         d = flow.deploy()

@@ -8,6 +8,9 @@ valid answer to arrive moves on; locally (``flow.run``) the first valid one in a
 order is taken. An answer is valid when its confidence is at least THRESHOLD; the big
 model's answer is always accepted, so every query gets one (Clipper's default answer).
 A format map then turns the winner into a readable answer.
+
+Deployable with the CLI too (`flowserve up`, then `flowserve deploy examples/competition.py`):
+``setup(store)`` puts what the flow reads into the store, ``flows()`` builds the flow.
 """
 
 from __future__ import annotations
@@ -24,8 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `models` when ru
 
 from models import BigNet, MediumNet, SmallNet, digits_28, ensure_models, preprocess_batch, small_mode  # noqa: E402
 
-from executors import default_cluster  # noqa: E402
-from flow import ColumnType, Flow  # noqa: E402
+import flowserve as fs  # noqa: E402
 
 THRESHOLD = 0.9
 
@@ -62,8 +64,13 @@ def answer(row):
     return row.cls, row.conf, row.model, f"{row.cls} ({row.conf:.0%} sure, {row.model} model)"
 
 
-def build() -> Flow:
-    flow = Flow("competition", schema={"img": ColumnType.tensor(np.uint8, (28, 28))})
+def setup(store) -> None:
+    """Train (seconds) and store the three models the flow races, unless the store has them."""
+    ensure_models(store, names=("small", "medium", "big"))
+
+
+def flows() -> fs.Flow:
+    flow = fs.Flow("competition", schema={"img": fs.ColumnType.tensor(np.uint8, (28, 28))})
     img = flow.map(preprocess, names=["img"], col="img")  # per row: cheap; the models batch
     best = img.anyof(Small, Medium, Big, names=["cls", "conf", "model"], valid=confident, batching=True)
     best.map(answer, names=["cls", "conf", "model", "answer"])
@@ -74,7 +81,7 @@ def each_model(images, store) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Every model's (cls, conf) on ``images``, computed in-process (to check the race)."""
     out = {}
     for model in (Small, Medium, Big):
-        f = Flow(f"reference-{model.name}", schema={"img": ColumnType.tensor(np.uint8, (28, 28))})
+        f = fs.Flow(f"reference-{model.name}", schema={"img": fs.ColumnType.tensor(np.uint8, (28, 28))})
         f.map(preprocess, names=["img"], col="img").map(model, names=["cls", "conf", "model"], batching=True)
         t = f.run([{"img": x} for x in images], kvs=store)
         out[model.name] = (t["cls"], t["conf"])
@@ -83,10 +90,10 @@ def each_model(images, store) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 def main(n: int | None = None) -> Counter:
     n = n or (30 if small_mode() else 200)
-    cluster = default_cluster()
+    cluster = fs.default_cluster()
     try:
-        ensure_models(cluster.kvs, names=("small", "medium", "big"))
-        flow = build()
+        setup(cluster.kvs)
+        flow = flows()
         images, labels = digits_28()
         test_x, test_y = images[-n:], labels[-n:]
         d = flow.deploy()

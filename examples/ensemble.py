@@ -1,6 +1,9 @@
 """Ensemble: preprocess, then two models in parallel, then keep the more confident answer.
 
     python examples/ensemble.py            # embedded local cluster, HTTP, cleans up
+
+Deployable with the CLI too (`flowserve up`, then `flowserve deploy examples/ensemble.py`):
+``setup(store)`` puts what the flow reads into the store, ``flows()`` builds the flow.
 """
 
 from __future__ import annotations
@@ -15,8 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `models` when ru
 
 from models import BigNet, SmallNet, digits_28, ensure_models, preprocess_batch  # noqa: E402
 
-from executors import default_cluster  # noqa: E402
-from flow import ColumnType, Flow  # noqa: E402
+import flowserve as fs  # noqa: E402
 
 
 def preprocess(table):
@@ -30,8 +32,13 @@ def pick(row):
     return row.cls_right, row.conf_right
 
 
-def build() -> Flow:
-    flow = Flow("ensemble", schema={"img": ColumnType.tensor(np.uint8, (28, 28))})
+def setup(store) -> None:
+    """Train (seconds) and store the two models the flow reads, unless the store has them."""
+    ensure_models(store, names=("small", "big"))
+
+
+def flows() -> fs.Flow:
+    flow = fs.Flow("ensemble", schema={"img": fs.ColumnType.tensor(np.uint8, (28, 28))})
     img = flow.map(preprocess, names=["img"], batching=True)
     small = img.map(SmallNet, names=["cls", "conf"], batching=True)
     big = img.map(BigNet, names=["cls", "conf"], batching=True)
@@ -40,9 +47,9 @@ def build() -> Flow:
 
 
 def main(n: int = 20) -> float:
-    cluster = default_cluster()
-    ensure_models(cluster.kvs)
-    flow = build()
+    cluster = fs.default_cluster()
+    setup(cluster.kvs)
+    flow = flows()
     images, labels = digits_28()
     test_x, test_y = images[-n:], labels[-n:]
     d = flow.deploy()

@@ -15,6 +15,9 @@ optimizer makes each per-row lookup a continuation, so rows are routed by their 
 the executor that caches it instead of the value being shipped to the rows. The last
 stage scores every product of the category by dot product and keeps the best five (a
 tensor column of 5 ids and one of 5 scores).
+
+Deployable with the CLI too (`flowserve up`, then `flowserve deploy examples/recommender.py`):
+``setup(store)`` puts what the flow reads into the store, ``flows()`` builds the flow.
 """
 
 from __future__ import annotations
@@ -29,8 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `models` when ru
 
 from models import small_mode  # noqa: E402
 
-from executors import default_cluster  # noqa: E402
-from flow import Flow  # noqa: E402
+import flowserve as fs  # noqa: E402
 
 DIM = 32
 N_PRODUCTS = 2000
@@ -59,8 +61,13 @@ def top5(row):
     return row.user, row.category, row.user_key, row.product_ids[best], scores[best], os.getpid()
 
 
-def build() -> Flow:
-    flow = Flow("recommender", schema={"user": int, "category": str})
+def setup(store) -> None:
+    """Generate the users' vectors and the categories' products and put them in the store."""
+    store.mput(make_data(200 if small_mode() else 2000))
+
+
+def flows() -> fs.Flow:
+    flow = fs.Flow("recommender", schema={"user": int, "category": str})
     k = flow.map(keys, names=["user", "category", "user_key", "category_key", "ids_key"])
     users = k.lookup(column="user_key", name="user_vec")
     products = users.lookup(column="category_key", name="products")
@@ -72,7 +79,7 @@ def build() -> Flow:
 def main(n: int | None = None) -> None:
     n_users = 200 if small_mode() else 2000
     n = n or (40 if small_mode() else 400)
-    cluster = default_cluster()
+    cluster = fs.default_cluster()
     try:
         data = make_data(n_users)
         cluster.kvs.mput(data)
@@ -80,7 +87,7 @@ def main(n: int | None = None) -> None:
         requests = [{"user": int(u), "category": CATEGORIES[int(c)]}
                     for u, c in zip(rng.integers(0, n_users, n), rng.integers(0, len(CATEGORIES), n))]
 
-        flow = build()
+        flow = flows()
         d = flow.deploy()
         print(d.explain())
         out = d.invoke(requests)  # Arrow over HTTP both ways

@@ -4,13 +4,21 @@
     flowserve status                            flows, stages, replicas, latencies
     flowserve deploy script.py [--no-optimize]  deploy the Flow(s) a script defines
     flowserve invoke NAME --json '{"x": 1}'     call a deployed flow
+    flowserve kvs put KEY FILE | --json J       put data (bytes, a .npy array, JSON) into the store
+    flowserve kvs get KEY [--out FILE]          read it back; `flowserve kvs ls [PATTERN]` lists keys
     flowserve down                              stop the cluster (in-flight requests finish)
+
+A script that ``flowserve deploy`` takes defines ``flows()`` (returning a Flow or a list of
+them; or module-level Flow objects) and, optionally, ``setup(store)``, which puts the
+models and data its flows read into the store before they are deployed. It is run with
+``__name__ == "__flowserve_deploy__"``, so its ``if __name__ == "__main__":`` part does not.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import runpy
 import sys
 from pathlib import Path
@@ -50,11 +58,40 @@ def cmd_up(args) -> int:
     return 0
 
 
+def _say(msg: str) -> None:
+    """Progress of a long step, on stderr (stdout stays for results)."""
+    if os.environ.get("FLOWSERVE_QUIET") != "1":
+        print(f"[flowserve] {msg}", file=sys.stderr, flush=True)
+
+
 def cmd_down(args) -> int:
-    c = _cluster(args)
+    """Stop the cluster; with none running, say so and succeed (it is down), removing what a
+    crashed one left behind (state file, sockets) so the next `up` starts clean."""
+    from executors.cluster import LocalCluster
+    from executors.daemon import STATE_FILE
+
+    home = Path(args.dir)
+    if not (home / STATE_FILE).exists():
+        print(f"no cluster is running in {home}")
+        return 0
+    try:
+        c = LocalCluster.connect(home)
+    except FlowError:
+        _clean_stale(home)
+        print(f"no cluster was answering in {home}; removed its stale state")
+        return 0
     c.stop()
+    _clean_stale(home)
     print("cluster stopped")
     return 0
+
+
+def _clean_stale(home: Path) -> None:
+    from executors.daemon import STATE_FILE
+
+    (home / STATE_FILE).unlink(missing_ok=True)
+    for sock in home.glob("*.ipc"):
+        sock.unlink(missing_ok=True)
 
 
 def cmd_status(args) -> int:
@@ -82,24 +119,132 @@ def cmd_status(args) -> int:
 
 
 def cmd_deploy(args) -> int:
-    from flow.flow import Flow
-
     c = _cluster(args)
     script = Path(args.script)
     if not script.exists():
         print(f"error: no such script: {script}", file=sys.stderr)
         return 2
-    sys.path.insert(0, str(script.parent.resolve()))
-    namespace = runpy.run_path(str(script), run_name="__flowserve_deploy__")
-    flows = [v for v in namespace.values() if isinstance(v, Flow)]
+    try:
+        flows, setup = script_flows(script)
+    except _ScriptError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.flow:
         flows = [f for f in flows if f.name == args.flow]
     if not flows:
-        print(f"error: {script} defines no Flow" + (f" named {args.flow!r}" if args.flow else ""), file=sys.stderr)
+        print(f"error: {script} defines no Flow" + (f" named {args.flow!r}" if args.flow else "")
+              + " (define flows() returning a Flow or a list of them, or a module-level Flow)", file=sys.stderr)
         return 2
+    if setup is not None:
+        _say(f"running setup(store) of {script.name}: loading its models and data into the store")
+        setup(c.kvs)
     for f in flows:
+        _say(f"deploying {f.name} (building its stages on the executors)")
         d = c.deploy(f, optimize=not args.no_optimize)
         print(f"deployed {f.name} at {d.url}")
+    return 0
+
+
+class _ScriptError(Exception):
+    """A deploy script does not follow the convention (the message says what to change)."""
+
+
+def script_flows(script: Path):
+    """The Flows a deploy script defines and its ``setup(store)`` hook (or None)."""
+    from flow.flow import Flow
+
+    sys.path.insert(0, str(script.parent.resolve()))  # the script's own imports (examples/models.py)
+    namespace = runpy.run_path(str(script), run_name="__flowserve_deploy__")
+    make = namespace.get("flows")
+    if callable(make):
+        made = make()
+        flows = [made] if isinstance(made, Flow) else list(made) if isinstance(made, (list, tuple)) else None
+        if flows is None or not all(isinstance(f, Flow) for f in flows):
+            raise _ScriptError(f"{script}: flows() must return a Flow or a list of Flows, got {made!r}")
+    else:
+        flows = [v for v in namespace.values() if isinstance(v, Flow)]
+    setup = namespace.get("setup")
+    if setup is not None and not callable(setup):
+        raise _ScriptError(f"{script}: setup must be a function setup(store), got {setup!r}")
+    return flows, setup
+
+
+def cmd_kvs(args) -> int:
+    return args.kvs_fn(_cluster(args).kvs, args)
+
+
+def kvs_put(store, args) -> int:
+    if (args.file is None) == (args.json is None):
+        print("error: give a FILE or --json (one of them)", file=sys.stderr)
+        return 2
+    if args.json is not None:
+        try:
+            value = json.loads(args.json)
+        except ValueError as e:
+            print(f"error: --json is not valid JSON: {e}", file=sys.stderr)
+            return 2
+    else:
+        path = Path(args.file)
+        if not path.is_file():
+            print(f"error: no such file: {path}", file=sys.stderr)
+            return 2
+        value = _read_value(path)
+    store.put(args.key, value)
+    print(f"put {args.key} ({_describe(value)})")
+    return 0
+
+
+def _read_value(path: Path):
+    """A .npy file is an array (never unpickled), a .json file JSON, anything else bytes."""
+    if path.suffix == ".npy":
+        import numpy as np
+
+        return np.load(path, allow_pickle=False)
+    if path.suffix == ".json":
+        return json.loads(path.read_text())
+    return path.read_bytes()
+
+
+def _describe(value) -> str:
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"array {getattr(value, 'dtype', '')} {tuple(shape)}"
+    if isinstance(value, (bytes, bytearray)):
+        return f"{len(value)} bytes"
+    return type(value).__name__
+
+
+def kvs_get(store, args) -> int:
+    absent = object()
+    value = store.get(args.key, default=absent)
+    if value is absent:
+        print(f"error: no key {args.key!r} in the store", file=sys.stderr)
+        return 1
+    if args.out:
+        out = Path(args.out)
+        if getattr(value, "shape", None) is not None:
+            import numpy as np
+
+            np.save(out, value, allow_pickle=False)
+        elif isinstance(value, (bytes, bytearray)):
+            out.write_bytes(value)
+        else:
+            out.write_text(json.dumps(value, default=str))
+        print(f"wrote {args.key} ({_describe(value)}) to {out}")
+        return 0
+    if isinstance(value, (bytes, bytearray)) or getattr(value, "shape", None) is not None:
+        print(f"{args.key}: {_describe(value)} (use --out FILE to save it)")
+    else:
+        print(json.dumps(value, indent=2, default=str))
+    return 0
+
+
+def kvs_ls(store, args) -> int:
+    keys = sorted(k.decode() if isinstance(k, bytes) else k for k in store.redis.scan_iter(match=args.pattern, count=1000))
+    if not args.all:
+        keys = [k for k in keys if not k.startswith("flowserve:")]  # the runtime's own keys
+    for k in keys:
+        print(k)
     return 0
 
 
@@ -138,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(fn=cmd_status)
 
     dp = sub.add_parser("deploy", help="deploy the Flow(s) a Python script defines")
-    dp.add_argument("script", help="a .py file that builds one or more Flow objects")
+    dp.add_argument("script", help="a .py file defining flows() (and optionally setup(store)) or Flow objects")
     dp.add_argument("--flow", help="deploy only the flow with this name")
     dp.add_argument("--no-optimize", action="store_true", help="one stage per operator")
     dp.set_defaults(fn=cmd_deploy)
@@ -147,6 +292,22 @@ def build_parser() -> argparse.ArgumentParser:
     iv.add_argument("name", help="flow name")
     iv.add_argument("--json", required=True, help="one row as a JSON object, or a list of rows")
     iv.set_defaults(fn=cmd_invoke)
+
+    kv = sub.add_parser("kvs", help="put data and models into the cluster's store, read them, list keys")
+    kvs_sub = kv.add_subparsers(dest="kvs_command", required=True, metavar="ACTION")
+    put = kvs_sub.add_parser("put", help="put a file (.npy: an array, .json: JSON, else bytes) or --json under KEY")
+    put.add_argument("key")
+    put.add_argument("file", nargs="?", help="the value's file")
+    put.add_argument("--json", help="the value as JSON text instead of a file")
+    put.set_defaults(fn=cmd_kvs, kvs_fn=kvs_put)
+    get = kvs_sub.add_parser("get", help="print KEY's value (JSON), or save it with --out")
+    get.add_argument("key")
+    get.add_argument("--out", help="write the value here (.npy for arrays, raw bytes, JSON)")
+    get.set_defaults(fn=cmd_kvs, kvs_fn=kvs_get)
+    ls = kvs_sub.add_parser("ls", help="list keys (not the runtime's own flowserve:* keys, unless --all)")
+    ls.add_argument("pattern", nargs="?", default="*", help="glob pattern (default *)")
+    ls.add_argument("--all", action="store_true", help="include the runtime's own keys")
+    ls.set_defaults(fn=cmd_kvs, kvs_fn=kvs_ls)
 
     from k8s.cli import add_k8s_parser
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import inspect
 import json
 import os
 import shutil
@@ -224,18 +225,54 @@ class LocalCluster(ClusterClient):
 
 def _register_by_value(plan) -> None:
     """Ship user code from scripts and test modules inside the plan (not by import path),
-    so executors need not import the user's files; installed packages stay by reference."""
+    so executors need not import the user's files; installed packages stay by reference.
+
+    Not only the operators' own modules: a class's bases and the functions and classes an
+    operator's code names can come from the user's helper modules too (examples/models.py
+    under a script run by `flowserve deploy`, whose cluster was started elsewhere)."""
     for stage in plan.stages.values():
         for node in stage.nodes:
             for fn in _callables(node.op):
-                mod = sys.modules.get(getattr(fn, "__module__", None) or "")
-                path = getattr(mod, "__file__", None) or ""
-                if mod is not None and mod.__name__ != "__main__" and path and "site-packages" not in path \
-                        and not path.startswith(sys.base_prefix):
+                for mod in _user_modules(fn):
                     try:
                         cloudpickle.register_pickle_by_value(mod)
                     except ValueError:
                         pass
+
+
+_RUNTIME_PACKAGES = ("flowserve", "flow", "optimizer", "executors", "kvs", "k8s")
+
+
+def _user_modules(fn) -> list:
+    """Importable user modules (not installed packages, not the stdlib, not FlowServe's
+    own) that ``fn`` comes from or names: its module, its bases' modules for a class, and
+    the modules of the globals its code (or its methods' code) reads."""
+    seen: dict[str, object] = {}
+
+    def consider(name: str | None) -> None:
+        mod = sys.modules.get(name or "")
+        if mod is None or mod.__name__ == "__main__" or mod.__name__ in seen:
+            return
+        path = getattr(mod, "__file__", None) or ""
+        if not path or "site-packages" in path or path.startswith(sys.base_prefix) \
+                or mod.__name__.split(".")[0] in _RUNTIME_PACKAGES:
+            return
+        seen[mod.__name__] = mod
+
+    functions = []
+    for cls in (fn.__mro__ if isinstance(fn, type) else ()):
+        consider(cls.__module__)
+        functions += [v for v in vars(cls).values() if callable(v) and hasattr(v, "__code__")]
+    consider(getattr(fn, "__module__", None))
+    if hasattr(fn, "__code__"):
+        functions.append(fn)
+    for f in functions:
+        for name in f.__code__.co_names:
+            ref = f.__globals__.get(name)
+            if ref is None:
+                continue
+            consider(ref.__name__ if inspect.ismodule(ref) else getattr(ref, "__module__", None))
+    return list(seen.values())
 
 
 def _callables(op):
@@ -271,6 +308,14 @@ class Deployment:
         return f"{self.cluster.url}/flows/{self.name}"
 
     def explain(self) -> str:
+        """The deployed plan, with the replicas each stage was placed on (as ``GET
+        /flows/{name}`` and ``flowserve status`` show them)."""
+        try:
+            r = self.cluster.http.get(f"/flows/{self.name}", timeout=10)
+            if r.status_code == 200:
+                return r.json()["explain"]
+        except (httpx.HTTPError, ValueError, KeyError):
+            pass  # the plan as optimized still explains it, without the placement
         return self.plan.explain()
 
     def invoke(self, rows, timeout: float | None = None) -> Table:

@@ -264,7 +264,7 @@ def describe(f: DeployedFlow, dispatcher: Dispatcher, scaling_status=None) -> di
             "autoscaling": scaling.get(name),
         })
     try:
-        explained = f.plan.explain()
+        explained = f.plan.explain({name: len(ids) for name, ids in f.placement.items()})
     except Exception as e:  # describing must never fail a deploy
         explained = f"(explain failed: {type(e).__name__}: {e})"
     return {"name": f.plan.flow_name, "version": f.version, "sink": f.plan.sink, "stages": stages,

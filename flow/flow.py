@@ -400,8 +400,25 @@ class Flow:
 
         return deploy(self, cluster, optimize=optimize, rules=rules, options=options)
 
+    def explain(self, *, rules=None, options=None) -> "PlanText":
+        """The physical plan the optimizer makes of this flow (default rules and options),
+        as text: stages, fused operators, replicas, batching, racing, continuations.
+
+            print(flow.explain())     # at a prompt, flow.explain() shows it as is
+        """
+        from optimizer import optimize
+
+        return PlanText(optimize(self, rules=rules, options=options).explain())
+
     def __repr__(self) -> str:
         return f"Flow({self.name!r}, {len(self._nodes) - 1} operators)"
+
+
+class PlanText(str):
+    """A plan's text that a prompt shows as text (its repr is itself, not a quoted string)."""
+
+    def __repr__(self) -> str:
+        return str(self)
 
 
 def _check_flags(op_name: str, **flags) -> None:

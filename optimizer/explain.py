@@ -16,12 +16,16 @@ functions appear, so the text can be compared with stored files in tests.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from optimizer.plan import INPUT, Plan, Stage
 
 _W = 14  # width of the field names
 
 
-def explain(plan: Plan) -> str:
+def explain(plan: Plan, replicas: Mapping[str, int] | None = None) -> str:
+    """``replicas``: per stage, how many replicas a deployment placed (GET /flows/{name},
+    ``Deployment.explain()``); without it, what the plan asks for."""
     n = len(plan.stages)
     lines = [f"plan {plan.flow_name!r} ({n} stage{'s' if n != 1 else ''}; sink {plan.sink!r})"]
     if plan.input_schema is None:
@@ -31,15 +35,31 @@ def explain(plan: Plan) -> str:
     lines.append("rules: " + (", ".join(plan.rules) if plan.rules else "none (one stage per operator)"))
     for i, stage in enumerate(plan.stages.values(), 1):
         lines.append("")
-        lines.extend(_stage(i, stage))
+        lines.extend(_stage(i, stage, None if replicas is None else replicas.get(stage.name)))
     return "\n".join(lines) + "\n"
+
+
+def _replicas(s: Stage, placed: int | None) -> str:
+    """One count everywhere: what was placed once deployed, else what the plan asks for. A
+    stage that asks for nothing in particular may run on any executor (placement.py)."""
+    if s.competitive > 1:
+        n = s.replicas if placed is None else placed
+        return f"{n}, competitive: {s.competitive} run each input, the first result wins"
+    if s.continuation is not None:
+        where = "every executor" if placed is None else f"{placed}"
+        return f"{where}, rows routed by key"
+    if s.replicas == 1:
+        if placed is None:
+            return "any executor (placed on every one; the least loaded runs each request)"
+        return f"{placed} (the least loaded runs each request)"
+    return str(s.replicas if placed is None else placed)
 
 
 def _field(name: str, value: str) -> str:
     return f"  {name:<{_W}}{value}"
 
 
-def _stage(i: int, s: Stage) -> list[str]:
+def _stage(i: int, s: Stage, placed: int | None = None) -> list[str]:
     out = [f"stage {i}: {s.name}"]
     out.append(_field("inputs", ", ".join("request" if x == INPUT else x for x in s.inputs)))
     ops = [n.op.describe() for n in s.nodes]
@@ -54,11 +74,7 @@ def _stage(i: int, s: Stage) -> list[str]:
         out.append(_field("operators", f"1. {ops[0]}"))
         out.extend(_field("", f"{k}. {d}") for k, d in enumerate(ops[1:], 2))
     out.append(_field("device", s.device))
-    if s.competitive > 1:
-        out.append(_field("replicas", f"{s.replicas}, competitive: {s.competitive} run each input, "
-                                      f"the first result wins"))
-    else:
-        out.append(_field("replicas", str(s.replicas)))
+    out.append(_field("replicas", _replicas(s, placed)))
     if s.wait == "first_valid":
         out.append(_field("wait", f"first valid of {len(s.inputs)} alternatives "
                                   f"(argument order locally, first to arrive deployed)"))

@@ -390,8 +390,9 @@ class Plan:
             raise PlanError(f"plan {self.flow_name!r}: two stages named {dup!r}")
         return self.replace_stages({s.name: s for s in stages}, sink=out if self.sink == old else self.sink)
 
-    def explain(self) -> str:
-        """The plan as readable, deterministic text (see optimizer.explain)."""
+    def explain(self, replicas: Mapping[str, int] | None = None) -> str:
+        """The plan as readable, deterministic text (see optimizer.explain); ``replicas``:
+        per stage, the replicas a deployment placed."""
         from optimizer.explain import explain
 
-        return explain(self)
+        return explain(self, replicas)

@@ -69,3 +69,81 @@ def test_helpful_errors(home, tmp_path):
     assert r.returncode == 0 and "deploy" in r.stdout and "status" in r.stdout
     r = subprocess.run([sys.executable, "-m", "executors.cli", "bogus"], capture_output=True, text=True)
     assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+def _example_rows(name: str):
+    if name == "recommender":
+        return [{"user": 3, "category": "books"}, {"user": 5, "category": "toys"}]
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    img = (digits.images[0] * 16).clip(0, 255).astype("uint8")
+    img28 = [[0] * 28 for _ in range(28)]
+    for i in range(8):
+        for j in range(8):
+            for a in range(3):
+                for b in range(3):
+                    img28[2 + 3 * i + a][2 + 3 * j + b] = int(img[i, j])
+    return [{"img": img28}]
+
+
+def test_every_example_deploys_with_the_cli_and_answers(home, tmp_path):
+    """The README's walk-through: `flowserve up`, `flowserve deploy examples/X.py` (its
+    setup(store) loads models and data), `flowserve invoke`, a plain HTTP POST, `down`."""
+    import os
+    from pathlib import Path
+
+    import httpx
+
+    examples = sorted(p for p in (Path(__file__).resolve().parents[2] / "examples").glob("*.py")
+                      if p.name != "models.py")
+    os.environ["FLOWSERVE_EXAMPLE_SMALL"] = "1"  # quick training in setup(); inherited by the CLI
+    flowserve("up", "--port", "0", "--executors", "2", home=home)
+    url = json.loads((home / "cluster.json").read_text())["url"]
+    for script in examples:
+        name = script.stem
+        out = flowserve("deploy", str(script), home=home)
+        assert f"deployed {name} at {url}/flows/{name}" in out.stdout, out.stdout
+        rows = _example_rows(name)
+        answer = json.loads(flowserve("invoke", name, "--json", json.dumps(rows), home=home).stdout)
+        assert len(answer["rows"]) == len(rows), answer
+        r = httpx.post(f"{url}/flows/{name}", json=rows, timeout=60)  # what curl would send
+        assert r.status_code == 200 and len(r.json()["rows"]) == len(rows), r.text
+    listed = flowserve("status", "--json", home=home)
+    assert sorted(f["name"] for f in json.loads(listed.stdout)["flows"]) == sorted(p.stem for p in examples)
+    assert "stopped" in flowserve("down", home=home).stdout
+
+
+def test_kvs_put_get_ls(home, tmp_path):
+    import numpy as np
+
+    flowserve("up", "--port", "0", "--executors", "1", home=home)
+    arr = np.arange(12, dtype=np.float32).reshape(3, 4)
+    np.save(tmp_path / "w.npy", arr)
+    (tmp_path / "blob.bin").write_bytes(b"\x00\x01raw")
+    assert "array float32 (3, 4)" in flowserve("kvs", "put", "models/w", str(tmp_path / "w.npy"), home=home).stdout
+    flowserve("kvs", "put", "blob", str(tmp_path / "blob.bin"), home=home)
+    flowserve("kvs", "put", "cfg", "--json", '{"k": [1, 2]}', home=home)
+    assert json.loads(flowserve("kvs", "get", "cfg", home=home).stdout) == {"k": [1, 2]}
+    flowserve("kvs", "get", "models/w", "--out", str(tmp_path / "back.npy"), home=home)
+    assert np.array_equal(np.load(tmp_path / "back.npy"), arr)
+    flowserve("kvs", "get", "blob", "--out", str(tmp_path / "back.bin"), home=home)
+    assert (tmp_path / "back.bin").read_bytes() == b"\x00\x01raw"
+    assert flowserve("kvs", "ls", home=home).stdout.split() == ["blob", "cfg", "models/w"]
+    assert flowserve("kvs", "ls", "models/*", home=home).stdout.split() == ["models/w"]
+    missing = flowserve("kvs", "get", "nope", home=home, check=False)
+    assert missing.returncode == 1 and "no key 'nope'" in missing.stderr
+    bad = flowserve("kvs", "put", "x", "--json", "{oops", home=home, check=False)
+    assert bad.returncode == 2 and "not valid JSON" in bad.stderr
+    flowserve("down", home=home)
+
+
+def test_down_is_idempotent(home):
+    first = flowserve("down", home=home)
+    assert first.returncode == 0 and "no cluster is running" in first.stdout
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "cluster.json").write_text('{"url": "http://127.0.0.1:9", "pid": 999999999}')  # a crashed cluster's
+    (home / "e0.ipc").write_text("")
+    stale = flowserve("down", home=home)
+    assert stale.returncode == 0 and "stale" in stale.stdout
+    assert not (home / "cluster.json").exists() and not list(home.glob("*.ipc"))
