@@ -25,6 +25,8 @@ one Table), ``requests`` (the rows split into 1..max_requests Tables with disjoi
 for batching), ``store`` (a dict for ``kvs=``), ``script`` (the flow as code, shown by
 ``repr``) and ``features`` (the operator variants used, e.g. ``"join.outer"``).
 ``random_case(seed)`` builds the same kind of case from a ``random.Random`` (no Hypothesis).
+Both take ``race_lookups=<percent>``: that share of operators becomes a racing
+(``high_variance``) map feeding a per-row lookup, the mix key routing must get right.
 
 Comparing results: ``assert_same_rows(actual, expected)`` checks the same columns and, per
 qid, the same multiset of rows (row order is free; ``ordered=True`` also checks the rows'

@@ -128,6 +128,9 @@ def test_an_empty_json_list_is_a_request_of_no_rows(cluster, http):
         .anyof(lambda r: (r.y, 0.5), lambda r: (r.y, 0.95), names=["v", "conf"], valid=lambda r: r.conf > 0.9)
     for f in (with_schema, no_schema):
         d = cluster.deploy(f)
+        spec = http.get(f"{cluster.url}/openapi.json").json()
+        body = spec["paths"][f"/flows/{f.name}"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert {"type": "array", "items": body["oneOf"][0]} in body["oneOf"]  # any number of rows, also none
         expected = f.run([], kvs={k: cluster.kvs.get(k) for k in keys})
         r = http.post(d.url, json=[])
         assert r.status_code == 200, r.text
