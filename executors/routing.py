@@ -41,7 +41,8 @@ Path = tuple  # of (index, count) pairs: where a part sits in the tree of key sp
 @dataclass(frozen=True)
 class Delivery:
     """One message to send: ``table`` to ``address``; ``path`` locates it among the parts
-    of a key-split output (empty: the whole output)."""
+    of a key-split output (empty: the whole output). A part's table carries its rows'
+    positions in the split table (``optimizer.positions``)."""
 
     address: str
     table: Table

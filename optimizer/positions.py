@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from flow.exceptions import FlowError
 from flow.table import Column, Table
 from flow.types import ColumnType
 
@@ -37,11 +36,6 @@ from flow.types import ColumnType
 # column of this name is refused by the gateway (executors/httpcodec.py).
 POS = "#pos"
 _INT = ColumnType.parse(int, POS)
-
-
-class PositionError(FlowError, RuntimeError):
-    """A continuation stage changed its rows in a way positions cannot follow (a bug: the
-    optimizer puts only maps, filters and lookups there)."""
 
 
 def split(table: Table, idx: np.ndarray) -> Table:
@@ -77,15 +71,16 @@ def run(bound, table: Table, store) -> Table:
     out = strip(table)
     for node, op in zip(bound.stage.nodes, bound.bound):
         before = len(out)
-        keep = getattr(op, "keep", None)
-        if keep is not None:  # a filter: compute its mask once, keep the survivors' positions
-            mask = keep(out)
+        if node.op.kind == "filter":  # its mask says which rows, and so which positions, survive
+            mask = op.keep(out)
             out, pos = out.filter(mask), pos[mask]
         else:
             out = op([out], store)
-            if len(out) != before:
-                raise PositionError(f"stage {bound.stage.name!r}: operator {node.name!r} gave {len(out)} rows "
-                                    f"for {before}; a continuation stage must keep rows 1:1 or filter them")
+            if len(out) != before:  # a plan bug: Stage lets only maps, filters and lookups follow
+                from optimizer.plan import PlanError  # (plan.py imports this module)
+
+                raise PlanError(f"stage {bound.stage.name!r}: operator {node.name!r} gave {len(out)} rows "
+                                f"for {before}; a continuation stage must keep rows 1:1 or filter them")
     return out.with_columns({POS: Column(_INT, pos)})
 
 

@@ -16,7 +16,7 @@ from executors.routing import complete, deliveries, keeps_rows, merge, rendezvou
 from flow import Flow, optimize
 from flow.table import Table
 from optimizer import positions
-from optimizer.plan import Stage
+from optimizer.plan import PlanError
 from kvs.cache import ENTRY_OVERHEAD
 from kvs.serialization import encode
 from tests.executors.conftest import unique
@@ -146,7 +146,7 @@ def test_a_continuation_that_changes_its_row_count_is_a_named_error():
     table = positions.split(_keyed(4).select(["k"]), np.arange(4))
     bound = stage.instantiate()
     bound.bound[1] = lambda inputs, store: inputs[0].take([0])  # a broken operator: rows lost
-    with pytest.raises(positions.PositionError, match="operator 'lambda' gave 1 rows for 4"):
+    with pytest.raises(PlanError, match="operator 'lambda' gave 1 rows for 4"):
         bound([table], {f"key:{i}": i for i in range(7)})
 
 
