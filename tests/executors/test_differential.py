@@ -25,7 +25,7 @@ from tests.executors.caches import CacheWarmer
 from tests.flowgen import KEYS, assert_same_rows, random_case
 
 N_FLOWS = 60
-N_RACING = 16
+N_RACING = 24
 
 
 def _rename(flow, name):
