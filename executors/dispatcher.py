@@ -29,7 +29,7 @@ import numpy as np
 from executors.busypoll import DEFAULT_MS as DEFAULT_BUSY_POLL_MS
 from executors.busypoll import BusyPoll
 from executors.errors import NoExecutorError
-from executors.routing import complete, deliveries
+from executors.routing import complete, deliveries, merge
 from executors.scaling import StageCounters
 from executors.transport import Outbox, Reader, TransportError, accept, listen
 from executors.wire import WireError, pack, unpack
@@ -473,8 +473,7 @@ class Dispatcher:
             path = tuple(tuple(p) for p in h.get("path", ()))
             req.parts.setdefault(path, tables["t"])
             if complete(req.parts):
-                parts = [req.parts[p] for p in sorted(req.parts)]
-                out = parts[0] if len(parts) == 1 else Table.concat(parts)
+                out = merge(req.parts)  # key-split parts: back in the request's row order
                 if self.metrics:
                     self.metrics.observe_trace(req.flow.plan.flow_name, h.get("trace", ()))
                 self._record(req.flow, h.get("trace", ()))

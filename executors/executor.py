@@ -33,7 +33,7 @@ from executors.errors import OperatorTimeoutError, status_for
 from executors.gpu import gpu_stats, set_executor_class
 from executors.membership import HEARTBEAT_S, Heartbeat, Member
 from executors.placement import PLAN_KEY
-from executors.routing import complete, deliveries
+from executors.routing import complete, deliveries, keeps_rows, merge
 from executors.transport import Outbox, Reader, TransportError, accept, listen
 from executors.watchdog import DEFAULT_GRACE_S, EXIT_RECYCLED, Blackbox, Run, Watchdog, monotonic_deadline
 from executors.wire import WireError, pack, unpack
@@ -613,7 +613,7 @@ class Executor:
             self.send(h["gw"], pack(msg, {"t": out}))
         for consumer in hosted.consumers:
             stage = hosted.plan.stages[consumer]
-            kept = self._kept_keys() if stage.continuation is not None else None
+            kept = self._kept_keys() if keeps_rows(hosted.stage, stage) else None  # routing.keeps_rows: why
             for d in deliveries(out, stage, h["routes"][consumer], item.path, here=self.address, holds=kept):
                 msg = dict(base, stage=consumer, path=list(d.path), copy=d.copy)
                 if d.address == self.address:
@@ -672,9 +672,7 @@ def _owners(items: list[WorkItem]) -> tuple[dict, list]:
 
 
 def _merge(parts: dict) -> Table:
-    if len(parts) == 1:
-        return next(iter(parts.values()))
-    return Table.concat([parts[p] for p in sorted(parts)])
+    return merge(parts)  # key-split parts: back in the request's row order
 
 
 def _open_store(url: str, cache_bytes: int):

@@ -1,6 +1,6 @@
 """Request bodies to Tables and Tables to response bodies (JSON or Arrow IPC stream).
 
-JSON: a request is one row as an object or several rows as a list of objects; n-d array
+JSON: a request is one row as an object or any number of rows (also none) as a list of objects; n-d array
 columns are nested lists, converted by the flow's schema; bytes columns are base64
 strings. Responses are ``{"rows": [...]}`` with every output column and the ``qid``;
 NaN and missing values are ``null``. Arrow: ``application/vnd.apache.arrow.stream`` both
@@ -19,6 +19,10 @@ import orjson
 from flow.exceptions import DataError, DataTypeError, SchemaError
 from flow.table import Table
 from flow.types import ColumnType
+from optimizer.positions import POS
+
+# the runtime's row positions of key-split parts travel in this column (optimizer.positions)
+_RESERVED = "{where}column " + repr(POS) + " is reserved by the runtime; rename it in the request"
 
 ARROW = "application/vnd.apache.arrow.stream"
 JSON = "application/json"
@@ -42,13 +46,15 @@ def parse_body(body: bytes, content_type: str, schema: dict[str, ColumnType] | N
         raise BadRequestError(f"unsupported Content-Type {content_type!r}; use {JSON} or {ARROW}")
     doc = _loads(body or b"null")
     rows = [doc] if isinstance(doc, dict) else doc
-    if not isinstance(rows, list) or not rows:
-        raise BadRequestError("body must be a JSON object (one row) or a non-empty list of objects (rows)")
+    if not isinstance(rows, list):  # [] is a request of no rows, as for flow.run and Arrow
+        raise BadRequestError("body must be a JSON object (one row) or a list of objects (rows)")
     for i, r in enumerate(rows):
         if not isinstance(r, dict):
             raise BadRequestError(f"row {i}: expected a JSON object, got {type(r).__name__}")
         if "qid" in r:
             raise BadRequestError(f"row {i}: 'qid' is assigned by the server; remove it from the request")
+        if POS in r:
+            raise BadRequestError(_RESERVED.format(where=f"row {i}: "))
     if schema:
         rows = [_convert_row(r, schema, i) for i, r in enumerate(rows)]
     return rows
@@ -106,6 +112,8 @@ def to_table(rows, qids: np.ndarray, schema) -> Table:
     if type(rows).__module__.startswith("pyarrow"):
         if "qid" in rows.column_names:
             raise SchemaError("column 'qid' is assigned by the server; remove it from the request")
+        if POS in rows.column_names:
+            raise SchemaError(_RESERVED.format(where=""))
         return Table.from_arrow(rows, qid=qids, schema=schema)
     return Table.from_pylist(rows, qid=qids, schema=schema)
 

@@ -51,7 +51,7 @@ def openapi_document(flows: dict) -> dict:
         paths[f"/flows/{name}"] = {
             "post": {"summary": f"Run flow {name}", "operationId": f"invoke_{name}".replace("-", "_").replace(".", "_"),
                      "requestBody": {"required": True, "content": {
-                         "application/json": {"schema": {"oneOf": [row, {"type": "array", "items": row, "minItems": 1}]}},
+                         "application/json": {"schema": {"oneOf": [row, {"type": "array", "items": row}]}},
                          "application/vnd.apache.arrow.stream": {}}},
                      "responses": _responses()},
             "get": {"summary": f"Plan of {name}, with replicas and latency", "responses": {"200": {"description": "ok"}}},

@@ -12,6 +12,15 @@ holds a row's key in its own cache may keep that row (a hit here costs no hop; a
 the owner costs one): the owner is where a key is read from the store, not the only place
 it may be served from. The executor decides which (``Executor._kept_keys``: none while
 its cache is evicting).
+
+Racing copies of a producer (``competitive > 1``) each split the same output, and label
+their parts alike; consumers keep the first part per label. The labels only fit together
+if every copy splits the same way, so a racing producer routes continuation rows by pure
+rendezvous, ignoring its own cache (``keeps_rows``): a part then has one content and one
+destination whichever copy sends it, and the continuation there runs it once.
+
+Each part carries its rows' positions in the table that was split (``optimizer.positions``),
+so consumers merge the parts back into the request's row order (``merge``).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from flow.table import Table
+from optimizer import positions
 
 
 Path = tuple  # of (index, count) pairs: where a part sits in the tree of key splits
@@ -31,7 +41,8 @@ Path = tuple  # of (index, count) pairs: where a part sits in the tree of key sp
 @dataclass(frozen=True)
 class Delivery:
     """One message to send: ``table`` to ``address``; ``path`` locates it among the parts
-    of a key-split output (empty: the whole output)."""
+    of a key-split output (empty: the whole output). A part's table carries its rows'
+    positions in the split table (``optimizer.positions``)."""
 
     address: str
     table: Table
@@ -70,18 +81,41 @@ def deliveries(table: Table, stage, addresses: list[str], path: Path = (), *,
     return [Delivery(addresses[0], table, path)]
 
 
+def keeps_rows(producer, consumer) -> bool:
+    """True if the executor running ``producer`` may keep ``consumer``'s continuation rows
+    whose key its cache holds. Not for a racing producer: its copies run on executors whose
+    caches differ, and would each split the same rows differently under the same labels
+    (rows duplicated or lost, or parts that never add up). Pure rendezvous makes every
+    copy's split the same; the first copy of each part to arrive at its owner runs. (Routing
+    only the winner's output would need the copies to agree on a winner first: a round trip.)"""
+    return consumer.continuation is not None and producer.competitive == 1
+
+
 def _by_key(table: Table, column: str, addresses: list[str], path: Path, here: str | None,
             holds: Callable[[str], bool] | None) -> list[Delivery]:
     if len(addresses) == 1 or len(table) == 0 or column not in table.columns:
-        return [Delivery(addresses[0], table, path + ((0, 1),))]
+        return [Delivery(addresses[0], _whole(table), path + ((0, 1),))]
     keys = table.column(column).to_list()
     groups: dict[str, list[int]] = {}
     for i, k in enumerate(keys):
         cached_here = holds is not None and isinstance(k, str) and holds(k)
         groups.setdefault(here if cached_here else rendezvous(k, addresses), []).append(i)
     n = len(groups)
-    return [Delivery(addr, table.take(np.asarray(idx)), path + ((p, n),))
+    return [Delivery(addr, positions.split(table, np.asarray(idx, dtype=np.int64)), path + ((p, n),))
             for p, (addr, idx) in enumerate(sorted(groups.items()))]
+
+
+def _whole(table: Table) -> Table:
+    """The table as the one part of its split: a part already (nested) keeps its positions."""
+    return table if positions.POS in table.columns else positions.whole(table)
+
+
+def merge(parts: dict) -> Table:
+    """One Table from the parts of an output, ``{path: Table}`` (complete): a single part as
+    it is, several in the request's row order (by the positions they carry)."""
+    if len(parts) == 1 and () in parts:
+        return parts[()]  # not split: nothing to merge
+    return positions.merge([parts[p] for p in sorted(parts)])
 
 
 def complete(paths) -> bool:

@@ -335,9 +335,16 @@ class _BoundFilter(BoundOperator):
 
     def __call__(self, inputs, store=None):
         (table,) = inputs
+        if self.op.batching and len(table) == 0:  # never called with an empty batch
+            return table
+        return table.filter(self.keep(table))
+
+    def keep(self, table: Table) -> np.ndarray:
+        """One bool per row of ``table``: the rows the predicate keeps. (A key-split part
+        of a request needs to know which rows survived, to merge back in order.)"""
         if self.op.batching:
             if len(table) == 0:  # never called with an empty batch
-                return table
+                return np.zeros(0, dtype=bool)
             mask = _invoke(self.name, self.call, table, None)
             if _is_torch(mask):
                 mask = mask.detach().cpu().numpy()
@@ -346,7 +353,7 @@ class _BoundFilter(BoundOperator):
                 raise OperatorOutputError(
                     f"filter {self.name!r} (batching) must return {len(table)} bools, got {mask.dtype} {mask.shape}",
                     operator=self.name)
-            return table.filter(mask)
+            return mask
         keep = np.zeros(len(table), dtype=bool)
         qids = table.qid
         for i, row in enumerate(table.rows()):
@@ -356,7 +363,7 @@ class _BoundFilter(BoundOperator):
                     f"filter {self.name!r} returned {type(result).__name__}; a filter predicate must return a bool",
                     operator=self.name, qid=int(qids[i]))
             keep[i] = result
-        return table.filter(keep)
+        return keep
 
 
 # -- aggregation ----------------------------------------------------------------------------

@@ -11,7 +11,8 @@ same rows. It follows the plan's marks the way a deployment does, minus the netw
   (``Table.concat``, up to ``max_batch_size`` requests per call) and splits the result back
   by the requests' qids; every other stage runs once per request;
 - with ``route_by_key=True`` a continuation stage runs once per distinct key value of its
-  key column and concatenates the outputs, as a deployment that routes rows by key would.
+  key column and merges the outputs back into row order, as a deployment that routes rows
+  by key does.
 
     interp = Interpreter(optimize(flow))
     interp.run(rows, kvs=store)                              # == flow.run(rows, kvs=store)
@@ -48,6 +49,7 @@ from flow.exceptions import (
 )
 from flow.table import Table
 from optimizer.plan import INPUT, BoundStage, Plan, PlanTypeError, Stage
+from optimizer import positions
 
 # The errors an anyof alternative may raise without failing the query (see AnyOfOp).
 ALTERNATIVE_ERRORS = (OperatorFailedError, OperatorOutputError, RowRejectedError)
@@ -191,8 +193,10 @@ class Interpreter:
                 groups.setdefault(k, []).append(i)
         except TypeError:  # unhashable keys: the lookup itself will reject them
             return bound(args, kvs)
-        parts = [bound([table.take(np.asarray(idx))], kvs) for idx in groups.values()]
-        return parts[0] if len(parts) == 1 else Table.concat(parts)
+        # each group runs as a part of a key split and the parts merge back by row position,
+        # as in a deployment (optimizer.positions): the rows come back in the input's order
+        parts = [bound([positions.split(table, np.asarray(idx))], kvs) for idx in groups.values()]
+        return positions.merge(parts)
 
     def _run_one(self, stage: Stage, req: _Request, args: list, kvs, stats: RunStats) -> None:
         stats.record(stage.name, 1)

@@ -21,8 +21,9 @@ Edges carry whole Tables. Wait semantics live on the consumer:
 Other stage marks, set by the optimizer's rules (``optimizer.rules``):
 - ``continuation=<column>``: the stage starts with a per-row ``lookup(column=...)``; the
   runtime routes each row (or group of rows with one key) to an executor that caches the
-  key. Every later operator of such a stage is row-wise, so running it per key group and
-  concatenating gives the same rows (possibly in another order).
+  key. Such a stage is a chain whose later operators are row-wise, so running it per key
+  group and merging the groups' outputs by row position (``optimizer.positions``) gives
+  the same rows in the same order.
 - ``batch=BatchConfig(...)``: the runtime may merge the Tables of several requests (disjoint
   qids) into one call and split the result back by qid. Only set on row-wise stages.
 - ``device``: ``"cpu"`` or ``"gpu"`` (a stage with a ``gpu=True`` operator).
@@ -41,6 +42,8 @@ from flow.exceptions import FlowError, NoValidResultError
 from flow.operators import AnyOfOp, BoundOperator, Operator, choose_first_valid, is_valid
 from flow.table import Table
 from flow.types import ColumnType
+from optimizer.positions import POS
+from optimizer.positions import run as run_positioned
 
 INPUT = "__input__"  # the name stages use for the request's rows
 WAIT_MODES = ("all", "first_valid")
@@ -198,6 +201,10 @@ class Stage:
             if bad:
                 raise PlanError(f"stage {self.name!r}: a continuation stage runs per key group; operator "
                                 f"{bad[0]!r} mixes rows and cannot be part of it")
+            if not self.chain:
+                # its key groups' outputs merge back by row position (optimizer.positions)
+                raise PlanError(f"stage {self.name!r}: a continuation stage runs per key group and must be a "
+                                f"chain of operators that each read the one before")
 
     def _check_nodes(self) -> None:
         """Nodes are in topological order; ``@k`` names the stage's k-th input. A stage is a
@@ -270,6 +277,9 @@ class BoundStage:
     def __call__(self, inputs: Sequence[Table], store=None, on_node=None) -> Table:
         """``on_node(node)`` is told before each operator runs (the runtime's watchdog
         uses it to know which operator a stuck run is in)."""
+        if self.stage.continuation is not None and POS in inputs[0].columns:
+            # a key-split part: keep its rows' positions
+            return run_positioned(self, inputs[0], store, on_node)
         results: dict[str, Table] = {}
         last = None
         for node, b in zip(self.stage.nodes, self.bound):

@@ -25,9 +25,12 @@ one Table), ``requests`` (the rows split into 1..max_requests Tables with disjoi
 for batching), ``store`` (a dict for ``kvs=``), ``script`` (the flow as code, shown by
 ``repr``) and ``features`` (the operator variants used, e.g. ``"join.outer"``).
 ``random_case(seed)`` builds the same kind of case from a ``random.Random`` (no Hypothesis).
+Both take ``race_lookups=<percent>``: that share of operators becomes a racing
+(``high_variance``) map feeding a per-row lookup, the mix key routing must get right.
 
 Comparing results: ``assert_same_rows(actual, expected)`` checks the same columns and, per
-qid, the same multiset of rows (row order is free). Values compare loosely where merging
+qid, the same multiset of rows (row order is free; ``ordered=True`` also checks the rows'
+order, where ``flow.run``'s is defined and the runtime must keep it). Values compare loosely where merging
 requests may change a type: ints equal floats of the same value, and None equals NaN
 (both are "missing"; ``Table[col]`` shows a missing float as NaN).
 """
@@ -368,8 +371,9 @@ class FlowCase:
 
 
 class _Builder:
-    def __init__(self, c: _Choices):
+    def __init__(self, c: _Choices, race_lookups: int = 0):
         self.c = c
+        self.race_lookups = race_lookups  # percent of operators that are a racing map + key lookup
         self.lines: list[str] = []
         self.features: set[str] = set()
         self.nodes: list[_G] = []
@@ -648,6 +652,34 @@ class _Builder:
         self.features.add("lookup")
         return self.add(node, cols, [g], code)
 
+    def op_race_lookup(self, g: _G) -> _G:
+        """A racing (high_variance) map whose output feeds a per-row lookup: the racing
+        copies each route the lookup's rows by key (a deployment's hardest mix)."""
+        c = self.c
+        nums, keys = self.cols_of(g, NUMERIC), self.cols_of(g, ("key",))
+        f = self.name()
+        if nums and keys and c.chance(70):
+            key = c.choice(keys)
+            keep = (key, *(n for n in g.cols if n != key and c.chance(35)))
+            fn = AddK(c.choice(nums), 1, keep)
+            kind = "float" if g.cols[fn.src].kind == "float" else "int"
+            cols = {f: Col(kind, True), **{n: Col(g.cols[n].kind, g.cols[n].nullable) for n in keep}}
+            names = [f, *keep]
+        else:
+            src = c.choice(nums + self.cols_of(g, ("str", "key"))) if nums or self.cols_of(g, ("str", "key")) else None
+            if src is None:
+                return self.op_map(g)
+            fn, key, names = KeyOf(src), f, [f]
+            cols = {f: Col("key", g.cols[src].nullable)}
+        mapped = self.add(g.node.map(fn, names=names, high_variance=True), cols, [g],
+                          f"{g.var}.map({fn!r}, names={names}, high_variance=True)")
+        out = self.name()
+        missing = "null" if cols[key].nullable else "error"
+        node = mapped.node.lookup(column=key, name=out, missing=missing)
+        self.features.update(("map.high_variance", "lookup", "lookup.dynamic", "race.lookup"))
+        return self.add(node, {**cols, out: Col("int", missing == "null")}, [mapped],
+                        f"{mapped.var}.lookup(column={key!r}, name={out!r}, missing={missing!r})")
+
     def op_anyof(self, g: _G) -> _G:
         c = self.c
         nums = self.cols_of(g, NUMERIC)
@@ -727,7 +759,7 @@ class _Builder:
         ops = [self.op_map, self.op_filter, self.op_agg, self.op_join, self.op_union, self.op_lookup,
                self.op_anyof]
         for _ in range(c.integer(min(2, max_ops), max_ops)):
-            op = c.choice(ops)
+            op = self.op_race_lookup if self.race_lookups and c.chance(self.race_lookups) else c.choice(ops)
             g = self.pick_node()
             if op in (self.op_agg, self.op_union, self.op_join) and g is self.nodes[0] and c.chance(50):
                 g = self.nodes[-1]
@@ -789,16 +821,20 @@ class _Builder:
 
 
 @st.composite
-def flows_and_inputs(draw, max_ops: int = 8, max_rows: int = 6, max_requests: int = 3) -> FlowCase:
+def flows_and_inputs(draw, max_ops: int = 8, max_rows: int = 6, max_requests: int = 3,
+                     race_lookups: int = 0) -> FlowCase:
     """Hypothesis strategy of FlowCases: a valid flow of up to ``max_ops`` random operators
     (plus the joins/unions that merge its branches), up to ``max_rows`` input rows split
-    into up to ``max_requests`` requests, and the KVS contents its lookups read."""
-    return _Builder(_Draws(draw)).build(max_ops, max_rows, max_requests)
+    into up to ``max_requests`` requests, and the KVS contents its lookups read.
+    ``race_lookups``: the percentage of operators that are a racing map feeding a per-row
+    lookup (0: the plain mix)."""
+    return _Builder(_Draws(draw), race_lookups).build(max_ops, max_rows, max_requests)
 
 
-def random_case(seed: int, max_ops: int = 8, max_rows: int = 6, max_requests: int = 3) -> FlowCase:
+def random_case(seed: int, max_ops: int = 8, max_rows: int = 6, max_requests: int = 3,
+                race_lookups: int = 0) -> FlowCase:
     """The same generator driven by ``random.Random(seed)`` (for loops and benchmarks)."""
-    return _Builder(_Random(random.Random(seed))).build(max_ops, max_rows, max_requests)
+    return _Builder(_Random(random.Random(seed)), race_lookups).build(max_ops, max_rows, max_requests)
 
 
 # -- comparing results ---------------------------------------------------------------------------
@@ -830,8 +866,16 @@ def canonical_rows(table: Table) -> dict[int, list[tuple]]:
     return {q: sorted(rows) for q, rows in out.items()}
 
 
-def assert_same_rows(actual: Table, expected: Table, context: str = "", column_order: bool = True) -> None:
-    """Assert the same columns and, per qid, the same rows in any order (see module docs)."""
+def ordered_rows(table: Table) -> list[tuple]:
+    """Every row with its qid as a comparable tuple, in the table's order."""
+    cols = [table.column(n) for n in table.columns]
+    return [(q, *(_canon(col.cell(i)) for col in cols)) for i, q in enumerate(table.qid.tolist())]
+
+
+def assert_same_rows(actual: Table, expected: Table, context: str = "", column_order: bool = True,
+                     ordered: bool = False) -> None:
+    """Assert the same columns and, per qid, the same rows in any order (see module docs);
+    ``ordered=True``: also the same rows in the same order, row by row."""
     a_cols = actual.columns if column_order else tuple(sorted(actual.columns))
     e_cols = expected.columns if column_order else tuple(sorted(expected.columns))
     assert a_cols == e_cols, f"{context}columns differ: {actual.columns} != {expected.columns}"
@@ -844,3 +888,10 @@ def assert_same_rows(actual: Table, expected: Table, context: str = "", column_o
         raise AssertionError(
             f"{context}rows differ for {len(diff)} qid(s) {diff[:8]}; first, qid {q}:\n"
             f"  actual:   {a.get(q)}\n  expected: {e.get(q)}")
+    if ordered:
+        a_rows, e_rows = ordered_rows(actual), ordered_rows(expected)
+        if a_rows != e_rows:
+            i = next(i for i, (x, y) in enumerate(zip(a_rows, e_rows)) if x != y)
+            raise AssertionError(
+                f"{context}the same rows in another order; first difference at row {i}:\n"
+                f"  actual:   {a_rows[i]}\n  expected: {e_rows[i]}")

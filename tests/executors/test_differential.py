@@ -5,7 +5,12 @@ A deployed ``anyof`` takes the first valid answer to *arrive* (that is the point
 racing), while ``flow.run`` takes the first valid in argument order; both are right, but
 only the second can be compared row for row. Flows with an ``anyof`` are therefore
 deployed without the competition rule (the alternatives then run in one stage, in
-argument order); racing alternatives are tested in test_runtime_paths.py.
+argument order); racing alternatives are tested in test_runtime_paths.py. Everything else
+keeps flow.run's row order, so rows are compared in order.
+
+Racing stages feeding key-routed lookups get flows of their own, run after one executor's
+cache was warmed with a lookup key that the other executor owns: each racing copy then
+sees another cache, which must not change how the copies split their rows.
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ from executors.errors import InvocationError
 from optimizer import DEFAULT_RULES
 from flow.exceptions import OperatorError
 from tests.executors.conftest import unique
-from tests.flowgen import assert_same_rows, random_case
+from tests.executors.caches import CacheWarmer
+from tests.flowgen import KEYS, assert_same_rows, random_case
 
 N_FLOWS = 60
+N_RACING = 24
 
 
 def _rename(flow, name):
@@ -48,7 +55,8 @@ def test_deployed_flows_match_flow_run(cluster, optimize):
                 errors += 1
                 continue
             expected = flow.run(case.table.with_qid(answer.input_qids), kvs=case.store)
-            assert_same_rows(answer.table, expected, f"seed {1000 + seed}, optimize={optimize}:\n{case.script}\n")
+            assert_same_rows(answer.table, expected, f"seed {1000 + seed}, optimize={optimize}:\n{case.script}\n",
+                             ordered=True)
             checked += 1
         finally:
             cluster.kvs.delete(*case.store)
@@ -58,3 +66,25 @@ def test_deployed_flows_match_flow_run(cluster, optimize):
 
 def _gateway_qids(d, case):
     raise AssertionError("generated flows run without errors; a deployed error is a runtime bug")
+
+
+def test_racing_stages_feeding_lookups_match_flow_run_with_uneven_caches(cluster, http):
+    warmer = CacheWarmer(cluster, http)
+    racing = 0
+    for seed in range(N_RACING):
+        case = random_case(2000 + seed, max_rows=10, race_lookups=50)
+        flow = _rename(case.flow, unique(f"race{seed}"))
+        cluster.kvs.mput(case.store)  # invalidates every cached copy of the keys...
+        warmer.warm_foreign(KEYS)  # ...then an executor holds a key it does not own
+        d = cluster.deploy(flow)
+        try:
+            stages = d.plan.stages
+            racing += any(i in stages and stages[i].competitive > 1
+                          for s in stages.values() if s.continuation for i in s.inputs)
+            answer = d.call(case.table)
+            expected = flow.run(case.table.with_qid(answer.input_qids), kvs=case.store)
+            assert_same_rows(answer.table, expected, f"seed {2000 + seed}:\n{case.script}\n", ordered=True)
+        finally:
+            cluster.kvs.delete(*case.store)
+            d.undeploy()
+    assert racing >= N_RACING // 2, f"only {racing} flows had a racing stage feeding a lookup"

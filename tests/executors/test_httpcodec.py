@@ -45,3 +45,27 @@ def test_what_the_fast_parser_refuses_is_judged_as_before():
         to_table(rows, np.array([1]), None)
     with pytest.raises(BadRequestError, match="body is not valid JSON"):
         parse_body(b'{"x": ', "application/json", None)
+
+
+def test_an_empty_list_is_a_request_of_no_rows():
+    """``[]`` is valid (flow.run and Arrow accept 0 rows); with a schema its columns are typed."""
+    schema = {"x": ColumnType.parse(float, "x"), "s": ColumnType.parse(str, "s")}
+    assert parse_body(b"[]", "application/json", None) == []
+    rows = parse_body(b" [ ] ", "application/json", schema)
+    table = to_table(rows, np.arange(0, dtype=np.int64), schema)
+    assert len(table) == 0 and table.schema == schema
+    assert len(to_table([], np.arange(0, dtype=np.int64), None)) == 0
+    for body in (b"null", b"3", b'"rows"', b""):
+        with pytest.raises(BadRequestError, match="a JSON object \\(one row\\) or a list of objects"):
+            parse_body(body, "application/json", None)
+
+
+def test_the_runtimes_position_column_is_refused_in_a_request():
+    import pyarrow as pa
+
+    from flow.exceptions import SchemaError
+
+    with pytest.raises(BadRequestError, match="row 1: column '#pos' is reserved by the runtime"):
+        parse_body(b'[{"x": 1}, {"#pos": 2}]', "application/json", None)
+    with pytest.raises(SchemaError, match="column '#pos' is reserved by the runtime"):
+        to_table(pa.table({"#pos": [1]}), np.arange(1, dtype=np.int64), None)

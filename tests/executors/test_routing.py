@@ -1,5 +1,6 @@
 """Continuation routing: rows go to the key's owner (rendezvous hashing) unless the
-sending executor holds the key in its own cache."""
+sending executor holds the key in its own cache (and is not a racing copy); key-split
+parts carry their rows' positions and merge back in the request's row order."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ import numpy as np
 
 from executors.cluster import LocalCluster
 from executors.config import ClusterConfig
-from executors.routing import complete, deliveries, rendezvous
+import pytest
+
+from executors.routing import complete, deliveries, keeps_rows, merge, rendezvous
 from flow import Flow, optimize
 from flow.table import Table
+from optimizer import positions
+from optimizer.plan import PlanError
 from kvs.cache import ENTRY_OVERHEAD
 from kvs.serialization import encode
 from tests.executors.conftest import unique
@@ -55,6 +60,94 @@ def test_rows_whose_key_the_sender_holds_stay_with_the_sender():
     sent = deliveries(table, _continuation_stage(), ADDRESSES, here="ipc:///elsewhere", holds=held.__contains__)
     assert {d.address: d.table.column("k").to_list() for d in sent} == \
         {a: ks for a, ks in _owner_groups(keys).items() if ks}
+
+
+def _keyed(n: int, qids=None) -> Table:
+    return Table.from_pylist([{"k": f"key:{i % 7}", "x": i} for i in range(n)], qid=qids)
+
+
+def _shuffled(parts: dict) -> dict:
+    """The same parts, arrived in another order (merging must not depend on it)."""
+    return dict(reversed(list(parts.items())))
+
+
+def test_key_split_parts_merge_back_in_row_order():
+    table = _keyed(30)
+    sent = deliveries(table, _continuation_stage(), ADDRESSES)
+    assert len(sent) == 3
+    for d in sent:  # each part: its rows in order, with their positions in the split table
+        pos = positions.positions(d.table)
+        assert (np.diff(pos) > 0).all()
+        assert d.table["x"].tolist() == pos.tolist()
+    merged = merge(_shuffled({d.path: d.table for d in sent}))
+    assert merged.equals(table)  # every row back in its place, the positions column gone
+
+
+def test_nested_splits_merge_back_by_root_position():
+    table = _keyed(40)
+    stage = _continuation_stage()
+    leaves = {}
+    for d in deliveries(table, stage, ADDRESSES):
+        # the part runs (a filter drops some rows), and its output is split again
+        out = d.table.filter(np.asarray(d.table["x"]) % 3 != 0)
+        for sub in deliveries(out, stage, ADDRESSES[:2], d.path):
+            leaves[sub.path] = sub.table
+    assert complete(leaves) and len(leaves) > 3
+    assert merge(_shuffled(leaves)).equals(table.filter(np.asarray(table["x"]) % 3 != 0))
+
+
+def test_a_continuation_keeps_the_positions_of_the_rows_its_filters_keep():
+    """Rows of one qid (after a union) are told apart: by position, not by qid."""
+    f = Flow("kept", schema={"k": str, "x": int})
+    f.lookup(column="k", name="v").filter(lambda r: r.x % 2 == 0).map(lambda r: r.x + r.v, names=["y"])
+    (stage,) = optimize(f).stages.values()
+    table = Table.from_pylist([{"k": f"key:{i // 2 % 2}", "x": i} for i in range(8)], qid=[5] * 8)
+    store = {"key:0": 100, "key:1": 200}
+    parts = {d.path: stage.instantiate()([d.table], store) for d in deliveries(table, stage, ADDRESSES)}
+    assert len(parts) == 2 and all(positions.positions(t) is not None for t in parts.values())
+    merged = merge(parts)
+    whole = stage.instantiate()([table], store)  # the stage run on all rows at once, unsplit
+    assert merged.equals(whole) and merged["y"].tolist() == [100, 202, 104, 206]
+
+
+def test_a_single_replica_or_an_empty_table_is_one_part_and_merges_to_itself():
+    stage = _continuation_stage()
+    for table in (_keyed(5), _keyed(0)):
+        (d,) = deliveries(table, stage, ADDRESSES[:1])
+        assert d.path == ((0, 1),) and positions.positions(d.table).tolist() == list(range(len(table)))
+        assert merge({d.path: d.table}).equals(table)
+    (d,) = deliveries(_keyed(0), stage, ADDRESSES)
+    assert merge({d.path: d.table}).equals(_keyed(0))
+    unsplit = _keyed(3)
+    assert merge({(): unsplit}) is unsplit  # the common path: nothing to merge, no copy
+
+
+def test_racing_producers_never_keep_continuation_rows():
+    """A racing stage's copies run on executors with different caches; only pure
+    rendezvous makes their splits (and so their parts' labels) agree."""
+    plan = optimize(_racing_into_lookup())
+    racing, cont = plan.stages.values()
+    assert racing.competitive == 3 and cont.continuation == "k"
+    assert not keeps_rows(racing, cont)
+    assert keeps_rows(racing.with_(competitive=1, replicas=1), cont)
+    assert not keeps_rows(cont, racing)  # only continuation consumers route by key at all
+
+
+def _racing_into_lookup():
+    f = Flow("race", schema={"k": str})
+    f.map(lambda r: r.k, names=["k"], high_variance=True).lookup(column="k")
+    return f
+
+
+def test_a_continuation_that_changes_its_row_count_is_a_named_error():
+    f = Flow("bad", schema={"k": str})
+    f.lookup(column="k", name="v").map(lambda r: r.v, names=["w"])
+    (stage,) = optimize(f).stages.values()
+    table = positions.split(_keyed(4).select(["k"]), np.arange(4))
+    bound = stage.instantiate()
+    bound.bound[1] = lambda inputs, store: inputs[0].take([0])  # a broken operator: rows lost
+    with pytest.raises(PlanError, match="operator 'lambda' gave 1 rows for 4"):
+        bound([table], {f"key:{i}": i for i in range(7)})
 
 
 def second_key(row):

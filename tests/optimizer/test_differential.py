@@ -4,8 +4,9 @@ For each generated flow (tests/flowgen.py: every operator, random branching, ran
 inputs and KVS contents) and each rule list, the optimized plan run by the interpreter
 must give
 - exactly ``flow.run``'s Table for one request (same rows, order, types);
-- the same rows per qid when continuation stages run once per key group (as a
-  deployment that routes rows by key does);
+- exactly ``flow.run``'s rows in ``flow.run``'s order when continuation stages run once
+  per key group (as a deployment that routes rows by key does), also where racing stages
+  feed them;
 - for several requests run together (batching stages merge them), each request's own
   ``flow.run`` rows.
 Settings are derandomized and database-less so CI runs the same examples every time.
@@ -39,7 +40,8 @@ def check_plan_matches_reference(case, rules) -> Interpreter:
         f"rules {rules}: plan result differs from flow.run\nplan:\n{plan.explain()}\n"
         f"got:      {got.to_pylist()}\nexpected: {expected.to_pylist()}")
     routed = Interpreter(plan, route_by_key=True).run(case.table, kvs=case.store)
-    assert_same_rows(routed, expected, f"rules {rules}, rows routed by key: ")
+    # key groups merge back by row position: flow.run's order, row by row
+    assert_same_rows(routed, expected, f"rules {rules}, rows routed by key: ", ordered=True)
     result = interp.run_many(list(case.requests), kvs=case.store)
     for i, (req, got_i) in enumerate(zip(case.requests, result.tables())):
         assert_same_rows(got_i, case.flow.run(req, kvs=case.store), f"rules {rules}, batched request {i}: ")
@@ -50,6 +52,15 @@ def check_plan_matches_reference(case, rules) -> Interpreter:
 @given(case=flows_and_inputs())
 def test_optimized_plans_match_flow_run(case):
     for rules in RULE_LISTS.values():
+        check_plan_matches_reference(case, rules)
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(case=flows_and_inputs(max_rows=10, race_lookups=50))
+def test_racing_maps_feeding_key_routed_lookups_match_flow_run(case):
+    """Racing stages feeding per-row lookups (continuations), routed by key: flow.run's rows
+    in flow.run's order, for the default rules and for fusion first."""
+    for rules in (RULE_LISTS["default"], RULE_LISTS["fusion-first"]):
         check_plan_matches_reference(case, rules)
 
 

@@ -64,6 +64,15 @@ def test_assert_same_rows_ignores_row_order_within_and_across_qids():
     assert_same_rows(a, b)
 
 
+def test_assert_same_rows_ordered_compares_row_by_row():
+    a = t([{"x": 1}, {"x": 2}, {"x": 3}], [0, 1, 1])
+    assert_same_rows(a, t([{"x": 1.0}, {"x": 2}, {"x": 3}], [0, 1, 1]), ordered=True)  # values still loose
+    for other in (a.take([1, 0, 2]), a.take([0, 2, 1])):  # across qids, and within one
+        assert_same_rows(other, a)
+        with pytest.raises(AssertionError, match="the same rows in another order; first difference at row"):
+            assert_same_rows(other, a, ordered=True)
+
+
 def test_assert_same_rows_fails_on_a_moved_or_changed_row():
     a = t([{"x": 1}, {"x": 2}], [0, 1])
     with pytest.raises(AssertionError, match=r"qid\(s\) \[0, 1\]"):
@@ -89,3 +98,18 @@ def test_assert_same_rows_is_loose_only_where_merging_changes_types():
     assert canonical_rows(t([{"v": v}], [0])) == canonical_rows(t([{"v": v.copy()}], [0]))
     with pytest.raises(AssertionError):
         assert_same_rows(t([{"v": v}], [0]), t([{"v": v + 1}], [0]))
+
+
+def test_race_lookups_make_racing_stages_feed_continuations():
+    """``race_lookups=`` generates what the key-routing tests need: in the optimized plan,
+    a racing stage whose output a continuation routes by key."""
+    from optimizer import optimize
+
+    def racing_into_lookup(case):
+        stages = optimize(case.flow).stages
+        return any(i in stages and stages[i].competitive > 1
+                   for s in stages.values() if s.continuation for i in s.inputs)
+
+    cases = [random_case(seed, race_lookups=50) for seed in range(20)]
+    assert sum(racing_into_lookup(c) for c in cases) >= 15
+    assert sum("race.lookup" in random_case(seed).features for seed in range(20)) == 0  # off by default

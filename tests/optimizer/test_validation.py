@@ -8,7 +8,7 @@ import pytest
 
 import flow as flow_pkg
 from flow import Flow, FlowError, SinkError
-from flow.operators import AggOp, LookupOp, MapOp
+from flow.operators import AggOp, LookupOp, MapOp, UnionOp
 from optimizer import (
     DEFAULT_RULES,
     INPUT,
@@ -160,6 +160,13 @@ def test_a_continuation_stage_must_stay_rowwise():
     lookup = LookupOp(column="k", name="v")
     with pytest.raises(PlanError, match="runs per key group; operator 'n' mixes rows"):
         Stage("l+n", (node("l", lookup), node("n", AggOp(name="n"), ("l",))), (INPUT,), continuation="k")
+
+
+def test_a_continuation_stage_must_be_a_chain():
+    """Its key groups' outputs merge back by row position, which a fork-join cannot keep."""
+    lookup = LookupOp(column="k", name="v")
+    with pytest.raises(PlanError, match="runs per key group and must be a chain"):
+        Stage("l+u", (node("l", lookup), node("u", UnionOp(), ("l", "l"))), (INPUT,), continuation="k")
 
 
 def test_plan_wiring_is_checked():
