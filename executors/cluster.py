@@ -118,7 +118,7 @@ class ClusterClient:
         _register_by_value(plan)
         version = int(self.kvs.redis.incr(VERSION_KEY.format(flow=flow.name)))
         self.kvs.put_trusted(PLAN_KEY.format(flow=flow.name, version=version), plan)
-        _progress(f"deploying flow {flow.name!r} v{version} ({len(plan.stages)} stages)")
+        _progress(f"deploying flow {flow.name!r} v{version} ({len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''})")
         r = httpx.post(f"{self.url}/admin/deploy", json={"flow": flow.name, "version": version},
                        headers={"Authorization": f"Bearer {self.state['admin_token']}"},
                        timeout=self.config.load_timeout_s + 30)

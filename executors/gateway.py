@@ -36,7 +36,7 @@ from executors.dispatcher import DeployedFlow, Dispatcher, RequestFailed
 from executors.httpcodec import ARROW, BadRequestError, arrow_bytes, json_rows, parse_body, to_table
 from executors.membership import DEPLOYED_KEY
 from executors.metrics import Metrics
-from executors.openapi import openapi_document
+from executors.openapi import openapi_document, type_doc
 from flow.exceptions import DataError, FlowError
 from flow.validation import check_schema
 
@@ -81,7 +81,20 @@ class Gateway:
 
     async def invoke(self, name: str, headers: dict[str, str], receive) -> tuple[int, bytes, list]:
         """POST /flows/{name}: (status, body, extra headers). ``headers`` has lower-case
-        names; ``receive`` is the ASGI receive callable the body comes from."""
+        names; ``receive`` is the ASGI receive callable the body comes from.
+
+        Every answer is counted once, here: ``requests_total`` by status, and errors (status
+        >= 400) in ``errors_total`` too; names that are not deployed flows count as "-" (a
+        client must not be able to grow the metrics with made-up names)."""
+        status, body, extra = await self._invoke(name, headers, receive)
+        label = name if name in self.dispatcher.flows else "-"
+        code = str(status)
+        self.metrics.child(self.metrics.requests, label, code).inc()
+        if status >= 400:
+            self.metrics.child(self.metrics.errors, label, code).inc()
+        return status, body, extra
+
+    async def _invoke(self, name: str, headers: dict[str, str], receive) -> tuple[int, bytes, list]:
         if self.token and not _bearer_matches(headers.get("authorization", ""), self.token):
             return _error_body(401, "Unauthorized", "missing or wrong bearer token")
         flow = self.dispatcher.flows.get(name)
@@ -106,7 +119,6 @@ class Gateway:
             if schema is not None:
                 table = check_schema(name, schema, table)
         except (BadRequestError, DataError) as e:
-            self.metrics.child(self.metrics.errors, name, "400").inc()
             return _error_body(400, type(e).__name__, str(e))
         timeout = self.request_timeout_s
         asked = headers.get("x-request-timeout")
@@ -119,16 +131,13 @@ class Gateway:
             trace: list = []
             result = await self.dispatcher.submit(name, table, timeout, trace)
         except RequestFailed as e:
-            self.metrics.child(self.metrics.errors, name, str(e.status)).inc()
-            self.metrics.child(self.metrics.requests, name, str(e.status)).inc()
             return e.status, _json(e.body), [(b"content-type", b"application/json")]
         ms = (time.perf_counter() - t0) * 1000
         self.metrics.child(self.metrics.latency, name).observe(ms)
-        self.metrics.child(self.metrics.requests, name, "200").inc()
         # row i of the request was query qid_start + i: clients can match answers to rows
         extra = [(b"server-timing", f"flow;dur={ms:.3f}".encode()), (b"x-qid-start", str(qid_start).encode()),
                  # where each stage ran, for how long, in a batch of how many requests
-                 (b"x-flowserve-trace", json.dumps([e[:4] for e in trace], separators=(",", ":")).encode())]
+                 (b"x-flowserve-trace", json.dumps(_unique(e[:4] for e in trace), separators=(",", ":")).encode())]
         if ARROW in headers.get("accept", ""):
             return 200, arrow_bytes(result), [(b"content-type", ARROW.encode()), *extra]
         return 200, json_rows(result), [(b"content-type", b"application/json"), *extra]
@@ -138,7 +147,7 @@ class Gateway:
         for name, f in sorted(self.dispatcher.flows.items()):
             schema = f.plan.input_schema
             flows.append({"name": name, "version": f.version, "url": f"/flows/{name}",
-                          "input_schema": None if schema is None else {c: t.to_json() for c, t in schema.items()}})
+                          "input_schema": None if schema is None else {c: type_doc(t) for c, t in schema.items()}})
         return JSONResponse({"flows": flows})
 
     async def describe_flow(self, request: Request) -> Response:
@@ -290,6 +299,18 @@ async def _read_body(receive, limit: int) -> bytes | None:
 
 def _bearer_matches(header: str, token: str) -> bool:
     return header.startswith("Bearer ") and hmac.compare_digest(header[7:].encode(), token.encode())
+
+
+def _unique(entries) -> list:
+    """Trace entries once each, in order (a stage's entry reaches the sink along every
+    path through a join or a key split)."""
+    seen, out = set(), []
+    for e in entries:
+        key = tuple(e)
+        if key not in seen:
+            seen.add(key)
+            out.append(list(e))
+    return out
 
 
 def _json(doc) -> bytes:

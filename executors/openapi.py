@@ -10,9 +10,31 @@ _JSON_TYPES = {"int": {"type": "integer"}, "float": {"type": "number"}, "bool": 
                "str": {"type": "string"}, "bytes": {"type": "string", "contentEncoding": "base64"}}
 
 
+def _element_schema(dtype) -> dict:
+    """A tensor element: integer dtypes with their bounds (uint8 pixels are 0..255)."""
+    import numpy as np
+
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return {"type": "integer", "minimum": int(info.min), "maximum": int(info.max)}
+    if dtype.kind == "b":
+        return {"type": "boolean"}
+    return {"type": "number"}
+
+
+def type_doc(t) -> dict:
+    """A column type as GET /flows shows it: dtypes by name ("uint8", not "|u1")."""
+    import numpy as np
+
+    if t.kind == "tensor":
+        return {"kind": "tensor", "dtype": np.dtype(t.dtype).name, "shape": list(t.shape)}
+    return {"kind": t.kind}
+
+
 def _column_schema(t) -> dict:
     if t.kind == "tensor":
-        inner: dict = {"type": "number"}
+        inner: dict = _element_schema(t.dtype)
         for dim in reversed(t.shape):
             inner = {"type": "array", "items": inner, "minItems": dim, "maxItems": dim}
         return inner
@@ -26,11 +48,23 @@ def _row_schema(schema) -> dict:
             "properties": {c: _column_schema(t) for c, t in schema.items()}}
 
 
-def _responses() -> dict:
+def _output_row(plan) -> dict:
+    """The answer's row: qid and the sink's output columns where the plan knows their
+    names (a map's ``names``); their types are known only when the operators run."""
+    names = getattr(plan.stages[plan.sink].nodes[-1].op, "names", None)
+    if not names:
+        return {"type": "object", "properties": {"qid": {"type": "integer"}}, "required": ["qid"]}
+    props = {"qid": {"type": "integer", "description": "the query id of the input row it answers"}}
+    props.update({n: {"description": f"output column {n!r}"} for n in names})
+    return {"type": "object", "properties": props, "required": list(props)}
+
+
+def _responses(plan=None) -> dict:
     err = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    row = _output_row(plan) if plan is not None else {"type": "object"}
     out = {"200": {"description": "output rows (JSON, or Arrow IPC when Accept asks for it)",
                    "content": {"application/json": {"schema": {"type": "object", "properties": {
-                       "rows": {"type": "array", "items": {"type": "object"}}}}},
+                       "rows": {"type": "array", "items": row}}}},
                                "application/vnd.apache.arrow.stream": {}}}}
     for code, what in (("400", "malformed body or schema mismatch"), ("401", "missing or wrong bearer token"),
                        ("404", "unknown flow"), ("413", "body over the size limit"),
@@ -53,7 +87,7 @@ def openapi_document(flows: dict) -> dict:
                      "requestBody": {"required": True, "content": {
                          "application/json": {"schema": {"oneOf": [row, {"type": "array", "items": row}]}},
                          "application/vnd.apache.arrow.stream": {}}},
-                     "responses": _responses()},
+                     "responses": _responses(f.plan)},
             "get": {"summary": f"Plan of {name}, with replicas and latency", "responses": {"200": {"description": "ok"}}},
         }
     return {"openapi": "3.1.0", "info": {"title": "FlowServe gateway", "version": "1"},

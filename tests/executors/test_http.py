@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -180,3 +182,35 @@ def test_listing_describe_health_metrics_openapi(cluster, http):
     spec = http.get(cluster.url + "/openapi.json").json()
     assert f"/flows/{f.name}" in spec["paths"]
     assert set(spec["paths"][f"/flows/{f.name}"]["post"]["responses"]) >= {"200", "400", "404", "413", "422", "500", "503", "504"}
+
+
+def test_metrics_trace_listing_and_openapi_agree(cluster, http):
+    import numpy as np
+
+    from flow import ColumnType
+    from tests.executors.test_runtime_paths import _metric
+
+    f = Flow(unique("agree"), schema={"img": ColumnType.tensor(np.uint8, (2, 2))})
+    a = f.map(lambda r: int(r.img.sum()), names=["s"])
+    b = f.map(lambda r: int(r.img.max()), names=["m"])
+    a.join(b).map(lambda r: r.s + r.m, names=["t"])
+    d = cluster.deploy(f, optimize=False)  # a fork-join: every stage's entry reaches the sink twice
+    ok = http.post(d.url, json={"img": [[1, 2], [3, 4]]})
+    assert ok.status_code == 200 and ok.json()["rows"][0]["t"] == 14
+    trace = json.loads(ok.headers["x-flowserve-trace"])
+    assert len(trace) == len({tuple(e) for e in trace}) == 4, trace  # each stage once
+    assert http.post(d.url, json={"img": "no"}).status_code == 400
+    assert http.post(cluster.url + "/flows/no-such-flow-xyz", json={}).status_code == 404
+    text = http.get(cluster.url + "/metrics").text
+    assert _metric(text, f'flowserve_requests_total{{flow="{f.name}",status="200"}}') == 1
+    assert _metric(text, f'flowserve_requests_total{{flow="{f.name}",status="400"}}') == 1
+    assert _metric(text, f'flowserve_errors_total{{flow="{f.name}",status="400"}}') == 1
+    assert _metric(text, 'flowserve_errors_total{flow="-",status="404"}') >= 1
+    assert "no-such-flow-xyz" not in text
+    listed = {x["name"]: x for x in http.get(cluster.url + "/flows").json()["flows"]}
+    assert listed[f.name]["input_schema"] == {"img": {"kind": "tensor", "dtype": "uint8", "shape": [2, 2]}}
+    op = http.get(cluster.url + "/openapi.json").json()["paths"][f"/flows/{f.name}"]["post"]
+    row = op["requestBody"]["content"]["application/json"]["schema"]["oneOf"][0]
+    assert row["properties"]["img"]["items"]["items"] == {"type": "integer", "minimum": 0, "maximum": 255}
+    out = op["responses"]["200"]["content"]["application/json"]["schema"]["properties"]["rows"]["items"]
+    assert out["required"] == ["qid", "t"]
