@@ -47,7 +47,11 @@ class ClusterConfig:
         before sleeping (default 10): a woken process runs slowly for a while, so polling
         cuts each hop's latency; each poll yields the CPU to runnable work, so it uses idle
         time only. 0 turns it off (executors/busypoll.py).
-    persistence: keep the KVS on disk (AOF) so it survives a restart (`flowserve up`).
+    persistence: keep the KVS on disk (append-only file, fsync every second) so its data
+        survives a restart of the KVS server (default True; `flowserve up` too). The
+        embedded cluster's directory is temporary unless ``dir`` is set, so its data
+        lasts as long as the cluster. False: a KVS restart loses every plan and every
+        value (gateways re-publish their flows; lookups answer 503 until data is back).
     dir: where state, logs and sockets live (None: a private temporary directory).
     """
 
@@ -67,7 +71,7 @@ class ClusterConfig:
     colocate: bool = True
     busy_poll_ms: float = 10.0
     executor_cache_bytes: int = KVSOptions.cache_max_bytes  # one default for every cache
-    persistence: bool = False
+    persistence: bool = True
     dir: str | None = None
 
     def __post_init__(self):

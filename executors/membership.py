@@ -111,6 +111,21 @@ def live_members(redis) -> dict[str, Member]:
     return out
 
 
+# HSET only forward: a version older than the registered one never replaces it
+_REGISTER = """
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if cur and tonumber(cur) > tonumber(ARGV[2]) then return cur end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return ARGV[2]
+"""
+
+
+def register_deployed(redis, name: str, version: int) -> int:
+    """Register ``name`` at ``version`` unless a newer version is registered; returns the
+    version registered afterwards (``version``, or the newer one that won)."""
+    return int(redis.eval(_REGISTER, 1, DEPLOYED_KEY, name, str(int(version))))
+
+
 def deployed_flows(redis) -> dict[str, int]:
     return {k.decode(): int(v) for k, v in redis.hgetall(DEPLOYED_KEY).items()}
 

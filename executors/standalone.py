@@ -26,8 +26,9 @@ import uvicorn
 from executors.autoscale import AutoscalingConfig, AutoscalingError
 from executors.config import ClusterConfig
 from executors.dispatcher import Dispatcher
+from executors.durability import mark_started, registry_if_intact, republish
 from executors.gateway import Gateway, LoadFailed, make_app
-from executors.membership import GATEWAYS_KEY, Absence, deployed_flows, live_members
+from executors.membership import GATEWAYS_KEY, Absence, live_members
 from executors.metrics import Metrics
 from executors.placement import place
 from executors.scaling import FixedExecutors, ScalingLoop
@@ -75,6 +76,7 @@ class StandaloneGateway:
 
     async def _started(self) -> None:
         self.dispatcher.start()
+        await self._when_kvs_answers(lambda: mark_started(self.store.redis))  # kvs/markers.py
         # query ids stay unique across gateway replicas and restarts
         block = await self._when_kvs_answers(lambda: self.store.redis.incr(GATEWAYS_KEY))
         self.dispatcher.next_qid = int(block) * QID_BLOCK + 1
@@ -130,8 +132,21 @@ class StandaloneGateway:
         members = await asyncio.to_thread(live_members, self.store.redis)
         await self._members_changed(members)
         read_at = time.monotonic()
-        registry = await asyncio.to_thread(deployed_flows, self.store.redis)
+        registry = await asyncio.to_thread(registry_if_intact, self.store.redis)
+        if registry is None:  # the store lost its state: an empty registry means nothing
+            await self._republish()
+            return
         await self._registry_changed(registry, read_at)
+
+    async def _republish(self) -> None:
+        """Put back what this gateway serves (plans, registry, version counters) into a
+        store that restarted empty, then build the flows on executors that joined while it
+        was empty (their loads failed): durability.py."""
+        names = await asyncio.to_thread(republish, self.store, dict(self.dispatcher.flows))
+        log.warning("the KVS lost its data (restarted empty); re-published flows %s", names)
+        for id_, info in list(self.dispatcher.executors.items()):
+            if info.alive:
+                await self._extend_flows(id_)
 
     async def _members_changed(self, members: dict) -> None:
         d = self.dispatcher
@@ -191,7 +206,7 @@ class StandaloneGateway:
 
         for name in [n for n in d.flows if n not in registry and not newer_here(n)]:
             log.warning("flow %s was undeployed", name)
-            d.flows.pop(name, None)
+            d.uninstall(name)  # its replicas go once its requests here finish
         now = time.monotonic()
         for name, version in sorted(registry.items()):
             if newer_here(name):
