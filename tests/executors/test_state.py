@@ -61,12 +61,12 @@ def rss_all(c: LocalCluster) -> dict[int, float]:
     return {p: rss_mb(p) for p in executor_pids(c)}
 
 
-def served(c: LocalCluster, name: str) -> int | None:
+def served(c, name: str) -> int | None:
     flows = {f["name"]: f["version"] for f in c.http.get("/flows").json()["flows"]}
     return flows.get(name)
 
 
-def registered(c: LocalCluster, name: str) -> int | None:
+def registered(c, name: str) -> int | None:
     v = c.kvs.redis.hget(DEPLOYED_KEY, name)
     return None if v is None else int(v)
 
@@ -290,3 +290,57 @@ def test_concurrent_deploys_of_one_name_agree_on_the_newest(cluster, rounds):
         for i, e in lost.items():  # each loser was told which version beat it
             assert e.version < e.winner and f"v{e.version}" in str(e) and f"v{e.winner}" in str(e)
         assert all(e.version < version for e in lost.values())
+
+
+# -- the same on the standalone (Kubernetes) gateway ------------------------------------------
+
+
+def test_standalone_gateway_releases_old_versions_and_republishes_a_lost_store(tmp_path):
+    """Executors and a gateway started as pods start them, on a KVS without persistence
+    (a Redis pod without a volume): redeploys free the executors' memory, and after the
+    KVS restarts empty the gateway puts its flows back, so a restarted executor rebuilds
+    them; lost lookup data answers 503."""
+    from executors.cluster import ClusterClient
+    from kvs import RedisServer
+    from tests.executors.processes import ADMIN, Procs, health
+
+    with RedisServer(dir=tmp_path / "redis", appendonly=False) as server:
+        procs = Procs(server.url, tmp_path)
+        client = ClusterClient("http://unset", server.url, ADMIN)
+        try:
+            e0, e1 = procs.executor("e0"), procs.executor("e1")
+            gw = procs.gateway("gw")
+            client.state["url"] = gw
+            wait_until("two executors", lambda: health(gw).get("executors") == 2)
+            cold = {p.pid: rss_mb(p.pid) for p in (e0, e1)}
+            for i in range(4):
+                f = Flow("big", schema={"x": float})
+                f.map(model_class(float(i)), names=["y"], batching=True)
+                d = client.deploy(f)
+                assert post(d, {"x": 1.0}).json()["rows"][0]["y"] == 1.0 + i
+                wait_until(f"redeploy {i}: one model per executor",
+                           lambda: all(rss_mb(p) < mb + 1.6 * MODEL_BYTES / 2**20 for p, mb in cold.items()))
+            looked = Flow(unique("looked"))
+            looked.lookup(column="k", name="v").map(lambda r: float(r.v.sum()), names=["s"])
+            d_looked = client.deploy(looked)
+            client.kvs.put("vec", np.ones(2))
+            assert post(d_looked, {"k": "vec"}).status_code == 200
+
+            server.kill()
+            server.restart()  # empty: no persistence
+            wait_until("the gateway to re-publish its flows",
+                       lambda: registered(client, "big") == d.version and registered(client, looked.name) == d_looked.version)
+            e0.send_signal(signal.SIGKILL)
+            e0.wait()
+            procs.executor("e0")  # the pod restarts under its name, with a new address
+            wait_until("a restarted executor to serve the flows again",
+                       lambda: all(post(d, {"x": 1.0}).status_code == 200 for _ in range(6)), timeout=60)
+            assert post(d, {"x": 2.0}).json()["rows"][0]["y"] == 5.0
+            r = post(d_looked, {"k": "vec"})
+            assert r.status_code == 503 and r.json()["error"] == "StoreLostError", r.text
+
+            client.undeploy("big")
+            wait_until("undeploy: the surviving executor back to its size", lambda: rss_mb(e1.pid) <= 1.10 * cold[e1.pid])
+        finally:
+            client.close()
+            procs.stop()
