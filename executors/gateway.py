@@ -199,7 +199,7 @@ class Gateway:
     def _install(self, name: str, flow: DeployedFlow) -> None:
         """Serve ``flow`` now, unless a newer version is served (``LoadFailed`` 409)."""
         served = self.dispatcher.install(name, flow)
-        if served is not None:
+        if served is not None and served.version != flow.version:  # the same version again: served
             raise LoadFailed(409, "DeployConflict", _conflict(name, flow.version, served.version))
         log.info("deployed flow %s v%s", name, flow.version)
 
