@@ -264,7 +264,7 @@ def _read_plan(store, key: str) -> tuple:
     from kvs.client import decode_value
     from kvs.exceptions import KeyNotFoundError
 
-    blob = store._call(lambda: store.redis.get(key), "GET")
+    blob = store.get_bytes(key)
     if blob is None:
         raise KeyNotFoundError(key)
     return decode_value(key, blob, trusted=True), blob

@@ -213,6 +213,12 @@ class KVS:
             return default
         return decode_value(key, data, trusted)
 
+    def get_bytes(self, key: str) -> bytes | None:
+        """The stored bytes under ``key`` (not decoded, never from a local cache), or None:
+        for callers that keep a value exactly as stored, e.g. to write it back."""
+        key = check_key(key)
+        return self._call(lambda: self._redis.get(key), "GET")
+
     def mget(self, keys: Iterable[str], default: Any = MISSING, *, trusted: bool = False) -> list:
         """Values of ``keys`` in order, in one round trip. A missing key gives
         ``default``, or ``KeyNotFoundError`` when no default is given (pass your own
