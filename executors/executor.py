@@ -22,6 +22,7 @@ import selectors
 import signal
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ DEFAULT_CACHE_BYTES = KVSOptions.cache_max_bytes
 EVICTION_QUIET_S = 10.0  # a cache that evicted within this long serves only the keys it owns
 DONE_MEMORY = 100_000  # (request, stage) pairs remembered to drop late competing copies
 BATCHER_EXIT_S = 2.0  # a batcher notices it was unloaded within its 0.2 s poll
+RELEASE_WAIT_S = 30.0  # how long an unload keeps collecting until its stages are gone
 RETIRED_MEMORY = 10_000  # (flow, version) pairs remembered as unloaded, not to be rebuilt
 
 
@@ -256,9 +258,9 @@ class Executor:
             if hosted.batcher is not None:
                 # its thread holds the stage (a cycle: stage <-> batcher) until it ends
                 hosted.batcher.thread.join(BATCHER_EXIT_S)
+        refs = [weakref.ref(h) for h in stages]
         stages = hosted = None  # drop the last references here before collecting
-        gc.collect()
-        _trim_heap()
+        _release_memory(refs, f"flow {flow} v{version}", self._stopping)
         log.info("executor %s: unloaded flow %s v%s (%d stages)", self.id, flow, version, len(gone))
 
     # -- gathering inputs --------------------------------------------------------------------
@@ -529,6 +531,28 @@ class _Either:
 
     def is_set(self) -> bool:
         return self.a.is_set() or self.b.is_set()
+
+
+def _release_memory(refs: list, what: str, stopping: threading.Event) -> None:
+    """Collect the unloaded stages and give their memory back to the OS. Work still
+    running when they were dropped (another unload's stages, a batch finishing) may hold
+    them a moment longer, and memory freed after the trim would stay with the process:
+    so until every one is gone, collect and trim again (bounded, on a helper thread)."""
+    gc.collect()
+    _trim_heap()
+    if all(r() is None for r in refs):
+        return
+
+    def later():
+        deadline = time.monotonic() + RELEASE_WAIT_S
+        while any(r() is not None for r in refs) and time.monotonic() < deadline and not stopping.is_set():
+            stopping.wait(0.2)
+            gc.collect()
+        _trim_heap()
+        if any(r() is not None for r in refs):
+            log.warning("%s: unloaded, but something still holds its stages; their memory is not freed", what)
+
+    threading.Thread(target=later, name="release", daemon=True).start()
 
 
 def _trim_heap() -> None:

@@ -271,8 +271,11 @@ def test_concurrent_deploys_of_one_name_agree_on_the_newest(rounds):
         cold = rss_all(c)
         _race_deploys(c, rounds)
         # what the losers built, and the replaced versions, were released: one model each
-        wait_until("the executors to hold the winner's model only",
-                   lambda: all(rss_mb(p) < mb + 1.6 * MODEL_BYTES / 2**20 for p, mb in cold.items()))
+        try:
+            wait_until("the executors to hold the winner's model only",
+                       lambda: all(rss_mb(p) < mb + 1.6 * MODEL_BYTES / 2**20 for p, mb in cold.items()))
+        except AssertionError:
+            raise AssertionError(f"RSS MB before {cold}, now {rss_all(c)}") from None
 
 
 def _race_deploys(cluster: LocalCluster, rounds: int) -> None:
