@@ -13,7 +13,8 @@ place the runtime polls the KVS; the data path never does.
 
 Deployed flows are registered in the hash ``flowserve:deployed`` (flow -> version) by
 whichever gateway receives ``POST /admin/deploy``; every gateway loads what the registry
-says, so several gateway replicas serve the same flows.
+says, so several gateway replicas serve the same flows. An entry only moves to a newer
+version (``register_deployed``): of concurrent deploys the newest wins everywhere.
 """
 
 from __future__ import annotations

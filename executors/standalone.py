@@ -5,7 +5,9 @@ not the gateway's children). Executors register themselves (``membership.py``); 
 ``poll_s`` the gateway adds the ones that joined (after a ping), builds the deployed
 flows' stages on them, and drops the ones whose registration expired, re-running the
 requests they held. It loads every flow the registry lists, so gateway replicas behind
-one Service all serve the same flows, whichever of them took the deploy.
+one Service all serve the same flows, whichever of them took the deploy. If the KVS
+restarts empty, it re-publishes the flows it serves (durability.py) instead of reading
+the empty registry as "everything was undeployed".
 
     FLOWSERVE_ADMIN_TOKEN=... python -m executors.gateway --host 0.0.0.0 --port 8000 \\
         --address tcp://10.0.0.7:5556 --kvs redis://:pw@kvs:6379/0 --membership kvs
