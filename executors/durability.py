@@ -45,10 +45,20 @@ def store_intact(redis) -> bool:
     return bool(redis.exists(STORE_MARKER))
 
 
-def republish(store, flows: dict) -> list[str]:
-    """Write back what ``flows`` (name -> DeployedFlow) needs in the store, then the store
-    marker; returns the names. Only forward: a registry entry or counter that is newer
-    (another gateway's deploy) is kept."""
+_RAISE = """
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+if cur < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
+return 1
+"""
+
+
+def republish(store, flows: dict, counters: dict | None = None) -> list[str]:
+    """Write back what ``flows`` (name -> DeployedFlow) needs in the store, and raise
+    ``counters`` (key -> at least this value, e.g. the gateway's query-id block), then the
+    store marker; returns the names. Only forward: a registry entry or counter that is
+    newer (another gateway's deploy) is kept."""
+    for key, value in (counters or {}).items():
+        store.redis.eval(_RAISE, 1, key, str(int(value)))
     for name, f in flows.items():
         key = PLAN_KEY.format(flow=name, version=f.version)
         if f.plan_blob is not None:  # the exact bytes the deploy registered

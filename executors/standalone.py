@@ -144,7 +144,8 @@ class StandaloneGateway:
         """Put back what this gateway serves (plans, registry, version counters) into a
         store that restarted empty, then build the flows on executors that joined while it
         was empty (their loads failed): durability.py."""
-        names = await asyncio.to_thread(republish, self.store, dict(self.dispatcher.flows))
+        names = await asyncio.to_thread(republish, self.store, dict(self.dispatcher.flows),
+                                        {GATEWAYS_KEY: self.dispatcher.next_qid // QID_BLOCK})
         log.warning("the KVS lost its data (restarted empty); re-published flows %s", names)
         for id_, info in list(self.dispatcher.executors.items()):
             if info.alive:

@@ -90,7 +90,8 @@ def test_a_lost_registry_reads_as_lost_not_empty_and_is_republished(kvs):
     mark_started(kvs.redis)
     assert registry_if_intact(kvs.redis) == {}
     kvs.redis.flushall()
-    assert republish(kvs, {"kept": DeployedFlow(Plan.from_flow(f), 42, {})}) == ["kept"]
+    assert republish(kvs, {"kept": DeployedFlow(Plan.from_flow(f), 42, {})}, {"flowserve:gateways": 3}) == ["kept"]
+    assert int(kvs.redis.get("flowserve:gateways")) == 3  # a new gateway's qid block comes after this one's
     assert registry_if_intact(kvs.redis) == {"kept": 42}
     assert int(kvs.redis.get(VERSION_KEY.format(flow="kept"))) == 42
     assert kvs.get(PLAN_KEY.format(flow="kept", version=42), trusted=True).flow_name == "kept"
