@@ -32,9 +32,9 @@ import numpy as np
 
 from executors.config import ClusterConfig
 from executors.daemon import STATE_FILE
-from executors.errors import ClusterStartError, DeployError, InvocationError
+from executors.errors import ClusterStartError, DeployConflictError, DeployError, InvocationError
 from executors.httpcodec import ARROW
-from executors.placement import PLAN_KEY, VERSION_KEY
+from executors.placement import PLAN_KEY, next_version
 from flow.table import Table
 from kvs import KVS
 from kvs.server import popen, terminate
@@ -106,7 +106,10 @@ class ClusterClient:
     # -- deploy -------------------------------------------------------------------------------
 
     def deploy(self, flow, *, optimize: bool = True, rules=None, options=None) -> "Deployment":
-        """Optimize ``flow``, register its plan and build its stages on the executors."""
+        """Optimize ``flow``, register its plan and build its stages on the executors.
+
+        Raises ``DeployConflictError`` (409) when a concurrent deploy of the same name
+        with a newer version won: that one is served, this one is not."""
         from optimizer import Plan
 
         if optimize:
@@ -116,15 +119,19 @@ class ClusterClient:
         else:
             plan = Plan.from_flow(flow)
         _register_by_value(plan)
-        version = int(self.kvs.redis.incr(VERSION_KEY.format(flow=flow.name)))
+        version = next_version(self.kvs.redis, flow.name)
         self.kvs.put_trusted(PLAN_KEY.format(flow=flow.name, version=version), plan)
         _progress(f"deploying flow {flow.name!r} v{version} ({len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''})")
         r = httpx.post(f"{self.url}/admin/deploy", json={"flow": flow.name, "version": version},
                        headers={"Authorization": f"Bearer {self.state['admin_token']}"},
                        timeout=self.config.load_timeout_s + 30)
+        if r.status_code == 409:
+            body = r.json()
+            raise DeployConflictError(f"deploying flow {flow.name!r} failed (409): {body.get('message')}",
+                                      version=version, winner=body.get("winner"))
         if r.status_code != 200:
             raise DeployError(f"deploying flow {flow.name!r} failed ({r.status_code}): {r.json().get('message', r.text)}")
-        return Deployment(self, flow.name, plan)
+        return Deployment(self, flow.name, plan, version)
 
     def undeploy(self, name: str) -> None:
         httpx.delete(f"{self.url}/admin/flows/{name}", headers={"Authorization": f"Bearer {self.state['admin_token']}"})
@@ -298,10 +305,11 @@ class Answer:
 class Deployment:
     """A deployed flow: ``.url`` to POST to, ``.invoke(rows)`` from Python, ``.explain()``."""
 
-    def __init__(self, cluster: ClusterClient, name: str, plan):
+    def __init__(self, cluster: ClusterClient, name: str, plan, version: int | None = None):
         self.cluster = cluster
         self.name = name
         self.plan = plan
+        self.version = version  # as the gateway serves it (GET /flows shows it too)
 
     @property
     def url(self) -> str:

@@ -50,7 +50,11 @@ class ClusterConfig:
     stuck_grace_s: an executor whose abandoned work (a run past its deadline or its
         operator's ``timeout_s``, already answered 504) has not come back within this long
         is recycled: a new process takes its place (default 10; executors/watchdog.py).
-    persistence: keep the KVS on disk (AOF) so it survives a restart (`flowserve up`).
+    persistence: keep the KVS on disk (append-only file, fsync every second) so its data
+        survives a restart of the KVS server (default True; `flowserve up` too). The
+        embedded cluster's directory is temporary unless ``dir`` is set, so its data
+        lasts as long as the cluster. False: a KVS restart loses every plan and every
+        value (gateways re-publish their flows; lookups answer 503 until data is back).
     dir: where state, logs and sockets live (None: a private temporary directory).
     """
 
@@ -71,7 +75,7 @@ class ClusterConfig:
     busy_poll_ms: float = 10.0
     executor_cache_bytes: int = KVSOptions.cache_max_bytes  # one default for every cache
     stuck_grace_s: float = 10.0
-    persistence: bool = False
+    persistence: bool = True
     dir: str | None = None
 
     def __post_init__(self):

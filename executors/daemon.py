@@ -25,6 +25,7 @@ import uvicorn
 
 from executors.config import ClusterConfig
 from executors.dispatcher import Dispatcher
+from executors.durability import StoreWatch, mark_started
 from executors.gateway import Gateway, make_app
 from executors.metrics import Metrics
 from executors.scaling import ScalingLoop
@@ -82,11 +83,13 @@ class ClusterDaemon:
                                     max_executors=config.max_executors)
                         if config.autoscaling is not None else None)
         self._scaling_task: asyncio.Task | None = None
+        self._store_watch: asyncio.Task | None = None
 
     def run(self) -> None:
         self.redis.start()
         kvs_url = self.redis.url
         self.store = KVS.from_url(kvs_url)
+        mark_started(self.store.redis)  # kvs/markers.py: how a store that lost its data is told apart
         for i in range(self.config.executors + self.config.gpu_executors):
             device = "cpu" if i < self.config.executors else "gpu"
             ex = ExecutorProcess(f"{device}{i}", f"ipc://{self.dir}/e{i}.ipc", device, kvs_url,
@@ -121,6 +124,7 @@ class ClusterDaemon:
         await self._wait_executors()
         self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
         self._liveness = asyncio.get_running_loop().create_task(self._watch_liveness())
+        self._store_watch = asyncio.get_running_loop().create_task(self._watch_store())
         if self.scaling is not None:
             self._scaling_task = asyncio.get_running_loop().create_task(self.scaling.run())
         self._write_state()
@@ -159,7 +163,7 @@ class ClusterDaemon:
                 if await self._ping(ex, timeout=60):
                     for name, f in list(self.dispatcher.flows.items()):
                         stages = {s: [ex.id] for s, ids in f.placement.items() if ex.id in ids}
-                        await self.dispatcher.load(name, f.version, stages, self.config.load_timeout_s)
+                        _log_load_errors(name, await self.dispatcher.load(name, f.version, stages, self.config.load_timeout_s))
                     self.dispatcher.executor_back(ex.id)
 
     async def _watch_liveness(self) -> None:
@@ -204,6 +208,11 @@ class ClusterDaemon:
         self.metrics.crashes.labels(ex.id).inc()
         self.dispatcher.executor_died(ex.id, running=running)
 
+    async def _watch_store(self) -> None:
+        """Re-publish the served flows if the KVS restarted empty, and build flows again on
+        executors whose load failed (their restart met an empty store): durability.py."""
+        await StoreWatch(self.store, self.dispatcher, self.config.load_timeout_s).run()
+
     async def add_executor(self, device: str) -> str | None:
         """Start one more executor process (the autoscaler's local backend)."""
         i = self._next_index
@@ -241,7 +250,7 @@ class ClusterDaemon:
         deadline = time.monotonic() + self.config.request_timeout_s
         while self.dispatcher.requests and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        for task in (self._supervisor, self._liveness, self._scaling_task):
+        for task in (self._supervisor, self._liveness, self._scaling_task, self._store_watch):
             if task is not None:
                 task.cancel()
 
@@ -266,6 +275,14 @@ class ClusterDaemon:
         self.store.close()
         self.redis.stop()
         (self.dir / STATE_FILE).unlink(missing_ok=True)
+
+
+def _log_load_errors(flow: str, errors: dict) -> None:
+    """A reload that failed is not hidden: the store watch builds it again (durability.py);
+    meanwhile requests avoid the executor for that flow (it is not in ``loaded``)."""
+    for ex_id, error in errors.items():
+        if error:
+            log.warning("executor %s: rebuilding flow %s failed (will retry): %s", ex_id, flow, error)
 
 
 def main(argv=None) -> None:

@@ -72,6 +72,7 @@ class DeployedFlow:
     version: int
     placement: dict[str, list[str]]  # stage -> executor ids that host a replica
     stats: dict = field(default_factory=dict)  # stage -> recent latencies (ms)
+    plan_blob: bytes | None = None  # the plan as stored: re-published if the store loses it
 
 
 @dataclass
@@ -119,6 +120,7 @@ class Dispatcher:
         # that finds no live executor waits for one (until its deadline) instead of a 503
         self.wait_for_restarts = False
         self._parked: list[Request] = []
+        self._releases: set[asyncio.Task] = set()  # retired flow versions waiting to drain
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -241,6 +243,10 @@ class Dispatcher:
         info = self.executors.get(id_)
         if info is not None:
             info.alive = True
+        self._unpark()
+
+    def _unpark(self) -> None:
+        """Dispatch the requests that waited for an executor (one is back, or built a flow)."""
         parked, self._parked = self._parked, []
         for req in parked:
             if not req.future.done():
@@ -304,11 +310,82 @@ class Dispatcher:
                 results[ex_id] = reply.get("error")
                 if not reply.get("error"):
                     self.executors[ex_id].loaded.add((flow, version))
+                    if self._parked:
+                        self._unpark()
             except asyncio.TimeoutError:
                 results[ex_id] = f"executor {ex_id} did not load the flow within {timeout:.0f} s"
             finally:
                 self._waiters.pop(token, None)
         return results
+
+    # -- installing and retiring flow versions ----------------------------------------------
+
+    def install(self, name: str, flow: DeployedFlow) -> DeployedFlow | None:
+        """Serve ``flow`` under ``name`` unless a version at least as new is served already.
+        Versions only move forward, so of two deploys that race the newer wins wherever
+        they finish in time. Returns the version served instead (``flow`` then was not
+        installed; its replicas are released) or None; a replaced version is released."""
+        current = self.flows.get(name)
+        if current is not None and current.version >= flow.version:
+            if current is not flow:
+                self.retire(flow)
+            return current
+        self.flows[name] = flow
+        if current is not None:
+            self.retire(current)
+        return None
+
+    def uninstall(self, name: str) -> DeployedFlow | None:
+        """Stop serving ``name`` (undeploy); its replicas are released once idle."""
+        flow = self.flows.pop(name, None)
+        if flow is not None:
+            self.retire(flow)
+        return flow
+
+    def retire(self, flow: DeployedFlow) -> None:
+        """Release a flow version's replicas on the executors once the requests that use it
+        have finished (they were routed to it and must still be answered)."""
+        if self._loop is None:
+            return  # not serving (tests that drive a dispatcher by hand): nothing was built
+        task = self._loop.create_task(self._release(flow))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _release(self, flow: DeployedFlow) -> None:
+        name, version = flow.plan.flow_name, flow.version
+        while any(r.flow is flow for r in self.requests.values()):
+            # every request has a deadline (its timer answers it), so this ends; polling the
+            # table keeps the hot path (submit/_finish) free of bookkeeping for a rare event
+            await asyncio.sleep(0.05)
+        served = self.flows.get(name)
+        if served is not None and served.version == version:
+            return  # installed again meanwhile (the same version): keep it
+        for info in self.executors.values():
+            info.loaded.discard((name, version))
+            if info.alive:  # every one: an executor may have built it on a message alone
+                self._send(info.address, pack({"type": "unload", "flow": name, "version": version}))
+        log.info("flow %s v%s released on the executors", name, version)
+
+    async def reload_missing(self, timeout: float) -> dict:
+        """Build served flows again on live executors that should host them and do not
+        (their load failed, e.g. while the store was empty after a restart). Returns
+        (flow, executor) -> error for the loads that failed again."""
+        failed = {}
+        for name, f in list(self.flows.items()):
+            key = (name, f.version)
+            missing = {}
+            for stage, ids in f.placement.items():
+                for i in ids:
+                    info = self.executors.get(i)
+                    if info is not None and info.alive and key not in info.loaded:
+                        missing.setdefault(stage, []).append(i)
+            if not missing:
+                continue
+            errors = await self.load(name, f.version, missing, timeout)
+            failed.update({(name, i): e for i, e in errors.items() if e})
+            if self.flows.get(name) is not f:  # replaced while loading: do not keep its replicas
+                self.retire(f)
+        return failed
 
     # -- requests -------------------------------------------------------------------------------
 

@@ -3,12 +3,16 @@
     ClusterError                   the runtime itself (rooted at flow.FlowError)
     ├── ClusterStartError          the local cluster did not come up (message has the log tail)
     ├── DeployError                a flow could not be deployed (names the flow and stage)
+    │   └── DeployConflictError    a concurrent deploy of the same flow won (409; names both versions)
     ├── NoExecutorError            (retryable) no live executor can run a stage   -> 503
     ├── DeadlineExceededError      (retryable) the request's deadline passed       -> 504
     │   └── OperatorTimeoutError   an operator was still running at its timeout_s or the
     │                              request's deadline; its work was abandoned        -> 504
     ├── OperatorCrashedError       the request's attempts crashed two executors: it is not
     │                              retried again (a poison input)                   -> 500
+    ├── FlowUnavailableError       (retryable) an executor cannot run a flow version: it was
+    │                              retired (redeployed, undeployed), or its plan is gone from
+    │                              the store                                       -> 503
     └── InvocationError            an HTTP call to a deployed flow failed; carries .status and
                                    .body (the server's JSON error)
 """
@@ -38,6 +42,16 @@ class DeployError(ClusterError, ValueError):
     """A flow could not be deployed."""
 
 
+class DeployConflictError(DeployError):
+    """A concurrent deploy of the same flow name won: this one is not served (HTTP 409).
+
+    ``version`` is this deploy's version, ``winner`` the one served instead."""
+
+    def __init__(self, message: str, version: int | None = None, winner: int | None = None):
+        super().__init__(message)
+        self.version, self.winner = version, winner
+
+
 class NoExecutorError(ClusterError, RetryableError):
     """No live executor can run a stage right now."""
 
@@ -62,6 +76,9 @@ class OperatorCrashedError(ClusterError):
         super().__init__(message)
         self.operator = operator
         self.qid = qid
+class FlowUnavailableError(ClusterError, RetryableError):
+    """An executor was asked to run a flow version it cannot run: the version was retired
+    (a newer one replaced it, or it was undeployed), or its plan is gone from the store."""
 
 
 class InvocationError(ClusterError):

@@ -13,12 +13,16 @@ the plans (once per deploy) and for lookup data, through this executor's local c
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
+import gc
 import logging
 import os
 import selectors
 import signal
 import threading
 import time
+import weakref
 from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,7 +33,7 @@ from executors.batcher import Batcher, WorkItem
 from executors.busypoll import DEFAULT_MS as DEFAULT_BUSY_POLL_MS
 from executors.busypoll import MAX_MS as BUSY_POLL_MAX_MS
 from executors.busypoll import BusyPoll
-from executors.errors import OperatorTimeoutError, status_for
+from executors.errors import FlowUnavailableError, OperatorTimeoutError, status_for
 from executors.gpu import gpu_stats, set_executor_class
 from executors.membership import HEARTBEAT_S, Heartbeat, Member
 from executors.placement import PLAN_KEY
@@ -50,6 +54,9 @@ COSTLY_MS = 2 * CHEAP_MS  # ...until they average more than this (a hysteresis, 
 DEFAULT_CACHE_BYTES = KVSOptions.cache_max_bytes
 EVICTION_QUIET_S = 10.0  # a cache that evicted within this long serves only the keys it owns
 DONE_MEMORY = 100_000  # (request, stage) pairs remembered to drop late competing copies
+BATCHER_EXIT_S = 2.0  # a batcher notices it was unloaded within its 0.2 s poll
+RELEASE_WAIT_S = 30.0  # how long an unload keeps collecting until its stages are gone
+RETIRED_MEMORY = 10_000  # (flow, version) pairs remembered as unloaded, not to be rebuilt
 
 
 @dataclass
@@ -60,6 +67,7 @@ class Pending:
     order: list = field(default_factory=list)  # first_valid: alternatives in arrival order
     trace: list = field(default_factory=list)
     deadline: float = 0.0
+    flow: tuple = ()  # (flow, version): an unload drops the pending inputs of its version
 
 
 class HostedStage:
@@ -101,6 +109,9 @@ class Executor:
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{executor_id}-worker")
         self.hosted: dict[tuple[str, int, str], HostedStage] = {}
         self.latest: dict[str, int] = {}
+        # (flow, version) unloaded on the gateway's word: a late message for one must not
+        # rebuild it from the store (it would hold its memory again, for nothing)
+        self.retired: OrderedDict = OrderedDict()
         self.pending: dict[tuple, Pending] = {}
         self.done: OrderedDict = OrderedDict()
         self._stopping = threading.Event()
@@ -227,6 +238,8 @@ class Executor:
                 self.dispatch(hosted, item)
         elif kind == "load":
             self.pool.submit(self.on_load, header)
+        elif kind == "unload":
+            self.pool.submit(self.on_unload, header)  # on a worker: gc must not stall the IO thread
         elif kind == "ping":
             self.send(header["reply"], pack({"type": "pong", "executor": self.id, "token": header.get("token"),
                                              "device": self.device, "gpus": gpu_stats() if self.device == "gpu" else []}))
@@ -241,6 +254,8 @@ class Executor:
                  "token": header.get("token")}
         try:
             plan = self.store.get(PLAN_KEY.format(flow=flow, version=version), trusted=True)
+            with self._lock:
+                self.retired.pop((flow, version), None)  # asked for again: it is current after all
             for name in header.get("stages") or list(plan.stages):
                 self.host(plan, name, version)
             self.latest[flow] = version
@@ -254,10 +269,37 @@ class Executor:
         hosted = self.hosted.get(key)
         if hosted is None:
             hosted = HostedStage(plan, name, version)
+            hosted.retired = threading.Event()  # set by on_unload: its batcher thread ends
             if hosted.stage.batch is not None:
-                hosted.batcher = Batcher(hosted, self.run_batch, self._stopping)
+                hosted.batcher = Batcher(hosted, self.run_batch, _Either(self._stopping, hosted.retired))
             self.hosted[key] = hosted
         return hosted
+
+    def on_unload(self, header: dict) -> None:
+        """Release a flow version the gateway no longer serves (redeployed, undeployed, or
+        a deploy that lost a race): its replicas, batcher threads and pending inputs; then
+        give the freed heap back to the OS so the process really shrinks."""
+        flow, version = header["flow"], int(header["version"])
+        with self._lock:
+            gone = [k for k in self.hosted if k[0] == flow and k[1] == version]
+            stages = [self.hosted.pop(k) for k in gone]
+            for rid in [r for r, p in self.pending.items() if p.flow == (flow, version)]:
+                del self.pending[rid]
+            self.retired[(flow, version)] = True
+            if len(self.retired) > RETIRED_MEMORY:
+                self.retired.popitem(last=False)
+            if self.latest.get(flow) == version:
+                del self.latest[flow]
+        for hosted in stages:
+            hosted.retired.set()  # a batcher finishes what it queued, then its thread ends
+        for hosted in stages:
+            if hosted.batcher is not None:
+                # its thread holds the stage (a cycle: stage <-> batcher) until it ends
+                hosted.batcher.thread.join(BATCHER_EXIT_S)
+        refs = [weakref.ref(h) for h in stages]
+        stages = hosted = None  # drop the last references here before collecting
+        _release_memory(refs, f"flow {flow} v{version}", self._stopping)
+        log.info("executor %s: unloaded flow %s v%s (%d stages)", self.id, flow, version, len(gone))
 
     # -- gathering inputs --------------------------------------------------------------------
 
@@ -274,8 +316,9 @@ class Executor:
         key = (h["flow"], int(h["ver"]), h["stage"])
         hosted = self.hosted.get(key)
         if hosted is None:
-            plan = self.store.get(PLAN_KEY.format(flow=key[0], version=key[1]), trusted=True)
-            hosted = self.host(plan, key[2], key[1])
+            hosted = self._rehost(h, key)
+            if hosted is None:
+                return []
         stage = hosted.stage
         src = h["from"]
         path = tuple(tuple(p) for p in h.get("path", ()))
@@ -292,7 +335,7 @@ class Executor:
             return [(hosted, WorkItem(h, [table], path, list(h.get("trace", ()))))]
         pend = self.pending.get(rid)
         if pend is None:
-            pend = self.pending[rid] = Pending(deadline=float(h.get("dl", time.time() + 60)))
+            pend = self.pending[rid] = Pending(deadline=float(h.get("dl", time.time() + 60)), flow=key[:2])
         parts = pend.parts.setdefault(src, {})
         if path in parts:
             return []  # this part came already (competing copies send the same parts)
@@ -309,6 +352,25 @@ class Executor:
             self._mark_done(rid)
             return [(hosted, WorkItem(h, inputs, (), pend.trace))]
         return []
+
+    def _rehost(self, h: dict, key: tuple) -> HostedStage | None:
+        """Build a stage a message needs that is not hosted here: after a restart this
+        executor has lost every replica, and the plan in the store rebuilds it. A version
+        the gateway retired is not rebuilt (a late message must not bring its memory back);
+        the request gets a retryable error instead, and so does one whose plan is gone."""
+        flow, version, stage = key
+        if (flow, version) in self.retired:
+            self._fail(h, FlowUnavailableError(
+                f"flow {flow!r} v{version} was retired on executor {self.id} (redeployed or undeployed)"))
+            return None
+        try:
+            plan = self.store.get(PLAN_KEY.format(flow=flow, version=version), trusted=True)
+            return self.host(plan, stage, version)
+        except FlowError as e:
+            log.warning("executor %s: cannot build flow %s v%s stage %s: %s", self.id, flow, version, stage, e)
+            self._fail(h, FlowUnavailableError(
+                f"flow {flow!r} v{version}: executor {self.id} cannot build stage {stage!r}: {e}"))
+            return None
 
     def _first_valid(self, hosted: HostedStage, h: dict, rid, pend: Pending) -> list:
         """Alternatives race: per row, the first arrived result that is valid wins."""
@@ -657,6 +719,49 @@ def _expired(header: dict) -> bool:
     """True if the request's deadline has passed (the gateway answered it 504)."""
     dl = header.get("dl")
     return dl is not None and time.time() > dl
+
+
+class _Either:
+    """Set when either event is: a batcher ends when its executor stops or its stage is
+    unloaded (Batcher only asks ``is_set()``)."""
+
+    def __init__(self, a: threading.Event, b: threading.Event):
+        self.a, self.b = a, b
+
+    def is_set(self) -> bool:
+        return self.a.is_set() or self.b.is_set()
+
+
+def _release_memory(refs: list, what: str, stopping: threading.Event) -> None:
+    """Collect the unloaded stages and give their memory back to the OS. Work still
+    running when they were dropped (another unload's stages, a batch finishing) may hold
+    them a moment longer, and memory freed after the trim would stay with the process:
+    so until every one is gone, collect and trim again (bounded, on a helper thread)."""
+    gc.collect()
+    _trim_heap()
+    if all(r() is None for r in refs):
+        return
+
+    def later():
+        deadline = time.monotonic() + RELEASE_WAIT_S
+        while any(r() is not None for r in refs) and time.monotonic() < deadline and not stopping.is_set():
+            stopping.wait(0.2)
+            gc.collect()
+        _trim_heap()
+        if any(r() is not None for r in refs):
+            log.warning("%s: unloaded, but something still holds its stages; their memory is not freed", what)
+
+    threading.Thread(target=later, name="release", daemon=True).start()
+
+
+def _trim_heap() -> None:
+    """Return freed heap pages to the OS (glibc keeps them otherwise, and RSS would not
+    fall after a model is dropped); a no-op where there is no ``malloc_trim``."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _owners(items: list[WorkItem]) -> tuple[dict, list]:

@@ -15,7 +15,9 @@ A client may shorten its deadline with ``X-Request-Timeout: <seconds>``. Answers
 Errors are JSON ``{"error": <type>, "message": ..., "operator"?, "qid"?}`` with status
 400 (malformed body, schema mismatch), 401 (token), 404 (unknown flow), 413 (body too
 large), 422 (an operator rejected the row / no valid alternative / missing lookup key),
-500 (an operator raised), 503 (no executor), 504 (deadline). No traceback reaches a client.
+500 (an operator raised), 503 (no executor; the KVS lost its data), 504 (deadline). A
+deploy that lost a race to a newer version of the same flow gets 409. No traceback
+reaches a client.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from starlette.routing import Route
 
 from executors.dispatcher import DeployedFlow, Dispatcher, RequestFailed
 from executors.httpcodec import ARROW, BadRequestError, arrow_bytes, json_rows, parse_body, to_table
-from executors.membership import DEPLOYED_KEY
+from executors.membership import DEPLOYED_KEY, register_deployed
 from executors.metrics import Metrics
 from executors.openapi import openapi_document, type_doc
 from flow.exceptions import DataError, FlowError
@@ -184,14 +186,16 @@ class Gateway:
     async def openapi(self, request: Request) -> Response:
         return JSONResponse(openapi_document(self.dispatcher.flows))
 
-    async def load_flow(self, name: str, version: int, install_if=None) -> DeployedFlow:
+    async def load_flow(self, name: str, version: int, install_if=None, install: bool = True) -> DeployedFlow:
         """Place a registered plan on the executors and build its stages there; the flow
         is served from then on (unless ``install_if()``, asked once it is built, says it
-        has become stale). Raises ``LoadFailed`` with the HTTP status to answer."""
+        has become stale, or ``install`` is False: the caller installs it). A version
+        older than the one served is not installed (``LoadFailed`` 409); replicas built
+        for nothing are released. Raises ``LoadFailed`` with the HTTP status to answer."""
         from executors.placement import PLAN_KEY, place
 
         try:
-            plan = await asyncio.to_thread(self.store.get, PLAN_KEY.format(flow=name, version=version), trusted=True)
+            plan, blob = await asyncio.to_thread(_read_plan, self.store, PLAN_KEY.format(flow=name, version=version))
         except FlowError as e:
             raise LoadFailed(404, "UnknownPlan", f"flow {name!r} version {version} is not registered: {e}") from None
         try:
@@ -200,15 +204,26 @@ class Gateway:
             raise LoadFailed(503, type(e).__name__, str(e)) from None
         if self.shape_placement is not None:
             placement = self.shape_placement(plan, placement)
+        flow = DeployedFlow(plan, version, placement, plan_blob=blob)
         errors = await self.dispatcher.load(name, version, placement, self.load_timeout_s)
         failed = {k: v for k, v in errors.items() if v}
         if failed:
-            raise LoadFailed(500, "DeployError", f"flow {name!r}: building stages failed: {failed}")
-        flow = DeployedFlow(plan, version, placement)
-        if install_if is None or install_if():
-            self.dispatcher.flows[name] = flow
-            log.info("deployed flow %s v%s", name, version)
+            self.dispatcher.retire(flow)  # the executors that did build it must not keep it
+            raise LoadFailed(500, "DeployError", f"flow {name!r} v{version}: building stages failed: {failed}")
+        if not install:
+            return flow
+        if install_if is not None and not install_if():
+            self.dispatcher.retire(flow)
+            return flow
+        self._install(name, flow)
         return flow
+
+    def _install(self, name: str, flow: DeployedFlow) -> None:
+        """Serve ``flow`` now, unless a newer version is served (``LoadFailed`` 409)."""
+        served = self.dispatcher.install(name, flow)
+        if served is not None and served.version != flow.version:  # the same version again: served
+            raise LoadFailed(409, "DeployConflict", _conflict(name, flow.version, served.version))
+        log.info("deployed flow %s v%s", name, flow.version)
 
     async def deploy(self, request: Request) -> Response:
         if not self._bearer_ok(request, self.admin_token):
@@ -218,21 +233,36 @@ class Gateway:
             name, version = str(doc["flow"]), int(doc["version"])
         except (ValueError, KeyError, TypeError):
             return _error(400, "BadRequest", 'body must be {"flow": name, "version": n}')
+        # Deploys of one name may race (here or on other gateways). Versions decide: the
+        # registry and the served flow only ever move to a newer version, so a deploy whose
+        # version is older than one already registered or served answers 409 and is not
+        # served; the last deploy acknowledged is the newest, and it is what is served.
+        served = self.dispatcher.flows.get(name)
+        if served is not None and served.version > version:
+            return _error(409, "DeployConflict", _conflict(name, version, served.version), winner=served.version)
         try:
-            flow = await self.load_flow(name, version)
+            flow = await self.load_flow(name, version, install=False)
         except LoadFailed as e:
             return _error(e.status, e.error, e.message)
         try:  # every gateway of the cluster serves what the registry lists (membership.py)
-            await self._record_change(name, self.store.redis.hset, DEPLOYED_KEY, name, version)
+            registered = await self._record_change(name, register_deployed, self.store.redis, name, version)
         except Exception as e:
+            registered = version
             log.warning("flow %s v%s serves on this gateway but is not registered for others: %s", name, version, e)
+        if registered != version:
+            self.dispatcher.retire(flow)
+            return _error(409, "DeployConflict", _conflict(name, version, registered), winner=registered)
+        try:
+            self._install(name, flow)
+        except LoadFailed as e:
+            return _error(e.status, e.error, e.message, winner=self.dispatcher.flows[name].version)
         return JSONResponse(describe(flow, self.dispatcher))
 
     async def undeploy(self, request: Request) -> Response:
         if not self._bearer_ok(request, self.admin_token):
             return _error(401, "Unauthorized", "admin calls need the cluster token")
         name = request.path_params["name"]
-        if self.dispatcher.flows.pop(name, None) is None:
+        if self.dispatcher.uninstall(name) is None:  # its replicas go once its requests finish
             return _error(404, "UnknownFlow", f"no deployed flow named {name!r}")
         try:
             await self._record_change(name, self.store.redis.hdel, DEPLOYED_KEY, name)
@@ -240,18 +270,37 @@ class Gateway:
             log.warning("flow %s: could not remove it from the registry: %s", name, e)
         return JSONResponse({"undeployed": name})
 
-    async def _record_change(self, name: str, write, *args) -> None:
+    async def _record_change(self, name: str, write, *args):
         """Run the registry ``write`` for a deploy/undeploy served here. A registry read
         that started before the write finished may not show it, so the change is stamped
         both before and after the write: such a read is then older than the change."""
         self.changed_at[name] = time.monotonic()
         try:
-            await asyncio.to_thread(write, *args)
+            return await asyncio.to_thread(write, *args)
         finally:
             self.changed_at[name] = time.monotonic()
 
 
+def _read_plan(store, key: str) -> tuple:
+    """The plan under ``key`` and its stored bytes (kept to re-publish it, durability.py)."""
+    from kvs.client import decode_value
+    from kvs.exceptions import KeyNotFoundError
+
+    blob = store.get_bytes(key)
+    if blob is None:
+        raise KeyNotFoundError(key)
+    return decode_value(key, blob, trusted=True), blob
+
+
+def _conflict(name: str, version: int, winner: int) -> str:
+    return (f"flow {name!r}: deploy of v{version} lost to a concurrent deploy of v{winner}, "
+            f"which is served; v{version} is not")
+
+
 class LoadFailed(Exception):
+    """A flow version could not be loaded; ``status`` is the HTTP status to answer
+    (404 unknown plan, 409 a newer version won, 500 building failed, 503 no executor)."""
+
     def __init__(self, status: int, error: str, message: str):
         super().__init__(message)
         self.status, self.error, self.message = status, error, message

@@ -13,7 +13,8 @@ place the runtime polls the KVS; the data path never does.
 
 Deployed flows are registered in the hash ``flowserve:deployed`` (flow -> version) by
 whichever gateway receives ``POST /admin/deploy``; every gateway loads what the registry
-says, so several gateway replicas serve the same flows.
+says, so several gateway replicas serve the same flows. An entry only moves to a newer
+version (``register_deployed``): of concurrent deploys the newest wins everywhere.
 """
 
 from __future__ import annotations
@@ -109,6 +110,21 @@ def live_members(redis) -> dict[str, Member]:
     if dead:
         redis.hdel(MEMBERS_KEY, *dead)
     return out
+
+
+# HSET only forward: a version older than the registered one never replaces it
+_REGISTER = """
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if cur and tonumber(cur) > tonumber(ARGV[2]) then return cur end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return ARGV[2]
+"""
+
+
+def register_deployed(redis, name: str, version: int) -> int:
+    """Register ``name`` at ``version`` unless a newer version is registered; returns the
+    version registered afterwards (``version``, or the newer one that won)."""
+    return int(redis.eval(_REGISTER, 1, DEPLOYED_KEY, name, str(int(version))))
 
 
 def deployed_flows(redis) -> dict[str, int]:

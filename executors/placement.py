@@ -16,6 +16,38 @@ from executors.errors import NoExecutorError
 PLAN_KEY = "flowserve:plan:{flow}:{version}"
 VERSION_KEY = "flowserve:version:{flow}"
 
+# A flow's next version: one more than its last, and never below the server's clock in
+# milliseconds. Executors cache built stages by (flow, version), so a version must never
+# be issued twice, even by a store that restarted empty (its counter back at 0): the
+# clock floor puts every version after a loss above every version issued before it.
+_NEXT_VERSION = """
+local n = redis.call('INCR', KEYS[1])
+local t = redis.call('TIME')
+local floor = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if n < floor then
+  redis.call('SET', KEYS[1], floor)
+  n = floor
+end
+return n
+"""
+# Raise a counter to at least a version (a gateway re-publishing what it serves).
+_RAISE_VERSION = """
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+if cur < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
+return 1
+"""
+
+
+def next_version(redis, flow: str) -> int:
+    """A new version number for ``flow``: strictly greater than any issued before, across
+    restarts of the store (see ``_NEXT_VERSION``); shown to users as ``v<N>``."""
+    return int(redis.eval(_NEXT_VERSION, 1, VERSION_KEY.format(flow=flow)))
+
+
+def raise_version(redis, flow: str, version: int) -> None:
+    """Make ``flow``'s counter at least ``version`` (never lowers it)."""
+    redis.eval(_RAISE_VERSION, 1, VERSION_KEY.format(flow=flow), str(int(version)))
+
 log = logging.getLogger("flowserve.placement")
 
 

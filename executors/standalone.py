@@ -5,7 +5,9 @@ not the gateway's children). Executors register themselves (``membership.py``); 
 ``poll_s`` the gateway adds the ones that joined (after a ping), builds the deployed
 flows' stages on them, and drops the ones whose registration expired, re-running the
 requests they held. It loads every flow the registry lists, so gateway replicas behind
-one Service all serve the same flows, whichever of them took the deploy.
+one Service all serve the same flows, whichever of them took the deploy. If the KVS
+restarts empty, it re-publishes the flows it serves (durability.py) instead of reading
+the empty registry as "everything was undeployed".
 
     FLOWSERVE_ADMIN_TOKEN=... python -m executors.gateway --host 0.0.0.0 --port 8000 \\
         --address tcp://10.0.0.7:5556 --kvs redis://:pw@kvs:6379/0 --membership kvs
@@ -26,8 +28,9 @@ import uvicorn
 from executors.autoscale import AutoscalingConfig, AutoscalingError
 from executors.config import ClusterConfig
 from executors.dispatcher import Dispatcher
+from executors.durability import mark_started, registry_if_intact, republish
 from executors.gateway import Gateway, LoadFailed, make_app
-from executors.membership import GATEWAYS_KEY, Absence, deployed_flows, live_members
+from executors.membership import GATEWAYS_KEY, Absence, live_members
 from executors.metrics import Metrics
 from executors.placement import place
 from executors.scaling import FixedExecutors, ScalingLoop
@@ -75,6 +78,7 @@ class StandaloneGateway:
 
     async def _started(self) -> None:
         self.dispatcher.start()
+        await self._when_kvs_answers(lambda: mark_started(self.store.redis))  # kvs/markers.py
         # query ids stay unique across gateway replicas and restarts
         block = await self._when_kvs_answers(lambda: self.store.redis.incr(GATEWAYS_KEY))
         self.dispatcher.next_qid = int(block) * QID_BLOCK + 1
@@ -130,8 +134,22 @@ class StandaloneGateway:
         members = await asyncio.to_thread(live_members, self.store.redis)
         await self._members_changed(members)
         read_at = time.monotonic()
-        registry = await asyncio.to_thread(deployed_flows, self.store.redis)
+        registry = await asyncio.to_thread(registry_if_intact, self.store.redis)
+        if registry is None:  # the store lost its state: an empty registry means nothing
+            await self._republish()
+            return
         await self._registry_changed(registry, read_at)
+
+    async def _republish(self) -> None:
+        """Put back what this gateway serves (plans, registry, version counters) into a
+        store that restarted empty, then build the flows on executors that joined while it
+        was empty (their loads failed): durability.py."""
+        names = await asyncio.to_thread(republish, self.store, dict(self.dispatcher.flows),
+                                        {GATEWAYS_KEY: self.dispatcher.next_qid // QID_BLOCK})
+        log.warning("the KVS lost its data (restarted empty); re-published flows %s", names)
+        for id_, info in list(self.dispatcher.executors.items()):
+            if info.alive:
+                await self._extend_flows(id_)
 
     async def _members_changed(self, members: dict) -> None:
         d = self.dispatcher
@@ -191,7 +209,7 @@ class StandaloneGateway:
 
         for name in [n for n in d.flows if n not in registry and not newer_here(n)]:
             log.warning("flow %s was undeployed", name)
-            d.flows.pop(name, None)
+            d.uninstall(name)  # its replicas go once its requests here finish
         now = time.monotonic()
         for name, version in sorted(registry.items()):
             if newer_here(name):

@@ -751,6 +751,8 @@ class _BoundLookup(BoundOperator):
             if not isinstance(k, (str, bytes)):
                 raise DataTypeError(f"operator {self.name!r}: lookup keys must be str or bytes, got {type(k).__name__} {k!r:.40}")
         found = dict(zip(unique, read_many(store, unique)))
+        if op.missing == "error":
+            _raise_if_store_lost(store, [k for k in unique if found[k] is _MISSING])
         values = []
         for i, k in enumerate(keys):
             v = found.get(k, _MISSING) if k is not None else _MISSING
@@ -767,6 +769,16 @@ class _BoundLookup(BoundOperator):
         except DataTypeError as e:
             raise OperatorOutputError(f"operator {self.name!r}: {e}", operator=self.name) from None
         return table.with_columns({op.name: Column(ctype, arr, valid)})
+
+
+def _raise_if_store_lost(store, missing: list) -> None:
+    """A key missing from a store that lost its data (restarted empty) is the server's
+    loss, not the row's fault: the store raises its retryable error (HTTP 503) then, and
+    only a key missing from an intact store is a ``LookupKeyError`` (422). Stores that
+    cannot tell (a plain mapping in ``flow.run``) say nothing."""
+    check = getattr(store, "raise_if_lost", None)
+    if missing and check is not None:
+        check(missing)
 
 
 def read_many(store, keys: list) -> list:

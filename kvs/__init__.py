@@ -26,6 +26,7 @@ from kvs.exceptions import (
     KVSValueError,
     SerializationError,
     ServerStartError,
+    StoreLostError,
 )
 from kvs.options import KVSOptions
 from kvs.ref import KVSRef
@@ -38,6 +39,7 @@ __all__ = [
     "CacheStats",
     "KVSOptions",
     "KVSRef",
+    "StoreLostError",
     "RedisServer",
     "find_server_binary",
     "MISSING",

@@ -160,9 +160,9 @@ class CachedKVS(KVS):
 
     # -- writes: drop the local copy so this client reads its own writes ---------------
 
-    def _set_encoded(self, key: str, data: bytes) -> None:
+    def _set_encoded(self, key: str, data: bytes, mark: bool = False) -> None:
         try:
-            super()._set_encoded(key, data)
+            super()._set_encoded(key, data, mark)
         finally:  # even on error: the write may have reached the server
             self._drop_local((key,))
 

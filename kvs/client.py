@@ -33,7 +33,9 @@ from kvs.exceptions import (
     KVSTypeError,
     KVSValueError,
     SerializationError,
+    StoreLostError,
 )
+from kvs.markers import DATA_MARKER
 from kvs.options import KVSOptions
 from kvs.serialization import decode, dumps_trusted, encode
 
@@ -188,7 +190,7 @@ class KVS:
             >>> store.put("model/version", 3)                      # doctest: +SKIP
         """
         key = check_key(key)
-        self._set_encoded(key, encode(value))
+        self._set_encoded(key, encode(value), mark=True)
 
     def put_trusted(self, key: str, obj: Any) -> None:
         """Store a trusted internal object (e.g. a user function a deploy registers)
@@ -211,6 +213,12 @@ class KVS:
             return default
         return decode_value(key, data, trusted)
 
+    def get_bytes(self, key: str) -> bytes | None:
+        """The stored bytes under ``key`` (not decoded, never from a local cache), or None:
+        for callers that keep a value exactly as stored, e.g. to write it back."""
+        key = check_key(key)
+        return self._call(lambda: self._redis.get(key), "GET")
+
     def mget(self, keys: Iterable[str], default: Any = MISSING, *, trusted: bool = False) -> list:
         """Values of ``keys`` in order, in one round trip. A missing key gives
         ``default``, or ``KeyNotFoundError`` when no default is given (pass your own
@@ -225,7 +233,8 @@ class KVS:
         """Store several values atomically (one MSET)."""
         encoded = {check_key(k): encode(v) for k, v in mapping.items()}
         if encoded:
-            self._call(lambda: self._redis.mset(encoded), "MSET")
+            # user data: its marker goes with it (kvs/markers.py), in the same MSET
+            self._call(lambda: self._redis.mset({**encoded, DATA_MARKER: b"1"}), "MSET")
 
     def delete(self, *keys: str) -> int:
         """Delete ``keys``; returns how many existed."""
@@ -238,6 +247,16 @@ class KVS:
         """Whether ``key`` holds a value."""
         key = check_key(key)
         return bool(self._call(lambda: self._redis.exists(key), "EXISTS"))
+
+    def raise_if_lost(self, keys) -> None:
+        """Raise ``StoreLostError`` if the store lost its data (its data marker is gone,
+        kvs/markers.py), so that ``keys`` are missing because of a server-side loss.
+        A lookup asks this before it calls a key missing; the marker is read from the
+        server, never from a local cache."""
+        if not self._call(lambda: self._redis.exists(DATA_MARKER), "EXISTS"):
+            shown = ", ".join(repr(k) for k in list(keys)[:3])
+            raise StoreLostError(f"the KVS at {self.url} lost its data (it restarted empty); "
+                                 f"key(s) {shown} are missing because of that: write the data again, then retry")
 
     def ping(self) -> bool:
         """True if the server answers (raises ``KVSConnectionError`` otherwise)."""
@@ -267,8 +286,19 @@ class KVS:
             raise KVSError(f"{type(self).__name__} for {self.url} is closed")
         return self._retry(fn, what)
 
-    def _set_encoded(self, key: str, data: bytes) -> None:
-        self._call(lambda: self._redis.set(key, data), "SET")
+    def _set_encoded(self, key: str, data: bytes, mark: bool = False) -> None:
+        """SET; with ``mark`` (user data) the data marker too, in the same round trip."""
+        if not mark:
+            self._call(lambda: self._redis.set(key, data), "SET")
+            return
+
+        def marked():
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.set(key, data)
+            pipe.set(DATA_MARKER, b"1")
+            pipe.execute()
+
+        self._call(marked, "SET")
 
 
 def decode_value(key: str, data: bytes, trusted: bool) -> Any:

@@ -2,6 +2,7 @@
 
     KVSError                      root of everything kvs raises on purpose
     ├── KVSConnectionError        (also RetryableError) server unreachable or timed out
+    ├── StoreLostError            (also RetryableError) the server restarted empty: the data is gone
     ├── KeyNotFoundError          (also KeyError) get/mget of a missing key, no default
     ├── SerializationError        (also TypeError) a value the codec refuses or cannot read
     ├── ServerStartError          the embedded redis-server could not be found or started
@@ -33,6 +34,14 @@ class KVSConnectionError(KVSError, RetryableError):
 
     def __reduce__(self):  # keep ``url`` when sent to another process
         return (_rebuild, (type(self), self.args[0], {"url": self.url}))
+
+
+class StoreLostError(KVSError, RetryableError):
+    """A key is missing because the store lost its data (it restarted empty: the data
+    marker of ``kvs.markers`` is gone), not because it was never written.
+
+    Retryable (HTTP 503): the answer changes once the data is written again.
+    """
 
 
 class KeyNotFoundError(KVSError, KeyError):

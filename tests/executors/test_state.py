@@ -1,0 +1,372 @@
+"""Hardening of the cluster's state (issue #13, items 3-5), on real clusters: real Redis,
+real executor processes, real HTTP.
+
+* redeploys and undeploys free the old versions' replicas (executor RSS falls back);
+* a KVS that restarts empty: versions stay unique, gateways re-publish their flows,
+  restarted executors rebuild them, lookups of lost keys answer 503 (not 422);
+* with persistence (the default) a KVS kill loses nothing;
+* concurrent deploys of one name end in one agreed state: the newest version is served,
+  registered and listed; the others got 409.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+
+import httpx
+import numpy as np
+import pytest
+
+from executors.cluster import LocalCluster
+from executors.config import ClusterConfig
+from executors.errors import DeployConflictError
+from executors.membership import DEPLOYED_KEY
+from flow import Flow
+from tests.executors.conftest import unique
+from tests.executors.processes import wait_until
+
+MODEL_BYTES = 50 * 1024 * 1024
+
+
+def model_class(offset: float):
+    """An operator class holding a 50 MB model built in code; ``offset`` changes its code."""
+
+    class Model:
+        def __init__(self):
+            self.w = np.full(MODEL_BYTES // 8, offset)  # touched: resident, not just reserved
+
+        def __call__(self, table):
+            return table["x"] + self.w[-1]
+
+    return Model
+
+
+def started(config: ClusterConfig) -> LocalCluster:
+    """A started cluster whose gateway answers: the state file is written during the
+    app's startup, a moment before uvicorn listens (a race outside this test's subject)."""
+    c = LocalCluster(config).start()
+
+    def answers():
+        try:
+            return c.http.get("/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until("the gateway to listen", answers, timeout=30)
+    return c
+
+
+def executor_pids(c: LocalCluster) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"executors.executor .*{c.dir}"], capture_output=True, text=True).stdout
+    return sorted(int(p) for p in out.split())
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def rss_all(c: LocalCluster) -> dict[int, float]:
+    return {p: rss_mb(p) for p in executor_pids(c)}
+
+
+def served(c, name: str) -> int | None:
+    flows = {f["name"]: f["version"] for f in c.http.get("/flows").json()["flows"]}
+    return flows.get(name)
+
+
+def registered(c, name: str) -> int | None:
+    v = c.kvs.redis.hget(DEPLOYED_KEY, name)
+    return None if v is None else int(v)
+
+
+def post(d, row: dict) -> httpx.Response:
+    return d.cluster.http.post(d.url, json=row, timeout=30)
+
+
+# -- item 3: redeploy and undeploy free memory -------------------------------------------------
+
+
+def test_redeploys_and_undeploy_give_the_models_memory_back():
+    with started(ClusterConfig(executors=2, request_timeout_s=20)) as c:
+        # the same code paths once without a model: what a fresh executor that has served weighs
+        warm = Flow("warm", schema={"x": float})
+        warm.map(lambda t: t["x"], names=["y"], batching=True)
+        d = c.deploy(warm)
+        assert post(d, {"x": 1.0}).status_code == 200
+        d.undeploy()
+        cold = rss_all(c)
+        assert len(cold) == 2
+        ceiling = {p: mb + 1.6 * MODEL_BYTES / 2**20 for p, mb in cold.items()}  # one model, and slack
+        seen = []
+        for i in range(8):
+            f = Flow("big", schema={"x": float})
+            f.map(model_class(float(i)), names=["y"], batching=True)
+            d = c.deploy(f)
+            assert post(d, {"x": 1.0}).json()["rows"][0]["y"] == 1.0 + i  # the new code answers
+            # the old version is released once idle: each executor holds one model, not i + 1
+            wait_until(f"redeploy {i}: executors back to one model",
+                       lambda: all(rss_mb(p) < ceiling[p] for p in cold), timeout=30)
+            seen.append(rss_all(c))
+        d.undeploy()
+        wait_until("undeploy: executors back to a fresh executor's size",
+                   lambda: all(rss_mb(p) <= 1.10 * cold[p] for p in cold), timeout=30)
+        after = rss_all(c)
+        print(f"RSS MB fresh {cold}; peak while redeploying {max(max(s.values()) for s in seen):.0f}; "
+              f"after undeploy {after}")
+        assert executor_pids(c) == sorted(cold)  # the same processes: memory was freed, not restarted
+
+
+def test_an_unloaded_version_is_gone_and_is_not_rebuilt_by_a_late_message(kvs, redis_url, tmp_path):
+    from executors.executor import Executor
+    from executors.placement import PLAN_KEY
+    from optimizer import optimize
+
+    f = Flow("unloaded", schema={"x": float})
+    f.map(model_class(1.0), names=["y"], batching=True)
+    plan = optimize(f)  # the batching rule gives the stage its batcher
+    for v in (1, 2):
+        kvs.put_trusted(PLAN_KEY.format(flow="unloaded", version=v), plan)
+    stage = next(iter(plan.stages))
+    ex = Executor("u0", f"ipc://{tmp_path}/u0", redis_url, threads=1)
+    nobody = f"ipc://{tmp_path}/nobody"  # replies go nowhere: this test reads the executor itself
+    try:
+        for v in (1, 2):
+            ex.on_load({"flow": "unloaded", "version": v, "reply": nobody})
+        batcher = ex.hosted[("unloaded", 1, stage)].batcher
+        assert batcher is not None and batcher.thread.is_alive()
+
+        ex.on_unload({"flow": "unloaded", "version": 1})
+        assert [k for k in ex.hosted if k[1] == 1] == [] and ("unloaded", 2, stage) in ex.hosted
+        batcher.thread.join(5)
+        assert not batcher.thread.is_alive()  # its batcher thread ended
+
+        run = {"type": "run", "flow": "unloaded", "ver": 1, "stage": stage, "from": "__input__", "gw": nobody,
+               "req": 1, "att": 0, "routes": {}, "path": []}
+        assert ex.gather(run, None) == [] and ("unloaded", 1, stage) not in ex.hosted  # not rebuilt
+        assert ex.gather(dict(run, ver=3), None) == []  # no plan in the store: an error, not an exception
+
+        # an executor that restarted (it retired nothing) still rebuilds from the store
+        fresh = Executor("u1", f"ipc://{tmp_path}/u1", redis_url, threads=1)
+        try:
+            fresh.gather(dict(run, ver=2), None)
+            assert ("unloaded", 2, stage) in fresh.hosted
+        finally:
+            _close(fresh)
+    finally:
+        _close(ex)
+
+
+def _close(ex) -> None:
+    ex.stop()
+    for hosted in ex.hosted.values():
+        hosted.retired.set()
+    ex.pool.shutdown(wait=True)
+    ex.listener.close()
+    ex.outbox.close()
+    ex.store.close()
+
+
+# -- item 4: the store restarts empty, or keeps its data ---------------------------------------
+
+
+def restart_kvs(c: LocalCluster) -> None:
+    """kill -9 the KVS server; returns once the supervisor has restarted it."""
+    old = int(c.kvs.redis.info("server")["process_id"])
+    os.kill(old, signal.SIGKILL)
+
+    def back():
+        try:
+            return int(c.kvs.redis.info("server")["process_id"]) != old
+        except Exception:
+            return False
+
+    wait_until("the supervisor to restart the KVS server", back, timeout=30)
+
+
+def kill_executors(c: LocalCluster) -> None:
+    """kill -9 every executor; returns once the supervisor has restarted them all."""
+    old = executor_pids(c)
+    for pid in old:
+        os.kill(pid, signal.SIGKILL)
+    wait_until("the executors to be restarted", lambda: len(set(executor_pids(c)) - set(old)) == len(old), timeout=60)
+
+
+def answers(d, rows: list[dict]) -> list:
+    return [post(d, r) for r in rows]
+
+
+def test_a_kvs_that_restarts_empty_loses_no_flow_and_reuses_no_version():
+    with started(ClusterConfig(executors=2, persistence=False, request_timeout_s=10)) as c:
+        name = unique("code")
+        old = Flow(name, schema={"x": float})
+        old.map(lambda r: r.x + 1, names=["y"])
+        d_old = c.deploy(old)
+        looked = Flow(unique("looked"))
+        looked.lookup(column="k", name="v").map(lambda r: float(r.v.sum()), names=["s"])
+        d_looked = c.deploy(looked)
+        c.kvs.put("vec", np.ones(3))
+        assert post(d_looked, {"k": "vec"}).json()["rows"][0]["s"] == 3.0
+        assert post(d_looked, {"k": "nope"}).status_code == 422  # intact store: a missing key is the row's
+
+        restart_kvs(c)  # persistence off: the store comes back empty
+        # the gateway notices (its marker is gone) and re-publishes what it serves
+        wait_until("the flows to be re-published",
+                   lambda: registered(c, name) == d_old.version and registered(c, looked.name) == d_looked.version)
+
+        # redeploying changed code under the same name serves the new code, every time
+        new = Flow(name, schema={"x": float})
+        new.map(lambda r: r.x + 100, names=["y"])
+        d_new = c.deploy(new)
+        assert d_new.version > d_old.version
+        got = [r.json()["rows"][0]["y"] for r in answers(d_new, [{"x": float(i)} for i in range(20)])]
+        assert got == [i + 100.0 for i in range(20)]
+        assert served(c, name) == registered(c, name) == d_new.version
+
+        # lost lookup data: a server-side loss (503, retryable), not a missing key (422)
+        r = post(d_looked, {"k": "vec"})
+        assert r.status_code == 503 and r.json()["error"] == "StoreLostError", r.text
+        assert "lost its data" in r.json()["message"]
+
+        # restarted executors rebuild every flow from what was re-published
+        kill_executors(c)
+        wait_until("every flow to answer from the restarted executors",
+                   lambda: post(d_new, {"x": 1.0}).status_code == 200 and post(d_looked, {"k": "vec"}).status_code == 503,
+                   timeout=60)
+        assert [r.json()["rows"][0]["y"] for r in answers(d_new, [{"x": 2.0}] * 10)] == [102.0] * 10
+        c.kvs.put("vec", np.full(3, 2.0))  # data written again: lookups answer, missing keys are 422 again
+        assert post(d_looked, {"k": "vec"}).json()["rows"][0]["s"] == 6.0
+        assert post(d_looked, {"k": "nope"}).status_code == 422
+
+
+def test_with_persistence_a_kvs_kill_loses_neither_data_nor_flows():
+    assert ClusterConfig().persistence is True  # the default, as for `flowserve up`
+    with started(ClusterConfig(executors=2, request_timeout_s=10)) as c:
+        looked = Flow(unique("kept"))
+        looked.lookup(column="k", name="v").map(lambda r: float(r.v.sum()), names=["s"])
+        d = c.deploy(looked)
+        c.kvs.put("vec", np.full(3, 4.0))
+        restart_kvs(c)
+        assert registered(c, looked.name) == d.version
+        assert c.kvs.exists(f"flowserve:plan:{looked.name}:{d.version}")
+        wait_until("lookups after the restart", lambda: post(d, {"k": "vec"}).status_code == 200)
+        assert post(d, {"k": "vec"}).json()["rows"][0]["s"] == 12.0
+        kill_executors(c)
+        wait_until("the restarted executors to answer", lambda: post(d, {"k": "vec"}).status_code == 200, timeout=60)
+        assert post(d, {"k": "nope"}).status_code == 422
+
+
+# -- item 5: concurrent deploys ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rounds", [4])
+def test_concurrent_deploys_of_one_name_agree_on_the_newest(rounds):
+    with started(ClusterConfig(executors=2, request_timeout_s=20)) as c:
+        cold = rss_all(c)
+        _race_deploys(c, rounds)
+        # what the losers built, and the replaced versions, were released: one model each
+        try:
+            wait_until("the executors to hold the winner's model only",
+                       lambda: all(rss_mb(p) < mb + 1.6 * MODEL_BYTES / 2**20 for p, mb in cold.items()))
+        except AssertionError:
+            raise AssertionError(f"RSS MB before {cold}, now {rss_all(c)}") from None
+
+
+def _race_deploys(cluster: LocalCluster, rounds: int) -> None:
+    name = unique("raced")
+    for _ in range(rounds):
+        outcomes: dict[int, object] = {}
+        barrier = threading.Barrier(4)
+
+        def deploy(i: int):
+            f = Flow(name, schema={"x": float})
+            f.map(model_class(float(i)), names=["y"], batching=True)  # code i answers x + i
+            barrier.wait()
+            try:
+                outcomes[i] = cluster.deploy(f)
+            except DeployConflictError as e:
+                outcomes[i] = e
+
+        threads = [threading.Thread(target=deploy, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        won = {i: d.version for i, d in outcomes.items() if not isinstance(d, Exception)}
+        lost = {i: e for i, e in outcomes.items() if isinstance(e, Exception)}
+        assert len(won) + len(lost) == 4 and won
+        print(f"round: {len(won)} acknowledged, {len(lost)} got 409")
+        # the newest acknowledged deploy is served, registered and listed, and its code answers
+        winner = max(won, key=won.get)
+        version = won[winner]
+        assert served(cluster, name) == registered(cluster, name) == version
+        d = outcomes[winner]
+        assert {post(d, {"x": 0.0}).json()["rows"][0]["y"] for _ in range(6)} == {float(winner)}
+        for i, e in lost.items():  # each loser was told which version beat it
+            assert e.version < e.winner and f"v{e.version}" in str(e) and f"v{e.winner}" in str(e)
+        assert all(e.version < version for e in lost.values())
+    # asking again for the served version (a client retrying its deploy) is not a conflict
+    r = httpx.post(f"{cluster.url}/admin/deploy", json={"flow": name, "version": version},
+                   headers={"Authorization": f"Bearer {cluster.state['admin_token']}"}, timeout=60)
+    assert r.status_code == 200 and served(cluster, name) == registered(cluster, name) == version, r.text
+    assert {post(d, {"x": 0.0}).json()["rows"][0]["y"] for _ in range(3)} == {float(winner)}
+
+
+# -- the same on the standalone (Kubernetes) gateway ------------------------------------------
+
+
+def test_standalone_gateway_releases_old_versions_and_republishes_a_lost_store(tmp_path):
+    """Executors and a gateway started as pods start them, on a KVS without persistence
+    (a Redis pod without a volume): redeploys free the executors' memory, and after the
+    KVS restarts empty the gateway puts its flows back, so a restarted executor rebuilds
+    them; lost lookup data answers 503."""
+    from executors.cluster import ClusterClient
+    from kvs import RedisServer
+    from tests.executors.processes import ADMIN, Procs, health
+
+    with RedisServer(dir=tmp_path / "redis", appendonly=False) as server:
+        procs = Procs(server.url, tmp_path)
+        client = ClusterClient("http://unset", server.url, ADMIN)
+        try:
+            e0, e1 = procs.executor("e0"), procs.executor("e1")
+            gw = procs.gateway("gw")
+            client.state["url"] = gw
+            wait_until("two executors", lambda: health(gw).get("executors") == 2)
+            cold = {p.pid: rss_mb(p.pid) for p in (e0, e1)}
+            for i in range(4):
+                f = Flow("big", schema={"x": float})
+                f.map(model_class(float(i)), names=["y"], batching=True)
+                d = client.deploy(f)
+                assert post(d, {"x": 1.0}).json()["rows"][0]["y"] == 1.0 + i
+                wait_until(f"redeploy {i}: one model per executor",
+                           lambda: all(rss_mb(p) < mb + 1.6 * MODEL_BYTES / 2**20 for p, mb in cold.items()))
+            looked = Flow(unique("looked"))
+            looked.lookup(column="k", name="v").map(lambda r: float(r.v.sum()), names=["s"])
+            d_looked = client.deploy(looked)
+            client.kvs.put("vec", np.ones(2))
+            assert post(d_looked, {"k": "vec"}).status_code == 200
+
+            server.kill()
+            server.restart()  # empty: no persistence
+            wait_until("the gateway to re-publish its flows",
+                       lambda: registered(client, "big") == d.version and registered(client, looked.name) == d_looked.version)
+            e0.send_signal(signal.SIGKILL)
+            e0.wait()
+            procs.executor("e0")  # the pod restarts under its name, with a new address
+            wait_until("a restarted executor to serve the flows again",
+                       lambda: all(post(d, {"x": 1.0}).status_code == 200 for _ in range(6)), timeout=60)
+            assert post(d, {"x": 2.0}).json()["rows"][0]["y"] == 5.0
+            r = post(d_looked, {"k": "vec"})
+            assert r.status_code == 503 and r.json()["error"] == "StoreLostError", r.text
+
+            client.undeploy("big")
+            wait_until("undeploy: the surviving executor back to its size", lambda: rss_mb(e1.pid) <= 1.10 * cold[e1.pid])
+        finally:
+            client.close()
+            procs.stop()
