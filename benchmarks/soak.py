@@ -98,12 +98,13 @@ def run(argv=None) -> dict:
     p.add_argument("--every", type=float, default=3.0, help="seconds between faults (default 3)")
     p.add_argument("--rate", type=float, default=400.0, help="requests a second, all clients together (default 400)")
     p.add_argument("--executors", type=int, default=2)
+    p.add_argument("--name", default="soak", help="results file name (default soak: results/soak.json)")
     args = p.parse_args(argv)
     os.environ.setdefault("FLOWSERVE_QUIET", "1")
     from executors import ClusterConfig, LocalCluster
 
     cluster = LocalCluster(ClusterConfig(executors=args.executors, threads=4, request_timeout_s=30,
-                                         stuck_grace_s=3.0, max_retries=3)).start()
+                                         stuck_grace_s=2.0, max_retries=3)).start()
     try:
         return _soak(cluster, args)
     finally:
@@ -146,7 +147,9 @@ def _soak(cluster, args) -> dict:
     faults: list[dict] = []
 
     def inject():
-        kinds = itertools.cycle(["kill", "hang", "poison", "redeploy"])
+        # a hang is recycled (timeout_s 2 s + stuck_grace_s 2 s) before the poison that follows
+        # two faults later takes both executors down
+        kinds = itertools.cycle(["kill", "hang", "redeploy", "poison"])
         while not done.wait(args.every):
             kind = next(kinds)
             t = time.monotonic() - t_start
@@ -213,11 +216,13 @@ def _soak(cluster, args) -> dict:
         "poison_answers": sorted({f.get("status") for f in faults if f["kind"] == "poison"}, key=str),
     }
     summary.update(_memory_summary(memory))
-    progress(f"soak: {summary}")
     health = cluster.http.get("/healthz").json()
-    save("soak", {"machine": machine(), "summary": summary, "faults": faults, "lost_sample": lost[:20],
+    summary["executors_recycled"] = sum(health.get("recycled", {}).values())
+    summary["executors_crashed"] = sum(health.get("crashed", {}).values())
+    progress(f"soak: {summary}")
+    save(args.name, {"machine": machine(), "summary": summary, "faults": faults, "lost_sample": lost[:20],
                   "wrong_sample": wrong[:20], "memory": memory, "timeline": timeline, "health": health})
-    _plot(memory, timeline, faults)
+    _plot(memory, timeline, faults, args.name)
     return summary
 
 
@@ -235,7 +240,7 @@ def _memory_summary(memory: list[dict]) -> dict:
             "gateway_rss_mb_last_quarter": round(sum(gateway[-q:]) / q, 1)}
 
 
-def _plot(memory, timeline, faults) -> None:
+def _plot(memory, timeline, faults, name: str) -> None:
     pyplot = plt()
     fig, axes = pyplot.subplots(2, 1, figsize=(10, 6), sharex=True)
     ts = [m["t"] for m in memory]
@@ -251,7 +256,7 @@ def _plot(memory, timeline, faults) -> None:
                                       "redeploy": "green"}[f["kind"]], alpha=0.3)
     axes[1].set_xlabel("seconds (red: kill -9, orange: hang, purple: poison, green: redeploy)")
     axes[1].legend(fontsize=8)
-    save_plot(fig, "soak")
+    save_plot(fig, name)
 
 
 if __name__ == "__main__":
