@@ -150,12 +150,40 @@ class OursAt(Ours):
         self.name = f"flowserve optimized @ {os.path.basename(self.tree)}"
 
     def __enter__(self):
+        import re
+
+        from executors import ClusterConfig, LocalCluster
+
+        # the other tree's ClusterConfig may not know this tree's newer fields: send only its own
+        src = open(os.path.join(self.tree, "executors", "config.py")).read()
+        known = set(re.findall(r"^    (\w+): [^=\n]+=", src.split("class ClusterConfig", 1)[1], re.M))
+        config = ClusterConfig(executors=self.executors)
+        doc = {k: v for k, v in config.to_json().items() if k in known}
         here = os.getcwd()
         os.chdir(self.tree)  # LocalCluster puts the cwd first on its processes' PYTHONPATH
         try:
-            return super().__enter__()
+            self.cluster = LocalCluster(config)
+            self.cluster.config = _Sent(config, doc)
+            self.cluster.start()
         finally:
             os.chdir(here)
+        self.deployments = {f.name: self.cluster.deploy(f, optimize=self.optimize)
+                            for f in (ensemble_flow(), cascade_flow())}
+        self.plans = {n: d.explain() for n, d in self.deployments.items()}
+        return self
+
+
+class _Sent:
+    """A ClusterConfig whose JSON (what the cluster process is started with) is ``doc``."""
+
+    def __init__(self, config, doc: dict):
+        self._config, self._doc = config, doc
+
+    def to_json(self) -> dict:
+        return dict(self._doc)
+
+    def __getattr__(self, name):
+        return getattr(self._config, name)
 
 
 class RayServe(_ServerProcess):
