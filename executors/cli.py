@@ -35,7 +35,7 @@ def _cluster(args):
 def cmd_up(args) -> int:
     from executors.cluster import LocalCluster
     from executors.config import ClusterConfig
-    from executors.daemon import STATE_FILE
+    from executors.config import STATE_FILE
 
     if (Path(args.dir) / STATE_FILE).exists():
         try:
@@ -68,7 +68,7 @@ def cmd_down(args) -> int:
     """Stop the cluster; with none running, say so and succeed (it is down), removing what a
     crashed one left behind (state file, sockets) so the next `up` starts clean."""
     from executors.cluster import LocalCluster
-    from executors.daemon import STATE_FILE
+    from executors.config import STATE_FILE
 
     home = Path(args.dir)
     if not (home / STATE_FILE).exists():
@@ -87,7 +87,7 @@ def cmd_down(args) -> int:
 
 
 def _clean_stale(home: Path) -> None:
-    from executors.daemon import STATE_FILE
+    from executors.config import STATE_FILE
 
     (home / STATE_FILE).unlink(missing_ok=True)
     for sock in home.glob("*.ipc"):

@@ -31,7 +31,7 @@ import httpx
 import numpy as np
 
 from executors.config import ClusterConfig
-from executors.daemon import STATE_FILE
+from executors.config import STATE_FILE
 from executors.errors import ClusterStartError, DeployConflictError, DeployError, InvocationError
 from executors.httpcodec import ARROW
 from executors.placement import PLAN_KEY, next_version

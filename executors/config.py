@@ -12,6 +12,9 @@ from executors.busypoll import MAX_MS as BUSY_POLL_MAX_MS
 from kvs.options import KVSOptions
 
 
+STATE_FILE = "cluster.json"  # a running local cluster's state (URL, tokens; mode 0600) in its directory
+
+
 def default_executors() -> int:
     """One executor per core, at least two."""
     return max(2, os.cpu_count() or 2)

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import uvicorn
 
-from executors.config import ClusterConfig
+from executors.config import STATE_FILE, ClusterConfig
 from executors.dispatcher import Dispatcher
-from executors.durability import StoreWatch, mark_started
-from executors.gateway import Gateway, make_app
+from executors.durability import StoreWatch, mark_started, registry_if_intact
+from executors.gateway import Gateway, LoadFailed, make_app
 from executors.metrics import Metrics
 from executors.scaling import ScalingLoop
 from executors.watchdog import EXIT_RECYCLED, Blackbox
@@ -34,7 +34,6 @@ from kvs import KVS, RedisServer
 from kvs.server import free_port, popen, terminate
 
 log = logging.getLogger("flowserve.cluster")
-STATE_FILE = "cluster.json"
 LIVENESS_S = 1.0  # how often the supervisor pings its executors
 
 
@@ -127,8 +126,21 @@ class ClusterDaemon:
         self._store_watch = asyncio.get_running_loop().create_task(self._watch_store())
         if self.scaling is not None:
             self._scaling_task = asyncio.get_running_loop().create_task(self.scaling.run())
+        await self._restore_flows()
         self._write_state()
         log.info("local cluster ready at http://%s:%s", self.config.host, self.port)
+
+    async def _restore_flows(self) -> None:
+        """Serve again what the registry lists: a cluster restarted on a persisted store
+        (`flowserve down` then `up`) comes back with its flows. A flow that cannot be built
+        any more (its code changed underneath, a model is gone) is logged and skipped."""
+        registry = await asyncio.to_thread(registry_if_intact, self.store.redis)
+        for name, version in sorted((registry or {}).items()):
+            try:
+                await self.gateway.load_flow(name, version)
+                log.info("flow %s v%s restored from the store", name, version)
+            except LoadFailed as e:
+                log.warning("flow %s v%s is registered but could not be restored: %s", name, version, e.message)
 
     async def _wait_executors(self) -> None:
         for ex in self.executors:
@@ -298,7 +310,10 @@ def main(argv=None) -> None:
     config = ClusterConfig.from_json(json.loads(args.config))
     daemon = ClusterDaemon(config, dir_)
     signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))  # uvicorn stops on SIGINT
-    daemon.run()
+    try:
+        daemon.run()
+    except KeyboardInterrupt:
+        pass  # uvicorn re-raises the SIGINT it stopped on, once it has shut down: a clean stop
 
 
 if __name__ == "__main__":

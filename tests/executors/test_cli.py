@@ -149,3 +149,25 @@ def test_down_is_idempotent(home):
     stale = flowserve("down", home=home)
     assert stale.returncode == 0 and "stale" in stale.stdout
     assert not (home / "cluster.json").exists() and not list(home.glob("*.ipc"))
+
+
+def test_flows_come_back_after_down_and_up(home, tmp_path):
+    script = tmp_path / "doubler.py"
+    script.write_text(textwrap.dedent("""
+        import flowserve as fs
+
+        def flows():
+            f = fs.Flow("doubler", schema={"x": int})
+            f.map(lambda r: r.x * 2, names=["y"])
+            return f
+    """))
+    flowserve("up", "--port", "0", "--executors", "1", home=home)
+    flowserve("deploy", str(script), home=home)
+    flowserve("down", home=home)
+    flowserve("up", "--port", "0", "--executors", "1", home=home)  # the same store, persisted
+    out = flowserve("invoke", "doubler", "--json", '{"x": 21}', home=home)
+    assert json.loads(out.stdout)["rows"][0]["y"] == 42
+    flowserve("down", home=home)
+    assert not (home / "cluster.json").exists() and not list(home.glob("*.ipc"))
+    log = (home / "daemon.out").read_text() if (home / "daemon.out").exists() else ""
+    assert "Traceback" not in log, log[-2000:]
