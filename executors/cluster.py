@@ -30,8 +30,7 @@ import cloudpickle
 import httpx
 import numpy as np
 
-from executors.config import ClusterConfig
-from executors.config import STATE_FILE
+from executors.config import CONFIG_ENV, STATE_FILE, ClusterConfig
 from executors.errors import ClusterStartError, DeployConflictError, DeployError, InvocationError
 from executors.httpcodec import ARROW
 from executors.placement import PLAN_KEY, next_version
@@ -161,9 +160,10 @@ class LocalCluster(ClusterClient):
         (self.dir / STATE_FILE).unlink(missing_ok=True)
         _progress(f"starting local cluster ({self.config.executors} executors) in {self.dir}")
         t0 = time.monotonic()
-        cmd = [sys.executable, "-m", "executors.daemon", "--dir", str(self.dir),
-               "--config", json.dumps(self.config.to_json())]
+        cmd = [sys.executable, "-m", "executors.daemon", "--dir", str(self.dir)]
         env = dict(os.environ)
+        # the config may hold the cluster's token: the environment (this user's only), not argv
+        env[CONFIG_ENV] = json.dumps(self.config.to_json())
         # executors unpickle user functions by reference: give them the caller's import path
         env["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p)
         log = open(self.dir / "daemon.out", "ab")

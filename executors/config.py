@@ -13,6 +13,7 @@ from kvs.options import KVSOptions
 
 
 STATE_FILE = "cluster.json"  # a running local cluster's state (URL, tokens; mode 0600) in its directory
+CONFIG_ENV = "FLOWSERVE_CLUSTER_CONFIG"  # the daemon's ClusterConfig JSON: the environment, not argv (a token)
 
 
 def default_executors() -> int:
@@ -30,7 +31,10 @@ class ClusterConfig:
     gpu_executors: GPU-class executor processes (default 0; stages with gpu=True then
         run on CPU executors, with a warning).
     threads: worker threads per executor.
-    token: optional bearer token the gateway requires on /flows calls.
+    token: optional bearer token the gateway then requires on every route but /healthz
+        (the admin token is accepted too; admin routes need the admin token).
+    public_metrics: with a token, serve /metrics without it (a scraper with no
+        credentials; default False).
     max_body_bytes: request bodies above this get 413 (default 64 MiB).
     request_timeout_s: a request not answered within this gets 504.
     load_timeout_s: how long building a flow's stages (loading models) may take.
@@ -67,6 +71,7 @@ class ClusterConfig:
     gpu_executors: int = 0
     threads: int = 4
     token: str | None = None
+    public_metrics: bool = False
     max_body_bytes: int = 64 * 1024 * 1024
     request_timeout_s: float = 30.0
     load_timeout_s: float = 300.0
@@ -98,6 +103,7 @@ class ClusterConfig:
         need(_num(self.load_timeout_s) and self.load_timeout_s > 0, "load_timeout_s", "a number > 0")
         need(_int(self.max_retries) and 0 <= self.max_retries <= 10, "max_retries", "an int in 0..10")
         need(isinstance(self.persistence, bool), "persistence", "a bool")
+        need(isinstance(self.public_metrics, bool), "public_metrics", "a bool")
         need(isinstance(self.restart_executors, bool), "restart_executors", "a bool")
         need(_int(self.max_executors) and self.max_executors >= 1, "max_executors", "an int >= 1")
         need(isinstance(self.colocate, bool), "colocate", "a bool")

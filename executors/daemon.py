@@ -23,7 +23,7 @@ from pathlib import Path
 
 import uvicorn
 
-from executors.config import STATE_FILE, ClusterConfig
+from executors.config import CONFIG_ENV, STATE_FILE, ClusterConfig
 from executors.dispatcher import Dispatcher
 from executors.durability import StoreWatch, mark_started, registry_if_intact
 from executors.gateway import Gateway, LoadFailed, make_app
@@ -50,11 +50,15 @@ class ExecutorProcess:
     def start(self) -> None:
         logfile = open(self.logdir / f"{self.id}.log", "ab")
         cmd = [sys.executable, "-m", "executors.executor", "--id", self.id, "--address", self.address,
-               "--kvs", self.kvs_url, "--device", self.device, "--threads", str(self.config.threads),
+               "--device", self.device, "--threads", str(self.config.threads),
                "--busy-poll-ms", repr(float(self.config.busy_poll_ms)),
                "--cache-bytes", str(self.config.executor_cache_bytes),
                "--stuck-grace-s", repr(float(self.config.stuck_grace_s)), "--blackbox", str(self.blackbox)]
-        self.proc = popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # the KVS URL holds its password: through the environment (readable by this user only),
+        # never the command line (any local user reads that with `ps`)
+        env = dict(os.environ, FLOWSERVE_KVS_URL=self.kvs_url)
+        env.pop(CONFIG_ENV, None)
+        self.proc = popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         logfile.close()
 
     def alive(self) -> bool:
@@ -112,7 +116,8 @@ class ClusterDaemon:
         self.gateway = Gateway(self.dispatcher, self.store, token=self.config.token, admin_token=self.admin_token,
                                max_body_bytes=self.config.max_body_bytes,
                                request_timeout_s=self.config.request_timeout_s,
-                               load_timeout_s=self.config.load_timeout_s, metrics=self.metrics)
+                               load_timeout_s=self.config.load_timeout_s, metrics=self.metrics,
+                               public_metrics=self.config.public_metrics)
         if self.scaling is not None:
             self.gateway.shape_placement = self.scaling.initial_placement
             self.gateway.scaling_status = self.scaling.status
@@ -300,14 +305,16 @@ def _log_load_errors(flow: str, errors: dict) -> None:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m executors.daemon", description="Run a FlowServe local cluster.")
     p.add_argument("--dir", required=True, help="state, logs and sockets directory")
-    p.add_argument("--config", default="{}", help="ClusterConfig fields as JSON")
+    p.add_argument("--config", default="{}",
+                   help=f"ClusterConfig fields as JSON; fields with secrets (token) go in ${CONFIG_ENV} instead, "
+                        "which is merged over this")
     args = p.parse_args(argv)
     dir_ = Path(args.dir).resolve()
     dir_.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=os.environ.get("FLOWSERVE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         handlers=[logging.FileHandler(dir_ / "cluster.log"), logging.StreamHandler()])
-    config = ClusterConfig.from_json(json.loads(args.config))
+    config = ClusterConfig.from_json({**json.loads(args.config), **json.loads(os.environ.get(CONFIG_ENV) or "{}")})
     daemon = ClusterDaemon(config, dir_)
     signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))  # uvicorn stops on SIGINT
     try:

@@ -30,6 +30,7 @@ import logging
 import time
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -55,11 +56,13 @@ class Gateway:
     """Holds the dispatcher and the settings the HTTP handlers need."""
 
     def __init__(self, dispatcher: Dispatcher, store, *, token: str | None, admin_token: str,
-                 max_body_bytes: int, request_timeout_s: float, load_timeout_s: float, metrics: Metrics):
+                 max_body_bytes: int, request_timeout_s: float, load_timeout_s: float, metrics: Metrics,
+                 public_metrics: bool = False):
         self.dispatcher = dispatcher
         self.store = store
         self.token = token
         self.admin_token = admin_token
+        self.public_metrics = public_metrics  # /metrics without the token (a scraper), when one is set
         self.max_body_bytes = max_body_bytes
         self.request_timeout_s = request_timeout_s
         self.load_timeout_s = load_timeout_s
@@ -97,7 +100,8 @@ class Gateway:
         return status, body, extra
 
     async def _invoke(self, name: str, headers: dict[str, str], receive) -> tuple[int, bytes, list]:
-        if self.token and not _bearer_matches(headers.get("authorization", ""), self.token):
+        auth = headers.get("authorization", "")
+        if self.token and not (_bearer_matches(auth, self.token) or _bearer_matches(auth, self.admin_token)):
             return _error_body(401, "Unauthorized", "missing or wrong bearer token")
         flow = self.dispatcher.flows.get(name)
         if flow is None:
@@ -385,6 +389,8 @@ class InvokeFastPath:
         path = scope.get("path", "")
         if scope["type"] != "http" or scope["method"] != "POST" or not path.startswith("/flows/") \
                 or "/" in path[7:] or len(path) == 7:
+            if scope["type"] == "http" and not self._authorized(path, scope["headers"]):
+                return await _send(send, *_error_body(401, "Unauthorized", "missing or wrong bearer token"))
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
@@ -392,9 +398,22 @@ class InvokeFastPath:
         except Exception as exc:  # last resort: never a traceback to a client
             log.exception("unhandled error on %s", path)
             status, body, extra = _error_body(500, "InternalError", f"{type(exc).__name__}: {exc}")
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-length", str(len(body)).encode()), *extra]})
-        await send({"type": "http.response.body", "body": body})
+        await _send(send, status, body, extra)
+
+    def _authorized(self, path: str, raw_headers) -> bool:
+        """One rule: with a token, every route needs it (or the admin token) but /healthz,
+        and /metrics when ``public_metrics``; admin routes check the admin token themselves."""
+        g = self.gateway
+        if not g.token or path == "/healthz" or path.startswith("/admin/") or (path == "/metrics" and g.public_metrics):
+            return True
+        header = next((v.decode("latin-1") for k, v in raw_headers if k == b"authorization"), "")
+        return _bearer_matches(header, g.token) or _bearer_matches(header, g.admin_token)
+
+
+async def _send(send, status: int, body: bytes, extra: list) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-length", str(len(body)).encode()), *extra]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def make_app(gateway: Gateway, on_startup=(), on_shutdown=()) -> InvokeFastPath:
@@ -413,6 +432,12 @@ def make_app(gateway: Gateway, on_startup=(), on_shutdown=()) -> InvokeFastPath:
         log.exception("unhandled error on %s", request.url.path)
         return _error(500, "InternalError", f"{type(exc).__name__}: {exc}")
 
+    async def http_error(request, exc):  # 404, 405...: the same JSON error format as every other
+        names = {404: "NotFound", 405: "MethodNotAllowed"}
+        detail = {404: f"no route {request.url.path!r}; GET /openapi.json lists them",
+                  405: f"{request.method} is not allowed on {request.url.path!r}"}.get(exc.status_code, str(exc.detail))
+        return _error(exc.status_code, names.get(exc.status_code, "HTTPError"), detail)
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         for fn in on_startup:
@@ -421,7 +446,8 @@ def make_app(gateway: Gateway, on_startup=(), on_shutdown=()) -> InvokeFastPath:
         for fn in on_shutdown:
             await fn()
 
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={Exception: server_error})
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={Exception: server_error, HTTPException: http_error})
     return InvokeFastPath(gateway, app)
 
 

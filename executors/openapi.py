@@ -79,6 +79,7 @@ def openapi_document(flows: dict) -> dict:
         "/flows": {"get": {"summary": "Deployed flows and their input schemas", "responses": {"200": {"description": "ok"}}}},
         "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}},
         "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "ok"}}}},
+        "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "ok"}}}},
     }
     for name, f in sorted(flows.items()):
         row = _row_schema(f.plan.input_schema)

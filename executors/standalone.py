@@ -54,7 +54,8 @@ class StandaloneGateway:
                                      busy_poll_ms=config.busy_poll_ms)
         self.gateway = Gateway(self.dispatcher, self.store, token=config.token, admin_token=admin_token,
                                max_body_bytes=config.max_body_bytes, request_timeout_s=config.request_timeout_s,
-                               load_timeout_s=config.load_timeout_s, metrics=self.metrics)
+                               load_timeout_s=config.load_timeout_s, metrics=self.metrics,
+                               public_metrics=config.public_metrics)
         self.scaler, self.scaler_args = scaler, scaler_args or {}
         self.scaling = None
         if autoscaling is not None:

@@ -77,6 +77,13 @@ class Run:
     def abandoned(self) -> bool:
         return self.overdue_at is not None
 
+    def next_due(self) -> float | None:
+        """When this run's next request (or its operator's timeout) falls due, if any is left."""
+        times = [d for i, d in enumerate(self.deadlines) if i not in self.answered]
+        if self.node_timeout is not None and len(self.answered) < len(self.headers):
+            times.append(self.node_started + self.node_timeout)
+        return min(times) if times else None
+
     def due(self) -> tuple[list[int], str | None]:
         """Headers whose time is up now, and why (``"timeout"``: the operator's
         ``timeout_s``, which applies to every request of the run; ``"deadline"``)."""
@@ -127,14 +134,23 @@ class Watchdog:
         return [r for r in list(self.runs.values()) if r.abandoned]
 
     def _loop(self) -> None:
-        while not self._stopping.wait(TICK_S if self.runs else IDLE_TICK_S):
+        wait = IDLE_TICK_S
+        while not self._stopping.wait(wait):
             try:
-                self.check()
+                due = self.check()
             except Exception:  # the watchdog must outlive anything it watches
                 log.exception("watchdog check failed")
+                due = None
+            # look again at the next tick, or at the next deadline if sooner: a run is
+            # answered at its deadline, not up to a tick later
+            wait = TICK_S if self.runs else IDLE_TICK_S
+            if due is not None:
+                wait = max(0.001, min(wait, due - time.monotonic()))
 
-    def check(self) -> None:
+    def check(self) -> float | None:
+        """Act on what is due now; returns when the next known deadline falls (or None)."""
         now = time.monotonic()
+        soonest = None
         for run in list(self.runs.values()):
             if run.lane == "io" and not run.handed_off and now - run.started >= self.io_handoff_s:
                 run.handed_off = True
@@ -147,7 +163,11 @@ class Watchdog:
                 self.on_overdue(run, due, why)
             if run.overdue_at is not None and now - run.overdue_at >= self.grace_s:
                 self.on_stuck(run)
-                return
+                return None
+            nxt = run.next_due()
+            if nxt is not None and (soonest is None or nxt < soonest):
+                soonest = nxt
+        return soonest
 
 
 class Blackbox:

@@ -124,3 +124,16 @@ def test_blackbox_lists_what_each_thread_was_running(tmp_path):
 
 def test_blackbox_of_a_missing_file_is_empty(tmp_path):
     assert Blackbox.read(tmp_path / "nothing") == []
+
+
+def test_check_says_when_the_next_deadline_falls():
+    calls = Calls()
+    w = calls.watchdog()
+    now = time.monotonic()
+    w.begin(_run(deadlines=[now + 5, now + 3], n=2))
+    run = _run(deadlines=[now + 9])
+    run.enter("b", 1.0)
+    w.begin(run)
+    due = w.check()
+    assert due is not None and abs(due - (now + 1.0)) < 0.5  # b's timeout comes first
+    assert Calls().watchdog().check() is None
