@@ -57,13 +57,15 @@ class ClusterClient:
     """
 
     def __init__(self, url: str, kvs_url: str, admin_token: str, token: str | None = None, *,
+                 cluster_key: str | None = None,
                  config: ClusterConfig | None = None, load_timeout_s: float | None = None,
                  request_timeout_s: float | None = None):
         config = config or ClusterConfig()  # only its timeouts matter here
         timeouts = {k: v for k, v in (("load_timeout_s", load_timeout_s), ("request_timeout_s", request_timeout_s))
                     if v is not None}
         self.config = dataclasses.replace(config, **timeouts) if timeouts else config
-        self.state: dict = {"url": url.rstrip("/"), "kvs_url": kvs_url, "admin_token": admin_token, "token": token}
+        self.state: dict = {"url": url.rstrip("/"), "kvs_url": kvs_url, "admin_token": admin_token, "token": token,
+                            "cluster_key": cluster_key}
         self._kvs: KVS | None = None
         self._http: httpx.Client | None = None
 
@@ -85,7 +87,8 @@ class ClusterClient:
     def kvs(self) -> KVS:
         """A client of the cluster's key-value store (put lookup data here)."""
         if self._kvs is None:
-            self._kvs = KVS.from_url(self.state["kvs_url"])
+            key = self.state.get("cluster_key")  # plans are signed with it (kvs.serialization)
+            self._kvs = KVS.from_url(self.state["kvs_url"], signing_key=bytes.fromhex(key) if key else None)
         return self._kvs
 
     @property

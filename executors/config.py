@@ -14,6 +14,22 @@ from kvs.options import KVSOptions
 
 STATE_FILE = "cluster.json"  # a running local cluster's state (URL, tokens; mode 0600) in its directory
 CONFIG_ENV = "FLOWSERVE_CLUSTER_CONFIG"  # the daemon's ClusterConfig JSON: the environment, not argv (a token)
+KEY_ENV = "FLOWSERVE_CLUSTER_KEY"  # the cluster key (hex) plans are signed with; never stored in the KVS
+
+
+def cluster_key(hex_key: str | None = None) -> bytes | None:
+    """The cluster key from ``hex_key`` or else ``$FLOWSERVE_CLUSTER_KEY`` (None: plans
+    unsigned, as on a Kubernetes deployment whose Secret does not carry one yet)."""
+    value = hex_key if hex_key is not None else os.environ.get(KEY_ENV)
+    if not value:
+        return None
+    try:
+        key = bytes.fromhex(value)
+    except ValueError:
+        raise ValueError(f"{KEY_ENV} must be hex, got {len(value)} characters that are not") from None
+    if len(key) < 16:
+        raise ValueError(f"{KEY_ENV} must hold at least 16 bytes (32 hex digits), got {len(key)}")
+    return key
 
 
 def default_executors() -> int:

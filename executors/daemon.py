@@ -23,7 +23,7 @@ from pathlib import Path
 
 import uvicorn
 
-from executors.config import CONFIG_ENV, STATE_FILE, ClusterConfig
+from executors.config import CONFIG_ENV, KEY_ENV, STATE_FILE, ClusterConfig
 from executors.dispatcher import Dispatcher
 from executors.durability import StoreWatch, mark_started, registry_if_intact
 from executors.gateway import Gateway, LoadFailed, make_app
@@ -40,9 +40,11 @@ LIVENESS_S = 1.0  # how often the supervisor pings its executors
 class ExecutorProcess:
     """One executor child process; restarted by the supervisor when it dies."""
 
-    def __init__(self, id_: str, address: str, device: str, kvs_url: str, config: ClusterConfig, logdir: Path):
+    def __init__(self, id_: str, address: str, device: str, kvs_url: str, config: ClusterConfig, logdir: Path,
+                 cluster_key: bytes):
         self.id, self.address, self.device = id_, address, device
         self.kvs_url, self.config, self.logdir = kvs_url, config, logdir
+        self.cluster_key = cluster_key
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
         self.blackbox = logdir / f"{id_}.running"  # what its threads run: read after a crash
@@ -56,7 +58,7 @@ class ExecutorProcess:
                "--stuck-grace-s", repr(float(self.config.stuck_grace_s)), "--blackbox", str(self.blackbox)]
         # the KVS URL holds its password: through the environment (readable by this user only),
         # never the command line (any local user reads that with `ps`)
-        env = dict(os.environ, FLOWSERVE_KVS_URL=self.kvs_url)
+        env = dict(os.environ, FLOWSERVE_KVS_URL=self.kvs_url, **{KEY_ENV: self.cluster_key.hex()})
         env.pop(CONFIG_ENV, None)
         self.proc = popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         logfile.close()
@@ -73,6 +75,9 @@ class ClusterDaemon:
         self.logdir.mkdir(parents=True, exist_ok=True)
         os.chmod(dir_, 0o700)  # sockets and state are this user's only
         self.admin_token = secrets.token_urlsafe(24)
+        # signs the plans this cluster unpickles; kept in the 0600 state file and the processes'
+        # environment, never in the KVS (whoever can write there must not run code here)
+        self.cluster_key = _cluster_key(dir_)
         self.redis = RedisServer(dir=dir_ / "redis", appendonly=config.persistence,
                                  password=secrets.token_urlsafe(24), die_with_parent=True)
         self.port = config.port or free_port()
@@ -91,12 +96,12 @@ class ClusterDaemon:
     def run(self) -> None:
         self.redis.start()
         kvs_url = self.redis.url
-        self.store = KVS.from_url(kvs_url)
+        self.store = KVS.from_url(kvs_url, signing_key=self.cluster_key)
         mark_started(self.store.redis)  # kvs/markers.py: how a store that lost its data is told apart
         for i in range(self.config.executors + self.config.gpu_executors):
             device = "cpu" if i < self.config.executors else "gpu"
             ex = ExecutorProcess(f"{device}{i}", f"ipc://{self.dir}/e{i}.ipc", device, kvs_url,
-                                 self.config, self.logdir)
+                                 self.config, self.logdir, self.cluster_key)
             ex.start()
             self.executors.append(ex)
         server = uvicorn.Server(uvicorn.Config(self._app(), host=self.config.host, port=self.port,
@@ -235,7 +240,7 @@ class ClusterDaemon:
         i = self._next_index
         self._next_index += 1
         ex = ExecutorProcess(f"{device}{i}", f"ipc://{self.dir}/e{i}.ipc", device, self.redis.url,
-                             self.config, self.logdir)
+                             self.config, self.logdir, self.cluster_key)
         ex.start()
         self.executors.append(ex)
         self.dispatcher.add_executor(ex.id, ex.address, device)
@@ -273,7 +278,8 @@ class ClusterDaemon:
 
     def _write_state(self) -> None:
         state = {"url": f"http://{self.config.host}:{self.port}", "kvs_url": self.redis.url,
-                 "admin_token": self.admin_token, "token": self.config.token, "pid": os.getpid(),
+                 "admin_token": self.admin_token, "token": self.config.token,
+                 "cluster_key": self.cluster_key.hex(), "pid": os.getpid(),
                  "executors": [e.id for e in self.executors], "started": time.time()}
         path = self.dir / STATE_FILE
         tmp = path.with_suffix(".tmp")
@@ -300,6 +306,23 @@ def _log_load_errors(flow: str, errors: dict) -> None:
     for ex_id, error in errors.items():
         if error:
             log.warning("executor %s: rebuilding flow %s failed (will retry): %s", ex_id, flow, error)
+
+
+def _cluster_key(dir_: Path) -> bytes:
+    """The cluster's key, kept in its directory (mode 0600) so a cluster restarted on its
+    persisted store (`flowserve down`, `up`) still reads the plans it signed."""
+    path = dir_ / "cluster.key"
+    try:
+        key = bytes.fromhex(path.read_text().strip())
+        if len(key) >= 16:
+            return key
+    except (OSError, ValueError):
+        pass
+    key = secrets.token_bytes(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key.hex())
+    return key
 
 
 def main(argv=None) -> None:

@@ -783,7 +783,10 @@ def _merge(parts: dict) -> Table:
 def _open_store(url: str, cache_bytes: int):
     from kvs import CachedKVS
 
-    return CachedKVS.from_url(url, cache_max_bytes=cache_bytes)
+    from executors.config import cluster_key
+
+    # plans are checked against the cluster key before they are unpickled (kvs.serialization)
+    return CachedKVS.from_url(url, cache_max_bytes=cache_bytes, signing_key=cluster_key())
 
 
 def main(argv=None) -> None:

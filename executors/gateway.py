@@ -293,7 +293,7 @@ def _read_plan(store, key: str) -> tuple:
     blob = store.get_bytes(key)
     if blob is None:
         raise KeyNotFoundError(key)
-    return decode_value(key, blob, trusted=True), blob
+    return decode_value(key, blob, trusted=True, signing_key=store.signing_key), blob
 
 
 def _conflict(name: str, version: int, winner: int) -> str:

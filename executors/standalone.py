@@ -26,7 +26,7 @@ import time
 import uvicorn
 
 from executors.autoscale import AutoscalingConfig, AutoscalingError
-from executors.config import ClusterConfig
+from executors.config import ClusterConfig, cluster_key
 from executors.dispatcher import Dispatcher
 from executors.durability import mark_started, registry_if_intact, republish
 from executors.gateway import Gateway, LoadFailed, make_app
@@ -46,7 +46,7 @@ class StandaloneGateway:
                  scaler_args: dict | None = None, poll_s: float = 0.5, grace_s: float = 1.5):
         self.config = config
         self.address = address
-        self.store = KVS.from_url(kvs_url)
+        self.store = KVS.from_url(kvs_url, signing_key=cluster_key())  # $FLOWSERVE_CLUSTER_KEY, if set
         self.metrics = Metrics()
         self.poll_s = poll_s
         self.absence = Absence(grace_s)

@@ -97,8 +97,8 @@ class CachedKVS(KVS):
     Thread-safe. Cache size: ``options.cache_max_bytes`` (default 256 MiB).
     """
 
-    def __init__(self, url: str, options: KVSOptions | None = None):
-        super().__init__(url, options)
+    def __init__(self, url: str, options: KVSOptions | None = None, *, signing_key: bytes | None = None):
+        super().__init__(url, options, signing_key=signing_key)
         self._listeners: list[InvalidationListener] = []
         self._init_state()
         self._start_tracking()
@@ -297,7 +297,7 @@ class CachedKVS(KVS):
         if kind == _SHARED:
             return obj
         if kind == _REDECODE:
-            return decode_value(key, obj, trusted)
+            return decode_value(key, obj, trusted, self._signing_key)
         if not trusted:
             raise SerializationError(
                 f"value of key {key!r} is a trusted pickle; read it with get(..., trusted=True)"
@@ -329,7 +329,7 @@ class CachedKVS(KVS):
                     values.append(MISSING)
                     entries.append(None)
                     continue
-                value = decode_value(key, blob, trusted)
+                value = decode_value(key, blob, trusted, self._signing_key)
                 values.append(value)
                 entries.append(_entry(blob, value))
         finally:

@@ -37,7 +37,7 @@ from kvs.exceptions import (
 )
 from kvs.markers import DATA_MARKER
 from kvs.options import KVSOptions
-from kvs.serialization import decode, dumps_trusted, encode
+from kvs.serialization import decode, dumps_trusted, encode, sign_trusted
 
 T = TypeVar("T")
 
@@ -143,7 +143,7 @@ class KVS:
     Thread-safe (a blocking connection pool) and fork-safe. Use ``from_url``.
     """
 
-    def __init__(self, url: str, options: KVSOptions | None = None):
+    def __init__(self, url: str, options: KVSOptions | None = None, *, signing_key: bytes | None = None):
         if options is None:
             options = KVSOptions()
         elif not isinstance(options, KVSOptions):
@@ -154,16 +154,22 @@ class KVS:
         self._redis = redis.Redis(connection_pool=self._pool)
         self._retry = Retrier(url, options)
         self._closed = False
+        # the cluster key (never stored in the KVS): trusted pickles are signed with it on
+        # put_trusted and checked before any is unpickled (kvs.serialization.sign_trusted)
+        if signing_key is not None and (not isinstance(signing_key, bytes) or len(signing_key) < 16):
+            raise KVSValueError("signing_key must be bytes of at least 16 (the cluster key)")
+        self._signing_key = signing_key
 
     @classmethod
-    def from_url(cls, url: str, options: KVSOptions | None = None, **fields: Any):
+    def from_url(cls, url: str, options: KVSOptions | None = None, *, signing_key: bytes | None = None,
+                 **fields: Any):
         """Connect lazily to ``url`` (``redis://[:password@]host:port/db``).
 
         ``fields`` override single options, e.g. ``KVS.from_url(url, retry_timeout=1)``.
 
             >>> store = KVS.from_url(server.url)                    # doctest: +SKIP
         """
-        return cls(url, _merge_options(options, fields))
+        return cls(url, _merge_options(options, fields), signing_key=signing_key)
 
     # -- properties --------------------------------------------------------------------
 
@@ -171,6 +177,11 @@ class KVS:
     def url(self) -> str:
         """The server URL with the password redacted."""
         return self._retry.url
+
+    @property
+    def signing_key(self) -> bytes | None:
+        """The cluster key trusted pickles are signed and checked with (None: unsigned)."""
+        return self._signing_key
 
     @property
     def options(self) -> KVSOptions:
@@ -196,7 +207,8 @@ class KVS:
         """Store a trusted internal object (e.g. a user function a deploy registers)
         with cloudpickle; read it back with ``get(key, trusted=True)``."""
         key = check_key(key)
-        self._set_encoded(key, dumps_trusted(obj))
+        data = dumps_trusted(obj)
+        self._set_encoded(key, data if self._signing_key is None else sign_trusted(data, self._signing_key))
 
     def get(self, key: str, default: Any = MISSING, *, trusted: bool = False) -> Any:
         """The value under ``key``; ``default`` if it is missing, or
@@ -211,7 +223,7 @@ class KVS:
             if default is MISSING:
                 raise KeyNotFoundError(key)
             return default
-        return decode_value(key, data, trusted)
+        return decode_value(key, data, trusted, self._signing_key)
 
     def get_bytes(self, key: str) -> bytes | None:
         """The stored bytes under ``key`` (not decoded, never from a local cache), or None:
@@ -227,7 +239,7 @@ class KVS:
         if not keys:
             return []
         blobs = self._call(lambda: self._redis.mget(keys), "MGET")
-        return [_value_or_default(k, b, default, trusted) for k, b in zip(keys, blobs)]
+        return [_value_or_default(k, b, default, trusted, self._signing_key) for k, b in zip(keys, blobs)]
 
     def mput(self, mapping: Mapping[str, Any]) -> None:
         """Store several values atomically (one MSET)."""
@@ -301,20 +313,21 @@ class KVS:
         self._call(marked, "SET")
 
 
-def decode_value(key: str, data: bytes, trusted: bool) -> Any:
+def decode_value(key: str, data: bytes, trusted: bool, signing_key: bytes | None = None) -> Any:
     """``decode`` with the key named in any ``SerializationError``."""
     try:
-        return decode(data, trusted=trusted)
+        return decode(data, trusted=trusted, signing_key=signing_key)
     except SerializationError as exc:
         raise SerializationError(f"value of key {key!r}: {exc}") from None
 
 
-def _value_or_default(key: str, data: bytes | None, default: Any, trusted: bool) -> Any:
+def _value_or_default(key: str, data: bytes | None, default: Any, trusted: bool,
+                      signing_key: bytes | None = None) -> Any:
     if data is None:
         if default is MISSING:
             raise KeyNotFoundError(key)
         return default
-    return decode_value(key, data, trusted)
+    return decode_value(key, data, trusted, signing_key)
 
 
 def _merge_options(options: KVSOptions | None, fields: dict) -> KVSOptions:

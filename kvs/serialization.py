@@ -51,6 +51,7 @@ TAG_ARROW = ord("A")
 TAG_TABLE = ord("T")
 TAG_REF = ord("R")
 TAG_PICKLE = ord("P")
+TAG_SIGNED = ord("Q")  # a trusted pickle with an HMAC-SHA256 of it: MAGIC, "Q", 32-byte MAC, the "P" value
 
 _H_BYTES = _M + b"B"
 _H_STR = _M + b"S"
@@ -124,11 +125,13 @@ def encode(value: Any) -> bytes:
     )
 
 
-def decode(data: bytes | bytearray | memoryview, *, trusted: bool = False) -> Any:
+def decode(data: bytes | bytearray | memoryview, *, trusted: bool = False, signing_key: bytes | None = None) -> Any:
     """Decode bytes written by ``encode`` (or ``dumps_trusted`` when ``trusted=True``).
 
     Arrays are zero-copy, read-only views of ``data``. A pickle payload is refused
-    unless ``trusted=True``: only pass that for data this deployment wrote itself.
+    unless ``trusted=True``: only pass that for data this deployment wrote itself. With a
+    ``signing_key`` (the cluster's), only signed pickles whose MAC checks are unpickled
+    (``sign_trusted``): anyone who can write to the store cannot make a process run code.
 
         >>> decode(encode([1, "a"]))
         [1, 'a']
@@ -160,6 +163,14 @@ def decode(data: bytes | bytearray | memoryview, *, trusted: bool = False) -> An
         if table_cls is None:
             raise SerializationError("value is a flow Table but flow.table is not importable")
         return table_cls.from_arrow(_decode_arrow(view), qid="qid")
+    if tag == TAG_SIGNED:
+        if not trusted:
+            raise SerializationError("refusing to unpickle a value read from the KVS (a signed pickle): "
+                                     "only with trusted=True")
+        return _unpickle(_verified(view, signing_key))
+    if tag == TAG_PICKLE and trusted and signing_key is not None:
+        raise SerializationError("refusing an unsigned pickle: this cluster signs what it unpickles "
+                                 "(written by something without the cluster key, or tampered with)")
     if tag == TAG_PICKLE:
         if not trusted:
             raise SerializationError(
@@ -187,6 +198,30 @@ def dumps_trusted(obj: Any) -> bytes:
         raise SerializationError(f"cannot pickle {_typename(obj)}: {exc}") from exc
 
 
+def sign_trusted(blob: bytes, signing_key: bytes) -> bytes:
+    """A ``dumps_trusted`` value signed with the cluster key (HMAC-SHA256)."""
+    import hmac
+
+    if len(blob) < 2 or blob[0] != MAGIC or blob[1] != TAG_PICKLE:
+        raise SerializationError("only values written by dumps_trusted() are signed")
+    return _M + bytes([TAG_SIGNED]) + hmac.digest(signing_key, blob, "sha256") + blob
+
+
+def _verified(view: memoryview, signing_key: bytes | None) -> memoryview:
+    """The inner pickle value of a signed one, once its MAC checks."""
+    import hmac
+
+    if signing_key is None:
+        raise SerializationError("a signed pickle, but no cluster key to check it with (set FLOWSERVE_CLUSTER_KEY)")
+    mac, inner = bytes(view[2:34]), view[34:]
+    if len(view) < 36 or not hmac.compare_digest(mac, hmac.digest(signing_key, inner, "sha256")):
+        raise SerializationError("refusing a signed pickle whose signature does not match (tampered with, or "
+                                 "signed with another cluster's key)")
+    if inner[0] != MAGIC or inner[1] != TAG_PICKLE:
+        raise SerializationError("a signed value that is not a trusted pickle")
+    return inner
+
+
 def loads_trusted(blob: bytes | bytearray | memoryview) -> Any:
     """Unpickle a value written by ``dumps_trusted``. Never call it on data that
     anyone outside this deployment could have written."""
@@ -197,8 +232,8 @@ def loads_trusted(blob: bytes | bytearray | memoryview) -> Any:
 
 
 def is_trusted_payload(data: bytes | bytearray | memoryview) -> bool:
-    """True if ``data`` is a pickle written by ``dumps_trusted`` (cheap header check)."""
-    return len(data) >= 2 and data[0] == MAGIC and data[1] == TAG_PICKLE
+    """True if ``data`` is a pickle written by ``dumps_trusted``, signed or not (cheap header check)."""
+    return len(data) >= 2 and data[0] == MAGIC and data[1] in (TAG_PICKLE, TAG_SIGNED)
 
 
 def is_mutable_payload(data: bytes | bytearray | memoryview) -> bool:
