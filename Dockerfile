@@ -30,6 +30,7 @@ RUN if [ -n "$TORCH_VERSION" ]; then \
     fi
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY flowserve ./flowserve
 COPY flow ./flow
 COPY optimizer ./optimizer
 COPY executors ./executors
