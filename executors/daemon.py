@@ -29,6 +29,7 @@ from executors.durability import StoreWatch, mark_started, registry_if_intact
 from executors.gateway import Gateway, LoadFailed, make_app
 from executors.metrics import Metrics
 from executors.scaling import ScalingLoop
+from executors.serving import DrainingServer
 from executors.watchdog import EXIT_RECYCLED, Blackbox
 from kvs import KVS, RedisServer
 from kvs.server import free_port, popen, terminate
@@ -104,9 +105,11 @@ class ClusterDaemon:
                                  self.config, self.logdir, self.cluster_key)
             ex.start()
             self.executors.append(ex)
-        server = uvicorn.Server(uvicorn.Config(self._app(), host=self.config.host, port=self.port,
+        app = self._app()
+        server = DrainingServer(uvicorn.Config(app, host=self.config.host, port=self.port,
                                                log_level="warning", lifespan="on", timeout_graceful_shutdown=30,
-                                               access_log=False, proxy_headers=False))
+                                               access_log=False, proxy_headers=False),
+                                self.gateway, drain_s=self.config.request_timeout_s)
         try:
             server.run()
         finally:

@@ -42,7 +42,7 @@ from executors.transport import Outbox, Reader, TransportError, accept, listen
 from executors.watchdog import DEFAULT_GRACE_S, EXIT_RECYCLED, Blackbox, Run, Watchdog, monotonic_deadline
 from executors.wire import WireError, pack, unpack
 from flow.context import set_store
-from flow.exceptions import FlowError, NoValidResultError, OperatorError
+from flow.exceptions import FlowError, NoValidResultError, OperatorError, OperatorOutputError
 from flow.table import Table
 from kvs.options import KVSOptions
 from optimizer.plan import Plan
@@ -659,7 +659,15 @@ class Executor:
         local = []
         with self.outbox.corked():
             for item, out in outputs:
-                local.extend(self._deliver(hosted, item, out, ms, batch))
+                try:
+                    local.extend(self._deliver(hosted, item, out, ms, batch))
+                except Exception as e:  # e.g. a string that is not Unicode: this request's error, at once
+                    op = hosted.stage.nodes[-1].name
+                    log.warning("flow %s stage %s request %s: output cannot be sent: %s", item.header["flow"],
+                                hosted.stage.name, item.header["req"], e)
+                    self._fail(item.header, OperatorOutputError(
+                        f"operator {op!r} returned a value that cannot be sent on ({type(e).__name__}: {e})",
+                        operator=op), hosted)
         for ready in local:
             self.dispatch(*ready)
 

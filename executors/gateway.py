@@ -107,7 +107,9 @@ class Gateway:
         if flow is None:
             return _error_body(404, "UnknownFlow", f"no deployed flow named {name!r}; GET /flows lists them")
         if not self.accepting:
-            return _error_body(503, "ShuttingDown", "the gateway is shutting down")
+            status, body, extra = _error_body(503, "ShuttingDown", "the gateway is shutting down; retry (another "
+                                              "gateway, or this one once restarted)")
+            return status, body, [*extra, (b"retry-after", b"1")]
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             return _error_body(413, "PayloadTooLarge",
@@ -129,10 +131,11 @@ class Gateway:
         timeout = self.request_timeout_s
         asked = headers.get("x-request-timeout")
         if asked is not None:
-            try:  # a client may ask for less time than the server allows, never more
-                timeout = min(timeout, max(0.001, float(asked)))
-            except ValueError:
-                return _error_body(400, "BadRequest", f"X-Request-Timeout must be seconds, got {asked!r}")
+            seconds = _seconds(asked)
+            if seconds is None:
+                return _error_body(400, "BadRequestError",
+                                   f"header X-Request-Timeout must be a number of seconds > 0, got {asked!r}")
+            timeout = min(timeout, seconds)  # a client may ask for less time than the server allows, never more
         try:
             trace: list = []
             result = await self.dispatcher.submit(name, table, timeout, trace)
@@ -146,7 +149,12 @@ class Gateway:
                  (b"x-flowserve-trace", json.dumps(_unique(e[:4] for e in trace), separators=(",", ":")).encode())]
         if ARROW in headers.get("accept", ""):
             return 200, arrow_bytes(result), [(b"content-type", ARROW.encode()), *extra]
-        return 200, json_rows(result), [(b"content-type", b"application/json"), *extra]
+        try:
+            body = json_rows(result)
+        except (TypeError, ValueError) as e:  # orjson's errors are TypeErrors; UnencodableError
+            op = flow.plan.stages[flow.plan.sink].nodes[-1].name
+            return _error_body(500, "OperatorOutputError", f"operator {op!r} returned an answer JSON cannot carry: {e}")
+        return 200, body, [(b"content-type", b"application/json"), *extra]
 
     async def list_flows(self, request: Request) -> Response:
         flows = []
@@ -236,7 +244,7 @@ class Gateway:
             doc = await request.json()
             name, version = str(doc["flow"]), int(doc["version"])
         except (ValueError, KeyError, TypeError):
-            return _error(400, "BadRequest", 'body must be {"flow": name, "version": n}')
+            return _error(400, "BadRequestError", 'body must be {"flow": name, "version": n}')
         # Deploys of one name may race (here or on other gateways). Versions decide: the
         # registry and the served flow only ever move to a newer version, so a deploy whose
         # version is older than one already registered or served answers 409 and is not
@@ -352,6 +360,15 @@ async def _read_body(receive, limit: int) -> bytes | None:
 
 def _bearer_matches(header: str, token: str) -> bool:
     return header.startswith("Bearer ") and hmac.compare_digest(header[7:].encode(), token.encode())
+
+
+def _seconds(text: str) -> float | None:
+    """A positive, finite number of seconds, or None ("nan", "-1", "0", "abc")."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 < value < float("inf") else None
 
 
 def _unique(entries) -> list:

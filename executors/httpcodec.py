@@ -2,8 +2,10 @@
 
 JSON: a request is one row as an object or any number of rows (also none) as a list of objects; n-d array
 columns are nested lists, converted by the flow's schema; bytes columns are base64
-strings. Responses are ``{"rows": [...]}`` with every output column and the ``qid``;
-NaN and missing values are ``null``. Arrow: ``application/vnd.apache.arrow.stream`` both
+strings. Bodies are read strictly (no NaN/Infinity, no lone surrogates, at most 1024
+levels deep). Responses are ``{"rows": [...]}`` with every output column and the ``qid``;
+missing values (and NaN in float columns) are ``null``; NaN inside a tensor is refused
+(``UnencodableError``: Arrow carries it). Arrow: ``application/vnd.apache.arrow.stream`` both
 ways (the request must not carry a ``qid`` column: the gateway assigns query ids).
 """
 
@@ -61,19 +63,70 @@ def parse_body(body: bytes, content_type: str, schema: dict[str, ColumnType] | N
 
 
 def _loads(body: bytes):
-    """orjson (5x faster than the json module on an image's nested lists of numbers) where it
-    reads a body as the json module does; otherwise the json module. orjson turns integers
-    beyond 64 bits into floats, which the schema checks could then not refuse; and it
-    refuses what json reads (NaN literals, UTF-16/32 bodies), left for those checks too."""
+    """The body's JSON, strictly: NaN and Infinity (not JSON) and lone surrogates (not
+    Unicode) are refused naming the column, and so is nesting deeper than 1024 levels.
+
+    orjson (5x faster than the json module on an image's nested lists of numbers) reads
+    every body it can; it refuses integers beyond 64 bits (it would turn them into floats,
+    which the schema checks could then not refuse), non-finite numbers, lone surrogates and
+    UTF-16/32 bodies, which go to the json module with checks that say what was wrong."""
     if body.translate(_DIGITS).find(_LONG_NUMBER) < 0:
         try:
             return orjson.loads(body)
-        except orjson.JSONDecodeError:
-            pass
+        except orjson.JSONDecodeError as e:
+            if "depth limit" in str(e):
+                raise BadRequestError(f"body is nested deeper than {MAX_DEPTH} levels") from None
     try:
-        return json.loads(body)
+        doc = json.loads(body, parse_constant=_NonFinite, parse_float=_finite_float, object_pairs_hook=_checked)
+    except RecursionError:
+        raise BadRequestError(f"body is nested deeper than {MAX_DEPTH} levels") from None
+    except BadRequestError:
+        raise
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequestError(f"body is not valid JSON: {e}") from None
+    try:
+        _check_value(doc, None)  # what no object held (a bare list or value)
+    except RecursionError:
+        raise BadRequestError(f"body is nested deeper than {MAX_DEPTH} levels") from None
+    return doc
+
+
+MAX_DEPTH = 1024  # orjson's limit; the json module gets the same answer instead of a RecursionError
+
+
+class _NonFinite:
+    """NaN, Infinity or an overflowing number where a value was expected: not JSON."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+def _finite_float(text: str):
+    value = float(text)
+    return value if value not in (float("inf"), float("-inf")) else _NonFinite(text)
+
+
+def _checked(pairs: list) -> dict:
+    for key, value in pairs:
+        _check_value(key, None)
+        _check_value(value, key)
+    return dict(pairs)
+
+
+def _check_value(value, column) -> None:
+    """Refuse what the json module reads but JSON or Unicode do not have, naming the column."""
+    where = f"column {column!r}: " if column is not None else ""
+    if isinstance(value, _NonFinite):
+        raise BadRequestError(f"{where}{value.text} is not a JSON number (NaN and Infinity have no JSON form; "
+                              f"send null for a missing value)")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequestError(f"{where}invalid Unicode: a lone surrogate in a string") from None
+    elif isinstance(value, list):
+        for v in value:
+            _check_value(v, column)
 
 
 # a run of 20 digits may be an integer beyond 64 bits (found in C: digits -> 1, the rest -> 0)
@@ -118,9 +171,29 @@ def to_table(rows, qids: np.ndarray, schema) -> Table:
     return Table.from_pylist(rows, qid=qids, schema=schema)
 
 
+class UnencodableError(ValueError):
+    """An answer JSON cannot carry (the client may ask for Arrow instead)."""
+
+
 def json_rows(table: Table) -> bytes:
-    """``{"rows": [...]}`` for a result Table (NaN and infinities become ``null``)."""
+    """``{"rows": [...]}`` for a result Table. In scalar float columns NaN is a missing
+    value and is ``null`` (as are infinities); inside a tensor NaN and infinity are values,
+    which JSON has no form for: ``UnencodableError`` names the column."""
+    for name, ctype in table.schema.items():
+        if ctype.kind == "tensor" and ctype.dtype.kind in "fc":
+            values = _present(table[name])
+            if values.size and not np.isfinite(values).all():
+                raise UnencodableError(f"tensor column {name!r} holds NaN or infinity, which JSON cannot carry; "
+                                       f"ask for Arrow (Accept: {ARROW})")
     return orjson.dumps({"rows": table.to_pylist()}, default=_json_default, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _present(values: np.ndarray) -> np.ndarray:
+    """A tensor column's values without its missing rows (an object array holds None there)."""
+    if values.dtype != object:
+        return values
+    rows = [v for v in values if v is not None]
+    return np.stack(rows) if rows else np.zeros(0)
 
 
 def arrow_bytes(table: Table) -> bytes:

@@ -34,6 +34,7 @@ from executors.membership import GATEWAYS_KEY, Absence, live_members
 from executors.metrics import Metrics
 from executors.placement import place
 from executors.scaling import FixedExecutors, ScalingLoop
+from executors.serving import DrainingServer
 from kvs import KVS
 
 log = logging.getLogger("flowserve.gateway")
@@ -70,8 +71,9 @@ class StandaloneGateway:
         return make_app(self.gateway, on_startup=[self._started], on_shutdown=[self._stopping])
 
     def run(self, host: str, port: int) -> None:
-        server = uvicorn.Server(uvicorn.Config(self.app(), host=host, port=port, log_level="warning",
-                                               lifespan="on", timeout_graceful_shutdown=30))
+        server = DrainingServer(uvicorn.Config(self.app(), host=host, port=port, log_level="warning",
+                                               lifespan="on", timeout_graceful_shutdown=30),
+                                self.gateway, drain_s=self.config.request_timeout_s)
         try:
             server.run()
         finally:

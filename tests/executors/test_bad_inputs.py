@@ -1,0 +1,200 @@
+"""A corpus of bad inputs over real HTTP: bodies, content types, Arrow streams, flow names,
+timeouts and operator outputs. Each is answered promptly (well before the deadline) with
+the right status and a JSON error naming the column, operator or limit; a good request
+succeeds right after each."""
+
+from __future__ import annotations
+
+import base64
+import io
+import time
+
+import httpx
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from executors.cluster import LocalCluster
+from executors.config import ClusterConfig
+from flow import ColumnType, Flow
+
+GOOD = {"x": 1, "f": 0.5, "s": "a", "b": base64.b64encode(b"hi").decode(), "img": [[1, 2], [3, 4]]}
+
+
+def _arrow(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue()
+
+
+def plus_one(row):
+    return row.x + 1
+
+
+def surrogate(row):
+    return "\ud800"
+
+
+def nan_tensor(row):
+    import numpy as np
+
+    return np.array([np.nan, 1.0])
+
+
+def exits(row):
+    raise SystemExit("bye")
+
+
+def raises(row):
+    raise ValueError("the model broke")
+
+
+def two_of_three(row):
+    return 1, 2, 3
+
+
+@pytest.fixture(scope="module")
+def c():
+    with LocalCluster(ClusterConfig(executors=1, request_timeout_s=20, max_body_bytes=1 << 20)) as cluster:
+        typed = Flow("typed", schema={"x": int, "f": float, "s": str, "b": bytes,
+                                      "img": ColumnType.tensor(np.uint8, (2, 2))})
+        typed.map(plus_one, names=["y"])
+        cluster.deploy(typed)
+        free = Flow("free")
+        free.map(plus_one, names=["y"])
+        cluster.deploy(free)
+        for fn, names in ((surrogate, ["s"]), (nan_tensor, ["t"]), (exits, ["y"]), (raises, ["y"]),
+                          (two_of_three, ["a", "b"])):
+            f = Flow(fn.__name__.replace("_", "-"))
+            f.map(fn, names=names)
+            cluster.deploy(f)
+        yield cluster
+
+
+def J(doc):
+    import json
+
+    return {"content": json.dumps(doc).encode(), "headers": {"content-type": "application/json"}}
+
+
+def RAW(body: bytes, ctype="application/json", **headers):
+    return {"content": body, "headers": {"content-type": ctype, **headers}}
+
+
+def bad(**changes):
+    return J(dict(GOOD, **changes))
+
+
+CASES = [
+    # -- JSON bodies ---------------------------------------------------------------------------
+    ("not json", "typed", RAW(b"{nope"), 400, "not valid JSON"),
+    ("truncated", "typed", RAW(b'[{"x": 1'), 400, "not valid JSON"),
+    ("empty body", "typed", RAW(b""), 400, "JSON object"),
+    ("null body", "typed", RAW(b"null"), 400, "JSON object"),
+    ("a number", "typed", RAW(b"42"), 400, "JSON object"),
+    ("a string", "typed", RAW(b'"x"'), 400, "JSON object"),
+    ("list of numbers", "typed", RAW(b"[1, 2]"), 400, "row 0"),
+    ("list of lists", "typed", RAW(b"[[1]]"), 400, "row 0"),
+    ("NaN", "typed", RAW(b'{"x": 1, "f": NaN}'), 400, "column 'f'"),
+    ("Infinity", "typed", RAW(b'{"x": 1, "f": Infinity}'), 400, "column 'f'"),
+    ("-Infinity", "typed", RAW(b'{"x": 1, "f": -Infinity}'), 400, "column 'f'"),
+    ("overflowing float", "typed", RAW(b'{"x": 1, "f": 1e999}'), 400, "column 'f'"),
+    ("NaN in a tensor", "typed", RAW(b'{"img": [[1, NaN], [3, 4]]}'), 400, "column 'img'"),
+    ("NaN, no schema", "free", RAW(b'[{"x": NaN}]'), 400, "column 'x'"),
+    ("lone surrogate", "typed", RAW(b'{"s": "\\ud800"}'), 400, "column 's'"),
+    ("lone surrogate key", "free", RAW(b'{"\\udc00": 1}'), 400, "Unicode"),
+    ("deep nesting", "typed", RAW(b"[" * 100_000 + b"]" * 100_000), 400, "nested deeper"),
+    ("deep objects", "typed", RAW(b'{"a":' * 5000 + b"1" + b"}" * 5000), 400, "nested deeper"),
+    ("qid given", "typed", J(dict(GOOD, qid=3)), 400, "'qid'"),
+    ("reserved column", "free", J({"x": 1, "#pos": 2}), 400, "'#pos'"),
+    # -- schema ------------------------------------------------------------------------------
+    ("missing column", "typed", J({k: v for k, v in GOOD.items() if k != "x"}), 400, "'x'"),
+    ("unknown column", "typed", bad(z=1), 400, "'z'"),
+    ("str for int", "typed", bad(x="1"), 400, "'x'"),
+    ("float for int", "typed", bad(x=1.5), 400, "'x'"),
+    ("bool for int", "typed", bad(x=True), 400, "'x'"),
+    ("int beyond int64", "typed", RAW(b'{"x": 123456789012345678901234567890, "f": 0.5, "s": "a", "b": "aGk=", '
+                                      b'"img": [[1, 2], [3, 4]]}'), 400, "'x'"),
+    ("str for float", "typed", bad(f="0.5"), 400, "'f'"),
+    ("int for str", "typed", bad(s=1), 400, "'s'"),
+    ("bytes not base64", "typed", bad(b="***"), 400, "'b'"),
+    ("bytes as a number", "typed", bad(b=3), 400, "'b'"),
+    ("tensor wrong shape", "typed", bad(img=[[1, 2, 3]]), 400, "'img'"),
+    ("tensor ragged", "typed", bad(img=[[1, 2], [3]]), 400, "'img'"),
+    ("tensor of strings", "typed", bad(img=[["a", "b"], ["c", "d"]]), 400, "'img'"),
+    ("tensor as a number", "typed", bad(img=5), 400, "'img'"),
+    ("mixed row types", "free", J([{"x": 1}, {"x": "a"}]), 400, "'x'"),
+    # -- content types and size ----------------------------------------------------------------
+    ("text/plain", "typed", RAW(b"{}", "text/plain"), 400, "Content-Type"),
+    ("xml", "typed", RAW(b"<x/>", "application/xml"), 400, "Content-Type"),
+    ("multipart", "typed", RAW(b"--b\r\n", "multipart/form-data; boundary=b"), 400, "Content-Type"),
+    ("body over the limit", "typed", RAW(b"[" + b'{"x": 1},' * 200_000 + b"{}]"), 413, "limit"),
+    # -- Arrow ---------------------------------------------------------------------------------
+    ("arrow garbage", "typed", RAW(b"\x00garbage", "application/vnd.apache.arrow.stream"), 400, "Arrow"),
+    ("arrow truncated", "free", RAW(_arrow(pa.table({"x": [1, 2]}))[:40], "application/vnd.apache.arrow.stream"),
+     400, "Arrow"),
+    ("arrow qid column", "free", RAW(_arrow(pa.table({"x": [1], "qid": [3]})), "application/vnd.apache.arrow.stream"),
+     400, "'qid'"),
+    ("arrow reserved column", "free",
+     RAW(_arrow(pa.table({"x": [1], "#pos": [3]})), "application/vnd.apache.arrow.stream"), 400, "'#pos'"),
+    ("arrow wrong type", "typed", RAW(_arrow(pa.table({"x": ["a"], "f": [0.5], "s": ["a"], "b": [b"h"],
+                                                        "img": [[1, 2, 3, 4]]})),
+                                      "application/vnd.apache.arrow.stream"), 400, "'x'"),
+    ("arrow missing column", "typed", RAW(_arrow(pa.table({"x": [1]})), "application/vnd.apache.arrow.stream"),
+     400, "'f'"),
+    # -- flow names ----------------------------------------------------------------------------
+    ("unknown flow", "no-such-flow", J({"x": 1}), 404, "no-such-flow"),
+    ("long flow name", "n" * 5000, J({"x": 1}), 404, "UnknownFlow"),
+    ("flow name with a slash", "typed/extra", J({"x": 1}), 404, "NotFound"),
+    ("flow name with dots", "..%2F..%2Fetc", J({"x": 1}), 404, "NotFound"),
+    ("flow name with spaces", "a%20b", J({"x": 1}), 404, "no deployed flow"),
+    # -- timeouts ------------------------------------------------------------------------------
+    ("timeout not a number", "typed", dict(J(GOOD), headers={"x-request-timeout": "soon"}), 400, "X-Request-Timeout"),
+    ("timeout NaN", "typed", dict(J(GOOD), headers={"x-request-timeout": "nan"}), 400, "X-Request-Timeout"),
+    ("timeout negative", "typed", dict(J(GOOD), headers={"x-request-timeout": "-1"}), 400, "X-Request-Timeout"),
+    ("timeout zero", "typed", dict(J(GOOD), headers={"x-request-timeout": "0"}), 400, "X-Request-Timeout"),
+    ("timeout infinite", "typed", dict(J(GOOD), headers={"x-request-timeout": "inf"}), 400, "X-Request-Timeout"),
+    # -- operator outputs ----------------------------------------------------------------------
+    ("output lone surrogate", "surrogate", J({"x": 1}), 500, "operator 'surrogate'"),
+    ("output NaN in a tensor", "nan-tensor", J({"x": 1}), 500, "NaN or infinity"),
+    ("operator SystemExit", "exits", J({"x": 1}), 500, "SystemExit"),
+    ("operator raises", "raises", J({"x": 1}), 500, "the model broke"),
+    ("operator wrong arity", "two-of-three", J({"x": 1}), 500, "two_of_three"),
+    # -- methods -------------------------------------------------------------------------------
+    ("GET a flow path with a body", "typed", {"method": "PUT", **J(GOOD)}, 405, "MethodNotAllowed"),
+]
+
+GOOD_REQUEST = {"typed": J(GOOD), "free": J({"x": 1}), "surrogate": J({"x": 1}), "nan-tensor": J({"x": 1}),
+                "exits": J({"x": 1}), "raises": J({"x": 1}), "two-of-three": J({"x": 1})}
+
+
+def test_the_corpus_is_large():
+    assert len(CASES) >= 60
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])
+def test_bad_input_gets_a_prompt_named_error_and_the_next_request_succeeds(c, case):
+    _, flow, request, status, needle = case
+    request = dict(request)
+    method = request.pop("method", "POST")
+    t0 = time.monotonic()
+    r = httpx.request(method, f"{c.url}/flows/{flow}", timeout=30, **request)
+    elapsed = time.monotonic() - t0
+    assert r.status_code == status, (r.status_code, r.text[:300])
+    body = r.json()
+    assert set(body) >= {"error", "message"}, body
+    assert needle in body["message"] or needle == body["error"], body
+    assert elapsed < 5, f"answered after {elapsed:.1f} s (the deadline is 20 s)"
+    good_flow = flow if flow in GOOD_REQUEST and flow in ("typed", "free") else "free"
+    ok = httpx.post(f"{c.url}/flows/{good_flow}", timeout=30, **GOOD_REQUEST[good_flow])
+    assert ok.status_code == 200, ok.text
+
+
+def test_unencodable_json_answers_are_fine_as_arrow(c):
+    r = httpx.post(f"{c.url}/flows/nan-tensor", json={"x": 1}, headers={"Accept": "application/vnd.apache.arrow.stream"})
+    assert r.status_code == 200
+    from flow.table import Table
+
+    t = Table.from_arrow(pa.ipc.open_stream(r.content).read_all(), qid="qid")
+    assert np.isnan(t["t"][0][0]) and t["t"][0][1] == 1.0
