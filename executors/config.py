@@ -52,6 +52,12 @@ class ClusterConfig:
     public_metrics: with a token, serve /metrics without it (a scraper with no
         credentials; default False).
     max_body_bytes: request bodies above this get 413 (default 64 MiB).
+    max_rows: requests with more rows get 413 (default 1,000,000).
+    max_header_bytes / max_headers: a request head larger, or with more headers, gets 431
+        before anything of it is kept (defaults 64 KiB, 100).
+    header_timeout_s / body_timeout_s: a client that has not sent its request head, or its
+        body, within this long gets 408 and its connection closed (defaults 10 s, 60 s).
+    max_connections: open HTTP connections at most; more get 503 with Retry-After (1024).
     request_timeout_s: a request not answered within this gets 504.
     load_timeout_s: how long building a flow's stages (loading models) may take.
     max_retries: re-runs of a request whose executor died.
@@ -89,6 +95,12 @@ class ClusterConfig:
     token: str | None = None
     public_metrics: bool = False
     max_body_bytes: int = 64 * 1024 * 1024
+    max_rows: int = 1_000_000
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 100
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    max_connections: int = 1024
     request_timeout_s: float = 30.0
     load_timeout_s: float = 300.0
     max_retries: int = 2
@@ -116,6 +128,12 @@ class ClusterConfig:
              "None or a string of at least 8 characters")
         need(_int(self.max_body_bytes) and self.max_body_bytes >= 1024, "max_body_bytes", "an int >= 1024")
         need(_num(self.request_timeout_s) and self.request_timeout_s > 0, "request_timeout_s", "a number > 0")
+        need(_int(self.max_rows) and self.max_rows >= 1, "max_rows", "an int >= 1")
+        need(_int(self.max_header_bytes) and self.max_header_bytes >= 1024, "max_header_bytes", "an int >= 1024")
+        need(_int(self.max_headers) and self.max_headers >= 8, "max_headers", "an int >= 8")
+        need(_num(self.header_timeout_s) and self.header_timeout_s > 0, "header_timeout_s", "a number > 0")
+        need(_num(self.body_timeout_s) and self.body_timeout_s > 0, "body_timeout_s", "a number > 0")
+        need(_int(self.max_connections) and self.max_connections >= 1, "max_connections", "an int >= 1")
         need(_num(self.load_timeout_s) and self.load_timeout_s > 0, "load_timeout_s", "a number > 0")
         need(_int(self.max_retries) and 0 <= self.max_retries <= 10, "max_retries", "an int in 0..10")
         need(isinstance(self.persistence, bool), "persistence", "a bool")
@@ -133,6 +151,13 @@ class ClusterConfig:
         need(self.autoscaling is None or isinstance(self.autoscaling, AutoscalingConfig), "autoscaling",
              "None or an AutoscalingConfig")
         need(self.dir is None or isinstance(self.dir, (str, os.PathLike)), "dir", "None or a path")
+
+    def http_limits(self):
+        """The HTTP edge's limits (executors/serving.py)."""
+        from executors.serving import HttpLimits
+
+        return HttpLimits(self.max_header_bytes, self.max_headers, self.header_timeout_s, self.body_timeout_s,
+                          self.max_connections)
 
     def to_json(self) -> dict:
         doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -29,7 +29,7 @@ from executors.durability import StoreWatch, mark_started, registry_if_intact
 from executors.gateway import Gateway, LoadFailed, make_app
 from executors.metrics import Metrics
 from executors.scaling import ScalingLoop
-from executors.serving import DrainingServer
+from executors.serving import DrainingServer, limited_protocol
 from executors.watchdog import EXIT_RECYCLED, Blackbox
 from kvs import KVS, RedisServer
 from kvs.server import free_port, popen, terminate
@@ -108,7 +108,8 @@ class ClusterDaemon:
         app = self._app()
         server = DrainingServer(uvicorn.Config(app, host=self.config.host, port=self.port,
                                                log_level="warning", lifespan="on", timeout_graceful_shutdown=30,
-                                               access_log=False, proxy_headers=False),
+                                               access_log=False, proxy_headers=False,
+                                               http=limited_protocol(self.config.http_limits())),
                                 self.gateway, drain_s=self.config.request_timeout_s)
         try:
             server.run()
@@ -125,7 +126,7 @@ class ClusterDaemon:
                                max_body_bytes=self.config.max_body_bytes,
                                request_timeout_s=self.config.request_timeout_s,
                                load_timeout_s=self.config.load_timeout_s, metrics=self.metrics,
-                               public_metrics=self.config.public_metrics)
+                               public_metrics=self.config.public_metrics, max_rows=self.config.max_rows)
         if self.scaling is not None:
             self.gateway.shape_placement = self.scaling.initial_placement
             self.gateway.scaling_status = self.scaling.status

@@ -57,13 +57,14 @@ class Gateway:
 
     def __init__(self, dispatcher: Dispatcher, store, *, token: str | None, admin_token: str,
                  max_body_bytes: int, request_timeout_s: float, load_timeout_s: float, metrics: Metrics,
-                 public_metrics: bool = False):
+                 public_metrics: bool = False, max_rows: int = 1_000_000):
         self.dispatcher = dispatcher
         self.store = store
         self.token = token
         self.admin_token = admin_token
         self.public_metrics = public_metrics  # /metrics without the token (a scraper), when one is set
         self.max_body_bytes = max_body_bytes
+        self.max_rows = max_rows
         self.request_timeout_s = request_timeout_s
         self.load_timeout_s = load_timeout_s
         self.metrics = metrics
@@ -121,6 +122,9 @@ class Gateway:
         schema = flow.plan.input_schema
         try:
             rows = parse_body(body, headers.get("content-type", ""), schema)
+            if len(rows) > self.max_rows:
+                return _error_body(413, "TooManyRows", f"the request has {len(rows)} rows, over the limit of "
+                                                       f"{self.max_rows} (max_rows)")
             qid_start = self.dispatcher.next_qid
             qids = self.dispatcher.new_qids(len(rows))
             table = to_table(rows, qids, schema)

@@ -10,6 +10,7 @@ first SIGTERM/SIGINT, keeps the socket open and answers new requests 503 with
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 
@@ -43,3 +44,100 @@ class DrainingServer(uvicorn.Server):
             await asyncio.sleep(0.02)  # bounded wait for the in-flight requests' own answers
         log.info("in-flight requests answered; stopping")
         super().handle_exit(sig, frame)
+
+
+# -- limits at the HTTP edge --------------------------------------------------------------
+
+from dataclasses import dataclass  # noqa: E402
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: E402
+
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What one client may hold of the gateway before its request is read (ClusterConfig)."""
+
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 100
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    max_connections: int = 1024
+
+
+def limited_protocol(limits: HttpLimits):
+    """uvicorn's httptools protocol with limits, checked before anything is parsed or kept:
+    request head bytes and header count (431), time to send the head and the body (408),
+    open connections (503 with Retry-After). A slow or flooding client costs a bounded
+    amount of memory and time, and never stalls the others."""
+
+    class LimitedHttpTools(HttpToolsProtocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._head_bytes = 0
+            self._header_count = 0
+            self._in_head = True
+            self._timer = None
+            if len(self.connections) > limits.max_connections:
+                self._reject(503, f"over the limit of {limits.max_connections} open connections; retry shortly")
+
+        def data_received(self, data: bytes) -> None:
+            if self._in_head:
+                if self._head_bytes == 0 and data:
+                    self._arm(limits.header_timeout_s, f"request headers not received within "
+                                                       f"{limits.header_timeout_s:g} s")
+                self._head_bytes += len(data)
+                if self._head_bytes > limits.max_header_bytes:
+                    return self._reject(431, f"request headers over the limit of {limits.max_header_bytes} bytes")
+            super().data_received(data)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._header_count += 1
+            if self._header_count <= limits.max_headers:
+                super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            self._disarm()
+            if self._header_count > limits.max_headers:
+                return self._reject(431, f"more than {limits.max_headers} request headers")
+            super().on_headers_complete()
+            self._arm(limits.body_timeout_s, f"request body not received within {limits.body_timeout_s:g} s")
+
+        def on_message_complete(self) -> None:
+            self._disarm()
+            self._in_head, self._head_bytes, self._header_count = True, 0, 0
+            super().on_message_complete()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self, seconds: float, why: str) -> None:
+            self._disarm()
+            self._timer = self.loop.call_later(seconds, self._reject, 408, why)
+
+        def _disarm(self) -> None:
+            if getattr(self, "_timer", None) is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _reject(self, status: int, message: str) -> None:
+            """Answer ``status`` (the JSON error format) if no answer has started, and close."""
+            self._disarm()
+            if self.transport.is_closing():
+                return
+            cycle = getattr(self, "cycle", None)
+            if cycle is None or not cycle.response_started:
+                body = json.dumps({"error": {408: "RequestTimeout", 431: "HeadersTooLarge",
+                                             503: "TooManyConnections"}[status], "message": message}).encode()
+                head = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status]), b"content-type: application/json\r\n",
+                        b"content-length: %d\r\n" % len(body), b"connection: close\r\n"]
+                if status == 503:
+                    head.append(b"retry-after: 1\r\n")
+                self.transport.write(b"".join(head) + b"\r\n" + body)
+            log.warning("closing a connection from %s: %s", self.client, message)
+            self.transport.close()
+
+    return LimitedHttpTools

@@ -34,7 +34,7 @@ from executors.membership import GATEWAYS_KEY, Absence, live_members
 from executors.metrics import Metrics
 from executors.placement import place
 from executors.scaling import FixedExecutors, ScalingLoop
-from executors.serving import DrainingServer
+from executors.serving import DrainingServer, limited_protocol
 from kvs import KVS
 
 log = logging.getLogger("flowserve.gateway")
@@ -56,7 +56,7 @@ class StandaloneGateway:
         self.gateway = Gateway(self.dispatcher, self.store, token=config.token, admin_token=admin_token,
                                max_body_bytes=config.max_body_bytes, request_timeout_s=config.request_timeout_s,
                                load_timeout_s=config.load_timeout_s, metrics=self.metrics,
-                               public_metrics=config.public_metrics)
+                               public_metrics=config.public_metrics, max_rows=config.max_rows)
         self.scaler, self.scaler_args = scaler, scaler_args or {}
         self.scaling = None
         if autoscaling is not None:
@@ -72,7 +72,8 @@ class StandaloneGateway:
 
     def run(self, host: str, port: int) -> None:
         server = DrainingServer(uvicorn.Config(self.app(), host=host, port=port, log_level="warning",
-                                               lifespan="on", timeout_graceful_shutdown=30),
+                                               lifespan="on", timeout_graceful_shutdown=30,
+                                               http=limited_protocol(self.config.http_limits())),
                                 self.gateway, drain_s=self.config.request_timeout_s)
         try:
             server.run()
