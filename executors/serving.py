@@ -75,7 +75,8 @@ def limited_protocol(limits: HttpLimits):
     class LimitedHttpTools(HttpToolsProtocol):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
-            self._head_bytes = 0
+            self._head_bytes = 0  # bytes received while the head is incomplete (bounds memory)
+            self._exact_head = 0  # bytes of the URL and headers parsed (the exact limit)
             self._header_count = 0
             self._in_head = True
             self._timer = None
@@ -83,18 +84,24 @@ def limited_protocol(limits: HttpLimits):
                 self._reject(503, f"over the limit of {limits.max_connections} open connections; retry shortly")
 
         def data_received(self, data: bytes) -> None:
-            if self._in_head:
-                if self._head_bytes == 0 and data:
-                    self._arm(limits.header_timeout_s, f"request headers not received within "
-                                                       f"{limits.header_timeout_s:g} s")
+            in_head = self._in_head
+            if in_head and self._head_bytes == 0 and data:
+                self._arm(limits.header_timeout_s, f"request headers not received within "
+                                                   f"{limits.header_timeout_s:g} s")
+            super().data_received(data)
+            if in_head and self._in_head:  # the head is still not complete: count what it holds so far
                 self._head_bytes += len(data)
                 if self._head_bytes > limits.max_header_bytes:
-                    return self._reject(431, f"request headers over the limit of {limits.max_header_bytes} bytes")
-            super().data_received(data)
+                    self._reject(431, f"request headers over the limit of {limits.max_header_bytes} bytes")
+
+        def on_url(self, url: bytes) -> None:
+            self._exact_head += len(url)
+            super().on_url(url)
 
         def on_header(self, name: bytes, value: bytes) -> None:
             self._header_count += 1
-            if self._header_count <= limits.max_headers:
+            self._exact_head += len(name) + len(value) + 4
+            if self._header_count <= limits.max_headers and self._exact_head <= limits.max_header_bytes:
                 super().on_header(name, value)
 
         def on_headers_complete(self) -> None:
@@ -102,12 +109,14 @@ def limited_protocol(limits: HttpLimits):
             self._disarm()
             if self._header_count > limits.max_headers:
                 return self._reject(431, f"more than {limits.max_headers} request headers")
+            if self._exact_head > limits.max_header_bytes:
+                return self._reject(431, f"request headers over the limit of {limits.max_header_bytes} bytes")
             super().on_headers_complete()
             self._arm(limits.body_timeout_s, f"request body not received within {limits.body_timeout_s:g} s")
 
         def on_message_complete(self) -> None:
             self._disarm()
-            self._in_head, self._head_bytes, self._header_count = True, 0, 0
+            self._in_head, self._head_bytes, self._exact_head, self._header_count = True, 0, 0, 0
             super().on_message_complete()
 
         def connection_lost(self, exc) -> None:

@@ -37,9 +37,11 @@ from flow.operators import (
     LookupOp,
     MapOp,
     Operator,
+    SYSTEM_PREFIX,
     SourceOp,
     UnionOp,
     callable_name,
+    outside_namespace,
 )
 from flow.table import QID, Table
 from flow.types import ColumnType
@@ -205,7 +207,11 @@ class Node:
         (out,) = _check_names([out], label, "lookup", default=None)
         if self.columns is not None and out in self.columns:
             raise FlowValueError(f"operator {label}: output column {out!r} already exists; pass name=")
-        op = LookupOp(key=key, column=column, name=out, missing=missing)
+        if key is not None:
+            why = outside_namespace(key, self.flow.key_prefixes)
+            if why is not None:
+                raise FlowValueError(f"operator {label}: {why}")
+        op = LookupOp(key=key, column=column, name=out, missing=missing, prefixes=self.flow.key_prefixes)
         columns = None if self.columns is None else self.columns + (out,)
         return self.flow._add(op, (self,), label, columns)
 
@@ -276,10 +282,12 @@ class Flow:
         flow.run([{"x": 1}, {"x": 2}]).to_pylist()   # [{'qid': 0, 'y': 2}, {'qid': 1, 'y': 4}]
     """
 
-    def __init__(self, name: str, schema: Mapping[str, Any] | None = None):
+    def __init__(self, name: str, schema: Mapping[str, Any] | None = None, *,
+                 key_prefixes: Sequence[str] | None = None):
         if not isinstance(name, str) or not name or not all(ch.isalnum() or ch in "-_." for ch in name):
             raise FlowValueError(f"Flow name must be a non-empty string of letters, digits, '-', '_' or '.', got {name!r}")
         self.name = name
+        self.key_prefixes = _check_prefixes(name, key_prefixes)
         self.schema: dict[str, ColumnType] | None = None
         if schema is not None:
             if not isinstance(schema, Mapping):
@@ -419,6 +427,22 @@ class PlanText(str):
 
     def __repr__(self) -> str:
         return str(self)
+
+
+def _check_prefixes(flow: str, prefixes) -> tuple[str, ...] | None:
+    """``key_prefixes``: the key namespaces the flow's lookups may read (None: any user key)."""
+    if prefixes is None:
+        return None
+    if isinstance(prefixes, str) or not all(isinstance(p, str) and p for p in prefixes):
+        raise FlowTypeError(f"Flow {flow!r}: key_prefixes must be a list of non-empty strings, got {prefixes!r}")
+    prefixes = tuple(prefixes)
+    if not prefixes:
+        raise FlowValueError(f"Flow {flow!r}: key_prefixes is empty (no lookup could read anything); pass None for "
+                             f"any user key")
+    bad = [p for p in prefixes if p.startswith(SYSTEM_PREFIX) or SYSTEM_PREFIX.startswith(p)]
+    if bad:
+        raise FlowValueError(f"Flow {flow!r}: key prefix {bad[0]!r} reaches the runtime's own keys ({SYSTEM_PREFIX}*)")
+    return prefixes
 
 
 def _check_flags(op_name: str, **flags) -> None:

@@ -708,6 +708,20 @@ class _BoundUnion(BoundOperator):
 # -- lookup ---------------------------------------------------------------------------------
 
 
+SYSTEM_PREFIX = "flowserve:"  # the runtime's own keys (plans, registry, membership): never a lookup's
+
+
+def outside_namespace(key, prefixes) -> str | None:
+    """Why a flow may not read ``key`` (None: it may). A flow reads user keys only, and
+    with declared ``prefixes`` only keys under one of them."""
+    text = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+    if text.startswith(SYSTEM_PREFIX):
+        return f"key {text!r} is in the runtime's namespace ({SYSTEM_PREFIX}*); lookups read user keys only"
+    if prefixes is not None and not any(text.startswith(p) for p in prefixes):
+        return f"key {text!r} is outside this flow's key namespace {list(prefixes)}"
+    return None
+
+
 @dataclass(frozen=True)
 class LookupOp(Operator):
     kind = "lookup"
@@ -715,6 +729,7 @@ class LookupOp(Operator):
     column: str | None = None
     name: str = "value"
     missing: str = "error"
+    prefixes: tuple[str, ...] | None = None  # the flow's key_prefixes (None: any user key)
 
     @property
     def dynamic(self) -> bool:
@@ -750,6 +765,10 @@ class _BoundLookup(BoundOperator):
         for k in unique:
             if not isinstance(k, (str, bytes)):
                 raise DataTypeError(f"operator {self.name!r}: lookup keys must be str or bytes, got {type(k).__name__} {k!r:.40}")
+            why = outside_namespace(k, op.prefixes)
+            if why is not None:  # checked before anything is read: a client cannot probe the store
+                i = keys.index(k)
+                raise LookupKeyError(f"operator {self.name!r}: {why}", operator=self.name, qid=int(table.qid[i]))
         found = dict(zip(unique, read_many(store, unique)))
         if op.missing == "error":
             _raise_if_store_lost(store, [k for k in unique if found[k] is _MISSING])

@@ -64,6 +64,10 @@ def c():
         free = Flow("free")
         free.map(plus_one, names=["y"])
         cluster.deploy(free)
+        looks = Flow("looks", schema={"k": str}, key_prefixes=["emb/"])
+        looks.lookup(column="k", name="v", missing="null")
+        cluster.deploy(looks)
+        cluster.kvs.put("emb/1", 7)
         for fn, names in ((surrogate, ["s"]), (nan_tensor, ["t"]), (exits, ["y"]), (raises, ["y"]),
                           (two_of_three, ["a", "b"])):
             f = Flow(fn.__name__.replace("_", "-"))
@@ -155,6 +159,11 @@ CASES = [
     ("timeout negative", "typed", dict(J(GOOD), headers={"x-request-timeout": "-1"}), 400, "X-Request-Timeout"),
     ("timeout zero", "typed", dict(J(GOOD), headers={"x-request-timeout": "0"}), 400, "X-Request-Timeout"),
     ("timeout infinite", "typed", dict(J(GOOD), headers={"x-request-timeout": "inf"}), 400, "X-Request-Timeout"),
+    # -- lookup keys: a flow reads its own namespace, never the runtime's keys ---------------
+    ("lookup of a runtime key", "looks", J({"k": "flowserve:deployed"}), 422, "runtime's namespace"),
+    ("lookup of a plan key", "looks", J({"k": "flowserve:plan:typed:1"}), 422, "runtime's namespace"),
+    ("lookup outside the prefixes", "looks", J({"k": "other/1"}), 422, "outside this flow's key namespace"),
+    ("lookup with a bytes-like key", "looks", J({"k": 5}), 400, "'k'"),
     # -- operator outputs ----------------------------------------------------------------------
     ("output lone surrogate", "surrogate", J({"x": 1}), 500, "operator 'surrogate'"),
     ("output NaN in a tensor", "nan-tensor", J({"x": 1}), 500, "NaN or infinity"),
@@ -165,7 +174,7 @@ CASES = [
     ("GET a flow path with a body", "typed", {"method": "PUT", **J(GOOD)}, 405, "MethodNotAllowed"),
 ]
 
-GOOD_REQUEST = {"typed": J(GOOD), "free": J({"x": 1}), "surrogate": J({"x": 1}), "nan-tensor": J({"x": 1}),
+GOOD_REQUEST = {"typed": J(GOOD), "free": J({"x": 1}), "looks": J({"k": "emb/1"}), "surrogate": J({"x": 1}), "nan-tensor": J({"x": 1}),
                 "exits": J({"x": 1}), "raises": J({"x": 1}), "two-of-three": J({"x": 1})}
 
 
@@ -186,7 +195,7 @@ def test_bad_input_gets_a_prompt_named_error_and_the_next_request_succeeds(c, ca
     assert set(body) >= {"error", "message"}, body
     assert needle in body["message"] or needle == body["error"], body
     assert elapsed < 5, f"answered after {elapsed:.1f} s (the deadline is 20 s)"
-    good_flow = flow if flow in GOOD_REQUEST and flow in ("typed", "free") else "free"
+    good_flow = flow if flow in ("typed", "free", "looks") else "free"
     ok = httpx.post(f"{c.url}/flows/{good_flow}", timeout=30, **GOOD_REQUEST[good_flow])
     assert ok.status_code == 200, ok.text
 

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from flow import (
+    LookupKeyError,
     ColumnType,
     DataTypeError,
     Flow,
@@ -331,3 +332,25 @@ def test_reference_runs_only_the_sinks_ancestors_in_creation_order():
     out = run_nodes(flow, flow.input_table([{"x": 1}]), d)
     assert order == ["a", "b", "c"] and len(out) == 2
     assert unused.id not in ancestors(d)
+
+
+def test_key_prefixes_bound_what_lookups_read():
+    store = {"emb/1": 1, "other/1": 2, "flowserve:deployed": 3}
+    f = Flow("ns", schema={"k": str}, key_prefixes=["emb/"])
+    f.lookup(column="k", name="v")
+    assert f.run([{"k": "emb/1"}], kvs=store)["v"].tolist() == [1]
+    with pytest.raises(LookupKeyError, match="outside this flow's key namespace"):
+        f.run([{"k": "other/1"}], kvs=store)
+    g = Flow("any", schema={"k": str})
+    g.lookup(column="k", name="v")
+    assert g.run([{"k": "other/1"}], kvs=store)["v"].tolist() == [2]
+    with pytest.raises(LookupKeyError, match="runtime's namespace"):
+        g.run([{"k": "flowserve:deployed"}], kvs=store)
+    with pytest.raises(FlowValueError, match="outside this flow's key namespace"):
+        Flow("x", key_prefixes=["emb/"]).lookup("other/2", name="v")
+    with pytest.raises(FlowValueError, match="runtime's namespace"):
+        Flow("x").lookup("flowserve:plan:x:1", name="v")
+    with pytest.raises(FlowValueError, match="reaches the runtime's own keys"):
+        Flow("x", key_prefixes=["flowserve:"])
+    with pytest.raises(FlowTypeError, match="key_prefixes must be a list"):
+        Flow("x", key_prefixes="emb/")
