@@ -148,16 +148,33 @@ def _convert_row(row: dict, schema: dict[str, ColumnType], i: int) -> dict:
             except ValueError:
                 raise DataTypeError(f"row {i}: column {name!r} is not valid base64") from None
         elif t.kind == "tensor":
-            try:
-                arr = np.asarray(v, dtype=t.dtype)
-            except (ValueError, TypeError):
-                raise DataTypeError(f"row {i}: column {name!r} should be {t} (nested lists of numbers)") from None
+            arr = _tensor(v, t, name, i)
             if arr.shape != t.shape:
                 raise DataTypeError(f"row {i}: column {name!r} should have shape {t.shape}, got {arr.shape}")
             out[name] = arr
         elif t.kind == "float" and isinstance(v, int) and not isinstance(v, bool):
             out[name] = float(v)
     return out
+
+
+def _tensor(value, t: ColumnType, name: str, i: int) -> np.ndarray:
+    """A JSON tensor (nested lists) as ``t``'s dtype, as strictly as scalars are typed:
+    booleans are not numbers, floats never become integers, integers must fit the dtype."""
+    what = f"row {i}: column {name!r} should be {t} (nested lists of numbers)"
+    try:
+        raw = np.asarray(value)
+    except (ValueError, TypeError):
+        raise DataTypeError(what) from None
+    want = t.dtype.kind
+    got = raw.dtype.kind
+    if got not in "biuf" or (got == "b") != (want == "b") or (got == "f" and want in "iu"):
+        raise DataTypeError(f"{what}, got {raw.dtype.name} values" if got in "biuf" else what)
+    if got in "iu" and want in "iu" and raw.size:
+        info = np.iinfo(t.dtype)
+        if raw.min() < info.min or raw.max() > info.max:
+            raise DataTypeError(f"row {i}: column {name!r}: values out of range for {t.dtype.name} "
+                                f"({info.min}..{info.max})")
+    return raw.astype(t.dtype, copy=False)
 
 
 def to_table(rows, qids: np.ndarray, schema) -> Table:

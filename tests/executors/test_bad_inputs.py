@@ -129,10 +129,21 @@ CASES = [
     ("tensor of strings", "typed", bad(img=[["a", "b"], ["c", "d"]]), 400, "'img'"),
     ("tensor as a number", "typed", bad(img=5), 400, "'img'"),
     ("mixed row types", "free", J([{"x": 1}, {"x": "a"}]), 400, "'x'"),
+    ("rows nested in a list", "typed", J([[GOOD]]), 400, "row 0"),
+    ("None inside a tensor", "typed", bad(img=[[1, None], [3, 4]]), 400, "'img'"),
+    ("tensor value over uint8", "typed", bad(img=[[1, 300], [3, 4]]), 400, "'img'"),
+    ("tensor value under uint8", "typed", bad(img=[[1, -1], [3, 4]]), 400, "'img'"),
+    ("tensor of booleans for uint8", "typed", bad(img=[[True, False], [True, True]]), 400, "'img'"),
+    ("bool for float", "typed", bad(f=True), 400, "'f'"),
+    ("list for str", "typed", bad(s=["a"]), 400, "'s'"),
+    ("object for int", "typed", bad(x={}), 400, "'x'"),
+    ("list for int", "typed", bad(x=[1]), 400, "'x'"),
     # -- content types and size ----------------------------------------------------------------
     ("text/plain", "typed", RAW(b"{}", "text/plain"), 400, "Content-Type"),
     ("xml", "typed", RAW(b"<x/>", "application/xml"), 400, "Content-Type"),
     ("multipart", "typed", RAW(b"--b\r\n", "multipart/form-data; boundary=b"), 400, "Content-Type"),
+    ("form encoded", "typed", RAW(b"x=1", "application/x-www-form-urlencoded"), 400, "Content-Type"),
+    ("octet stream", "typed", RAW(b"\x00\x01", "application/octet-stream"), 400, "Content-Type"),
     ("body over the limit", "typed", RAW(b"[" + b'{"x": 1},' * 200_000 + b"{}]"), 413, "limit"),
     # -- Arrow ---------------------------------------------------------------------------------
     ("arrow garbage", "typed", RAW(b"\x00garbage", "application/vnd.apache.arrow.stream"), 400, "Arrow"),
@@ -145,6 +156,10 @@ CASES = [
     ("arrow wrong type", "typed", RAW(_arrow(pa.table({"x": ["a"], "f": [0.5], "s": ["a"], "b": [b"h"],
                                                         "img": [[1, 2, 3, 4]]})),
                                       "application/vnd.apache.arrow.stream"), 400, "'x'"),
+    ("arrow empty body", "free", RAW(b"", "application/vnd.apache.arrow.stream"), 400, "Arrow"),
+    ("arrow tensor of the wrong shape", "typed", RAW(_arrow(pa.table({"x": [1], "f": [0.5], "s": ["a"], "b": [b"h"],
+                                                                      "img": [[1, 2, 3, 4]], "z": [1]})),
+                                                     "application/vnd.apache.arrow.stream"), 400, "'img'"),
     ("arrow missing column", "typed", RAW(_arrow(pa.table({"x": [1]})), "application/vnd.apache.arrow.stream"),
      400, "'f'"),
     # -- flow names ----------------------------------------------------------------------------
@@ -159,6 +174,10 @@ CASES = [
     ("timeout negative", "typed", dict(J(GOOD), headers={"x-request-timeout": "-1"}), 400, "X-Request-Timeout"),
     ("timeout zero", "typed", dict(J(GOOD), headers={"x-request-timeout": "0"}), 400, "X-Request-Timeout"),
     ("timeout infinite", "typed", dict(J(GOOD), headers={"x-request-timeout": "inf"}), 400, "X-Request-Timeout"),
+    ("timeout overflowing", "typed", dict(J(GOOD), headers={"x-request-timeout": "1e999"}), 400, "X-Request-Timeout"),
+    ("timeout empty", "typed", dict(J(GOOD), headers={"x-request-timeout": ""}), 400, "X-Request-Timeout"),
+    ("timeout hex", "typed", dict(J(GOOD), headers={"x-request-timeout": "0x10"}), 400, "X-Request-Timeout"),
+    ("flow name unicode", "%C3%A9t%C3%A9", J({"x": 1}), 404, "UnknownFlow"),
     # -- lookup keys: a flow reads its own namespace, never the runtime's keys ---------------
     ("lookup of a runtime key", "looks", J({"k": "flowserve:deployed"}), 422, "runtime's namespace"),
     ("lookup of a plan key", "looks", J({"k": "flowserve:plan:typed:1"}), 422, "runtime's namespace"),
@@ -179,7 +198,7 @@ GOOD_REQUEST = {"typed": J(GOOD), "free": J({"x": 1}), "looks": J({"k": "emb/1"}
 
 
 def test_the_corpus_is_large():
-    assert len(CASES) >= 60
+    assert len(CASES) >= 80
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])
