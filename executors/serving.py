@@ -78,6 +78,7 @@ def limited_protocol(limits: HttpLimits):
             self._head_bytes = 0  # bytes received while the head is incomplete (bounds memory)
             self._exact_head = 0  # bytes of the URL and headers parsed (the exact limit)
             self._header_count = 0
+            self._heads_done = 0
             self._in_head = True
             self._timer = None
             if len(self.connections) > limits.max_connections:
@@ -88,8 +89,9 @@ def limited_protocol(limits: HttpLimits):
             if in_head and self._head_bytes == 0 and data:
                 self._arm(limits.header_timeout_s, f"request headers not received within "
                                                    f"{limits.header_timeout_s:g} s")
+            heads = self._heads_done
             super().data_received(data)
-            if in_head and self._in_head:  # the head is still not complete: count what it holds so far
+            if in_head and self._heads_done == heads:  # no head completed in it: count what it holds so far
                 self._head_bytes += len(data)
                 if self._head_bytes > limits.max_header_bytes:
                     self._reject(431, f"request headers over the limit of {limits.max_header_bytes} bytes")
@@ -106,6 +108,7 @@ def limited_protocol(limits: HttpLimits):
 
         def on_headers_complete(self) -> None:
             self._in_head = False
+            self._heads_done += 1
             self._disarm()
             if self._header_count > limits.max_headers:
                 return self._reject(431, f"more than {limits.max_headers} request headers")
