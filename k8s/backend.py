@@ -3,7 +3,7 @@
     from k8s import KubeConfig, KubernetesCluster, render
     cluster = KubernetesCluster(config=KubeConfig(namespace="ml", image="reg.example.com/flowserve:0.1.0"))
     cluster.ensure_secrets()                 # KVS password + admin token, generated once
-    cluster.apply(render(cluster.config, plan))
+    cluster.apply(render(cluster.config, plan))   # server-side apply, then prune what the render dropped
     cluster.scale("executor-gpu", 3)         # patches the Deployment's scale subresource
     cluster.status()                         # desired/ready replicas per component
     cluster.delete()                         # everything labelled with this instance
@@ -11,10 +11,11 @@
 
 Every call goes through the ``kubernetes`` client's typed APIs (``AppsV1Api``, ``CoreV1Api``,
 ``NetworkingV1Api``, ``RbacAuthorizationV1Api``), built from the kubeconfig / in-cluster
-credentials unless they are passed in (tests pass recorders). Manifests become the client's
-model objects (``V1Deployment``, ``V1Service``, ...) before anything is sent, and a field the
-model does not know is an error rather than silently dropped. API failures raise the
-``K8sApiError`` family naming the verb and the object.
+credentials unless they are passed in (tests pass a real API server's clients). Manifests are
+checked against the client's model objects (``V1Deployment``, ``V1Service``, ...) before
+anything is sent, and a field the model does not know is an error rather than silently
+dropped; ``apply`` is a server-side apply (field manager ``flowserve``). API failures raise
+the ``K8sApiError`` family naming the verb and the object.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class Kind:
 
     api: str  # "apps", "core", "networking" or "rbac"
     model: str  # the client's model class, e.g. "V1Deployment"
-    suffix: str  # the method suffix: create_<suffix>, replace_<suffix>, ...
+    suffix: str  # the method suffix: read_<suffix>, patch_<suffix>, list_<suffix>, ...
 
 
 KINDS: dict[tuple[str, str], Kind] = {
@@ -605,7 +606,7 @@ class KubernetesCluster:
         plans = {**self._plans, plan.flow_name: plan}
         manifests = render(self.config, list(plans.values()))
         self.ensure_secrets()
-        self.apply(manifests)
+        self.apply(manifests, prune=False)  # see apply: other processes may serve other flows
         self._plans = plans
         self.wait_ready(_components(manifests), wait_s)
         url = (gateway_url or self.gateway_url()).rstrip("/")
