@@ -4,7 +4,8 @@
 # Debian bookworm's `kubernetes` source package (its tarball vendors every Go dependency,
 # so the build needs no network beyond the Debian archive).
 #
-#   control-plane.sh build          build, or reuse from $FLOWSERVE_K8S_CACHE/<key>/bin
+#   control-plane.sh build [CMD..]  build, or reuse from $FLOWSERVE_K8S_CACHE/<key>/bin (default
+#                                   the four below; `build kubelet` adds the kubelet, real-node.sh)
 #   control-plane.sh bindir         print the cached binary directory (exit 1 if not built)
 #   control-plane.sh start DIR      PKI + tokens + kubeconfigs in DIR, start everything on
 #                                   127.0.0.1 (ports from $K8S_*_PORT or free ones), wait
@@ -28,7 +29,7 @@ cache_dir() { echo "$CACHE_ROOT/kubernetes-$DEB_SRC_VERSION-$(go_version)"; }
 
 have_bins() {
   local d=$1/bin c
-  for c in "${COMPONENTS[@]}"; do [ -x "$d/$c" ] || return 1; done
+  for c in "${WANT[@]}"; do [ -x "$d/$c" ] || return 1; done
   command -v etcd >/dev/null
 }
 
@@ -41,12 +42,14 @@ install_debs() {
 }
 
 cmd_bindir() {
+  WANT=("${COMPONENTS[@]}")
   local d; d=$(cache_dir)
   have_bins "$d" || { echo "control plane not built (expected binaries in $d/bin)" >&2; return 1; }
   echo "$d/bin"
 }
 
 cmd_build() {
+  WANT=("$@"); [ ${#WANT[@]} -gt 0 ] || WANT=("${COMPONENTS[@]}")
   install_debs
   local d; d=$(cache_dir)
   if have_bins "$d"; then log "reusing $d/bin"; echo "$d/bin"; return; fi
@@ -78,11 +81,12 @@ S
       -O zz_generated.openapi -h vendor/k8s.io/code-generator/hack/boilerplate.go.txt -r "$w/violations.report"
     local V=k8s.io/kubernetes/vendor/k8s.io
     local LDF="-s -w -X $V/component-base/version.gitVersion=$K8S_VERSION -X $V/component-base/version.gitMajor=1 -X $V/component-base/version.gitMinor=20 -X $V/component-base/version.gitTreeState=clean -X $V/client-go/pkg/version.gitVersion=$K8S_VERSION -X $V/client-go/pkg/version.gitMajor=1 -X $V/client-go/pkg/version.gitMinor=20"
-    log "go build ${COMPONENTS[*]} (about 6 minutes on 2 cores, cold)"
-    local pkgs=(); for c in "${COMPONENTS[@]}"; do pkgs+=("./cmd/$c"); done
+    log "go build ${WANT[*]} (about 6 minutes on 2 cores, cold)"
+    local pkgs=(); for c in "${WANT[@]}"; do pkgs+=("./cmd/$c"); done
     nice -n 10 go build -ldflags "$LDF" -o "$w/out/" "${pkgs[@]}"
   )
-  mkdir -p "$d"; rm -rf "$d/bin.tmp"; mv "$w/out" "$d/bin.tmp"; rm -rf "$d/bin"; mv "$d/bin.tmp" "$d/bin"
+  mkdir -p "$d/bin"; local c
+  for c in "${WANT[@]}"; do mv -f "$w/out/$c" "$d/bin/$c.tmp" && mv -f "$d/bin/$c.tmp" "$d/bin/$c"; done
   log "built into $d/bin"
   echo "$d/bin"
 }
@@ -214,7 +218,7 @@ cmd_stop() {
 }
 
 case "${1:-}" in
-  build) cmd_build ;;
+  build) shift; cmd_build "$@" ;;
   bindir) cmd_bindir ;;
   start) shift; cmd_start "$@" ;;
   stop) shift; cmd_stop "$@" ;;

@@ -51,7 +51,7 @@ def test_flow_deploy_on_kubernetes_runs_on_the_pods_runtime(control_plane, k8s_n
         for pod in pods:
             procs.executor(pod)
         gateway = procs.gateway("flowserve-gateway")
-        wait_until("the gateway to find the executors", lambda: health(gateway).get("executors") == 2)
+        wait_until("the gateway to find the executors", lambda: health(gateway).get("executors") == 2, timeout=90)
 
         # the password and the admin token come from the Secrets, not from the caller
         cluster = cluster_as(control_plane, "developer",
