@@ -3,7 +3,7 @@
     from k8s import KubeConfig, KubernetesCluster, render
     cluster = KubernetesCluster(config=KubeConfig(namespace="ml", image="reg.example.com/flowserve:0.1.0"))
     cluster.ensure_secrets()                 # KVS password + admin token, generated once
-    cluster.apply(render(cluster.config, plan))
+    cluster.apply(render(cluster.config, plan))   # server-side apply, then prune what the render dropped
     cluster.scale("executor-gpu", 3)         # patches the Deployment's scale subresource
     cluster.status()                         # desired/ready replicas per component
     cluster.delete()                         # everything labelled with this instance
@@ -11,16 +11,18 @@
 
 Every call goes through the ``kubernetes`` client's typed APIs (``AppsV1Api``, ``CoreV1Api``,
 ``NetworkingV1Api``, ``RbacAuthorizationV1Api``), built from the kubeconfig / in-cluster
-credentials unless they are passed in (tests pass recorders). Manifests become the client's
-model objects (``V1Deployment``, ``V1Service``, ...) before anything is sent, and a field the
-model does not know is an error rather than silently dropped. API failures raise the
-``K8sApiError`` family naming the verb and the object.
+credentials unless they are passed in (tests pass a real API server's clients). Manifests are
+checked against the client's model objects (``V1Deployment``, ``V1Service``, ...) before
+anything is sent, and a field the model does not know is an error rather than silently
+dropped; ``apply`` is a server-side apply (field manager ``flowserve``). API failures raise
+the ``K8sApiError`` family naming the verb and the object.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import copy
 import json
 import secrets
 import time
@@ -31,6 +33,7 @@ from k8s.config import KubeConfig, _int, redact_url
 from k8s.exceptions import (
     K8sApiError,
     K8sClientMissingError,
+    K8sConflictError,
     K8sConfigError,
     K8sConfigTypeError,
     K8sError,
@@ -43,8 +46,10 @@ from k8s.exceptions import (
 from k8s.manifests import (
     A_BASELINE,
     L_COMPONENT,
+    L_INSTANCE,
     SCALABLE,
     instance_selector,
+    managed_selector,
     labels,
     object_name,
     render,
@@ -57,13 +62,12 @@ class Kind:
 
     api: str  # "apps", "core", "networking" or "rbac"
     model: str  # the client's model class, e.g. "V1Deployment"
-    suffix: str  # the method suffix: create_<suffix>, replace_<suffix>, ...
+    suffix: str  # the method suffix: read_<suffix>, patch_<suffix>, list_<suffix>, ...
 
 
 KINDS: dict[tuple[str, str], Kind] = {
     ("v1", "ServiceAccount"): Kind("core", "V1ServiceAccount", "namespaced_service_account"),
     ("v1", "Secret"): Kind("core", "V1Secret", "namespaced_secret"),
-    ("v1", "ConfigMap"): Kind("core", "V1ConfigMap", "namespaced_config_map"),
     ("v1", "Service"): Kind("core", "V1Service", "namespaced_service"),
     ("v1", "PersistentVolumeClaim"): Kind("core", "V1PersistentVolumeClaim", "namespaced_persistent_volume_claim"),
     ("apps/v1", "Deployment"): Kind("apps", "V1Deployment", "namespaced_deployment"),
@@ -73,11 +77,17 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): Kind("rbac", "V1RoleBinding", "namespaced_role_binding"),
 }
 # what ``delete`` removes, in this order (workloads first so pods stop before their Services;
-# the autoscaler's permissions only after the gateway that uses them is gone)
+# the autoscaler's permissions only after the gateway that uses them is gone): exactly the
+# kinds ``render`` makes, so the deployer's RBAC (docs/kubernetes.md) needs no other kind
 DELETE_ORDER = [("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"), ("v1", "Service"),
-                ("networking.k8s.io/v1", "NetworkPolicy"), ("v1", "ConfigMap"),
+                ("networking.k8s.io/v1", "NetworkPolicy"),
                 ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("rbac.authorization.k8s.io/v1", "Role"),
                 ("v1", "ServiceAccount")]
+# what ``apply`` prunes: the same kinds (Secrets and volume claims hold data: never pruned)
+PRUNE_ORDER = DELETE_ORDER
+# server-side apply: the field manager that owns what FlowServe renders, and its content type
+FIELD_MANAGER = "flowserve"
+APPLY_PATCH = "application/apply-patch+yaml"
 DATA_KINDS = [("v1", "PersistentVolumeClaim"), ("v1", "Secret")]  # only with delete(keep_data=False)
 # pods are never applied, only annotated by the autoscaler: not in KINDS
 POD = Kind("core", "V1Pod", "namespaced_pod")
@@ -277,71 +287,108 @@ class KubernetesCluster:
 
     # -- apply -------------------------------------------------------------------------------
 
-    def apply(self, manifests=None, *, keep_replicas: bool = True) -> list[dict]:
-        """Create each object, or replace it when it exists; returns what was done per object.
+    def apply(self, manifests=None, *, keep_replicas: bool = True, prune: bool = True,
+              dry_run: bool = False) -> list[dict]:
+        """Server-side apply each object (``kubectl apply --server-side --force-conflicts
+        --field-manager=flowserve``), then prune this instance's objects the manifests no
+        longer contain; returns what was done per object.
 
         ``manifests``: dicts as ``render`` makes them (default: ``render(self.config)``).
-        ``keep_replicas``: when replacing a Deployment keep its live replica count (what the
-        autoscaler set) instead of the manifest's. Objects without a namespace go to
-        ``config.namespace``. All manifests are converted and checked before anything is sent.
+        ``keep_replicas``: an existing Deployment keeps its live replica count (what the
+        autoscaler set) instead of the manifest's; the apply then carries the live
+        ``resourceVersion``, so a scale in between is a conflict, retried with the new count.
+        ``prune``: delete the objects labelled ``app.kubernetes.io/instance=<name>`` and
+        ``managed-by=flowserve`` of the kinds ``render`` makes (never Secrets or volume
+        claims) that are not among ``manifests``, e.g. the GPU executors after a re-render
+        without them, or the autoscaler's Role after turning autoscaling off. It needs every
+        manifest in ``config.namespace`` and labelled with this instance.
+        ``dry_run``: the server validates, admits and reports everything (``dryRun=All``)
+        but persists nothing. All manifests are converted and checked before anything is sent.
 
             cluster.apply(render(cluster.config, plan))
-            # [{"kind": "ServiceAccount", "name": "flowserve", "action": "created"}, ...]
+            # [{"kind": "ServiceAccount", "name": "flowserve", "namespace": "ml", "action": "created"}, ...,
+            #  {"kind": "Deployment", "name": "flowserve-executor-gpu", "namespace": "ml", "action": "pruned"}]
         """
         if manifests is None:
             manifests = render(self.config)
         if isinstance(manifests, dict) or not isinstance(manifests, (list, tuple)):
             raise K8sConfigTypeError(f"manifests must be a list of dicts, got {type(manifests).__name__}")
-        typed = []
-        for m in manifests:  # convert everything first: no half-applied instance over a typo
-            obj, kind = to_api_object(m)
-            if obj.metadata.namespace is None:
-                obj.metadata.namespace = self.namespace
-            typed.append((m["kind"], obj, kind))
-        return [self._apply_one(kind_name, obj, kind, keep_replicas) for kind_name, obj, kind in typed]
+        for flag, value in (("keep_replicas", keep_replicas), ("prune", prune), ("dry_run", dry_run)):
+            if not isinstance(value, bool):
+                raise K8sConfigTypeError(f"{flag} must be a bool, got {type(value).__name__} {value!r}")
+        extra = {"dry_run": "All"} if dry_run else {}
+        checked = []
+        for m in manifests:  # check everything first: no half-applied instance over a typo
+            _, kind = to_api_object(m)
+            body = copy.deepcopy(m)
+            body["metadata"].setdefault("namespace", self.namespace)
+            if prune:
+                self._check_prunable(body)
+            checked.append((m["kind"], body, kind))
+        results = [self._apply_one(kind_name, body, kind, keep_replicas, extra) for kind_name, body, kind in checked]
+        if prune:
+            results += self._prune({(kind_name, body["metadata"]["name"]) for kind_name, body, _ in checked}, extra)
+        return results
 
-    def _apply_one(self, kind_name: str, obj, kind: Kind, keep_replicas: bool) -> dict:
-        name, ns = obj.metadata.name, obj.metadata.namespace
+    def _check_prunable(self, body: dict) -> None:
+        md = body["metadata"]
+        instance = (md.get("labels") or {}).get(L_INSTANCE)
+        if md["namespace"] != self.namespace or instance != self.config.name:
+            raise ManifestError(
+                f"{describe(body)}: apply(prune=True) keeps only objects of instance {self.config.name!r} in "
+                f"namespace {self.namespace!r}, but this one is in namespace {md['namespace']!r} with label "
+                f"{L_INSTANCE}={instance!r}: render it with this cluster's config, or pass prune=False")
+
+    def _apply_one(self, kind_name: str, body: dict, kind: Kind, keep_replicas: bool, extra: dict,
+                   attempts: int = 3) -> dict:
+        name, ns = body["metadata"]["name"], body["metadata"]["namespace"]
         result = {"kind": kind_name, "name": name, "namespace": ns}
-        try:
-            self._call("create", kind_name, kind, name, ns, obj, namespace=ns)
-            result["action"] = "created"
+        for attempt in range(attempts):
+            try:
+                live = self._call("read", kind_name, kind, name, name, ns, namespace=ns)
+            except K8sNotFoundError:
+                live = None
+            sent = body
+            if kind_name == "Deployment" and keep_replicas and live is not None and live.spec is not None \
+                    and live.spec.replicas is not None:
+                sent = copy.deepcopy(body)
+                sent["spec"]["replicas"] = live.spec.replicas
+                # a precondition: had the autoscaler scaled since the read, this is a 409
+                sent["metadata"]["resourceVersion"] = live.metadata.resource_version
+            try:
+                out = self._call("patch", kind_name, kind, name, name, ns, sent, namespace=ns,
+                                 field_manager=FIELD_MANAGER, force=True, _content_type=APPLY_PATCH, **extra)
+            except K8sConflictError:
+                if sent is body or attempt == attempts - 1:
+                    raise
+                continue  # scaled meanwhile: read the new count and apply again
+            if live is None:
+                result["action"] = "created"
+            else:
+                same = out.metadata.resource_version == live.metadata.resource_version
+                result["action"] = "unchanged" if same else "configured"
+                if sent is not body and body["spec"].get("replicas", 1) != live.spec.replicas:
+                    result["kept_replicas"] = live.spec.replicas
             return result
-        except K8sApiError as e:
-            if e.status != 409:
-                raise
-        live = self._call("read", kind_name, kind, name, name, ns, namespace=ns)
-        kept = self._carry_over(kind_name, obj, live, keep_replicas)
-        self._call("replace", kind_name, kind, name, name, ns, obj, namespace=ns)
-        result["action"] = "replaced"
-        result.update(kept)
-        return result
+        raise AssertionError("unreachable")  # pragma: no cover
 
-    @staticmethod
-    def _carry_over(kind_name: str, obj, live, keep_replicas: bool) -> dict:
-        """Copy what the server owns (resourceVersion, a Service's cluster IP and node ports)
-        or what the autoscaler set (a Deployment's replicas) from ``live`` into ``obj``."""
-        kept = {}
-        obj.metadata.resource_version = live.metadata.resource_version
-        if kind_name == "Service" and live.spec is not None:
-            obj.spec.cluster_ip = live.spec.cluster_ip
-            for attr in ("cluster_ips", "cluster_i_ps"):  # the client renamed it across versions
-                if attr in type(obj.spec).attribute_map:
-                    setattr(obj.spec, attr, getattr(live.spec, attr))
-            if obj.spec.type in ("NodePort", "LoadBalancer"):
-                live_ports = {p.name: p.node_port for p in live.spec.ports or []}
-                for p in obj.spec.ports or []:
-                    if p.node_port is None and live_ports.get(p.name):
-                        p.node_port = live_ports[p.name]
-                if obj.spec.health_check_node_port is None:
-                    obj.spec.health_check_node_port = live.spec.health_check_node_port
-        if kind_name == "Deployment" and keep_replicas and live.spec is not None and live.spec.replicas is not None:
-            if obj.spec.replicas != live.spec.replicas:
-                kept["kept_replicas"] = live.spec.replicas
-            obj.spec.replicas = live.spec.replicas
-        if kind_name == "ServiceAccount" and not obj.secrets and live.secrets:
-            obj.secrets = live.secrets
-        return kept
+    def _prune(self, keep: set, extra: dict) -> list[dict]:
+        """Delete this instance's applied objects (``PRUNE_ORDER`` kinds) not in ``keep``."""
+        selector = managed_selector(self.config)
+        pruned = []
+        for key in PRUNE_ORDER:
+            kind, kind_name = KINDS[key], key[1]
+            for item in self._call("list", kind_name, kind, "", self.namespace, label_selector=selector).items or []:
+                name = item.metadata.name
+                if (kind_name, name) in keep or item.metadata.deletion_timestamp is not None:
+                    continue
+                try:
+                    self._call("delete", kind_name, kind, name, name, self.namespace,
+                               propagation_policy="Foreground" if kind.api == "apps" else "Background", **extra)
+                except K8sNotFoundError:
+                    continue  # deleted meanwhile
+                pruned.append({"kind": kind_name, "name": name, "namespace": self.namespace, "action": "pruned"})
+        return pruned
 
     # -- secrets -----------------------------------------------------------------------------
 
@@ -559,7 +606,7 @@ class KubernetesCluster:
         plans = {**self._plans, plan.flow_name: plan}
         manifests = render(self.config, list(plans.values()))
         self.ensure_secrets()
-        self.apply(manifests)
+        self.apply(manifests, prune=False)  # see apply: other processes may serve other flows
         self._plans = plans
         self.wait_ready(_components(manifests), wait_s)
         url = (gateway_url or self.gateway_url()).rstrip("/")

@@ -88,6 +88,11 @@ def instance_selector(config: KubeConfig) -> str:
     return f"{L_NAME}={APP_NAME},{L_INSTANCE}={config.name}"
 
 
+def managed_selector(config: KubeConfig) -> str:
+    """The label selector of the objects ``apply`` made for this instance (what it prunes)."""
+    return f"{instance_selector(config)},{L_MANAGED_BY}={MANAGED_BY}"
+
+
 def object_name(config: KubeConfig, component: str) -> str:
     return f"{config.name}-{component}"
 

@@ -1,0 +1,207 @@
+"""A real Kubernetes control plane for the tests: etcd, kube-apiserver (token auth, RBAC),
+kube-controller-manager and kube-scheduler v1.20.2, started by scripts/k8s/control-plane.sh
+from the binaries it built (or found in its cache), plus a "fakelet".
+
+There is no kubelet: the fakelet registers one Node (with ``nvidia.com/gpu`` capacity) and
+does the part of a kubelet the API server sees: it marks the pods the real scheduler binds to
+that Node Running and Ready (pod IP 127.0.0.1) and finishes the deletion of pods that are
+terminating. No container runs; the tests start the pods' processes themselves when they
+need them (test_real_deploy.py).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "k8s" / "control-plane.sh"
+DOCS = ROOT / "docs" / "kubernetes.md"
+REQUIRE_ENV = "FLOWSERVE_K8S_REQUIRED"  # CI sets it: a missing control plane fails, never skips
+NODE = "fakelet-node"
+NODE_CAPACITY = {"cpu": "64", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "4",
+                 "ephemeral-storage": "100Gi"}
+DEVELOPER = "developer"  # the non-admin user of the tokens file, bound to the docs' deployer Role
+
+
+def binaries() -> tuple[str | None, str]:
+    """The control plane's binary directory, or None and why not."""
+    r = subprocess.run(["bash", str(SCRIPT), "bindir"], capture_output=True, text=True)
+    if r.returncode == 0:
+        return r.stdout.strip(), ""
+    return None, r.stderr.strip()
+
+
+def wait_for(what: str, cond, timeout: float = 30.0, every: float = 0.05):
+    """Poll ``cond`` until it returns something truthy (returned); fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(every)
+
+
+class ControlPlane:
+    """One started control plane: its directory, addresses, credentials and clients."""
+
+    def __init__(self, directory: Path):
+        self.dir = directory
+        r = subprocess.run(["bash", str(SCRIPT), "start", str(directory)], capture_output=True, text=True)
+        if r.returncode != 0:
+            self.stop()
+            raise RuntimeError(f"control-plane.sh start failed ({r.returncode}):\n{r.stderr[-4000:]}")
+        self.env = dict(line.split("=", 1) for line in (directory / "env").read_text().splitlines() if "=" in line)
+        self.url = self.env["K8S_API"]
+        self.kubectl_bin = Path(self.env["K8S_BIN"]) / "kubectl"
+
+    def kubeconfig(self, user: str) -> str:
+        return str(self.dir / f"{user}.kubeconfig")
+
+    def api_client(self, user: str = "admin"):
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=self.kubeconfig(user))
+
+    def token_client(self, token: str):
+        """An ApiClient authenticating with a bearer token (a ServiceAccount's)."""
+        import kubernetes.client as client
+
+        c = client.Configuration()
+        c.host = self.url
+        c.ssl_ca_cert = self.env["K8S_CA"]
+        c.api_key = {"authorization": token}
+        c.api_key_prefix = {"authorization": "Bearer"}
+        return client.ApiClient(c)
+
+    def kubectl(self, *args: str, user: str = "admin", check: bool = True) -> str:
+        r = subprocess.run([str(self.kubectl_bin), "--kubeconfig", self.kubeconfig(user), *args],
+                           capture_output=True, text=True)
+        if check and r.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {r.stderr}")
+        return r.stdout
+
+    def stop(self) -> None:
+        subprocess.run(["bash", str(SCRIPT), "stop", str(self.dir)], capture_output=True, text=True)
+
+    def logs(self, component: str, lines: int = 40) -> str:
+        p = self.dir / f"{component}.log"
+        return "\n".join(p.read_text(errors="replace").splitlines()[-lines:]) if p.exists() else ""
+
+
+class Fakelet(threading.Thread):
+    """The API-visible half of a kubelet for one Node: bound pods become Running/Ready,
+    terminating pods are removed. Event-driven (a watch on the Node's pods)."""
+
+    def __init__(self, api_client, node: str = NODE, capacity: dict | None = None):
+        super().__init__(name=f"fakelet-{node}", daemon=True)
+        import kubernetes.client as client
+
+        self.v1 = client.CoreV1Api(api_client)
+        self.node, self.capacity = node, dict(capacity or NODE_CAPACITY)
+        self.stopping = threading.Event()
+        self.paused = threading.Event()  # while set, new pods stay Pending-not-ready
+        self.errors: list[str] = []
+
+    def register(self) -> None:
+        import kubernetes.client as client
+
+        now = _now()
+        try:
+            self.v1.create_node(client.V1Node(metadata=client.V1ObjectMeta(
+                name=self.node, labels={"kubernetes.io/hostname": self.node, "kubernetes.io/os": "linux"})))
+        except client.ApiException as e:
+            if e.status != 409:
+                raise
+        self.v1.patch_node_status(self.node, {"status": {
+            "capacity": self.capacity, "allocatable": self.capacity,
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "lastHeartbeatTime": now, "lastTransitionTime": now}]}})
+        # admission taints a new Node not-ready; the node lifecycle controller (not run here:
+        # there is no kubelet heartbeat to judge) would lift it once the Node reports Ready
+        self.v1.patch_node(self.node, {"spec": {"taints": None}}, _content_type="application/merge-patch+json")
+
+    def run(self) -> None:
+        from kubernetes import watch
+
+        selector = f"spec.nodeName={self.node}"
+        while not self.stopping.is_set():
+            try:
+                pods = self.v1.list_pod_for_all_namespaces(field_selector=selector)
+                for p in pods.items:
+                    self._sync(p)
+                w = watch.Watch()
+                for event in w.stream(self.v1.list_pod_for_all_namespaces, field_selector=selector,
+                                      resource_version=pods.metadata.resource_version, timeout_seconds=1):
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self._sync(event["object"])
+                    if self.stopping.is_set():
+                        w.stop()
+            except Exception as e:  # noqa: BLE001 - a conflict or a closed watch: resync
+                if self.stopping.is_set():
+                    return
+                self.errors.append(f"{type(e).__name__}: {e}"[:300])
+
+    def _sync(self, pod) -> None:
+        import kubernetes.client as client
+
+        md = pod.metadata
+        try:
+            if md.deletion_timestamp is not None:
+                self.v1.delete_namespaced_pod(md.name, md.namespace, grace_period_seconds=0)
+                return
+            if pod.status.phase == "Running" or self.paused.is_set():
+                return
+            t = _now()
+            statuses = [{"name": c.name, "ready": True, "restartCount": 0, "image": c.image, "imageID": "",
+                         "started": True, "state": {"running": {"startedAt": t}}} for c in pod.spec.containers]
+            self.v1.patch_namespaced_pod_status(md.name, md.namespace, {"status": {
+                "phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}], "hostIP": "127.0.0.1",
+                "startTime": t, "containerStatuses": statuses,
+                "conditions": [{"type": k, "status": "True", "lastTransitionTime": t}
+                               for k in ("Initialized", "Ready", "ContainersReady", "PodScheduled")]}})
+        except client.ApiException as e:
+            if e.status not in (404, 409):
+                raise
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=10)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def deployer_rbac_from_docs(namespace: str, user: str = DEVELOPER) -> list[dict]:
+    """The deployer Role of docs/kubernetes.md (the ```yaml block after the marker comment),
+    put in ``namespace`` and bound to ``user``: the tests grant exactly what the docs say."""
+    text = DOCS.read_text()
+    m = re.search(r"<!-- deployer-rbac -->\s*```yaml\n(.*?)```", text, re.S)
+    if m is None:
+        raise AssertionError("docs/kubernetes.md has no ```yaml block after <!-- deployer-rbac -->")
+    docs = [d for d in yaml.safe_load_all(m.group(1)) if d]
+    for d in docs:
+        d["metadata"]["namespace"] = namespace
+        if d["kind"] == "RoleBinding":
+            d["subjects"] = [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]
+    return docs
+
+
+def unique_namespace(prefix: str = "t") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def env_requires_real() -> bool:
+    return os.environ.get(REQUIRE_ENV, "") not in ("", "0")
