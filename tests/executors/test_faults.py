@@ -145,6 +145,13 @@ def _executor_logs(c) -> str:
     return "\n".join(p.read_text(errors="replace") for p in (c.dir / "logs").glob("*.log"))
 
 
+def _deploy(c, name: str, fn, **flags):
+    """Deploy a flow of one map operator ``fn`` -> y."""
+    f = Flow(name)
+    f.map(fn, names=["y"], **flags)
+    return c.deploy(f)
+
+
 def _assert_all_answered(answers, plus=1):
     assert answers, "the bystanders sent nothing"
     bad = [(x, s, a) for x, s, _, a in answers if s != 200 or a["rows"][0]["y"] != x + plus]
@@ -153,12 +160,8 @@ def _assert_all_answered(answers, plus=1):
 
 def test_hung_operator_on_the_io_thread_is_contained(cluster):
     c = cluster
-    f = Flow("hang-io")
-    f.map(hang, names=["y"])
-    d = c.deploy(f)
-    other = Flow("other-io")
-    other.map(plus_one, names=["y"])
-    o = c.deploy(other)
+    d = _deploy(c, "hang-io", hang)
+    o = _deploy(c, "other-io", plus_one)
     with httpx.Client() as http:
         # a quick stage becomes cheap and runs on the IO thread once its runs average under
         # 2 ms (executor.HostedStage.observe): warm it until 20 runs in a row took under 1 ms
@@ -192,12 +195,8 @@ def test_hung_operator_on_the_io_thread_is_contained(cluster):
 
 def test_hung_operator_on_the_pool_is_contained(cluster):
     c = cluster
-    f = Flow("hang-pool")
-    f.map(slow_hang, names=["y"])
-    d = c.deploy(f)
-    other = Flow("other-pool")
-    other.map(sleepy, names=["y"])
-    o = c.deploy(other)
+    d = _deploy(c, "hang-pool", slow_hang)
+    o = _deploy(c, "other-pool", sleepy)
     with bystanders(o.url) as seen:
         hung = _hung_requests(d.url, 8, timeout_s=1.0)  # more than the 2 x 2 pool threads
         for status, body, seconds in hung:
@@ -255,12 +254,8 @@ def test_poison_input_is_quarantined_after_two_crashes(cluster, batching):
 def test_an_operator_holding_the_interpreter_gets_its_executor_killed(cluster):
     """The executor's watchdog cannot run then: the supervisor's pings notice instead."""
     c = cluster
-    f = Flow("backtrack")
-    f.map(backtrack, names=["y"])
-    d = c.deploy(f)
-    other = Flow("other-gil")
-    other.map(sleepy, names=["y"])
-    o = c.deploy(other)
+    d = _deploy(c, "backtrack", backtrack)
+    o = _deploy(c, "other-gil", sleepy)
     with bystanders(o.url) as seen:
         wait_until("bystander load", lambda: len(seen["answers"]) >= 20, timeout=30)
         r = httpx.post(d.url, json={"x": -1}, headers={"X-Request-Timeout": "1"}, timeout=60)
@@ -276,9 +271,7 @@ def test_an_operator_holding_the_interpreter_gets_its_executor_killed(cluster):
 
 def test_system_exit_in_an_operator_fails_only_its_request(cluster):
     c = cluster
-    f = Flow("exits")
-    f.map(exits, names=["y"])
-    d = c.deploy(f)
+    d = _deploy(c, "exits", exits)
     with httpx.Client() as http:
         for i in range(20):
             assert http.post(d.url, json={"x": i + 100}).status_code == 200
