@@ -403,7 +403,8 @@ class KubernetesCluster:
         kind = KINDS[("v1", "Secret")]
         client = _client()
         for name, key, component in ((self.config.redis_secret_name, "password", "kvs"),
-                                     (self.config.admin_secret_name, "token", "gateway")):
+                                     (self.config.admin_secret_name, "token", "gateway"),
+                                     (self.config.cluster_key_secret_name, "key", "gateway")):
             try:
                 self._call("read", "Secret", kind, name, name, self.namespace)
                 continue
@@ -413,7 +414,7 @@ class KubernetesCluster:
                 api_version="v1", kind="Secret", type="Opaque",
                 metadata=client.V1ObjectMeta(name=name, namespace=self.namespace,
                                              labels=labels(self.config, component)),
-                string_data={key: secrets.token_urlsafe(32)})
+                string_data={key: secrets.token_hex(32) if key == "key" else secrets.token_urlsafe(32)})
             self._call("create", "Secret", kind, name, self.namespace, body)
             created.append(name)
         return created
@@ -613,7 +614,8 @@ class KubernetesCluster:
         kvs = self.kvs_url(kvs_url)
         admin = self.read_secret(self.config.admin_secret_name, "token")
         token = self.read_secret(self.config.token_secret, "token") if self.config.token_secret else None
-        client = self._client_for(url, kvs, admin, token)
+        key = self.read_secret(self.config.cluster_key_secret_name, "key")  # the plan is signed with it
+        client = self._client_for(url, kvs, admin, token, key)
         try:
             return client.deploy(flow, optimize=optimize, rules=rules, options=options)
         except Exception as e:
@@ -666,18 +668,19 @@ class KubernetesCluster:
                     f"{instance_selector(self.config)}, and describe the pending ones)")
             time.sleep(min(self.poll_s, max(deadline - time.monotonic(), 0)))
 
-    def _cluster_client(self, url: str, kvs_url: str, admin_token: str, token: str | None):
+    def _cluster_client(self, url: str, kvs_url: str, admin_token: str, token: str | None,
+                        cluster_key: str | None = None):
         """The runtime's client of a running cluster; one small method so tests can see what
         it is given. Imported here: the runtime is not needed to render or apply."""
         from executors.cluster import ClusterClient
 
-        return ClusterClient(url=url, kvs_url=kvs_url, admin_token=admin_token, token=token)
+        return ClusterClient(url=url, kvs_url=kvs_url, admin_token=admin_token, token=token, cluster_key=cluster_key)
 
-    def _client_for(self, url: str, kvs_url: str, admin_token: str, token: str | None):
+    def _client_for(self, url: str, kvs_url: str, admin_token: str, token: str | None, cluster_key: str | None = None):
         # the returned Deployment calls through its client: keep it open, reuse it per address
-        key = (url, kvs_url, admin_token, token)
+        key = (url, kvs_url, admin_token, token, cluster_key)
         if key not in self._clients:
-            self._clients[key] = self._cluster_client(url, kvs_url, admin_token, token)
+            self._clients[key] = self._cluster_client(url, kvs_url, admin_token, token, cluster_key)
         return self._clients[key]
 
     def _unreachable_message(self, flow, url: str, kvs_url: str, e: Exception) -> str:

@@ -489,6 +489,12 @@ class KubeConfig:
         return self.admin_secret or f"{self.name}-admin"
 
     @property
+    def cluster_key_secret_name(self) -> str:
+        """The Secret (key ``key``, hex) with the cluster key plans are signed with: never in
+        the KVS, so whoever reaches Redis cannot make the pods run code."""
+        return f"{self.name}-cluster-key"
+
+    @property
     def version_label(self) -> str:
         if self.version is not None:
             return self.version

@@ -179,6 +179,8 @@ def _common_env(config: KubeConfig) -> list[dict]:
         _field_env("POD_IP", "status.podIP"),
         _secret_env("REDIS_PASSWORD", config.redis_secret_name, "password"),
         {"name": "FLOWSERVE_KVS_URL", "value": kvs_url_template(config)},
+        # plans are signed with it and checked before they are unpickled (kvs.serialization)
+        _secret_env("FLOWSERVE_CLUSTER_KEY", config.cluster_key_secret_name, "key"),
         {"name": "HOME", "value": "/tmp"},
         {"name": "TMPDIR", "value": "/tmp"},
     ]

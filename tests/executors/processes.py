@@ -22,13 +22,14 @@ HEARTBEAT_S = 0.2  # registrations expire after 0.6 s: departures show quickly
 class Procs:
     """The processes a test starts; all stopped at its end."""
 
-    def __init__(self, redis_url: str, logdir, admin_token: str = ADMIN):
+    def __init__(self, redis_url: str, logdir, admin_token: str = ADMIN, env: dict | None = None):
         self.redis_url, self.logdir, self.admin_token = redis_url, logdir, admin_token
+        self.env = env or {}  # for every process, e.g. the cluster key a pod gets from its Secret
         self.procs: list[subprocess.Popen] = []
 
     def _start(self, name: str, cmd: list[str], env: dict | None = None) -> subprocess.Popen:
         log = open(self.logdir / f"{name}.log", "ab")
-        full_env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), **(env or {}))
+        full_env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), **self.env, **(env or {}))
         proc = popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env)
         log.close()
         self.procs.append(proc)

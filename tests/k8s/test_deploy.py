@@ -23,6 +23,7 @@ from k8s.backend import KubernetesCluster  # noqa: E402 - needs the client
 
 PASSWORD = "p@ss/word"  # not URL-safe on purpose: the URL must quote it
 ADMIN = "admin-t0ken"
+CLUSTER_KEY = "00112233445566778899aabbccddeeff"
 
 
 class StubClient:
@@ -52,8 +53,9 @@ class RecordingCluster(KubernetesCluster):
         super().__init__(*args, **kwargs)
         self.made: list[StubClient] = []
 
-    def _cluster_client(self, url, kvs_url, admin_token, token):
+    def _cluster_client(self, url, kvs_url, admin_token, token, cluster_key=None):
         c = StubClient(self.status(), url=url, kvs_url=kvs_url, admin_token=admin_token, token=token)
+        c.cluster_key = cluster_key
         self.made.append(c)
         return c
 
@@ -66,7 +68,8 @@ def deploying(control_plane, k8s_namespace):
 
     def make(config: KubeConfig | None = None, token: str | None = None, cls=RecordingCluster):
         config = (config or KubeConfig(kvs_storage=None)).replace(namespace=k8s_namespace)
-        secrets = [(config.redis_secret_name, "password", PASSWORD), (config.admin_secret_name, "token", ADMIN)]
+        secrets = [(config.redis_secret_name, "password", PASSWORD), (config.admin_secret_name, "token", ADMIN),
+                   (config.cluster_key_secret_name, "key", CLUSTER_KEY)]
         if token is not None:
             secrets.append((config.token_secret, "token", token))
         for name, key, value in secrets:
@@ -109,6 +112,7 @@ def test_deploy_applies_waits_then_deploys_through_the_runtime_client(cpu_flow, 
         "url": f"http://flowserve-gateway.{ns}.svc.cluster.local:80",
         "kvs_url": f"redis://:p%40ss%2Fword@flowserve-kvs.{ns}.svc.cluster.local:6379/0",
         "admin_token": ADMIN, "token": None}
+    assert made.cluster_key == CLUSTER_KEY  # from its Secret: the client signs the plan with it
     assert made.deploys == [(cpu_flow, True, None, None)]
     # the client was built only once every workload had rolled out
     assert {c: s["rolled_out"] for c, s in made.status["components"].items()} == {
@@ -242,10 +246,10 @@ def test_the_runtime_client_is_built_from_executors_cluster(monkeypatch):
 
     # ClusterClient is the runtime's; here only what the backend passes it matters
     monkeypatch.setattr(executors.cluster, "ClusterClient", Recorded, raising=False)
-    made = KubernetesCluster()._cluster_client("http://gw:80", "redis://:pw@kvs:6379/0", "adm", None)
+    made = KubernetesCluster()._cluster_client("http://gw:80", "redis://:pw@kvs:6379/0", "adm", None, "ab" * 16)
     assert isinstance(made, Recorded)
     assert made.kwargs == {"url": "http://gw:80", "kvs_url": "redis://:pw@kvs:6379/0", "admin_token": "adm",
-                           "token": None}
+                           "token": None, "cluster_key": "ab" * 16}
 
 
 def test_wait_ready_alone_waits_for_what_exists(deploying):

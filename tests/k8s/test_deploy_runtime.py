@@ -44,9 +44,11 @@ def test_flow_deploy_on_kubernetes_runs_on_the_pods_runtime(control_plane, k8s_n
 
     password = deployer.read_secret("flowserve-redis", "password")  # what the pods get from the Secret
     admin = deployer.read_secret("flowserve-admin", "token")
+    key = deployer.read_secret("flowserve-cluster-key", "key")  # plans are signed with it
     kvs = RedisServer(dir=tmp_path / "redis", appendonly=False, password=password)
     kvs.start()
-    procs = Procs(f"redis://:{quote(password, safe='')}@127.0.0.1:{kvs.port}/0", tmp_path, admin_token=admin)
+    procs = Procs(f"redis://:{quote(password, safe='')}@127.0.0.1:{kvs.port}/0", tmp_path, admin_token=admin,
+                  env={"FLOWSERVE_CLUSTER_KEY": key})
     try:
         for pod in pods:
             procs.executor(pod)

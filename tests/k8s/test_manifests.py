@@ -214,10 +214,11 @@ def test_secrets_are_referenced_never_inlined(name):
     for m in workloads(manifests):
         for c in containers(m):
             for e in c["env"]:
-                if re.search(r"PASSWORD|TOKEN|AUTH|SECRET", e["name"]):
+                if re.search(r"PASSWORD|TOKEN|AUTH|SECRET|KEY", e["name"]):
                     assert "value" not in e, e  # only ever from a secretKeyRef
                     refs.add((e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"]))
-    expected = {(cfg.redis_secret_name, "password"), (cfg.admin_secret_name, "token")}
+    expected = {(cfg.redis_secret_name, "password"), (cfg.admin_secret_name, "token"),
+                (cfg.cluster_key_secret_name, "key")}
     if cfg.token_secret:
         expected.add((cfg.token_secret, "token"))
     assert refs == expected

@@ -90,7 +90,7 @@ def test_deployer_applies_waits_scales_and_reapplies_keeping_replicas(control_pl
     cfg = config(k8s_namespace, cpu_executors=2, gpu_executors=1,
                  autoscaling=AutoscalingConfig(max_replicas=6, target_utilisation=0.6))
     cluster = cluster_as(control_plane, "developer", cfg)
-    assert sorted(cluster.ensure_secrets()) == ["flowserve-admin", "flowserve-redis"]
+    assert sorted(cluster.ensure_secrets()) == ["flowserve-admin", "flowserve-cluster-key", "flowserve-redis"]
     assert cluster.ensure_secrets() == []
 
     manifests = render(cfg)
@@ -215,7 +215,7 @@ def test_delete_as_the_deployer_removes_everything_and_keeps_data_by_default(con
         cluster.ensure_secrets()
         cluster.apply()
         cluster.wait_ready(wait_s=60)  # the KVS pod ran: its claim is bound
-        data = {("Secret", "flowserve-redis"), ("Secret", "flowserve-admin"),
+        data = {("Secret", "flowserve-redis"), ("Secret", "flowserve-admin"), ("Secret", "flowserve-cluster-key"),
                 ("PersistentVolumeClaim", "data-flowserve-kvs-0")}
         assert data <= live_objects(control_plane, k8s_namespace)
 
