@@ -158,8 +158,18 @@ def _assert_all_answered(answers, plus=1):
     assert not bad, bad[:3]
 
 
-def test_hung_operator_on_the_io_thread_is_contained(cluster):
-    c = cluster
+@pytest.fixture
+def one_executor():
+    """One executor: the warmed stage and the hung requests meet on the same IO thread (the
+    gateway may send every request of an idle cluster to one executor of two)."""
+    c = LocalCluster(ClusterConfig(executors=1, threads=2, request_timeout_s=10, stuck_grace_s=GRACE_S,
+                                   max_retries=3)).start()
+    yield c
+    c.stop()
+
+
+def test_hung_operator_on_the_io_thread_is_contained(one_executor):
+    c = one_executor
     d = _deploy(c, "hang-io", hang)
     o = _deploy(c, "other-io", plus_one)
     with httpx.Client() as http:
@@ -182,7 +192,7 @@ def test_hung_operator_on_the_io_thread_is_contained(cluster):
         # the hung threads stay stuck: past the grace period the executors are recycled
         wait_until("the stuck executors to be recycled", lambda: sum(_health(c)["recycled"].values()) >= 1,
                    timeout=30)
-        wait_until("both executors back", lambda: _health(c)["executors"] == 2, timeout=30)
+        wait_until("the executor back", lambda: _health(c)["executors"] == 1, timeout=30)
     _assert_all_answered(seen["answers"])
     # other flows kept answering within seconds throughout (a stall would be the request deadline)
     assert max(s for _, _, s, _ in seen["answers"]) < 5
