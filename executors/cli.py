@@ -1,4 +1,5 @@
-"""The ``flowserve`` command line.
+"""The runtime's commands of the ``flowserve`` command line (flowserve/cli.py composes them
+with the deploy targets' commands, e.g. ``flowserve k8s``).
 
     flowserve up [--executors N] [--port P]     start a local cluster in the background
     flowserve status                            flows, stages, replicas, latencies
@@ -260,12 +261,12 @@ def cmd_invoke(args) -> int:
     return 0 if r.status_code == 200 else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
+def add_runtime_commands(p: argparse.ArgumentParser, sub) -> None:
+    """Add the local cluster's commands (up, status, deploy, invoke, kvs, down) to a parser
+    and its ``add_subparsers()``; each sets ``fn``."""
     from executors.cluster import DEFAULT_DIR
 
-    p = argparse.ArgumentParser(prog="flowserve", description="Serve prediction pipelines as optimized dataflows.")
     p.add_argument("--dir", default=str(DEFAULT_DIR), help=f"cluster directory (default {DEFAULT_DIR})")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     up = sub.add_parser("up", help="start a local cluster in the background")
     up.add_argument("--executors", type=int, help="executor processes (default: one per core, at least 2)")
@@ -308,21 +309,3 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("pattern", nargs="?", default="*", help="glob pattern (default *)")
     ls.add_argument("--all", action="store_true", help="include the runtime's own keys")
     ls.set_defaults(fn=cmd_kvs, kvs_fn=kvs_ls)
-
-    from k8s.cli import add_k8s_parser
-
-    add_k8s_parser(sub)  # flowserve k8s render: manifests for review / GitOps
-    return p
-
-
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.fn(args)
-    except FlowError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -470,9 +470,3 @@ def make_app(gateway: Gateway, on_startup=(), on_shutdown=()) -> InvokeFastPath:
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={Exception: server_error, HTTPException: http_error})
     return InvokeFastPath(gateway, app)
-
-
-if __name__ == "__main__":  # python -m executors.gateway: the standalone (Kubernetes) gateway
-    from executors.standalone import main
-
-    main()

@@ -9,7 +9,7 @@ one Service all serve the same flows, whichever of them took the deploy. If the 
 restarts empty, it re-publishes the flows it serves (durability.py) instead of reading
 the empty registry as "everything was undeployed".
 
-    FLOWSERVE_ADMIN_TOKEN=... python -m executors.gateway --host 0.0.0.0 --port 8000 \\
+    FLOWSERVE_ADMIN_TOKEN=... python -m executors.standalone --host 0.0.0.0 --port 8000 \\
         --address tcp://10.0.0.7:5556 --kvs redis://:pw@kvs:6379/0 --membership kvs
 """
 
@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable, Mapping
 
 import uvicorn
 
@@ -40,11 +41,17 @@ from kvs import KVS
 log = logging.getLogger("flowserve.gateway")
 QID_BLOCK = 1 << 40  # each gateway start takes its own range of query ids
 
+# How a deploy target plugs its executors into the autoscaler: given the gateway's
+# dispatcher, the backend that adds and removes executors (executors/scaling.py's
+# interface). k8s/gateway.py passes Kubernetes' one; the runtime never imports a target.
+ScalerFactory = Callable[[Dispatcher], object]
+ScalerOption = Callable[[argparse.Namespace], ScalerFactory]
+
 
 class StandaloneGateway:
     def __init__(self, config: ClusterConfig, *, kvs_url: str, address: str, admin_token: str,
-                 autoscaling: AutoscalingConfig | None = None, scaler: str | None = None,
-                 scaler_args: dict | None = None, poll_s: float = 0.5, grace_s: float = 1.5):
+                 autoscaling: AutoscalingConfig | None = None, scaler: ScalerFactory | None = None,
+                 poll_s: float = 0.5, grace_s: float = 1.5):
         self.config = config
         self.address = address
         self.store = KVS.from_url(kvs_url, signing_key=cluster_key())  # $FLOWSERVE_CLUSTER_KEY, if set
@@ -57,7 +64,7 @@ class StandaloneGateway:
                                max_body_bytes=config.max_body_bytes, request_timeout_s=config.request_timeout_s,
                                load_timeout_s=config.load_timeout_s, metrics=self.metrics,
                                public_metrics=config.public_metrics, max_rows=config.max_rows)
-        self.scaler, self.scaler_args = scaler, scaler_args or {}
+        self.scaler = scaler
         self.scaling = None
         if autoscaling is not None:
             self.scaling = ScalingLoop(lambda: self.dispatcher, FixedExecutors(), autoscaling,
@@ -96,13 +103,10 @@ class StandaloneGateway:
                  len(self.dispatcher.flows))
 
     async def _backend(self):
-        if self.scaler != "k8s":
+        if self.scaler is None:
             return FixedExecutors()
-        from k8s.scaling import KubernetesExecutors
-
-        # the baseline (executors never removed) is read from the Deployments: blocking calls
-        return await asyncio.to_thread(KubernetesExecutors.from_incluster, self.scaler_args["namespace"],
-                                       self.scaler_args["instance"], self.dispatcher)
+        # a deploy target's backend may read its baseline from its API: blocking calls
+        return await asyncio.to_thread(self.scaler, self.dispatcher)
 
     async def _when_kvs_answers(self, call):
         """``call()`` once the KVS answers: in a cluster the gateway may start before Redis."""
@@ -230,8 +234,14 @@ class StandaloneGateway:
                 self._failed_loads[(name, version)] = now + 5.0
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m executors.gateway",
+def main(argv=None, *, prog: str = "python -m executors.standalone",
+         scalers: Mapping[str, ScalerOption] | None = None,
+         add_arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
+    """Run a standalone gateway. A deploy target adds its executor backends as ``scalers``
+    (``--scaler NAME``: a function of the parsed arguments returning a ScalerFactory, or
+    raising ValueError naming what is missing) and the options they read (``add_arguments``)."""
+    scalers = dict(scalers or {})
+    p = argparse.ArgumentParser(prog=prog,
                                 description="Run a FlowServe gateway that finds its executors in the KVS.")
     p.add_argument("--host", default="127.0.0.1", help="HTTP address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
@@ -243,10 +253,11 @@ def main(argv=None) -> None:
                    help="how executors are found: their registration in the KVS")
     p.add_argument("--config", default="{}", help="ClusterConfig fields as JSON (timeouts, limits, retries)")
     p.add_argument("--autoscale", default=None, help="AutoscalingConfig fields as JSON: scale stages")
-    p.add_argument("--scaler", default=None, choices=["k8s"],
-                   help="with --autoscale: also add/remove executors (k8s: scale the executor Deployments)")
-    p.add_argument("--k8s-namespace", default=os.environ.get("POD_NAMESPACE"))
-    p.add_argument("--k8s-instance", default="flowserve")
+    if scalers:
+        p.add_argument("--scaler", default=None, choices=sorted(scalers),
+                       help="with --autoscale: also add/remove executors through this backend")
+    if add_arguments is not None:
+        add_arguments(p)
     p.add_argument("--poll-s", type=float, default=0.5, help="how often membership and registry are read")
     args = p.parse_args(argv)
     if not args.kvs:
@@ -254,8 +265,12 @@ def main(argv=None) -> None:
     admin_token = os.environ.get("FLOWSERVE_ADMIN_TOKEN")
     if not admin_token:
         p.error("set FLOWSERVE_ADMIN_TOKEN: deploys need the cluster's admin token")
-    if args.scaler == "k8s" and not args.k8s_namespace:
-        p.error("--scaler k8s needs --k8s-namespace (or POD_NAMESPACE)")
+    scaler = None
+    if getattr(args, "scaler", None) is not None:
+        try:
+            scaler = scalers[args.scaler](args)
+        except ValueError as e:
+            p.error(str(e))
     try:
         fields = json.loads(args.config)
         if os.environ.get("FLOWSERVE_TOKEN"):
@@ -267,7 +282,10 @@ def main(argv=None) -> None:
     logging.basicConfig(level=os.environ.get("FLOWSERVE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     gw = StandaloneGateway(config, kvs_url=args.kvs, address=args.address, admin_token=admin_token,
-                           autoscaling=autoscaling, scaler=args.scaler, poll_s=args.poll_s,
-                           scaler_args={"namespace": args.k8s_namespace, "instance": args.k8s_instance})
+                           autoscaling=autoscaling, scaler=scaler, poll_s=args.poll_s)
     signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))  # uvicorn stops on SIGINT
     gw.run(args.host, args.port)
+
+
+if __name__ == "__main__":
+    main()

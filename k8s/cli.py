@@ -4,7 +4,7 @@
     flowserve k8s render --script examples/ensemble.py --out -     # GPU executors if a stage needs one
     kubectl apply -f flowserve.yaml
 
-Wired into the main CLI by ``add_k8s_parser(sub)`` in ``executors.cli.build_parser``; it
+Wired into the main CLI by ``add_k8s_parser(sub)`` in ``flowserve.cli.build_parser``; it
 also runs alone: ``python -m k8s.cli render ...``.
 """
 

@@ -53,7 +53,7 @@ APP_UID = 10001  # the Dockerfile's non-root user
 REDIS_UID = 999  # the official redis image's ``redis`` user
 ARTIFACT_CACHE = "/var/cache/flowserve"
 
-GATEWAY_COMMAND = ["python", "-m", "executors.gateway"]
+GATEWAY_COMMAND = ["python", "-m", "k8s.gateway"]
 EXECUTOR_COMMAND = ["python", "-m", "executors.executor"]
 
 L_NAME = "app.kubernetes.io/name"

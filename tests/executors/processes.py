@@ -1,6 +1,6 @@
 """Runtime processes started the way a Kubernetes pod starts them, for tests: executors
 (``python -m executors.executor``, KVS URL from the environment, registering themselves)
-and standalone gateways (``python -m executors.gateway --membership kvs``)."""
+and standalone gateways (``python -m executors.standalone --membership kvs``)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ class Procs:
 
     def gateway(self, name: str, *extra: str) -> str:
         port = free_port()
-        self._start(name, [sys.executable, "-m", "executors.gateway", "--port", str(port),
+        self._start(name, [sys.executable, "-m", "executors.standalone", "--port", str(port),
                            "--address", f"tcp://127.0.0.1:{free_port()}", "--membership", "kvs", "--poll-s", "0.1",
                            *extra],
                     env={"FLOWSERVE_ADMIN_TOKEN": self.admin_token, "FLOWSERVE_KVS_URL": self.redis_url})

@@ -12,7 +12,7 @@ import pytest
 
 
 def flowserve(*args, home, check=True):
-    r = subprocess.run([sys.executable, "-m", "executors.cli", "--dir", str(home), *args],
+    r = subprocess.run([sys.executable, "-m", "flowserve.cli", "--dir", str(home), *args],
                        capture_output=True, text=True, timeout=120, env={"FLOWSERVE_QUIET": "1", **__import__("os").environ})
     if check and r.returncode != 0:
         raise AssertionError(f"flowserve {' '.join(args)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
@@ -67,9 +67,9 @@ def test_up_deploy_invoke_status_down(home, tmp_path):
 def test_helpful_errors(home, tmp_path):
     r = flowserve("status", home=home, check=False)
     assert r.returncode == 1 and "flowserve up" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "executors.cli", "--help"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "flowserve.cli", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "deploy" in r.stdout and "status" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "executors.cli", "bogus"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "flowserve.cli", "bogus"], capture_output=True, text=True)
     assert r.returncode == 2 and "invalid choice" in r.stderr
 
 

@@ -3,7 +3,7 @@ gateways find them, several gateways serve the flows any one of them took.
 
 Real processes throughout: the session's Redis server (flushed per test), executors started with
 ``python -m executors.executor`` on TCP addresses, gateways with ``python -m
-executors.gateway --membership kvs``, HTTP between them and the test.
+executors.standalone --membership kvs``, HTTP between them and the test.
 """
 
 from __future__ import annotations
@@ -153,12 +153,16 @@ def test_absence_waits_out_the_grace_period():
 
 
 @pytest.mark.parametrize("cmd, env, message", [
-    (["executors.gateway", "--address", "tcp://127.0.0.1:1", "--kvs", "redis://127.0.0.1:1/0"], {},
+    (["executors.standalone", "--address", "tcp://127.0.0.1:1", "--kvs", "redis://127.0.0.1:1/0"], {},
      "FLOWSERVE_ADMIN_TOKEN"),
-    (["executors.gateway", "--address", "tcp://127.0.0.1:1"], {"FLOWSERVE_ADMIN_TOKEN": "t"}, "--kvs"),
-    (["executors.gateway", "--address", "tcp://127.0.0.1:1", "--kvs", "redis://x/0", "--autoscale", '{"nope": 1}'],
+    (["executors.standalone", "--address", "tcp://127.0.0.1:1"], {"FLOWSERVE_ADMIN_TOKEN": "t"}, "--kvs"),
+    (["executors.standalone", "--address", "tcp://127.0.0.1:1", "--kvs", "redis://x/0", "--autoscale", '{"nope": 1}'],
      {"FLOWSERVE_ADMIN_TOKEN": "t"}, "nope"),
     (["executors.executor", "--id", "e", "--address", "tcp://127.0.0.1:1"], {}, "--kvs"),
+    (["k8s.gateway", "--address", "tcp://127.0.0.1:1", "--kvs", "redis://x/0", "--scaler", "k8s"],
+     {"FLOWSERVE_ADMIN_TOKEN": "t", "POD_NAMESPACE": ""}, "--k8s-namespace"),
+    (["executors.standalone", "--address", "tcp://127.0.0.1:1", "--kvs", "redis://x/0", "--scaler", "k8s"],
+     {"FLOWSERVE_ADMIN_TOKEN": "t"}, "--scaler"),
 ])
 def test_entry_points_refuse_incomplete_settings(cmd, env, message):
     clean = {k: v for k, v in os.environ.items() if k not in ("FLOWSERVE_ADMIN_TOKEN", "FLOWSERVE_KVS_URL")}

@@ -125,8 +125,8 @@ def test_a_config_file_with_unknown_fields_is_refused(tmp_path, capsys):
 
 
 def test_wires_into_the_flowserve_parser(capsys):
-    """executors/cli.py adds the k8s commands to `flowserve`; main calls args.fn(args)."""
-    from executors.cli import build_parser
+    """flowserve/cli.py adds the k8s commands to `flowserve`; main calls args.fn(args)."""
+    from flowserve.cli import build_parser
 
     parser = build_parser()
     args = parser.parse_args(["k8s", "render", "--namespace", "ml"])

@@ -257,7 +257,7 @@ def test_gateway_is_probed_on_healthz_and_exposed_by_its_service():
     for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
         assert gw[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert dep["spec"]["replicas"] == 2
-    assert gw["command"] == ["python", "-m", "executors.gateway"]
+    assert gw["command"] == ["python", "-m", "k8s.gateway"]
     assert "tcp://$(POD_IP):5556" in gw["args"]
     env = {e["name"]: e for e in gw["env"]}
     assert env["FLOWSERVE_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "vision-api-token", "key": "token"}

@@ -1,0 +1,7 @@
+"""``python -m flowserve``: the ``flowserve`` command line."""
+
+import sys
+
+from flowserve.cli import main
+
+sys.exit(main())

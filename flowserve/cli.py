@@ -1,0 +1,43 @@
+"""The ``flowserve`` command line: the runtime's commands (executors/cli.py) and each deploy
+target's (``flowserve k8s``, k8s/cli.py), composed here, above both, so the runtime never
+imports a deploy target.
+
+    flowserve up [--executors N] [--port P]     start a local cluster in the background
+    flowserve status                            flows, stages, replicas, latencies
+    flowserve deploy script.py [--no-optimize]  deploy the Flow(s) a script defines
+    flowserve invoke NAME --json '{"x": 1}'     call a deployed flow
+    flowserve kvs put KEY FILE | --json J       put data (bytes, a .npy array, JSON) into the store
+    flowserve kvs get KEY [--out FILE]          read it back; `flowserve kvs ls [PATTERN]` lists keys
+    flowserve k8s render ...                    Kubernetes manifests (docs/kubernetes.md)
+    flowserve down                              stop the cluster (in-flight requests finish)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from executors.cli import add_runtime_commands
+from flow.exceptions import FlowError
+from k8s.cli import add_k8s_parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="flowserve", description="Serve prediction pipelines as optimized dataflows.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_runtime_commands(p, sub)
+    add_k8s_parser(sub)  # flowserve k8s render: manifests for review / GitOps
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except FlowError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
