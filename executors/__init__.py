@@ -1,6 +1,6 @@
 """The runtime: executors, gateway, local cluster, and the Python client of deployments."""
 
-from executors.cluster import Deployment, LocalCluster, default_cluster, deploy
+from executors.cluster import Deployment, LocalCluster, default_cluster
 from executors.config import ClusterConfig
 from executors.errors import (
     ClusterError,
@@ -12,4 +12,4 @@ from executors.errors import (
 )
 
 __all__ = ["ClusterConfig", "ClusterError", "ClusterStartError", "DeadlineExceededError", "Deployment",
-           "DeployError", "InvocationError", "LocalCluster", "NoExecutorError", "default_cluster", "deploy"]
+           "DeployError", "InvocationError", "LocalCluster", "NoExecutorError", "default_cluster"]

@@ -393,8 +393,3 @@ def default_cluster() -> LocalCluster:
                 pass
         _default = LocalCluster().start()
         return _default
-
-
-def deploy(flow, cluster=None, **kwargs) -> Deployment:
-    """``flow.deploy()``: on ``cluster``, or the default local cluster."""
-    return (cluster or default_cluster()).deploy(flow, **kwargs)

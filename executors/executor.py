@@ -38,6 +38,7 @@ from executors.gpu import gpu_stats, set_executor_class
 from executors.membership import HEARTBEAT_S, Heartbeat, Member
 from executors.placement import PLAN_KEY
 from executors.routing import complete, deliveries, keeps_rows, merge
+from executors.stage_runner import BoundStage
 from executors.transport import Outbox, Reader, TransportError, accept, listen
 from executors.watchdog import DEFAULT_GRACE_S, EXIT_RECYCLED, Blackbox, Run, Watchdog, monotonic_deadline
 from executors.wire import WireError, pack, unpack
@@ -77,7 +78,7 @@ class HostedStage:
         self.plan = plan
         self.version = version
         self.stage = plan.stages[name]
-        self.bound = self.stage.instantiate()
+        self.bound = BoundStage(self.stage)
         self.consumers = plan.consumers()[name]
         self.is_sink = plan.sink == name
         self.batcher: Batcher | None = None

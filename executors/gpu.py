@@ -7,7 +7,7 @@ are absent, not an error, where there is no NVML.
 
     class Net:
         def __init__(self):
-            self.model = build().to(current_device())
+            self.model = build().to(flow.current_device())   # set here, read in flow.context
 """
 
 from __future__ import annotations
@@ -15,18 +15,18 @@ from __future__ import annotations
 import logging
 from functools import lru_cache
 
-log = logging.getLogger("flowserve.gpu")
+from flow.context import set_device
 
-_executor_class = "cpu"
+log = logging.getLogger("flowserve.gpu")
 
 
 def set_executor_class(device: str) -> None:
-    """Executors call this at start with their class ("cpu" or "gpu")."""
-    global _executor_class
-    _executor_class = device
+    """Executors call this at start with their class ("cpu" or "gpu"): operator code then
+    finds its device in ``flow.current_device()``."""
     if device == "gpu" and cuda_device_count() == 0:
         log.warning("gpu executor without a usable GPU (no CUDA device visible to torch): "
                     "its stages run on the CPU")
+    set_device("cuda" if device == "gpu" and cuda_device_count() > 0 else "cpu")
 
 
 @lru_cache(maxsize=1)
@@ -39,11 +39,6 @@ def cuda_device_count() -> int:
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # a broken driver must not take the executor down
         return 0
-
-
-def current_device() -> str:
-    """"cuda" on a gpu executor that has a GPU, else "cpu" (also for cpu executors)."""
-    return "cuda" if _executor_class == "gpu" and cuda_device_count() > 0 else "cpu"
 
 
 def gpu_stats() -> list[dict]:

@@ -26,14 +26,8 @@ from flow.exceptions import (
     SinkError,
     UnknownColumnError,
 )
-from flow.context import current_store
-
-
-def current_device() -> str:
-    """Where operator code should put its models: "cuda" on a gpu executor with a GPU, else "cpu"."""
-    from executors.gpu import current_device as _current_device
-
-    return _current_device()
+from flow import targets
+from flow.context import current_device, current_store
 
 from flow.flow import Flow, GroupedNode, Node
 from flow.table import Row, Table
@@ -42,9 +36,7 @@ from flow.types import ColumnType
 
 def optimize(flow, rules=None, options=None):
     """The optimized physical plan of a flow (see optimizer.optimize)."""
-    from optimizer import optimize as _optimize
-
-    return _optimize(flow, rules=rules, options=options)
+    return targets.planner()(flow, rules=rules, options=options)
 
 
 __all__ = [

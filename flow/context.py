@@ -1,19 +1,26 @@
-"""The store that operator code can read outside lookups (e.g. model weights in ``init``).
+"""What operator code may ask of the process running it: the store it can read outside
+lookups (e.g. model weights in ``init``) and the device to put its models on.
 
-In a deployment it is the executor's cached KVS; in ``flow.run`` the ``kvs=`` passed in.
+The store is the executor's cached KVS in a deployment, the ``kvs=`` passed in for
+``flow.run``. The device is "cuda" on a gpu executor with a GPU, else "cpu"; the runtime
+sets both at start (``set_store``, ``set_device``), so this ground-floor module never
+imports it.
 
     class Net:
         def __init__(self):
             self.weights = current_store().get("models/net")
+            self.model = build().to(current_device())
 """
 
 from __future__ import annotations
 
 import contextlib
 
-from flow.exceptions import FlowError
+from flow.exceptions import FlowError, FlowValueError
 
 _store = None
+_device = "cpu"
+DEVICES = ("cpu", "cuda")
 
 
 class NoStoreError(FlowError, LookupError):
@@ -42,3 +49,16 @@ def using_store(store):
         yield store
     finally:
         _store = before
+
+
+def current_device() -> str:
+    """Where operator code should put its models: "cuda" on a gpu executor with a GPU, else "cpu"."""
+    return _device
+
+
+def set_device(device: str) -> None:
+    """Set the process-wide device (a gpu executor with a usable GPU sets "cuda" at start)."""
+    global _device
+    if device not in DEVICES:
+        raise FlowValueError(f"device must be one of {DEVICES}, got {device!r}")
+    _device = device

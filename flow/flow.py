@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from flow import targets
 from flow.exceptions import (
     FlowTypeError,
     FlowValueError,
@@ -404,9 +405,11 @@ class Flow:
         optimizer.
             d = flow.deploy(); d.invoke({"x": 1}); d.undeploy()
         """
-        from executors.cluster import deploy
-
-        return deploy(self, cluster, optimize=optimize, rules=rules, options=options)
+        target = cluster if cluster is not None else targets.cluster("local")  # flow/targets.py
+        if not callable(getattr(target, "deploy", None)):
+            raise FlowTypeError(f"flow {self.name!r}: deploy(cluster=...) takes a cluster with a deploy(flow, ...) "
+                                f"method (LocalCluster, KubernetesCluster), got {type(target).__name__}")
+        return target.deploy(self, optimize=optimize, rules=rules, options=options)
 
     def explain(self, *, rules=None, options=None) -> "PlanText":
         """The physical plan the optimizer makes of this flow (default rules and options),
@@ -414,9 +417,7 @@ class Flow:
 
             print(flow.explain())     # at a prompt, flow.explain() shows it as is
         """
-        from optimizer import optimize
-
-        return PlanText(optimize(self, rules=rules, options=options).explain())
+        return PlanText(targets.planner()(self, rules=rules, options=options).explain())
 
     def __repr__(self) -> str:
         return f"Flow({self.name!r}, {len(self._nodes) - 1} operators)"

@@ -56,7 +56,6 @@ _LAZY = {
     "Deployment": "executors.cluster",
     "LocalCluster": "executors.cluster",
     "default_cluster": "executors.cluster",
-    "deploy": "executors.cluster",
     "ClusterError": "executors.errors",
     "ClusterStartError": "executors.errors",
     "DeadlineExceededError": "executors.errors",
@@ -100,5 +99,5 @@ __all__ = [
     "NoExecutorError", "OperatorCrashedError", "OperatorTimeoutError", "KVSError",
     # deploy targets and the client (executors/, k8s/, kvs/)
     "AutoscalingConfig", "ClusterClient", "ClusterConfig", "Deployment", "KubeConfig", "KubernetesCluster",
-    "KVS", "LocalCluster", "default_cluster", "deploy",
+    "KVS", "LocalCluster", "default_cluster",
 ]

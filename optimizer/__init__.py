@@ -7,7 +7,7 @@
     print(plan.explain())
 
 The default rule order is ``DEFAULT_RULES`` (competition, locality, placement, fusion,
-batching; see optimizer.options for why). ``optimizer.interpreter`` runs a plan in-process
+batching; see optimizer.options for why). ``executors.interpreter`` runs a plan in-process
 with the same results as ``flow.run``.
 """
 
@@ -15,7 +15,6 @@ from optimizer.options import DEFAULT_RULES, OptimizerOptions
 from optimizer.plan import (
     INPUT,
     BatchConfig,
-    BoundStage,
     ChooseOp,
     Plan,
     PlanError,
@@ -53,6 +52,6 @@ def optimize(flow, rules=None, options=None) -> Plan:
 
 
 __all__ = [
-    "DEFAULT_RULES", "INPUT", "BatchConfig", "BoundStage", "ChooseOp", "OptimizerOptions", "Plan",
+    "DEFAULT_RULES", "INPUT", "BatchConfig", "ChooseOp", "OptimizerOptions", "Plan",
     "PlanError", "PlanNode", "PlanTypeError", "Stage", "optimize",
 ]

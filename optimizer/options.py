@@ -20,6 +20,9 @@ from optimizer.plan import BatchConfig, PlanError, PlanTypeError, _is_int
 #: Each marking rule also cuts stages fused before it, so any order gives a correct plan;
 #: the default order is the one that never fuses what a later rule would have to undo.
 DEFAULT_RULES: tuple[str, ...] = ("competition", "locality", "placement", "fusion", "batching")
+# The rules there are (optimizer/rules/__init__.py implements exactly these; it checks so):
+# named here, so options can be validated without importing the rules that read them.
+RULE_NAMES: frozenset[str] = frozenset(DEFAULT_RULES)
 
 
 @dataclass(frozen=True)
@@ -63,15 +66,13 @@ class OptimizerOptions:
 
 def check_rules(rules) -> tuple[str, ...]:
     """``rules`` as a tuple of known rule names; a PlanError quoting the bad value if not."""
-    from optimizer.rules import RULES
-
     if isinstance(rules, (str, bytes)) or not isinstance(rules, (list, tuple)):
         raise PlanTypeError(f"rules must be a list of rule names such as {list(DEFAULT_RULES)}, got {rules!r}")
     for r in rules:
         if not isinstance(r, str):
             raise PlanTypeError(f"rules must be rule names (str), got {r!r} in {list(rules)!r}")
-        if r not in RULES:
-            raise PlanError(f"unknown optimizer rule {r!r}; known rules are {sorted(RULES)}")
+        if r not in RULE_NAMES:
+            raise PlanError(f"unknown optimizer rule {r!r}; known rules are {sorted(RULE_NAMES)}")
     if len(set(rules)) != len(rules):
         dup = next(r for r in rules if list(rules).count(r) > 1)
         raise PlanError(f"optimizer rule {dup!r} is listed twice in {list(rules)!r}")

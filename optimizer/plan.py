@@ -8,14 +8,15 @@ metrics and ``explain()`` say where it came from.
 
     plan = Plan.from_flow(flow)          # one stage per operator: the unoptimized baseline
     plan.stages["preprocess"].inputs      # ("__input__",)
-    bound = plan.stages["preprocess"].instantiate()
-    out = bound([request_table], store)
+
+A plan only describes: running a stage belongs to the runtime (``executors.stage_runner``:
+``BoundStage(stage)([request_table], store)``), which reads these stages.
 
 Edges carry whole Tables. Wait semantics live on the consumer:
 - ``wait="all"``: run once every input has arrived (a producer with ``competitive=k``
   counts as arrived at its first copy: k replicas race, the first answer wins);
 - ``wait="first_valid"``: the inputs are competing alternatives (``anyof``); per row, the
-  first result that the stage's ``ChooseOp`` accepts is used. Locally (``interpreter``)
+  first result that the stage's ``ChooseOp`` accepts is used. In-process (``executors.interpreter``)
   that is the first valid in argument order; in a deployment, the first to arrive.
 
 Other stage marks, set by the optimizer's rules (``optimizer.rules``):
@@ -42,8 +43,6 @@ from flow.exceptions import FlowError, NoValidResultError
 from flow.operators import AnyOfOp, BoundOperator, Operator, choose_first_valid, is_valid
 from flow.table import Table
 from flow.types import ColumnType
-from optimizer.positions import POS
-from optimizer.positions import run as run_positioned
 
 INPUT = "__input__"  # the name stages use for the request's rows
 WAIT_MODES = ("all", "first_valid")
@@ -251,43 +250,8 @@ class Stage:
         """True if requests may be merged into one batch without changing any answer."""
         return all(op.rowwise for op in self.ops)
 
-    def instantiate(self) -> "BoundStage":
-        """Build every operator once (class constructors, init functions) for one replica."""
-        return BoundStage(self)
-
     def with_(self, **changes) -> "Stage":
         return replace(self, **changes)
-
-
-class BoundStage:
-    """A stage with its operators built; ``bound(inputs, store)`` runs it on input Tables."""
-
-    def __init__(self, stage: Stage):
-        self.stage = stage
-        self.bound: list[BoundOperator] = []
-        for node in stage.nodes:
-            b = node.op.instantiate()
-            b.name = node.name
-            self.bound.append(b)
-
-    @property
-    def head(self) -> BoundOperator:
-        return self.bound[0]
-
-    def __call__(self, inputs: Sequence[Table], store=None, on_node=None) -> Table:
-        """``on_node(node)`` is told before each operator runs (the runtime's watchdog
-        uses it to know which operator a stuck run is in)."""
-        if self.stage.continuation is not None and POS in inputs[0].columns:
-            # a key-split part: keep its rows' positions
-            return run_positioned(self, inputs[0], store, on_node)
-        results: dict[str, Table] = {}
-        last = None
-        for node, b in zip(self.stage.nodes, self.bound):
-            if on_node is not None:
-                on_node(node)
-            args = [inputs[int(i[1:])] if i.startswith("@") else results[i] for i in node.inputs]
-            last = results[node.name] = b(args, store)
-        return last
 
 
 @dataclass(frozen=True)

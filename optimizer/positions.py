@@ -8,10 +8,11 @@ was split first (the root of the split tree) in a hidden column, ``POS``:
 
 - ``split(table, idx)`` makes a part; a part that is split again keeps its rows' root
   positions (nested splits compose: positions stay relative to the root);
-- ``run(bound, table, store)`` runs a continuation stage on a part: its operators never
-  see ``POS``; maps and lookups keep rows 1:1, filters drop some (their mask says which),
-  so the output's positions are the surviving rows'. A continuation stage is a chain of
-  such one-input operators (``Stage`` validates it), so that is all it can do to rows;
+- the runtime runs a continuation stage on a part (``executors.stage_runner``): its
+  operators never see ``POS``; maps and lookups keep rows 1:1, filters drop some (their
+  mask says which), so the output's positions are the surviving rows' (``with_positions``).
+  A continuation stage is a chain of such one-input operators (``Stage`` validates it), so
+  that is all it can do to rows;
 - ``merge(parts)`` concatenates the parts and orders their rows by position (the root's
   order), dropping ``POS``.
 
@@ -21,7 +22,7 @@ the same qid (after a union or join) are told apart, which matching by qid could
 Only tables sent to continuation stages carry it; every other path is untouched.
 
     part = split(table, np.array([0, 3]))    # rows 0 and 3, POS = [0, 3]
-    out = run(bound_stage, part, store)       # POS = [0] if a filter dropped row 3
+    out = BoundStage(stage)([part], store)   # POS = [0] if a filter dropped row 3
     merge([out, other_part_out])              # rows in the split table's order
 """
 
@@ -64,27 +65,9 @@ def strip(table: Table) -> Table:
     return table.select([c for c in table.columns if c != POS])
 
 
-def run(bound, table: Table, store, on_node=None) -> Table:
-    """Run the BoundStage ``bound`` of a continuation stage on one part; the output keeps
-    the surviving rows' positions. The operators never see ``POS``. ``on_node``: as
-    ``BoundStage.__call__``'s."""
-    pos = positions(table)
-    out = strip(table)
-    for node, op in zip(bound.stage.nodes, bound.bound):
-        if on_node is not None:
-            on_node(node)
-        before = len(out)
-        if node.op.kind == "filter":  # its mask says which rows, and so which positions, survive
-            mask = op.keep(out)
-            out, pos = out.filter(mask), pos[mask]
-        else:
-            out = op([out], store)
-            if len(out) != before:  # a plan bug: Stage lets only maps, filters and lookups follow
-                from optimizer.plan import PlanError  # (plan.py imports this module)
-
-                raise PlanError(f"stage {bound.stage.name!r}: operator {node.name!r} gave {len(out)} rows "
-                                f"for {before}; a continuation stage must keep rows 1:1 or filter them")
-    return out.with_columns({POS: Column(_INT, pos)})
+def with_positions(table: Table, pos: np.ndarray) -> Table:
+    """``table`` (without ``POS``) carrying ``pos`` as its rows' positions."""
+    return table.with_columns({POS: Column(_INT, pos)})
 
 
 def merge(parts: list[Table]) -> Table:

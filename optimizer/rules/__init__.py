@@ -8,6 +8,7 @@ is ``optimizer.options.DEFAULT_RULES`` (competition, locality, placement, fusion
 
 from __future__ import annotations
 
+from optimizer.options import RULE_NAMES
 from optimizer.rules import batching, competition, fusion, locality, placement
 
 RULES = {
@@ -17,5 +18,7 @@ RULES = {
     "fusion": fusion.apply,
     "batching": batching.apply,
 }
+if set(RULES) != RULE_NAMES:  # options validate rule names against RULE_NAMES: keep them one list
+    raise ImportError(f"optimizer.options.RULE_NAMES {sorted(RULE_NAMES)} != the rules here {sorted(RULES)}")
 
 __all__ = ["RULES", "batching", "competition", "fusion", "locality", "placement"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from optimizer.plan import Plan, Stage
 from optimizer.rules.base import wants_batching
+from optimizer.options import OptimizerOptions
 
 NAME = "batching"
 
@@ -33,8 +34,6 @@ def batch(stage: Stage, options) -> Stage:
 
 def apply(plan: Plan, options=None) -> Plan:
     """Give every stage that may batch the configured BatchConfig (see module docs)."""
-    from optimizer.options import OptimizerOptions
-
     options = options or OptimizerOptions()
     for s in list(plan.stages.values()):
         new = batch(s, options)

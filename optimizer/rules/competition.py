@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from optimizer.plan import ChooseOp, Plan, PlanNode, Stage
 from optimizer.rules.base import cut, cut_between, rewrite_each, wants_batching
+from optimizer.options import OptimizerOptions
 
 NAME = "competition"
 
@@ -80,7 +81,5 @@ def expand_anyof(plan: Plan, name: str) -> Plan:
 
 def apply(plan: Plan, options=None) -> Plan:
     """Expand every anyof and race every high-variance operator (see module docs)."""
-    from optimizer.options import OptimizerOptions
-
     options = options or OptimizerOptions()
     return rewrite_each(plan, lambda s: can_compete(s, options), lambda p, name: compete(p, name, options))

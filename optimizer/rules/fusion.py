@@ -33,6 +33,7 @@ from dataclasses import replace
 
 from optimizer.plan import INPUT, Plan, Stage, stage_name
 from optimizer.rules.base import wants_batching
+from optimizer.options import OptimizerOptions
 
 NAME = "fusion"
 
@@ -177,8 +178,6 @@ def fuse_region(plan: Plan, names: list[str]) -> Plan:
 def apply(plan: Plan, options=None) -> Plan:
     """Fuse every chain the conditions allow, upstream first, then every fork-join region
     (``OptimizerOptions.fuse_branches``), until nothing more fuses (see module docs)."""
-    from optimizer.options import OptimizerOptions
-
     options = options or OptimizerOptions()
     while True:
         plan = _fuse_chains(plan, options)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from optimizer.plan import Plan, Stage
 from optimizer.rules.base import cut_between, op_device, rewrite_each
+from optimizer.options import OptimizerOptions
 
 NAME = "placement"
 
@@ -47,7 +48,5 @@ def place(plan: Plan, name: str, options) -> Plan:
 
 def apply(plan: Plan, options=None) -> Plan:
     """Put every stage on the device its operators need (see module docs)."""
-    from optimizer.options import OptimizerOptions
-
     options = options or OptimizerOptions()
     return rewrite_each(plan, lambda s: can_place(s, options), lambda p, name: place(p, name, options))

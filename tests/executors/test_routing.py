@@ -20,6 +20,7 @@ from optimizer.plan import PlanError
 from kvs.cache import ENTRY_OVERHEAD
 from kvs.serialization import encode
 from tests.executors.conftest import unique
+from executors.stage_runner import BoundStage
 
 ADDRESSES = ["ipc:///a", "ipc:///b", "ipc:///c"]
 
@@ -103,10 +104,10 @@ def test_a_continuation_keeps_the_positions_of_the_rows_its_filters_keep():
     (stage,) = optimize(f).stages.values()
     table = Table.from_pylist([{"k": f"key:{i // 2 % 2}", "x": i} for i in range(8)], qid=[5] * 8)
     store = {"key:0": 100, "key:1": 200}
-    parts = {d.path: stage.instantiate()([d.table], store) for d in deliveries(table, stage, ADDRESSES)}
+    parts = {d.path: BoundStage(stage)([d.table], store) for d in deliveries(table, stage, ADDRESSES)}
     assert len(parts) == 2 and all(positions.positions(t) is not None for t in parts.values())
     merged = merge(parts)
-    whole = stage.instantiate()([table], store)  # the stage run on all rows at once, unsplit
+    whole = BoundStage(stage)([table], store)  # the stage run on all rows at once, unsplit
     assert merged.equals(whole) and merged["y"].tolist() == [100, 202, 104, 206]
 
 
@@ -144,7 +145,7 @@ def test_a_continuation_that_changes_its_row_count_is_a_named_error():
     f.lookup(column="k", name="v").map(lambda r: r.v, names=["w"])
     (stage,) = optimize(f).stages.values()
     table = positions.split(_keyed(4).select(["k"]), np.arange(4))
-    bound = stage.instantiate()
+    bound = BoundStage(stage)
     bound.bound[1] = lambda inputs, store: inputs[0].take([0])  # a broken operator: rows lost
     with pytest.raises(PlanError, match="operator 'lambda' gave 1 rows for 4"):
         bound([table], {f"key:{i}": i for i in range(7)})

@@ -17,7 +17,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 
 from optimizer import DEFAULT_RULES, optimize
-from optimizer.interpreter import Interpreter
+from executors.interpreter import Interpreter
 from tests.flowgen import assert_same_rows, flows_and_inputs
 
 RULE_LISTS = {

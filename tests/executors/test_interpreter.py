@@ -7,9 +7,10 @@ import pytest
 from flow import Flow, NoValidResultError, OperatorFailedError, SchemaError, Table
 from flow.exceptions import LookupKeyError
 from optimizer import BatchConfig, OptimizerOptions, PlanError, optimize
-from optimizer.interpreter import Interpreter, run_many, run_plan
+from executors.interpreter import Interpreter, run_many, run_plan
 from tests.flowgen import assert_same_rows
 from tests.optimizer import examples as ex
+from executors.stage_runner import BoundStage
 
 RULE_LISTS = [[], ["fusion"], ["competition"], None]
 
@@ -165,8 +166,8 @@ def test_no_valid_alternative_fails_the_query_like_flow_run(rules, alternatives)
 def test_choose_head_accepts_rows_of_one_alternative():
     flow = anyof_flow(always(1, 0.1), always(2, 0.9))
     plan = optimize(flow, rules=["competition"])
-    bound = plan.stages["anyof(alt1,alt2)"].instantiate()
-    out = plan.stages["anyof(alt1,alt2)[1]"].instantiate()([Table.from_pylist([{"x": 0}])])
+    bound = BoundStage(plan.stages["anyof(alt1,alt2)"])
+    out = BoundStage(plan.stages["anyof(alt1,alt2)[1]"])([Table.from_pylist([{"x": 0}])])
     assert bound.head.accepts(out).tolist() == [True]
 
 

@@ -48,7 +48,8 @@ from flow.exceptions import (
     SchemaError,
 )
 from flow.table import Table
-from optimizer.plan import INPUT, BoundStage, Plan, PlanTypeError, Stage
+from executors.stage_runner import BoundStage
+from optimizer.plan import INPUT, Plan, PlanTypeError, Stage
 from optimizer import positions
 
 # The errors an anyof alternative may raise without failing the query (see AnyOfOp).
@@ -101,7 +102,7 @@ class Interpreter:
             raise PlanTypeError(f"Interpreter expects a Plan, got {type(plan).__name__}")
         self.plan = plan
         self.route_by_key = route_by_key
-        self._bound = {name: s.instantiate() for name, s in plan.stages.items()}
+        self._bound = {name: BoundStage(s) for name, s in plan.stages.items()}
         consumers = plan.consumers()
         # An anyof alternative's own failure is a value its choose stage weighs, not an error.
         self._soft = {
