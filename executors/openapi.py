@@ -48,20 +48,27 @@ def _row_schema(schema) -> dict:
             "properties": {c: _column_schema(t) for c, t in schema.items()}}
 
 
-def _output_row(plan) -> dict:
-    """The answer's row: qid and the sink's output columns where the plan knows their
-    names (a map's ``names``); their types are known only when the operators run."""
+def _output_row(plan, observed=None) -> dict:
+    """The answer's row: qid and the sink's output columns. A plan knows the names of a
+    map's outputs but not their types (operators are Python code); the gateway learns them
+    from the first answer it serves (``observed``: column -> ColumnType) and from then on
+    this schema says them exactly, like the input's."""
+    props = {"qid": {"type": "integer", "description": "the query id of the input row it answers"}}
+    if observed:
+        props.update({c: _column_schema(t) for c, t in observed.items() if c != "qid"})
+        return {"type": "object", "properties": props, "required": list(props)}
     names = getattr(plan.stages[plan.sink].nodes[-1].op, "names", None)
     if not names:
-        return {"type": "object", "properties": {"qid": {"type": "integer"}}, "required": ["qid"]}
-    props = {"qid": {"type": "integer", "description": "the query id of the input row it answers"}}
-    props.update({n: {"description": f"output column {n!r}"} for n in names})
+        return {"type": "object", "properties": props, "required": ["qid"],
+                "description": "output columns: their names and types are shown once the flow has answered"}
+    props.update({n: {"description": f"output column {n!r} (its type is shown once the flow has answered)"}
+                  for n in names})
     return {"type": "object", "properties": props, "required": list(props)}
 
 
-def _responses(plan=None) -> dict:
+def _responses(plan=None, observed=None) -> dict:
     err = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-    row = _output_row(plan) if plan is not None else {"type": "object"}
+    row = _output_row(plan, observed) if plan is not None else {"type": "object"}
     out = {"200": {"description": "output rows (JSON, or Arrow IPC when Accept asks for it)",
                    "content": {"application/json": {"schema": {"type": "object", "properties": {
                        "rows": {"type": "array", "items": row}}}},
@@ -74,8 +81,12 @@ def _responses(plan=None) -> dict:
     return out
 
 
-def openapi_document(flows: dict) -> dict:
+def openapi_document(flows: dict, outputs: dict | None = None) -> dict:
+    """``flows``: name -> deployed flow (``.plan``); ``outputs``: name -> the output
+    columns' types seen in its answers, where known."""
+    outputs = outputs or {}
     paths = {
+        "/docs": {"get": {"summary": "This document as an interactive page", "responses": {"200": {"description": "ok"}}}},
         "/flows": {"get": {"summary": "Deployed flows and their input schemas", "responses": {"200": {"description": "ok"}}}},
         "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}},
         "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "ok"}}}},
@@ -88,7 +99,7 @@ def openapi_document(flows: dict) -> dict:
                      "requestBody": {"required": True, "content": {
                          "application/json": {"schema": {"oneOf": [row, {"type": "array", "items": row}]}},
                          "application/vnd.apache.arrow.stream": {}}},
-                     "responses": _responses(f.plan)},
+                     "responses": _responses(f.plan, outputs.get(name))},
             "get": {"summary": f"Plan of {name}, with replicas and latency", "responses": {"200": {"description": "ok"}}},
         }
     return {"openapi": "3.1.0", "info": {"title": "FlowServe gateway", "version": "1"},
