@@ -15,15 +15,18 @@ docs/slo.md says how they plug into the runtime.
 from optimizer.slo.errors import InfeasibleSLOError, SLOError, SLOTypeError
 from optimizer.slo.pipeline import (
     ROUTINGS,
+    Shape,
     SimPipeline,
     SimStage,
     StageConfig,
+    StageShape,
     exponential,
     fixed,
     linear,
     pipeline_from_plan,
     profile_service,
 )
+from optimizer.slo.planner import PlannerOptions, SLOPlan, StagePlan, plan_for_slo
 from optimizer.slo.profile import LatencyFit, Profile
 from optimizer.slo.profiler import default_batch_sizes, measure_batches
 from optimizer.slo.simulator import SimResult, StageStats, simulate
@@ -31,8 +34,8 @@ from optimizer.slo.spec import SLO
 from optimizer.slo.traces import bursty, check_trace, poisson
 
 __all__ = [
-    "ROUTINGS", "SLO", "InfeasibleSLOError", "LatencyFit", "Profile", "SLOError", "SLOTypeError",
-    "SimPipeline", "SimResult", "SimStage", "StageConfig", "StageStats", "bursty", "check_trace",
-    "default_batch_sizes", "exponential", "fixed", "linear", "measure_batches", "pipeline_from_plan",
-    "poisson", "profile_service", "simulate",
+    "ROUTINGS", "SLO", "InfeasibleSLOError", "LatencyFit", "PlannerOptions", "Profile", "SLOError",
+    "SLOPlan", "SLOTypeError", "Shape", "SimPipeline", "SimResult", "SimStage", "StageConfig", "StagePlan",
+    "StageShape", "StageStats", "bursty", "check_trace", "default_batch_sizes", "exponential", "fixed",
+    "linear", "measure_batches", "pipeline_from_plan", "plan_for_slo", "poisson", "profile_service", "simulate",
 ]

@@ -149,24 +149,73 @@ class StageConfig:
         name("StageConfig.executor_class", self.executor_class)
 
 
+@dataclass(frozen=True)
+class StageShape:
+    """What the planner may not change about a stage: its inputs, whether it may batch
+    (every operator row-wise), how many replicas race (``competitive``) and its wait mode."""
+
+    name: str
+    inputs: tuple[str, ...] = (INPUT,)
+    batchable: bool = True
+    competitive: int = 1
+    wait: str = "all"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A plan's stages as the planner sees them, in topological order, and its sink.
+
+        Shape.chain("pre", "model", "post")      # a hand-made three-stage chain
+        Shape.from_plan(optimize(flow))          # a real plan's stages
+    """
+
+    stages: tuple[StageShape, ...]
+    sink: str
+
+    def __post_init__(self):
+        object.__setattr__(self, "stages", tuple(self.stages))
+        # building a pipeline validates the graph; the service is a placeholder
+        SimPipeline(tuple(SimStage(s.name, s.inputs, fixed(0.0), replicas=s.competitive,
+                                   competitive=s.competitive, wait=s.wait) for s in self.stages), self.sink)
+
+    @classmethod
+    def chain(cls, *names: str, batchable: bool = True) -> "Shape":
+        stages, prev = [], INPUT
+        for n in names:
+            stages.append(StageShape(n, (prev,), batchable))
+            prev = n
+        return cls(tuple(stages), prev)
+
+    @classmethod
+    def from_plan(cls, plan: Plan) -> "Shape":
+        if not isinstance(plan, Plan):
+            raise SLOTypeError(f"expected an optimizer Plan, got {type(plan).__name__}")
+        return cls(tuple(StageShape(s.name, s.inputs, s.batch is not None, s.competitive,
+                                    "first" if s.wait == "first_valid" else "all")
+                         for s in plan.stages.values()), plan.sink)
+
+    def pipeline(self, profile: Profile, configs: Mapping[str, StageConfig], hop_ms: float = 0.0,
+                 routing: str = "least_loaded") -> SimPipeline:
+        """The stages with each one's configuration and service times drawn from ``profile``.
+
+        Every request is assumed to pass every stage (a filter that drops rows makes the
+        real pipeline cheaper, never dearer, than simulated)."""
+        missing = [s.name for s in self.stages if s.name not in configs]
+        if missing:
+            raise SLOError(f"no StageConfig for stage(s) {missing}")
+        out = []
+        for s in self.stages:
+            cfg = configs[s.name]
+            if cfg.batch_size > 1 and not s.batchable:
+                raise SLOError(f"stage {s.name!r} cannot batch (an operator mixes rows of different queries), "
+                               f"got batch_size={cfg.batch_size}")
+            out.append(SimStage(s.name, s.inputs, profile_service(profile, s.name, cfg.executor_class),
+                                replicas=cfg.replicas, max_batch=cfg.batch_size, competitive=s.competitive,
+                                wait=s.wait))
+        return SimPipeline(tuple(out), self.sink, hop_ms, routing)
+
+
 def pipeline_from_plan(plan: Plan, profile: Profile, configs: Mapping[str, StageConfig],
                        hop_ms: float = 0.0, routing: str = "least_loaded") -> SimPipeline:
-    """The plan's stages with each one's configuration and profiled service times.
-
-    Every request is assumed to pass every stage (a filter that drops rows makes the real
-    pipeline cheaper, never dearer, than simulated)."""
-    if not isinstance(plan, Plan):
-        raise SLOTypeError(f"pipeline_from_plan needs a Plan, got {type(plan).__name__}")
-    missing = [s for s in plan.stages if s not in configs]
-    if missing:
-        raise SLOError(f"no StageConfig for stage(s) {missing}")
-    stages = []
-    for s in plan.stages.values():
-        cfg = configs[s.name]
-        if cfg.batch_size > 1 and s.batch is None:
-            raise SLOError(f"stage {s.name!r} cannot batch (an operator mixes rows of different queries), "
-                           f"got batch_size={cfg.batch_size}")
-        stages.append(SimStage(s.name, s.inputs, profile_service(profile, s.name, cfg.executor_class),
-                               replicas=cfg.replicas, max_batch=cfg.batch_size, competitive=s.competitive,
-                               wait="first" if s.wait == "first_valid" else "all"))
-    return SimPipeline(tuple(stages), plan.sink, hop_ms, routing)
+    """``Shape.from_plan(plan).pipeline(...)``: the plan's stages, configured and profiled."""
+    return Shape.from_plan(plan).pipeline(profile, configs, hop_ms, routing)
