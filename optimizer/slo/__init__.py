@@ -12,6 +12,8 @@
 docs/slo.md says how they plug into the runtime.
 """
 
+from optimizer.slo.aimd import AIMDBatcher
+from optimizer.slo.envelope import WINDOWS_MS, ArrivalEnvelope, envelope_of
 from optimizer.slo.errors import InfeasibleSLOError, SLOError, SLOTypeError
 from optimizer.slo.pipeline import (
     ROUTINGS,
@@ -34,6 +36,7 @@ from optimizer.slo.spec import SLO
 from optimizer.slo.traces import bursty, check_trace, poisson
 
 __all__ = [
+    "WINDOWS_MS", "AIMDBatcher", "ArrivalEnvelope", "envelope_of",
     "ROUTINGS", "SLO", "InfeasibleSLOError", "LatencyFit", "PlannerOptions", "Profile", "SLOError",
     "SLOPlan", "SLOTypeError", "Shape", "SimPipeline", "SimResult", "SimStage", "StageConfig", "StagePlan",
     "StageShape", "StageStats", "bursty", "check_trace", "default_batch_sizes", "exponential", "fixed",
