@@ -13,7 +13,8 @@ Two greedy phases (InferLine section 4.2, starting cheap as issue 17 asks):
 2. then, while some move lowers the cost and keeps the SLO, apply the one that saves
    most (a replica fewer, a bigger batch with a replica fewer, another class re-sized).
 Cost is replica-seconds weighted by each class's price; each stage's budget (for the
-runtime's AIMD batcher) is its share of the SLO by profiled latency on the critical path.
+runtime's AIMD batcher) is its share of the SLO by profiled latency, at the batch size it
+ran in the simulation, on the critical path.
 """
 
 from __future__ import annotations
@@ -320,7 +321,9 @@ def _result(search, start, met, configs) -> SLOPlan:
     start_tail, met_tail = search.evaluate(start)[1], search.evaluate(met)[1]
     _, tail, p50, result = search.evaluate(configs)
     q = search.slo.percentile
-    own = {n: search.profile.latency(n, c.executor_class, c.batch_size, q) for n, c in configs.items()}
+    # each stage at the batch size it ran in the simulation (queues rarely fill the cap)
+    own = {n: search.profile.latency(n, c.executor_class, max(1, round(result.stages[n].mean_batch)), q)
+           for n, c in configs.items()}
     path_ms, _ = _critical_path(search.shape, own, 0.0)
     stages = {}
     for s in search.shape.stages:
