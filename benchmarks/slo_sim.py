@@ -51,12 +51,12 @@ def main() -> None:
     print("requests  cpu_ms  us/request  p50_ms  p99_ms")
     for n in (1_000, 10_000, 100_000):
         trace = poisson(400, n, seed=1)
-        s, r = cpu_s(lambda: simulate(pipe, trace, seed=1))
+        s, r = cpu_s(lambda trace=trace: simulate(pipe, trace, seed=1))
         print(f"{n:8d}  {s * 1000:6.1f}  {s / n * 1e6:10.1f}  {r.p50_ms:6.2f}  {r.p99_ms:6.2f}")
     for n in (1_000, 3_000):
         trace = poisson(400, n, seed=2)
         opts = PlannerOptions(prices={"cpu": 1.0, "gpu": 4.0}, hop_ms=0.3)
-        s, plan = cpu_s(lambda: plan_for_slo(SHAPE, prof, SLO(p99_ms=40), trace, opts))
+        s, plan = cpu_s(lambda trace=trace, opts=opts: plan_for_slo(SHAPE, prof, SLO(p99_ms=40), trace, opts))
         print(f"\nplan_for_slo on {n} requests: {s:.2f} CPU s\n{plan.explain()}")
 
 

@@ -46,8 +46,7 @@ class ArrivalEnvelope:
             self._events[w].append((t_ms, n))
             self._count[w] += n
             self._expire(w, t_ms)
-            if self._count[w] > self._peak[w]:
-                self._peak[w] = self._count[w]
+            self._peak[w] = max(self._peak[w], self._count[w])
 
     def _expire(self, w: float, now_ms: float) -> None:
         events = self._events[w]

@@ -179,7 +179,7 @@ class Shape:
                                    competitive=s.competitive, wait=s.wait) for s in self.stages), self.sink)
 
     @classmethod
-    def chain(cls, *names: str, batchable: bool = True) -> "Shape":
+    def chain(cls, *names: str, batchable: bool = True) -> Shape:
         stages, prev = [], INPUT
         for n in names:
             stages.append(StageShape(n, (prev,), batchable))
@@ -187,7 +187,7 @@ class Shape:
         return cls(tuple(stages), prev)
 
     @classmethod
-    def from_plan(cls, plan: Plan) -> "Shape":
+    def from_plan(cls, plan: Plan) -> Shape:
         if not isinstance(plan, Plan):
             raise SLOTypeError(f"expected an optimizer Plan, got {type(plan).__name__}")
         return cls(tuple(StageShape(s.name, s.inputs, s.batch is not None, s.competitive,

@@ -93,8 +93,9 @@ class SLOPlan:
         return {n: s.config for n, s in self.stages.items()}
 
     def explain(self) -> str:
-        lines = [f"SLO {self.slo.describe()}: simulated tail {self.tail_ms:.1f} ms, p50 {self.p50_ms:.1f} ms, "
-                 f"cost {self.cost_per_s:g}/s"]
+        head = (f"SLO {self.slo.describe()}: simulated tail {self.tail_ms:.1f} ms, p50 {self.p50_ms:.1f} ms, "
+                f"cost {self.cost_per_s:g}/s")
+        lines = [head]
         for n, s in self.stages.items():
             c = s.config
             lines.append(f"  {n}: {c.executor_class} x{c.replicas}, batch {c.batch_size}, budget "

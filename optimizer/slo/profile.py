@@ -37,7 +37,7 @@ class LatencyFit:
         return self.a_ms + self.c_ms * batch
 
     @classmethod
-    def of(cls, points: Mapping[int, float]) -> "LatencyFit":
+    def of(cls, points: Mapping[int, float]) -> LatencyFit:
         """Least squares over (batch size, mean latency); one point gives a line through
         the origin (no batching benefit assumed: the cautious guess). Negative parts are
         clamped, since a call cannot get cheaper with more rows or cost less than nothing."""
@@ -81,7 +81,7 @@ def _freeze(stages) -> Mapping:
 class Profile:
     """Immutable latency measurements ``{stage: {executor class: {batch: (ms, ...)}}}``."""
 
-    __slots__ = ("stages", "_fits")
+    __slots__ = ("_fits", "stages")
 
     def __init__(self, stages: Mapping):
         self.stages = _freeze(stages)
@@ -138,7 +138,7 @@ class Profile:
         """The ``q``-th percentile (ms) of one call on ``batch`` rows."""
         return float(np.percentile(self.samples(stage, cls, batch), q))
 
-    def with_stage(self, stage: str, cls: str, measured: Mapping[int, list]) -> "Profile":
+    def with_stage(self, stage: str, cls: str, measured: Mapping[int, list]) -> Profile:
         """A copy with ``stage`` on ``cls`` (re)measured: what the profiler adds."""
         stages = {s: {c: dict(bs) for c, bs in cs.items()} for s, cs in self.stages.items()}
         stages.setdefault(stage, {})[cls] = dict(measured)
@@ -157,7 +157,7 @@ class Profile:
         return {"format": FORMAT, "stages": out}
 
     @classmethod
-    def from_dict(cls, d) -> "Profile":
+    def from_dict(cls, d) -> Profile:
         if not isinstance(d, Mapping) or d.get("format") != FORMAT or not isinstance(d.get("stages"), Mapping):
             raise SLOError(f"not a stored profile (format {FORMAT} with 'stages'): {d!r:.120}")
         stages = {}
@@ -173,7 +173,7 @@ class Profile:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "Profile":
+    def from_json(cls, text: str) -> Profile:
         try:
             d = json.loads(text)
         except (TypeError, ValueError) as e:

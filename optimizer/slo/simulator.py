@@ -138,7 +138,7 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
                         seq += 1
                         push(events, (deadline, seq, _TIMER, st.index, qi))
                     return
-            b = n if n < st.max_batch else st.max_batch
+            b = min(st.max_batch, n)
             batch = []
             for _ in range(b):
                 req, ready_at = q.popleft()

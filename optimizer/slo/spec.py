@@ -47,7 +47,7 @@ class SLO:
         return {"p99_ms": self.p99_ms, "p50_ms": self.p50_ms, "percentile": self.percentile}
 
     @classmethod
-    def from_dict(cls, d) -> "SLO":
+    def from_dict(cls, d) -> SLO:
         if not isinstance(d, dict) or "p99_ms" not in d:
             raise SLOError(f"an SLO needs a dict with 'p99_ms', got {d!r:.120}")
         unknown = set(d) - {"p99_ms", "p50_ms", "percentile"}

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from optimizer.slo import Profile, SLOError, SLOTypeError, default_batch_sizes, measure_batches
+from optimizer.slo import (
+    Profile,
+    SLOError,
+    SLOTypeError,
+    default_batch_sizes,
+    measure_batches,
+)
 
 
 class FakeClock:
