@@ -1,0 +1,72 @@
+"""Serving under a latency SLO (issue 17): the pure parts, over plans and profiles.
+
+- ``SLO``: the objective (``spec``); ``Profile``: measured latency per stage, executor
+  class and batch size (``profile``), filled by ``measure_batches`` (``profiler``).
+- ``simulate``: a discrete-event simulation of a ``SimPipeline`` over an arrival trace
+  (``simulator``, ``pipeline``, ``traces``).
+- ``plan_for_slo``: InferLine's greedy planner: batch size, replicas and executor class
+  per stage at the least cost under the SLO (``planner``).
+- ``AIMDBatcher``: Clipper's adaptive batch size and delay window (``aimd``);
+  ``ArrivalEnvelope``: max arrivals per window, for the tuner (``envelope``).
+
+docs/slo.md says how they plug into the runtime.
+"""
+
+from optimizer.slo.aimd import AIMDBatcher
+from optimizer.slo.envelope import WINDOWS_MS, ArrivalEnvelope, envelope_of
+from optimizer.slo.errors import InfeasibleSLOError, SLOError, SLOTypeError
+from optimizer.slo.pipeline import (
+    ROUTINGS,
+    Shape,
+    SimPipeline,
+    SimStage,
+    StageConfig,
+    StageShape,
+    exponential,
+    fixed,
+    linear,
+    pipeline_from_plan,
+    profile_service,
+)
+from optimizer.slo.planner import PlannerOptions, SLOPlan, StagePlan, plan_for_slo
+from optimizer.slo.profile import LatencyFit, Profile
+from optimizer.slo.profiler import default_batch_sizes, measure_batches
+from optimizer.slo.simulator import SimResult, StageStats, simulate
+from optimizer.slo.spec import SLO
+from optimizer.slo.traces import bursty, check_trace, poisson
+
+__all__ = [
+    "ROUTINGS",
+    "SLO",
+    "WINDOWS_MS",
+    "AIMDBatcher",
+    "ArrivalEnvelope",
+    "InfeasibleSLOError",
+    "LatencyFit",
+    "PlannerOptions",
+    "Profile",
+    "SLOError",
+    "SLOPlan",
+    "SLOTypeError",
+    "Shape",
+    "SimPipeline",
+    "SimResult",
+    "SimStage",
+    "StageConfig",
+    "StagePlan",
+    "StageShape",
+    "StageStats",
+    "bursty",
+    "check_trace",
+    "default_batch_sizes",
+    "envelope_of",
+    "exponential",
+    "fixed",
+    "linear",
+    "measure_batches",
+    "pipeline_from_plan",
+    "plan_for_slo",
+    "poisson",
+    "profile_service",
+    "simulate",
+]

@@ -1,0 +1,144 @@
+"""The simulator against closed-form queueing results and hand-checked small cases."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from optimizer import INPUT, optimize
+from optimizer.slo import (
+    Profile,
+    SimPipeline,
+    SimStage,
+    SLOError,
+    StageConfig,
+    exponential,
+    fixed,
+    linear,
+    pipeline_from_plan,
+    poisson,
+    simulate,
+)
+from tests.optimizer import examples as ex
+
+
+def one_stage(service, replicas=1, routing="least_loaded", **kw):
+    return SimPipeline((SimStage("s", (INPUT,), service, replicas=replicas, **kw),), "s", routing=routing)
+
+
+def erlang_c(c: int, a: float) -> float:
+    """The probability that an arrival waits in an M/M/c queue with offered load a = lambda/mu."""
+    top = a ** c / math.factorial(c) * c / (c - a)
+    return top / (sum(a ** k / math.factorial(k) for k in range(c)) + top)
+
+
+def test_md1_mean_wait_matches_pollaczek_khinchine():
+    service_ms, rho = 10.0, 0.6
+    result = simulate(one_stage(fixed(service_ms)), poisson(rho / service_ms * 1000, 80_000, seed=1), seed=1)
+    expected = rho * service_ms / (2 * (1 - rho))  # Wq = rho / (2 mu (1 - rho))
+    assert result.stages["s"].mean_wait_ms == pytest.approx(expected, rel=0.03)
+    assert result.mean_ms == pytest.approx(expected + service_ms, rel=0.03)
+    assert result.stages["s"].utilisation == pytest.approx(rho, rel=0.02)
+
+
+@pytest.mark.parametrize("c", [1, 4])
+def test_mmc_mean_wait_matches_erlang_c(c):
+    mean_ms, rho = 10.0, 0.6
+    lam = rho * c / mean_ms  # per ms
+    result = simulate(one_stage(exponential(mean_ms), replicas=c, routing="shared"),
+                      poisson(lam * 1000, 80_000, seed=1), seed=1)
+    expected = erlang_c(c, lam * mean_ms) / (c / mean_ms - lam)
+    assert result.stages["s"].mean_wait_ms == pytest.approx(expected, rel=0.05)
+    assert result.throughput_rps == pytest.approx(lam * 1000, rel=0.02)
+
+
+def test_least_loaded_routing_beats_round_robin_and_single_queue_beats_both():
+    trace = poisson(350, 20_000, seed=3)
+    waits = {r: simulate(one_stage(exponential(10.0), replicas=4, routing=r), trace, seed=3).stages["s"].mean_wait_ms
+             for r in ("round_robin", "least_loaded", "shared")}
+    assert waits["shared"] < waits["least_loaded"] < waits["round_robin"]
+
+
+def test_batches_form_from_the_queue_and_the_wait_window():
+    # one request every 1 ms; a call costs 10 ms whatever the batch: batches of up to 4
+    trace = np.arange(0.0, 40.0, 1.0)
+    no_wait = simulate(one_stage(fixed(10.0), max_batch=4), trace)
+    assert no_wait.latencies_ms[0] == 10.0  # the first request runs alone, at once
+    assert no_wait.stages["s"].batches == 1 + math.ceil(39 / 4)
+    # a 3 ms window: the first batch waits for requests 1-3 and starts at t=3
+    windowed = simulate(one_stage(fixed(10.0), max_batch=4, max_wait_ms=3.0), trace)
+    assert windowed.latencies_ms[:4].tolist() == [13.0, 12.0, 11.0, 10.0]
+    assert windowed.stages["s"].mean_batch == 4.0
+    # a window never holds a full batch: with max_batch=1 nothing waits
+    assert simulate(one_stage(fixed(10.0), max_wait_ms=3.0), [0.0]).latencies_ms[0] == 10.0
+
+
+def test_a_late_lone_request_leaves_when_its_window_expires():
+    result = simulate(one_stage(linear(1.0, 1.0), max_batch=8, max_wait_ms=5.0), [0.0, 100.0])
+    assert result.latencies_ms.tolist() == [7.0, 7.0]  # 5 ms window + 1 + 1*1 ms
+
+
+def test_hops_and_joins_add_up_on_the_critical_path():
+    stages = (SimStage("pre", (INPUT,), fixed(1.0)),
+              SimStage("a", ("pre",), fixed(5.0)),
+              SimStage("b", ("pre",), fixed(8.0)),
+              SimStage("join", ("a", "b"), fixed(0.5)))
+    result = simulate(SimPipeline(stages, "join", hop_ms=0.25), [0.0, 1000.0])
+    # 4 hops: gateway -> pre -> b -> join -> gateway; b is the slower branch
+    assert result.latencies_ms.tolist() == [1.0 + 8.0 + 0.5 + 4 * 0.25] * 2
+
+
+def test_first_input_wins_for_an_anyof_stage():
+    stages = (SimStage("fast", (INPUT,), fixed(2.0)), SimStage("slow", (INPUT,), fixed(9.0)),
+              SimStage("choose", ("fast", "slow"), fixed(1.0), wait="first"))
+    result = simulate(SimPipeline(stages, "choose"), [0.0, 50.0])
+    assert result.latencies_ms.tolist() == [3.0, 3.0]
+    assert result.stages["choose"].batches == 2  # the slow answers are dropped, not run again
+
+
+def test_competitive_replicas_take_the_fastest_of_k():
+    # far-apart requests: no queueing, so latency is the minimum of k exponentials (mean / k)
+    trace = np.arange(20_000) * 1000.0
+    one = simulate(one_stage(exponential(12.0), replicas=3), trace, seed=5)
+    race = simulate(one_stage(exponential(12.0), replicas=3, competitive=3), trace, seed=5)
+    assert one.mean_ms == pytest.approx(12.0, rel=0.03)
+    assert race.mean_ms == pytest.approx(4.0, rel=0.03)
+    assert race.stages["s"].batches == 3 * 20_000  # every copy runs
+
+
+def test_same_seed_same_result():
+    pipe = one_stage(exponential(5.0), replicas=2)
+    trace = poisson(300, 2000, seed=2)
+    assert np.array_equal(simulate(pipe, trace, seed=4).latencies_ms, simulate(pipe, trace, seed=4).latencies_ms)
+    assert not np.array_equal(simulate(pipe, trace, seed=4).latencies_ms, simulate(pipe, trace, seed=5).latencies_ms)
+
+
+def test_pipeline_from_an_optimized_plan():
+    plan = optimize(ex.ensemble())
+    names = list(plan.stages)
+    profile = Profile({n: {"cpu": {1: [1.0], 4: [2.0]}} for n in names})
+    configs = {n: StageConfig() for n in names}
+    batching = [n for n, s in plan.stages.items() if s.batch is not None]
+    configs[batching[0]] = StageConfig(batch_size=4, replicas=2)
+    pipe = pipeline_from_plan(plan, profile, configs, hop_ms=0.1)
+    assert [s.name for s in pipe.stages] == names and pipe.sink == plan.sink
+    assert simulate(pipe, [0.0]).latencies_ms[0] > 0
+    unbatched = next(n for n, s in plan.stages.items() if s.batch is None)
+    with pytest.raises(SLOError, match=f"stage '{unbatched}' cannot batch"):
+        pipeline_from_plan(plan, profile, {**configs, unbatched: StageConfig(batch_size=2)})
+    with pytest.raises(SLOError, match=r"no StageConfig for stage\(s\)"):
+        pipeline_from_plan(plan, profile, {})
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: SimStage("s", (INPUT,), fixed(1.0), replicas=2, competitive=3), "competitive=3 needs as many replicas"),
+    (lambda: SimPipeline((SimStage("s", ("t",), fixed(1.0)),), "s"), "stage 's' reads 't', which is not an earlier stage"),
+    (lambda: SimPipeline((SimStage("s", (INPUT,), fixed(1.0)),), "s", routing="random"), "routing='random'"),
+    (lambda: simulate(one_stage(fixed(1.0)), [3.0, 1.0]), r"must be sorted: 3.0 comes before 1.0 \(index 1\)"),
+    (lambda: simulate(one_stage(fixed(1.0)), []), "non-empty"),
+])
+def test_bad_pipelines_and_traces_are_named(build, message):
+    with pytest.raises(SLOError, match=message):
+        build()
