@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from executors.httpcodec import BadRequestError, UnencodableError, json_rows, parse_body, to_table
-from flow.exceptions import DataTypeError
+from flow.exceptions import DataTypeError, SchemaError
 from flow.table import Table
 from flow.types import ColumnType
 
@@ -75,3 +75,73 @@ def test_the_runtimes_position_column_is_refused_in_a_request():
         parse_body(b'[{"x": 1}, {"#pos": 2}]', "application/json", None)
     with pytest.raises(SchemaError, match="column '#pos' is reserved by the runtime"):
         to_table(pa.table({"#pos": [1]}), np.arange(1, dtype=np.int64), None)
+
+
+# Big JSON bodies are read in pieces straight into columns (httpcodec.JsonParts): the same
+# Table and the same errors as reading the whole body at once.
+@pytest.fixture
+def small_pieces(monkeypatch):
+    import executors.httpcodec as codec
+
+    monkeypatch.setattr(codec, "CHUNKED_JSON_BYTES", 0)
+    monkeypatch.setattr(codec, "CHUNK_BYTES", 200)
+    monkeypatch.setattr(codec, "JSON_CHUNK_ROWS", 7)
+    return codec
+
+
+PIECE_SCHEMA = {"x": ColumnType.parse(float, "x"), "s": ColumnType.parse(str, "s"),
+                "img": ColumnType.tensor("uint8", (2, 2)), "b": ColumnType.parse(bytes, "b")}
+
+
+def _piece_rows(n):
+    return [{"x": i if i % 3 else i + 0.5, "s": "},{" * (i % 4) + ('"}, {' if i % 10 == 0 else ""), "img": [[i % 256, 1], [2, 3]],
+             "b": "aGk="} for i in range(n)]
+
+
+def _whole(body, schema):
+    return to_table(parse_body(body, "application/json", schema), np.arange(len(json.loads(body))), schema)
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+def test_a_big_body_read_in_pieces_is_the_table_of_the_whole_body(small_pieces, indent):
+    rows = _piece_rows(120)
+    body = json.dumps(rows, indent=indent).encode()
+    parsed = parse_body(body, "application/json", PIECE_SCHEMA)
+    assert isinstance(parsed, small_pieces.JsonParts) and len(parsed.tables) > 5
+    got = to_table(parsed, np.arange(120), PIECE_SCHEMA)
+    small_pieces.CHUNKED_JSON_BYTES = 1 << 40  # the same body, read whole
+    assert got.equals(_whole(body, PIECE_SCHEMA))
+    assert got["s"][5] == rows[5]["s"] and got["x"].dtype == np.float64
+
+
+def test_errors_in_a_later_piece_name_the_row_of_the_whole_body(small_pieces):
+    rows = _piece_rows(60)
+    rows[41] = dict(rows[41], qid=3)
+    with pytest.raises(BadRequestError, match="row 41: 'qid' is assigned by the server"):
+        parse_body(json.dumps(rows).encode(), "application/json", PIECE_SCHEMA)
+    rows = _piece_rows(60)
+    del rows[52]["s"]
+    with pytest.raises(SchemaError, match=r"row 52 has different columns than row 0: \['s'\]"):
+        to_table(parse_body(json.dumps(rows).encode(), "application/json", PIECE_SCHEMA), np.arange(60), PIECE_SCHEMA)
+    rows = _piece_rows(60)
+    rows[47]["img"] = [[1, 2], [3, 300]]
+    with pytest.raises(DataTypeError, match="row 47: column 'img': values out of range for uint8"):
+        parse_body(json.dumps(rows).encode(), "application/json", PIECE_SCHEMA)
+
+
+def test_a_body_that_does_not_split_cleanly_is_judged_whole(small_pieces):
+    # a row holding a list of objects: the cut lands inside it, so the whole body is read
+    schema = {"x": ColumnType.parse(float, "x")}
+    body = json.dumps([{"x": 1.0, "o": [{"a": 1}, {"b": 2}] * 30}] * 3).encode()
+    assert isinstance(parse_body(body, "application/json", schema), list)
+    with pytest.raises(BadRequestError, match="column .x.: NaN is not a JSON number"):
+        parse_body(b'[{"x": 1.0}, {"x": 2.0}, {"x": NaN' + b" " * 300 + b"}]", "application/json", schema)
+
+
+def test_a_big_answer_written_in_pieces_is_the_whole_answer(small_pieces):
+    table = Table.from_pylist([{"x": float(i), "s": "a\"}," * (i % 3)} for i in range(50)])
+    small_pieces.JSON_CHUNK_ROWS = 1 << 30
+    whole = json_rows(table)
+    small_pieces.JSON_CHUNK_ROWS = 7
+    assert bytes(json_rows(table)) == bytes(whole)
+    assert json.loads(bytes(json_rows(table)))["rows"][4] == {"qid": 4, "x": 4.0, "s": "a\"},"}
