@@ -70,11 +70,12 @@ class Invalid(Exception):
 
 class Check:
     """A field check: type (``types``, bools excluded unless listed), then an optional
-    conversion, then ``ok(value)``. ``optional``: None is accepted (and said so)."""
+    conversion, then ``ok(value)``. ``optional``: None is accepted (and the message says so,
+    unless ``what`` mentions None already)."""
 
     def __init__(self, what: str, ok: Callable[[Any], bool] | None = None, *, types: tuple = (),
                  optional: bool = False, convert: Callable[[Any], Any] | None = None):
-        self.what = f"{what} or None" if optional else what
+        self.what = f"{what} or None" if optional and "None" not in what else what
         self.ok, self.types, self.optional, self.convert = ok, types, optional, convert
 
     def __call__(self, value, name: str):
@@ -93,16 +94,13 @@ def _note(what: str, note: str | None) -> str:
     return f"{what} ({note})" if note else what
 
 
-def Int(min: int | None = None, max: int | None = None, *, optional: bool = False, note: str | None = None) -> Check:
+def Int(min: int | None = None, max: int | None = None, *, optional: bool = False, note: str | None = None,
+        what: str | None = None) -> Check:
     """An int (numpy ints too, never a bool) in ``min..max`` (either bound may be None)."""
-    if min is not None and max is not None:
-        what = f"an int in {min}..{max}"
-    elif min is not None:
-        what = f"an int >= {min}"
-    elif max is not None:
-        what = f"an int <= {max}"
-    else:
-        what = "an int"
+    if what is None:
+        bounds = (f" in {min}..{max}" if min is not None and max is not None else f" >= {min}" if min is not None
+                  else f" <= {max}" if max is not None else "")
+        what = f"an int{bounds}"
     return Check(_note(what, note), lambda v: (min is None or v >= min) and (max is None or v <= max),
                  types=(numbers.Integral,), optional=optional)
 
