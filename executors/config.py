@@ -9,7 +9,8 @@ from typing import Any
 from executors.autoscale import AutoscalingConfig
 from executors.busypoll import WINDOW_MS
 from executors.errors import ClusterError
-from flow.configuration import Bool, Check, Config, ConfigError, ConfigTypeError, Int, Nested, Number, Str, setting
+from flow.configuration import (Bool, Check, Config, ConfigError, ConfigTypeError, Int, Invalid, Nested, Number, Str,
+                                setting)
 from kvs.options import KVSOptions
 
 
@@ -42,6 +43,15 @@ def cluster_key(hex_key: str | None = None) -> bytes | None:
 
 
 _SECONDS = Number(gt=0, note="seconds")
+
+
+def _token(value, name: str):
+    """None or a string of at least 8 characters; the message does not quote a token (a secret)."""
+    if value is not None and (not isinstance(value, str) or len(value) < 8):
+        got = f"a string of {len(value)} characters" if isinstance(value, str) else repr(value)
+        raise Invalid(message=f"{name} must be None or a string of at least 8 characters, got {got}",
+                      wrong_type=not isinstance(value, str))
+    return value
 
 
 def default_executors() -> int:
@@ -106,7 +116,7 @@ class ClusterConfig(Config):
     executors: int = setting(default_factory=default_executors, check=Int(1))
     gpu_executors: int = setting(0, Int(0))
     threads: int = setting(4, Int(1, 256))
-    token: str | None = setting(None, Str("a string of at least 8 characters", lambda v: len(v) >= 8, optional=True))
+    token: str | None = setting(None, _token)
     public_metrics: bool = setting(False, Bool())
     max_body_bytes: int = setting(64 * 1024 * 1024, Int(1024))
     max_rows: int = setting(1_000_000, Int(1))

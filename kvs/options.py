@@ -21,8 +21,8 @@ class KVSOptionsError(KVSValueError, ConfigError):
     """A ``KVSOptions`` field has a wrong value (a ``KVSValueError``, a ``ConfigError``)."""
 
 
-class KVSOptionsTypeError(KVSTypeError, ConfigTypeError):
-    """A ``KVSOptions`` field has the wrong type (a ``KVSTypeError``, a ``ConfigTypeError``)."""
+class KVSOptionsTypeError(KVSOptionsError, KVSTypeError, ConfigTypeError):
+    """A ``KVSOptions`` field has the wrong type (also a ``KVSTypeError``, a ``ConfigTypeError``)."""
 
 
 _SECONDS = Number(gt=0, note="seconds")

@@ -8,9 +8,9 @@ Errors (rooted at ``executors.ClusterError``, hence at ``flow.FlowError``):
 
     AutoscalingError
     ├── AutoscalingTypeError    (also TypeError) a field or argument has the wrong type
-    │   └── AutoscalingConfigTypeError   (also flow.configuration.ConfigTypeError) in an AutoscalingConfig
     └── AutoscalingValueError   (also ValueError) a field or argument has a wrong value
-        └── AutoscalingConfigError       (also flow.configuration.ConfigError) in an AutoscalingConfig
+        └── AutoscalingConfigError       (also flow.configuration.ConfigError) an AutoscalingConfig field
+            └── AutoscalingConfigTypeError   (also AutoscalingTypeError, ConfigTypeError) of the wrong type
 
 Every message names the field and quotes the bad value, e.g.
 ``AutoscalingConfig.min_replicas must be an int >= 0, got -1``.
@@ -41,7 +41,7 @@ class AutoscalingConfigError(AutoscalingValueError, ConfigError):
     """An ``AutoscalingConfig`` field has a wrong value."""
 
 
-class AutoscalingConfigTypeError(AutoscalingTypeError, ConfigTypeError):
+class AutoscalingConfigTypeError(AutoscalingConfigError, AutoscalingTypeError, ConfigTypeError):
     """An ``AutoscalingConfig`` field has the wrong type."""
 
 
