@@ -9,10 +9,20 @@ from typing import Any
 from executors.autoscale import AutoscalingConfig
 from executors.busypoll import WINDOW_MS
 from executors.errors import ClusterError
-from flow.configuration import (Bool, Check, Config, ConfigError, ConfigTypeError, Int, Invalid, Nested, Number, Str,
-                                setting)
+from flow.configuration import (
+    Bool,
+    Check,
+    Config,
+    ConfigError,
+    ConfigTypeError,
+    Int,
+    Invalid,
+    Nested,
+    Number,
+    Str,
+    setting,
+)
 from kvs.options import KVSOptions
-
 
 STATE_FILE = "cluster.json"  # a running local cluster's state (URL, tokens; mode 0600) in its directory
 CONFIG_ENV = "FLOWSERVE_CLUSTER_CONFIG"  # the daemon's ClusterConfig JSON: the environment, not argv (a token)

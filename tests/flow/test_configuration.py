@@ -185,15 +185,13 @@ def test_every_config_round_trips_and_refuses_unknown_keys(module, name, fields,
 
 def test_the_existing_error_classes_stay_what_they_were():
     from executors import ClusterError
-    from executors.autoscale import AutoscalingTypeError, AutoscalingValueError
+    from executors.autoscale import AutoscalingConfig, AutoscalingTypeError, AutoscalingValueError
     from executors.config import ClusterConfig
     from k8s import K8sConfigError, K8sConfigTypeError
     from kvs.exceptions import KVSTypeError, KVSValueError
+    from kvs.options import KVSOptions
     from optimizer import PlanError, PlanTypeError
     from optimizer.plan import BatchConfig
-
-    from executors.autoscale import AutoscalingConfig
-    from kvs.options import KVSOptions
 
     for make, classes in [
         (lambda: ClusterConfig(executors=0), (ClusterError, ValueError)),
