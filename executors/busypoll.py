@@ -20,16 +20,19 @@ from __future__ import annotations
 import os
 import time
 
+from flow.configuration import Number, check_value
+
 DEFAULT_MS = 10.0
 MAX_MS = 1000.0  # a longer window is a busy loop, not a latency setting
+#: the check of every busy polling setting (ClusterConfig.busy_poll_ms, KubeConfig.busy_poll_ms)
+WINDOW_MS = Number(ge=0, le=MAX_MS, note="ms; 0: off")
 
 
 class BusyPoll:
     """The window after the last message during which polling is worth it."""
 
     def __init__(self, ms: float = DEFAULT_MS):
-        if not 0 <= ms <= MAX_MS:
-            raise ValueError(f"busy polling window must be in 0..{MAX_MS:g} ms, got {ms!r}")
+        check_value(ms, "busy polling window", WINDOW_MS)  # a ConfigError (a ValueError) if out of range
         self.window_s = float(ms) / 1000.0
         self._until = 0.0
 

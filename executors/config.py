@@ -2,19 +2,39 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
 
 from executors.autoscale import AutoscalingConfig
-from executors.busypoll import MAX_MS as BUSY_POLL_MAX_MS
+from executors.busypoll import WINDOW_MS
+from executors.errors import ClusterError
+from flow.configuration import (
+    Bool,
+    Check,
+    Config,
+    ConfigError,
+    ConfigTypeError,
+    Int,
+    Invalid,
+    Nested,
+    Number,
+    Str,
+    setting,
+)
 from kvs.options import KVSOptions
-
 
 STATE_FILE = "cluster.json"  # a running local cluster's state (URL, tokens; mode 0600) in its directory
 CONFIG_ENV = "FLOWSERVE_CLUSTER_CONFIG"  # the daemon's ClusterConfig JSON: the environment, not argv (a token)
 KEY_ENV = "FLOWSERVE_CLUSTER_KEY"  # the cluster key (hex) plans are signed with; never stored in the KVS
+
+
+class ClusterConfigError(ClusterError, ConfigError):
+    """A ``ClusterConfig`` field (or the cluster key) has a wrong value."""
+
+
+class ClusterConfigTypeError(ClusterConfigError, ConfigTypeError):
+    """A ``ClusterConfig`` field has the wrong type."""
 
 
 def cluster_key(hex_key: str | None = None) -> bytes | None:
@@ -26,10 +46,22 @@ def cluster_key(hex_key: str | None = None) -> bytes | None:
     try:
         key = bytes.fromhex(value)
     except ValueError:
-        raise ValueError(f"{KEY_ENV} must be hex, got {len(value)} characters that are not") from None
+        raise ClusterConfigError(f"{KEY_ENV} must be hex, got {len(value)} characters that are not") from None
     if len(key) < 16:
-        raise ValueError(f"{KEY_ENV} must hold at least 16 bytes (32 hex digits), got {len(key)}")
+        raise ClusterConfigError(f"{KEY_ENV} must hold at least 16 bytes (32 hex digits), got {len(key)}")
     return key
+
+
+_SECONDS = Number(gt=0, note="seconds")
+
+
+def _token(value, name: str):
+    """None or a string of at least 8 characters; the message does not quote a token (a secret)."""
+    if value is not None and (not isinstance(value, str) or len(value) < 8):
+        got = f"a string of {len(value)} characters" if isinstance(value, str) else repr(value)
+        raise Invalid(message=f"{name} must be None or a string of at least 8 characters, got {got}",
+                      wrong_type=not isinstance(value, str))
+    return value
 
 
 def default_executors() -> int:
@@ -38,7 +70,7 @@ def default_executors() -> int:
 
 
 @dataclass(frozen=True)
-class ClusterConfig:
+class ClusterConfig(Config):
     """How the embedded local cluster runs.
 
     host/port: where the gateway listens (default 127.0.0.1 and a free port; bind
@@ -87,70 +119,35 @@ class ClusterConfig:
     dir: where state, logs and sockets live (None: a private temporary directory).
     """
 
-    host: str = "127.0.0.1"
-    port: int = 0
-    executors: int = dataclasses.field(default_factory=default_executors)
-    gpu_executors: int = 0
-    threads: int = 4
-    token: str | None = None
-    public_metrics: bool = False
-    max_body_bytes: int = 64 * 1024 * 1024
-    max_rows: int = 1_000_000
-    max_header_bytes: int = 64 * 1024
-    max_headers: int = 100
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 60.0
-    max_connections: int = 1024
-    request_timeout_s: float = 30.0
-    load_timeout_s: float = 300.0
-    max_retries: int = 2
-    restart_executors: bool = True
-    autoscaling: Any = None
-    max_executors: int = 8
-    colocate: bool = True
-    busy_poll_ms: float = 10.0
-    executor_cache_bytes: int = KVSOptions.cache_max_bytes  # one default for every cache
-    stuck_grace_s: float = 10.0
-    persistence: bool = True
-    dir: str | None = None
+    error, type_error = ClusterConfigError, ClusterConfigTypeError
 
-    def __post_init__(self):
-        def need(cond: bool, field: str, what: str):
-            if not cond:
-                raise ValueError(f"ClusterConfig.{field} must be {what}, got {getattr(self, field)!r}")
-
-        need(isinstance(self.host, str) and bool(self.host), "host", "a host name or address")
-        need(_int(self.port) and 0 <= self.port < 65536, "port", "an int in 0..65535 (0: a free port)")
-        need(_int(self.executors) and self.executors >= 1, "executors", "an int >= 1")
-        need(_int(self.gpu_executors) and self.gpu_executors >= 0, "gpu_executors", "an int >= 0")
-        need(_int(self.threads) and 1 <= self.threads <= 256, "threads", "an int in 1..256")
-        need(self.token is None or (isinstance(self.token, str) and len(self.token) >= 8), "token",
-             "None or a string of at least 8 characters")
-        need(_int(self.max_body_bytes) and self.max_body_bytes >= 1024, "max_body_bytes", "an int >= 1024")
-        need(_num(self.request_timeout_s) and self.request_timeout_s > 0, "request_timeout_s", "a number > 0")
-        need(_int(self.max_rows) and self.max_rows >= 1, "max_rows", "an int >= 1")
-        need(_int(self.max_header_bytes) and self.max_header_bytes >= 1024, "max_header_bytes", "an int >= 1024")
-        need(_int(self.max_headers) and self.max_headers >= 8, "max_headers", "an int >= 8")
-        need(_num(self.header_timeout_s) and self.header_timeout_s > 0, "header_timeout_s", "a number > 0")
-        need(_num(self.body_timeout_s) and self.body_timeout_s > 0, "body_timeout_s", "a number > 0")
-        need(_int(self.max_connections) and self.max_connections >= 1, "max_connections", "an int >= 1")
-        need(_num(self.load_timeout_s) and self.load_timeout_s > 0, "load_timeout_s", "a number > 0")
-        need(_int(self.max_retries) and 0 <= self.max_retries <= 10, "max_retries", "an int in 0..10")
-        need(isinstance(self.persistence, bool), "persistence", "a bool")
-        need(isinstance(self.public_metrics, bool), "public_metrics", "a bool")
-        need(isinstance(self.restart_executors, bool), "restart_executors", "a bool")
-        need(_int(self.max_executors) and self.max_executors >= 1, "max_executors", "an int >= 1")
-        need(isinstance(self.colocate, bool), "colocate", "a bool")
-        need(_num(self.busy_poll_ms) and 0 <= self.busy_poll_ms <= BUSY_POLL_MAX_MS, "busy_poll_ms",
-             f"a number in 0..{BUSY_POLL_MAX_MS:g}")
-        need(_int(self.executor_cache_bytes) and self.executor_cache_bytes >= 0, "executor_cache_bytes",
-             "an int >= 0 (0: no local cache)")
-        need(_num(self.stuck_grace_s) and 0 < self.stuck_grace_s <= 3600, "stuck_grace_s", "a number in (0, 3600]")
-        if isinstance(self.autoscaling, dict):
-            object.__setattr__(self, "autoscaling", AutoscalingConfig.from_json(self.autoscaling))
-        need(self.autoscaling is None or isinstance(self.autoscaling, AutoscalingConfig), "autoscaling",
-             "None or an AutoscalingConfig")
-        need(self.dir is None or isinstance(self.dir, (str, os.PathLike)), "dir", "None or a path")
+    host: str = setting("127.0.0.1", Str("a host name or address"))
+    port: int = setting(0, Int(0, 65535, note="0: a free port"))
+    executors: int = setting(default_factory=default_executors, check=Int(1))
+    gpu_executors: int = setting(0, Int(0))
+    threads: int = setting(4, Int(1, 256))
+    token: str | None = setting(None, _token)
+    public_metrics: bool = setting(False, Bool())
+    max_body_bytes: int = setting(64 * 1024 * 1024, Int(1024))
+    max_rows: int = setting(1_000_000, Int(1))
+    max_header_bytes: int = setting(64 * 1024, Int(1024))
+    max_headers: int = setting(100, Int(8))
+    header_timeout_s: float = setting(10.0, _SECONDS)
+    body_timeout_s: float = setting(60.0, _SECONDS)
+    max_connections: int = setting(1024, Int(1))
+    request_timeout_s: float = setting(30.0, _SECONDS)
+    load_timeout_s: float = setting(300.0, _SECONDS)
+    max_retries: int = setting(2, Int(0, 10))
+    restart_executors: bool = setting(True, Bool())
+    autoscaling: Any = setting(None, Nested(AutoscalingConfig, optional=True, accept_mapping=True))
+    max_executors: int = setting(8, Int(1))
+    colocate: bool = setting(True, Bool())
+    busy_poll_ms: float = setting(10.0, WINDOW_MS)
+    executor_cache_bytes: int = setting(KVSOptions.cache_max_bytes,  # one default for every cache
+                                        Int(0, note="0: no local cache"))
+    stuck_grace_s: float = setting(10.0, Number(gt=0, le=3600, note="seconds"))
+    persistence: bool = setting(True, Bool())
+    dir: str | None = setting(None, Check("a path", types=(str, os.PathLike), optional=True))
 
     def http_limits(self):
         """The HTTP edge's limits (executors/serving.py)."""
@@ -158,21 +155,3 @@ class ClusterConfig:
 
         return HttpLimits(self.max_header_bytes, self.max_headers, self.header_timeout_s, self.body_timeout_s,
                           self.max_connections)
-
-    def to_json(self) -> dict:
-        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        if self.autoscaling is not None:
-            doc["autoscaling"] = self.autoscaling.to_json()
-        return doc
-
-    @classmethod
-    def from_json(cls, doc: dict) -> "ClusterConfig":
-        return cls(**doc)
-
-
-def _int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)

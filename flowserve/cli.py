@@ -18,6 +18,7 @@ import argparse
 import sys
 
 from executors.cli import add_runtime_commands
+from flow.configuration import ConfigError
 from flow.exceptions import FlowError
 from k8s.cli import add_k8s_parser
 
@@ -31,9 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Run one command; our errors print ``error: ...`` (never a traceback) and exit 2 for a
+    bad flag or config value (argparse's status for bad usage), 1 for anything else."""
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
+    except ConfigError as e:  # e.g. `flowserve up --executors 0`: the message names the field and value
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except FlowError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -4,21 +4,23 @@
     cfg = KubeConfig(namespace="ml", image="registry.example.com/flowserve:0.1.0",
                      gpu_executors=2, service_type="LoadBalancer", token_secret="flowserve-token")
 
-Every field is checked when the object is built; a bad value raises ``K8sConfigError``
-(a ``ValueError``) or ``K8sConfigTypeError`` (a ``TypeError``) naming the field and
-quoting the value, like ``executors.config.ClusterConfig``.
+Every field declares its check (``flow.configuration``, like every config of the project),
+run when the object is built; a bad value raises ``K8sConfigError`` (a ``ConfigError``, a
+``ValueError``) or ``K8sConfigTypeError`` (also a ``TypeError``) naming the field and
+quoting the value. ``to_json``/``from_json`` (alias ``from_dict``) round-trip it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping
 from urllib.parse import urlsplit
 
+from flow.configuration import Bool, Check, Config, Int, Invalid, Nested, Number, OneOf, Str, setting
 from k8s.exceptions import K8sConfigError, K8sConfigTypeError
 
 if TYPE_CHECKING:  # importing the runtime costs ~0.3 s: only when autoscaling is configured
@@ -86,22 +88,28 @@ def parse_quantity(value: str) -> Decimal:
         raise ValueError(f"{value!r} is not a Kubernetes quantity") from None
 
 
-def _check_quantity(owner: str, fname: str, value, *, optional: bool) -> None:
-    if value is None and optional:
-        return
-    if not isinstance(value, str):
-        raise K8sConfigTypeError(f"{owner}.{fname} must be a quantity string such as '500m' or '1Gi', "
-                                 f"got {type(value).__name__} {value!r}")
-    try:
-        q = parse_quantity(value)
-    except ValueError as e:
-        raise K8sConfigError(f"{owner}.{fname}: {e}") from None
-    if q <= 0:
-        raise K8sConfigError(f"{owner}.{fname} must be > 0, got {value!r}")
+def _quantity(*, optional: bool = False):
+    """The check of a Kubernetes quantity field (``"500m"``, ``"1Gi"``): a string, parsed, > 0."""
+
+    def check(value, name: str):
+        if value is None and optional:
+            return None
+        if not isinstance(value, str):
+            raise Invalid(message=f"{name} must be a quantity string such as '500m' or '1Gi', "
+                                  f"got {type(value).__name__} {value!r}", wrong_type=True)
+        try:
+            q = parse_quantity(value)
+        except ValueError as e:
+            raise Invalid(message=f"{name}: {e}") from None
+        if q <= 0:
+            raise Invalid(message=f"{name} must be > 0, got {value!r}")
+        return value
+
+    return check
 
 
 @dataclass(frozen=True)
-class Resources:
+class Resources(Config):
     """CPU and memory one container requests (scheduling) and may use at most (limits).
 
     cpu / memory: requests, Kubernetes quantities (``"500m"``, ``"2"``, ``"512Mi"``, ``"4Gi"``).
@@ -112,19 +120,18 @@ class Resources:
         Resources(cpu="2", memory="4Gi")       # limits 2 CPUs and 4Gi (Guaranteed QoS)
     """
 
-    cpu: str = "500m"
-    memory: str = "512Mi"
-    cpu_limit: str | None = None
-    memory_limit: str | None = None
+    error, type_error = K8sConfigError, K8sConfigTypeError
 
-    def __post_init__(self):
-        for f in ("cpu", "memory"):
-            _check_quantity("Resources", f, getattr(self, f), optional=False)
+    cpu: str = setting("500m", _quantity())
+    memory: str = setting("512Mi", _quantity())
+    cpu_limit: str | None = setting(None, _quantity(optional=True))
+    memory_limit: str | None = setting(None, _quantity(optional=True))
+
+    def _validate(self) -> None:
         for f, req in (("cpu_limit", "cpu"), ("memory_limit", "memory")):
             v = getattr(self, f)
-            _check_quantity("Resources", f, v, optional=True)
             if v is not None and parse_quantity(v) < parse_quantity(getattr(self, req)):
-                raise K8sConfigError(f"Resources.{f}={v!r} is below the request {req}={getattr(self, req)!r}")
+                raise self.error(f"Resources.{f}={v!r} is below the request {req}={getattr(self, req)!r}")
 
     def to_k8s(self, gpus: int = 0) -> dict:
         """The container's ``resources`` block; ``gpus`` adds ``nvidia.com/gpu`` to both
@@ -138,50 +145,39 @@ class Resources:
 
 
 @dataclass(frozen=True)
-class Toleration:
+class Toleration(Config):
     """A pod toleration (which node taints the GPU executors accept).
 
         Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
     """
 
-    key: str | None = None
-    operator: str = "Exists"
-    value: str | None = None
-    effect: str | None = None
-    toleration_seconds: int | None = None
+    error, type_error = K8sConfigError, K8sConfigTypeError
 
-    def __post_init__(self):
-        if self.key is not None and not _label_key_ok(self.key):
-            raise K8sConfigError(f"Toleration.key must be a label key such as 'nvidia.com/gpu', got {self.key!r}")
-        if self.operator not in TOLERATION_OPERATORS:
-            raise K8sConfigError(f"Toleration.operator must be one of {TOLERATION_OPERATORS}, got {self.operator!r}")
+    key: str | None = setting(None, Check("a label key such as 'nvidia.com/gpu'", lambda v: _label_key_ok(v),
+                                          optional=True))
+    operator: str = setting("Exists", OneOf(*TOLERATION_OPERATORS))
+    value: str | None = None  # checked against the operator in _validate
+    effect: str | None = setting(None, Check(f"None or one of {TOLERATION_EFFECTS}",
+                                             lambda v: v is None or v in TOLERATION_EFFECTS))
+    toleration_seconds: int | None = setting(None, Int(0, optional=True))
+
+    def _validate(self) -> None:
         if self.operator == "Exists" and self.value is not None:
-            raise K8sConfigError(f"Toleration with operator 'Exists' takes no value, got value={self.value!r}")
+            raise self.error(f"Toleration with operator 'Exists' takes no value, got value={self.value!r}")
         if self.operator == "Equal" and (not isinstance(self.value, str) or not _LABEL_VALUE.match(self.value)):
-            raise K8sConfigError(f"Toleration with operator 'Equal' needs a label value, got value={self.value!r}")
+            raise self.error(f"Toleration with operator 'Equal' needs a label value, got value={self.value!r}")
         if self.key is None and self.operator != "Exists":
-            raise K8sConfigError(f"Toleration without a key must use operator 'Exists', got {self.operator!r}")
-        if self.effect is not None and self.effect not in TOLERATION_EFFECTS:
-            raise K8sConfigError(f"Toleration.effect must be None or one of {TOLERATION_EFFECTS}, got {self.effect!r}")
-        if self.toleration_seconds is not None:
-            if not _int(self.toleration_seconds) or self.toleration_seconds < 0:
-                raise K8sConfigError(f"Toleration.toleration_seconds must be an int >= 0, "
-                                     f"got {self.toleration_seconds!r}")
-            if self.effect != "NoExecute":
-                raise K8sConfigError(f"Toleration.toleration_seconds only applies to effect 'NoExecute', "
-                                     f"got effect={self.effect!r}")
+            raise self.error(f"Toleration without a key must use operator 'Exists', got {self.operator!r}")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise self.error(f"Toleration.toleration_seconds only applies to effect 'NoExecute', "
+                             f"got effect={self.effect!r}")
 
     @classmethod
     def from_dict(cls, doc: Mapping) -> "Toleration":
-        """From the Kubernetes spelling: ``{"key": ..., "operator": ..., "tolerationSeconds": ...}``."""
+        """From the Kubernetes spelling (``tolerationSeconds``) or ours (``to_json``)."""
         if not isinstance(doc, Mapping):
             raise K8sConfigTypeError(f"a toleration must be a Toleration or a mapping, got {type(doc).__name__} {doc!r}")
-        names = {"key": "key", "operator": "operator", "value": "value", "effect": "effect",
-                 "tolerationSeconds": "toleration_seconds", "toleration_seconds": "toleration_seconds"}
-        unknown = sorted(set(doc) - set(names))
-        if unknown:
-            raise K8sConfigError(f"toleration {dict(doc)!r}: unknown field(s) {unknown}")
-        return cls(**{names[k]: v for k, v in doc.items()})
+        return cls.from_json({"toleration_seconds" if k == "tolerationSeconds" else k: v for k, v in doc.items()})
 
     def to_k8s(self) -> dict:
         out = {"key": self.key} if self.key is not None else {}
@@ -221,8 +217,89 @@ RESERVED_ENV = frozenset({
 })
 
 
+# -- KubeConfig's field checks that need more than flow.configuration's ------------------------
+
+_SECRET = Str("a string: a DNS subdomain name", lambda v: _secret_ok(v), optional=True)
+_PORT = Int(1, 65535)
+
+
+def _image(v, name: str) -> str:
+    if not isinstance(v, str):
+        raise Invalid(message=f"{name} must be an image reference string, got {type(v).__name__} {v!r}",
+                      wrong_type=True)
+    m = _IMAGE.match(v)
+    if m is None:
+        raise Invalid(message=f"{name} must be an image reference such as 'registry.example.com/"
+                              f"flowserve:0.1.0', got {v!r}")
+    if m["tag"] is None and m["digest"] is None:
+        raise Invalid(message=f"{name} must pin a tag or digest (a rollout must be reproducible), got {v!r}")
+    if m["tag"] == "latest":
+        raise Invalid(message=f"{name} must not use the 'latest' tag (a rollout must be reproducible), got {v!r}")
+    return v
+
+
+def _node_selector(v, name: str) -> Mapping[str, str]:
+    if not isinstance(v, Mapping):
+        raise Invalid(message=f"{name} must be a mapping of label key to value, got {v!r}", wrong_type=True)
+    for k, val in v.items():
+        if not _label_key_ok(k):
+            raise Invalid(message=f"{name}: {k!r} is not a label key")
+        if not label_value_ok(val):
+            raise Invalid(message=f"{name}[{k!r}]: {val!r} is not a label value")
+    return MappingProxyType(dict(v))
+
+
+def _tolerations(v, name: str) -> tuple[Toleration, ...]:
+    if isinstance(v, (Mapping, Toleration)) or not isinstance(v, (list, tuple)):
+        raise Invalid(message=f"{name} must be a list of Toleration (or mappings), got {v!r}", wrong_type=True)
+    return tuple(t if isinstance(t, Toleration) else Toleration.from_dict(t) for t in v)
+
+
+def _env(v, name: str) -> Mapping[str, str]:
+    if not isinstance(v, Mapping):
+        raise Invalid(message=f"{name} must be a mapping of name to string, got {v!r}", wrong_type=True)
+    for k, val in v.items():
+        if not isinstance(k, str) or not _ENV_NAME.match(k):
+            raise Invalid(message=f"{name}: {k!r} is not an environment variable name")
+        if k in RESERVED_ENV:
+            raise Invalid(message=f"{name}: {k!r} is set by the manifests themselves; "
+                                  f"reserved names: {sorted(RESERVED_ENV)}")
+        if not isinstance(val, str):
+            raise Invalid(message=f"{name}[{k!r}] must be a string, got {type(val).__name__} {val!r}",
+                          wrong_type=True)
+    return MappingProxyType(dict(v))
+
+
+def _autoscaling(v, name: str):
+    """None, an AutoscalingConfig, or a mapping of its fields; the runtime is imported only
+    when autoscaling is configured (it costs ~0.3 s)."""
+    if v is None:
+        return None
+    from executors.autoscale import AutoscalingConfig
+
+    if isinstance(v, Mapping):
+        return Nested(AutoscalingConfig).decode(v, name)
+    if not isinstance(v, AutoscalingConfig):
+        raise Invalid(message=f"{name} must be None, an executors.autoscale.AutoscalingConfig or a mapping of "
+                              f"its fields, got {type(v).__name__} {v!r}", wrong_type=True)
+    return v
+
+
+def _kvs_url(v, name: str):
+    """A redis URL; messages quote it with any password masked (the password rule is in
+    KubeConfig._validate, which names the Secret)."""
+    if v is None:
+        return None
+    what = "None or a string: a redis:// or rediss:// URL such as 'redis://localhost:6379/0'"
+    if not isinstance(v, str):
+        raise Invalid(message=f"{name} must be {what}, got {type(v).__name__} {v!r}", wrong_type=True)
+    if not _url_ok(v, ("redis", "rediss")):
+        raise Invalid(message=f"{name} must be {what}, got {redact_url(v)!r}")
+    return v
+
+
 @dataclass(frozen=True)
-class KubeConfig:
+class KubeConfig(Config):
     """How FlowServe runs on a Kubernetes cluster (what ``k8s.render`` turns into manifests).
 
     name: the instance name: prefix of every object and the ``app.kubernetes.io/instance``
@@ -280,203 +357,79 @@ class KubeConfig:
         password gets the one from ``redis_secret``, so no password needs to be written here.
     """
 
-    name: str = "flowserve"
-    namespace: str = "flowserve"
-    image: str = DEFAULT_IMAGE
-    image_pull_policy: str = "IfNotPresent"
-    image_pull_secrets: tuple[str, ...] = ()
-    version: str | None = None
-    redis_image: str = DEFAULT_REDIS_IMAGE
-    redis_secret: str | None = None
-    admin_secret: str | None = None
-    token_secret: str | None = None
-    gateway_replicas: int = 1
-    cpu_executors: int = 2
-    gpu_executors: int | None = None
-    executor_threads: int = 4
-    gpus_per_executor: int = 1
-    busy_poll_ms: float = 10.0
-    executor_cache_bytes: int = 256 * 1024 * 1024  # = KVSOptions.cache_max_bytes (a test keeps them equal)
-    kvs_resources: Resources = Resources(cpu="250m", memory="256Mi", cpu_limit="1", memory_limit="1Gi")
-    gateway_resources: Resources = Resources(cpu="250m", memory="256Mi", cpu_limit="1", memory_limit="512Mi")
-    cpu_executor_resources: Resources = Resources(cpu="1", memory="2Gi", cpu_limit="2", memory_limit="4Gi")
-    gpu_executor_resources: Resources = Resources(cpu="1", memory="4Gi", cpu_limit="4", memory_limit="16Gi")
-    gpu_node_selector: Mapping[str, str] = field(default_factory=dict)
-    gpu_tolerations: tuple[Toleration, ...] = (Toleration(key="nvidia.com/gpu", operator="Exists",
-                                                          effect="NoSchedule"),)
-    service_type: str = "ClusterIP"
-    service_port: int = 80
-    gateway_port: int = 8000
-    gateway_results_port: int = 5556
-    executor_port: int = 5555
-    redis_port: int = 6379
-    kvs_storage: str | None = "1Gi"
-    storage_class: str | None = None
-    artifact_cache_size: str = "10Gi"
-    s3_endpoint: str | None = None
-    s3_secret: str | None = None
-    network_policies: bool = True
-    env: Mapping[str, str] = field(default_factory=dict)
-    autoscaling: "AutoscalingConfig | None" = None
-    gateway_url: str | None = None
-    kvs_url: str | None = None
+    error, type_error = K8sConfigError, K8sConfigTypeError
 
-    def __post_init__(self):
-        def bad(fname: str, what: str, type_error: bool = False):
-            cls = K8sConfigTypeError if type_error else K8sConfigError
-            raise cls(f"KubeConfig.{fname} must be {what}, got {getattr(self, fname)!r}")
+    name: str = setting("flowserve", Str(f"a string: lowercase letters, digits and '-', starting with a letter, "
+                                         f"at most {MAX_NAME} characters",
+                                         lambda v: len(v) <= MAX_NAME and bool(_DNS1035_LABEL.match(v))))
+    namespace: str = setting("flowserve", Str("a string: a DNS label (lowercase letters, digits and '-', "
+                                              "at most 63 characters)",
+                                              lambda v: len(v) <= 63 and bool(_DNS1123_LABEL.match(v))))
+    image: str = setting(DEFAULT_IMAGE, _image)
+    image_pull_policy: str = setting("IfNotPresent", OneOf(*PULL_POLICIES))
+    image_pull_secrets: tuple[str, ...] = setting((), Check(
+        "a tuple of Secret names (DNS subdomains)", lambda v: isinstance(v, tuple) and all(map(_secret_ok, v)),
+        convert=lambda v: (v,) if isinstance(v, str) else tuple(v) if isinstance(v, list) else v))
+    version: str | None = setting(None, Str("a label value (letters, digits, '-', '_', '.', at most 63 characters)",
+                                            label_value_ok, optional=True))
+    redis_image: str = setting(DEFAULT_REDIS_IMAGE, _image)
+    redis_secret: str | None = setting(None, _SECRET)
+    admin_secret: str | None = setting(None, _SECRET)
+    token_secret: str | None = setting(None, _SECRET)
+    gateway_replicas: int = setting(1, Int(0, 1000))
+    cpu_executors: int = setting(2, Int(0, 1000))
+    gpu_executors: int | None = setting(None, Int(0, 1000, optional=True,
+                                                  what="None (decide from the plan) or an int in 0..1000"))
+    executor_threads: int = setting(4, Int(1, 256))
+    gpus_per_executor: int = setting(1, Int(1, 16))
+    busy_poll_ms: float = setting(10.0, Number(ge=0, le=1000, note="ms; 0: off"))  # = executors.busypoll.WINDOW_MS
+    executor_cache_bytes: int = setting(256 * 1024 * 1024,  # = KVSOptions.cache_max_bytes (a test keeps them equal)
+                                        Int(0, note="0: no local cache"))
+    kvs_resources: Resources = setting(Resources(cpu="250m", memory="256Mi", cpu_limit="1", memory_limit="1Gi"),
+                                       Nested(Resources, what="a k8s.Resources"))
+    gateway_resources: Resources = setting(Resources(cpu="250m", memory="256Mi", cpu_limit="1", memory_limit="512Mi"),
+                                           Nested(Resources, what="a k8s.Resources"))
+    cpu_executor_resources: Resources = setting(Resources(cpu="1", memory="2Gi", cpu_limit="2", memory_limit="4Gi"),
+                                                Nested(Resources, what="a k8s.Resources"))
+    gpu_executor_resources: Resources = setting(Resources(cpu="1", memory="4Gi", cpu_limit="4", memory_limit="16Gi"),
+                                                Nested(Resources, what="a k8s.Resources"))
+    gpu_node_selector: Mapping[str, str] = setting(default_factory=dict, check=_node_selector)
+    gpu_tolerations: tuple[Toleration, ...] = setting(
+        (Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"),), _tolerations)
+    service_type: str = setting("ClusterIP", OneOf(*SERVICE_TYPES))
+    service_port: int = setting(80, _PORT)
+    gateway_port: int = setting(8000, _PORT)
+    gateway_results_port: int = setting(5556, _PORT)
+    executor_port: int = setting(5555, _PORT)
+    redis_port: int = setting(6379, _PORT)
+    kvs_storage: str | None = setting("1Gi", _quantity(optional=True))
+    storage_class: str | None = setting(None, _SECRET)
+    artifact_cache_size: str = setting("10Gi", _quantity())
+    s3_endpoint: str | None = setting(None, Str("a string: an http(s):// URL",
+                                                lambda v: re.match(r"^https?://[^\s/]+(/\S*)?$", v) is not None,
+                                                optional=True))
+    s3_secret: str | None = setting(None, _SECRET)
+    network_policies: bool = setting(True, Bool())
+    env: Mapping[str, str] = setting(default_factory=dict, check=_env)
+    autoscaling: "AutoscalingConfig | None" = setting(None, _autoscaling)
+    gateway_url: str | None = setting(None, Str("a string: an http(s):// URL such as 'http://localhost:8080'",
+                                                lambda v: _url_ok(v, ("http", "https")), optional=True))
+    kvs_url: str | None = setting(None, _kvs_url)
 
-        def need(cond: bool, fname: str, what: str, kind=None):
-            """``kind``: the expected type ("int", "str", "bool"); a value of another type is a
-            TypeError (e.g. replicas="2"), a wrong value of the right type a ValueError."""
-            if cond:
-                return
-            v = getattr(self, fname)
-            wrong_type = v is not None and (kind == "int" and not _int(v) or kind == "str" and not isinstance(v, str)
-                                            or kind == "bool" and not isinstance(v, bool)
-                                            or kind == "number" and not _num(v))
-            bad(fname, what, wrong_type)
-
-        need(isinstance(self.name, str) and len(self.name) <= MAX_NAME and bool(_DNS1035_LABEL.match(self.name)),
-             "name", f"a string: lowercase letters, digits and '-', starting with a letter, "
-                     f"at most {MAX_NAME} characters", "str")
-        need(isinstance(self.namespace, str) and len(self.namespace) <= 63
-             and bool(_DNS1123_LABEL.match(self.namespace)), "namespace",
-             "a string: a DNS label (lowercase letters, digits and '-', at most 63 characters)", "str")
-        for f in ("image", "redis_image"):
-            self._check_image(f)
-        need(self.image_pull_policy in PULL_POLICIES, "image_pull_policy", f"one of {PULL_POLICIES}")
-        if isinstance(self.image_pull_secrets, (list, str)):
-            secrets = (self.image_pull_secrets,) if isinstance(self.image_pull_secrets, str) else self.image_pull_secrets
-            object.__setattr__(self, "image_pull_secrets", tuple(secrets))
-        need(isinstance(self.image_pull_secrets, tuple) and all(_secret_ok(s) for s in self.image_pull_secrets),
-             "image_pull_secrets", "a tuple of Secret names (DNS subdomains)")
-        need(self.version is None or label_value_ok(self.version), "version",
-             "None or a label value (letters, digits, '-', '_', '.', at most 63 characters)", "str")
-        for f in ("redis_secret", "admin_secret", "token_secret", "s3_secret", "storage_class"):
-            v = getattr(self, f)
-            need(v is None or _secret_ok(v), f, "None or a string: a DNS subdomain name", "str")
-        for f in ("gateway_replicas", "cpu_executors"):
-            need(_int(getattr(self, f)) and 0 <= getattr(self, f) <= 1000, f, "an int in 0..1000", "int")
-        need(self.gpu_executors is None or (_int(self.gpu_executors) and 0 <= self.gpu_executors <= 1000),
-             "gpu_executors", "None (decide from the plan) or an int in 0..1000", "int")
-        need(_int(self.executor_threads) and 1 <= self.executor_threads <= 256, "executor_threads",
-             "an int in 1..256", "int")
-        need(_int(self.gpus_per_executor) and 1 <= self.gpus_per_executor <= 16, "gpus_per_executor",
-             "an int in 1..16", "int")
-        need(_num(self.busy_poll_ms) and 0 <= self.busy_poll_ms <= 1000, "busy_poll_ms", "a number in 0..1000", "number")
-        need(_int(self.executor_cache_bytes) and self.executor_cache_bytes >= 0, "executor_cache_bytes",
-             "an int >= 0 (0: no local cache)", "int")
-        for f in ("kvs_resources", "gateway_resources", "cpu_executor_resources", "gpu_executor_resources"):
-            if not isinstance(getattr(self, f), Resources):
-                bad(f, "a k8s.Resources", type_error=True)
-        self._freeze_node_selector()
-        self._freeze_tolerations()
-        need(self.service_type in SERVICE_TYPES, "service_type", f"one of {SERVICE_TYPES}")
-        ports = ("service_port", "gateway_port", "gateway_results_port", "executor_port", "redis_port")
-        for f in ports:
-            need(_int(getattr(self, f)) and 1 <= getattr(self, f) <= 65535, f, "an int in 1..65535", "int")
-        container_ports = [getattr(self, f) for f in ports[1:]]
-        if len(set(container_ports)) != len(container_ports):
-            raise K8sConfigError(f"KubeConfig ports must differ: gateway_port={self.gateway_port!r}, "
-                                 f"gateway_results_port={self.gateway_results_port!r}, executor_port={self.executor_port!r}, "
-                                 f"redis_port={self.redis_port!r}")
-        if self.kvs_storage is not None:
-            _check_quantity("KubeConfig", "kvs_storage", self.kvs_storage, optional=False)
-        _check_quantity("KubeConfig", "artifact_cache_size", self.artifact_cache_size, optional=False)
-        need(self.s3_endpoint is None or (isinstance(self.s3_endpoint, str)
-                                          and re.match(r"^https?://[^\s/]+(/\S*)?$", self.s3_endpoint) is not None),
-             "s3_endpoint", "None or a string: an http(s):// URL", "str")
-        need(isinstance(self.network_policies, bool), "network_policies", "a bool", "bool")
-        self._freeze_env()
-        self._convert_autoscaling()
-        need(self.gateway_url is None or _url_ok(self.gateway_url, ("http", "https")), "gateway_url",
-             "None or a string: an http(s):// URL such as 'http://localhost:8080'", "str")
-        self._check_kvs_url()
-
-    # -- field checks that convert ------------------------------------------------------
-
-    def _check_image(self, f: str) -> None:
-        v = getattr(self, f)
-        if not isinstance(v, str):
-            raise K8sConfigTypeError(f"KubeConfig.{f} must be an image reference string, got {type(v).__name__} {v!r}")
-        m = _IMAGE.match(v)
-        if m is None:
-            raise K8sConfigError(f"KubeConfig.{f} must be an image reference such as 'registry.example.com/"
-                                 f"flowserve:0.1.0', got {v!r}")
-        if m["tag"] is None and m["digest"] is None:
-            raise K8sConfigError(f"KubeConfig.{f} must pin a tag or digest (a rollout must be reproducible), got {v!r}")
-        if m["tag"] == "latest":
-            raise K8sConfigError(f"KubeConfig.{f} must not use the 'latest' tag (a rollout must be "
-                                 f"reproducible), got {v!r}")
-
-    def _freeze_node_selector(self) -> None:
-        v = self.gpu_node_selector
-        if not isinstance(v, Mapping):
-            raise K8sConfigTypeError(f"KubeConfig.gpu_node_selector must be a mapping of label key to value, got {v!r}")
-        for k, val in v.items():
-            if not _label_key_ok(k):
-                raise K8sConfigError(f"KubeConfig.gpu_node_selector: {k!r} is not a label key")
-            if not label_value_ok(val):
-                raise K8sConfigError(f"KubeConfig.gpu_node_selector[{k!r}]: {val!r} is not a label value")
-        object.__setattr__(self, "gpu_node_selector", MappingProxyType(dict(v)))
-
-    def _freeze_tolerations(self) -> None:
-        v = self.gpu_tolerations
-        if isinstance(v, (Mapping, Toleration)) or not isinstance(v, (list, tuple)):
-            raise K8sConfigTypeError(f"KubeConfig.gpu_tolerations must be a list of Toleration (or mappings), got {v!r}")
-        tols = tuple(t if isinstance(t, Toleration) else Toleration.from_dict(t) for t in v)
-        object.__setattr__(self, "gpu_tolerations", tols)
-
-    def _freeze_env(self) -> None:
-        v = self.env
-        if not isinstance(v, Mapping):
-            raise K8sConfigTypeError(f"KubeConfig.env must be a mapping of name to string, got {v!r}")
-        for k, val in v.items():
-            if not isinstance(k, str) or not _ENV_NAME.match(k):
-                raise K8sConfigError(f"KubeConfig.env: {k!r} is not an environment variable name")
-            if k in RESERVED_ENV:
-                raise K8sConfigError(f"KubeConfig.env: {k!r} is set by the manifests themselves; "
-                                     f"reserved names: {sorted(RESERVED_ENV)}")
-            if not isinstance(val, str):
-                raise K8sConfigTypeError(f"KubeConfig.env[{k!r}] must be a string, got {type(val).__name__} {val!r}")
-        object.__setattr__(self, "env", MappingProxyType(dict(v)))
-
-    def _check_kvs_url(self) -> None:
-        """A redis URL without a password: configs get logged and committed, and the password
-        is in ``redis_secret`` already. Messages quote the URL with any password masked."""
-        v = self.kvs_url
-        if v is None:
-            return
-        what = "None or a string: a redis:// or rediss:// URL such as 'redis://localhost:6379/0'"
-        if not isinstance(v, str):
-            raise K8sConfigTypeError(f"KubeConfig.kvs_url must be {what}, got {type(v).__name__} {v!r}")
-        if not _url_ok(v, ("redis", "rediss")):
-            raise K8sConfigError(f"KubeConfig.kvs_url must be {what}, got {redact_url(v)!r}")
-        if urlsplit(v).password is not None:
-            raise K8sConfigError(f"KubeConfig.kvs_url must not hold a password (deploy takes it from the Secret "
-                                 f"{self.redis_secret_name!r}), got {redact_url(v)!r}")
-
-    def _convert_autoscaling(self) -> None:
-        v = self.autoscaling
-        if v is None:
-            return
-        from executors.autoscale import AutoscalingConfig, AutoscalingError
-
-        if isinstance(v, Mapping):
-            try:
-                v = AutoscalingConfig.from_json(dict(v))
-            except AutoscalingError as e:  # its message names the field and quotes the value
-                cls = K8sConfigTypeError if isinstance(e, TypeError) else K8sConfigError
-                raise cls(f"KubeConfig.autoscaling: {e}") from None
-            object.__setattr__(self, "autoscaling", v)
-        if not isinstance(v, AutoscalingConfig):
-            raise K8sConfigTypeError(f"KubeConfig.autoscaling must be None, an executors.autoscale."
-                                     f"AutoscalingConfig or a mapping of its fields, got {type(v).__name__} {v!r}")
-        if self.gateway_replicas > 1:
-            raise K8sConfigError(f"KubeConfig.autoscaling needs gateway_replicas <= 1 (each gateway replica runs its "
-                                 f"own autoscaler over the same executors), got gateway_replicas="
-                                 f"{self.gateway_replicas!r}")
+    def _validate(self) -> None:
+        ports = ("gateway_port", "gateway_results_port", "executor_port", "redis_port")
+        if len({getattr(self, f) for f in ports}) != len(ports):
+            raise self.error(f"KubeConfig ports must differ: gateway_port={self.gateway_port!r}, "
+                             f"gateway_results_port={self.gateway_results_port!r}, "
+                             f"executor_port={self.executor_port!r}, redis_port={self.redis_port!r}")
+        if self.autoscaling is not None and self.gateway_replicas > 1:
+            raise self.error(f"KubeConfig.autoscaling needs gateway_replicas <= 1 (each gateway replica runs its "
+                             f"own autoscaler over the same executors), got gateway_replicas="
+                             f"{self.gateway_replicas!r}")
+        if self.kvs_url is not None and urlsplit(self.kvs_url).password is not None:
+            # configs get logged and committed, and the password is in redis_secret already
+            raise self.error(f"KubeConfig.kvs_url must not hold a password (deploy takes it from the Secret "
+                             f"{self.redis_secret_name!r}), got {redact_url(self.kvs_url)!r}")
 
     # -- derived names -----------------------------------------------------------------------
 
@@ -507,23 +460,8 @@ class KubeConfig:
 
     @classmethod
     def from_dict(cls, doc: Mapping) -> "KubeConfig":
-        """From plain data (JSON/YAML): resources as mappings, tolerations as mappings."""
-        if not isinstance(doc, Mapping):
-            raise K8sConfigTypeError(f"KubeConfig.from_dict needs a mapping, got {type(doc).__name__} {doc!r}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(doc) - known)
-        if unknown:
-            raise K8sConfigError(f"KubeConfig: unknown field(s) {unknown}; known: {sorted(known)}")
-        fields = dict(doc)
-        for f in ("kvs_resources", "gateway_resources", "cpu_executor_resources", "gpu_executor_resources"):
-            if isinstance(fields.get(f), Mapping):
-                try:
-                    fields[f] = Resources(**fields[f])
-                except TypeError as e:
-                    raise K8sConfigError(f"KubeConfig.{f}: {e}") from None
-        if isinstance(fields.get("image_pull_secrets"), list):
-            fields["image_pull_secrets"] = tuple(fields["image_pull_secrets"])
-        return cls(**fields)
+        """From plain data (JSON/YAML): ``from_json`` (resources and tolerations as mappings)."""
+        return cls.from_json(doc)
 
 
 def redact_url(url: str) -> str:

@@ -1,7 +1,7 @@
 """Errors raised by the Kubernetes layer, rooted at ``flow.exceptions.FlowError``.
 
     K8sError                      root of everything k8s raises on purpose
-    ├── K8sConfigError            (also ValueError) a bad KubeConfig / CLI value, quoted
+    ├── K8sConfigError            (also ConfigError, ValueError) a bad KubeConfig / CLI value, quoted
     │   └── K8sConfigTypeError    (also TypeError) a KubeConfig field of the wrong type
     ├── ManifestError             (also ValueError) a manifest the backend cannot send
     ├── K8sClientMissingError     (also ImportError) the ``kubernetes`` package is not installed
@@ -20,6 +20,7 @@ Grouped by what the caller can do, like ``kvs.exceptions``: fix the config for a
 
 from __future__ import annotations
 
+from flow.configuration import ConfigError, ConfigTypeError
 from flow.exceptions import FlowError, RetryableError
 
 
@@ -27,11 +28,11 @@ class K8sError(FlowError):
     """Root of every error the Kubernetes layer raises on purpose."""
 
 
-class K8sConfigError(K8sError, ValueError):
+class K8sConfigError(K8sError, ConfigError):
     """A configuration value is wrong; the message names the field and quotes the value."""
 
 
-class K8sConfigTypeError(K8sConfigError, TypeError):
+class K8sConfigTypeError(K8sConfigError, ConfigTypeError):
     """A configuration field has the wrong type (e.g. replicas given as a string)."""
 
 

@@ -9,16 +9,27 @@ arguments (DESIGN §4); ``KVS.from_url(url, socket_timeout=1.0)`` builds one for
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 
+from flow.configuration import Config, ConfigError, ConfigTypeError, Int, Number, Str, setting
 from kvs.exceptions import KVSTypeError, KVSValueError
 
 MiB = 1 << 20
 
 
+class KVSOptionsError(KVSValueError, ConfigError):
+    """A ``KVSOptions`` field has a wrong value (a ``KVSValueError``, a ``ConfigError``)."""
+
+
+class KVSOptionsTypeError(KVSOptionsError, KVSTypeError, ConfigTypeError):
+    """A ``KVSOptions`` field has the wrong type (also a ``KVSTypeError``, a ``ConfigTypeError``)."""
+
+
+_SECONDS = Number(gt=0, note="seconds")
+
+
 @dataclass(frozen=True)
-class KVSOptions:
+class KVSOptions(Config):
     """Client settings (seconds and bytes).
 
     Attributes:
@@ -41,50 +52,25 @@ class KVSOptions:
         client_name: ``CLIENT SETNAME`` for the connections, visible in ``CLIENT LIST``.
     """
 
-    socket_timeout: float = 5.0
-    connect_timeout: float = 2.0
-    retry_timeout: float = 5.0
-    backoff_base: float = 0.01
-    backoff_cap: float = 0.5
-    max_connections: int = 64
-    cache_max_bytes: int = 256 * MiB
-    health_check_interval: float = 5.0
-    client_name: str | None = "flowserve"
+    error, type_error = KVSOptionsError, KVSOptionsTypeError
 
-    def __post_init__(self) -> None:
-        for name in ("socket_timeout", "connect_timeout", "backoff_base", "backoff_cap",
-                     "health_check_interval"):
-            _number(name, getattr(self, name), allow_zero=False)
-        _number("retry_timeout", self.retry_timeout, allow_zero=True)
-        _integer("max_connections", self.max_connections, minimum=1)
-        _integer("cache_max_bytes", self.cache_max_bytes, minimum=0)
+    socket_timeout: float = setting(5.0, _SECONDS)
+    connect_timeout: float = setting(2.0, _SECONDS)
+    retry_timeout: float = setting(5.0, Number(ge=0, note="seconds; 0: no retry"))
+    backoff_base: float = setting(0.01, _SECONDS)
+    backoff_cap: float = setting(0.5, _SECONDS)
+    max_connections: int = setting(64, Int(1))
+    cache_max_bytes: int = setting(256 * MiB, Int(0, note="0: no local cache"))
+    health_check_interval: float = setting(5.0, _SECONDS)
+    client_name: str | None = setting("flowserve", Str("a non-empty string without spaces",
+                                                       lambda v: bool(v) and not any(c.isspace() for c in v),
+                                                       optional=True))
+
+    def _validate(self) -> None:
         if self.backoff_base > self.backoff_cap:
-            raise KVSValueError(
-                f"backoff_base must be <= backoff_cap, got {self.backoff_base!r} > {self.backoff_cap!r}"
-            )
-        if self.client_name is not None:
-            if not isinstance(self.client_name, str):
-                raise KVSTypeError(f"client_name must be a str or None, got {self.client_name!r}")
-            if not self.client_name or any(c.isspace() for c in self.client_name):
-                raise KVSValueError(
-                    f"client_name must be non-empty without spaces, got {self.client_name!r}"
-                )
+            raise self.error(f"KVSOptions.backoff_base must be <= backoff_cap, "
+                             f"got {self.backoff_base!r} > {self.backoff_cap!r}")
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))
-
-
-def _number(name: str, value, *, allow_zero: bool) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise KVSTypeError(f"{name} must be a number of seconds, got {value!r}")
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise KVSValueError(f"{name} must be a finite number {bound}, got {value!r}")
-
-
-def _integer(name: str, value, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise KVSTypeError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise KVSValueError(f"{name} must be >= {minimum}, got {value!r}")

@@ -6,9 +6,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from optimizer.plan import BatchConfig, PlanError, PlanTypeError, _is_int
+from flow.configuration import Bool, Config, Int, Nested, setting
+from optimizer.plan import BatchConfig, OptimizerConfigError, OptimizerConfigTypeError
 
 #: The default rule order, and why (see optimizer.rules for each rule):
 #: 1. competition, 2. locality, 3. placement mark boundaries (high-variance operators and
@@ -26,7 +27,7 @@ RULE_NAMES: frozenset[str] = frozenset(DEFAULT_RULES)
 
 
 @dataclass(frozen=True)
-class OptimizerOptions:
+class OptimizerOptions(Config):
     """Switches for ``optimize``; every field has a documented default.
 
     - ``rules``: rule names applied in this order (default ``DEFAULT_RULES``:
@@ -44,36 +45,26 @@ class OptimizerOptions:
         OptimizerOptions(batch=BatchConfig(max_batch_size=8, max_wait_ms=1))
     """
 
-    rules: tuple[str, ...] = DEFAULT_RULES
-    competitive_replicas: int = 3
-    batch: BatchConfig = field(default_factory=BatchConfig)
-    fuse_branches: bool = True
-    fuse_across_devices: bool = False
+    error, type_error = OptimizerConfigError, OptimizerConfigTypeError
 
-    def __post_init__(self):
-        object.__setattr__(self, "rules", check_rules(self.rules))
-        if not _is_int(self.competitive_replicas) or self.competitive_replicas < 1:
-            raise PlanError(f"OptimizerOptions.competitive_replicas must be an int >= 1, "
-                            f"got {self.competitive_replicas!r}")
-        if not isinstance(self.batch, BatchConfig):
-            raise PlanTypeError(f"OptimizerOptions.batch must be a BatchConfig, got {self.batch!r}")
-        if not isinstance(self.fuse_branches, bool):
-            raise PlanTypeError(f"OptimizerOptions.fuse_branches must be a bool, got {self.fuse_branches!r}")
-        if not isinstance(self.fuse_across_devices, bool):
-            raise PlanTypeError(f"OptimizerOptions.fuse_across_devices must be a bool, "
-                                f"got {self.fuse_across_devices!r}")
+    rules: tuple[str, ...] = setting(DEFAULT_RULES, lambda value, name: check_rules(value))
+    competitive_replicas: int = setting(3, Int(1))
+    batch: BatchConfig = setting(default_factory=BatchConfig, check=Nested(BatchConfig))
+    fuse_branches: bool = setting(True, Bool())
+    fuse_across_devices: bool = setting(False, Bool())
 
 
 def check_rules(rules) -> tuple[str, ...]:
-    """``rules`` as a tuple of known rule names; a PlanError quoting the bad value if not."""
+    """``rules`` as a tuple of known rule names; an OptimizerConfigError (a PlanError) quoting
+    the bad value if not."""
     if isinstance(rules, (str, bytes)) or not isinstance(rules, (list, tuple)):
-        raise PlanTypeError(f"rules must be a list of rule names such as {list(DEFAULT_RULES)}, got {rules!r}")
+        raise OptimizerConfigTypeError(f"rules must be a list of rule names such as {list(DEFAULT_RULES)}, got {rules!r}")
     for r in rules:
         if not isinstance(r, str):
-            raise PlanTypeError(f"rules must be rule names (str), got {r!r} in {list(rules)!r}")
+            raise OptimizerConfigTypeError(f"rules must be rule names (str), got {r!r} in {list(rules)!r}")
         if r not in RULE_NAMES:
-            raise PlanError(f"unknown optimizer rule {r!r}; known rules are {sorted(RULE_NAMES)}")
+            raise OptimizerConfigError(f"unknown optimizer rule {r!r}; known rules are {sorted(RULE_NAMES)}")
     if len(set(rules)) != len(rules):
         dup = next(r for r in rules if list(rules).count(r) > 1)
-        raise PlanError(f"optimizer rule {dup!r} is listed twice in {list(rules)!r}")
+        raise OptimizerConfigError(f"optimizer rule {dup!r} is listed twice in {list(rules)!r}")
     return tuple(rules)

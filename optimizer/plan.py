@@ -39,6 +39,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from flow.configuration import Config, ConfigError, ConfigTypeError, Int, Number, setting
 from flow.exceptions import FlowError, NoValidResultError
 from flow.operators import AnyOfOp, BoundOperator, Operator, choose_first_valid, is_valid
 from flow.table import Table
@@ -57,12 +58,20 @@ class PlanTypeError(PlanError, TypeError):
     """An optimizer argument has the wrong type (e.g. ``rules="fusion"`` instead of a list)."""
 
 
+class OptimizerConfigError(PlanError, ConfigError):
+    """An optimizer option (``OptimizerOptions``, ``BatchConfig``, a rule list) has a wrong value."""
+
+
+class OptimizerConfigTypeError(OptimizerConfigError, PlanTypeError, ConfigTypeError):
+    """An optimizer option has the wrong type."""
+
+
 def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
 @dataclass(frozen=True)
-class BatchConfig:
+class BatchConfig(Config):
     """How a batching stage merges requests: up to ``max_batch_size`` requests per call,
     waiting at most ``max_wait_ms`` for more after the first arrives (Clipper's delayed
     batching).
@@ -77,15 +86,10 @@ class BatchConfig:
         BatchConfig(max_batch_size=32, max_wait_ms=5)
     """
 
-    max_batch_size: int = 20
-    max_wait_ms: float = 0.0
+    error, type_error = OptimizerConfigError, OptimizerConfigTypeError
 
-    def __post_init__(self):
-        if not _is_int(self.max_batch_size) or self.max_batch_size < 1:
-            raise PlanError(f"BatchConfig.max_batch_size must be an int >= 1, got {self.max_batch_size!r}")
-        if (not isinstance(self.max_wait_ms, (int, float)) or isinstance(self.max_wait_ms, bool)
-                or not self.max_wait_ms >= 0 or self.max_wait_ms == float("inf")):
-            raise PlanError(f"BatchConfig.max_wait_ms must be a finite number >= 0, got {self.max_wait_ms!r}")
+    max_batch_size: int = setting(20, Int(1))
+    max_wait_ms: float = setting(0.0, Number(ge=0, what="a finite number >= 0"))
 
 
 @dataclass(frozen=True)

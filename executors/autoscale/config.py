@@ -9,6 +9,8 @@ Errors (rooted at ``executors.ClusterError``, hence at ``flow.FlowError``):
     AutoscalingError
     ├── AutoscalingTypeError    (also TypeError) a field or argument has the wrong type
     └── AutoscalingValueError   (also ValueError) a field or argument has a wrong value
+        └── AutoscalingConfigError       (also flow.configuration.ConfigError) an AutoscalingConfig field
+            └── AutoscalingConfigTypeError   (also AutoscalingTypeError, ConfigTypeError) of the wrong type
 
 Every message names the field and quotes the bad value, e.g.
 ``AutoscalingConfig.min_replicas must be an int >= 0, got -1``.
@@ -16,11 +18,11 @@ Every message names the field and quotes the bad value, e.g.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
 from executors.errors import ClusterError
+from flow.configuration import Check, Config, ConfigError, ConfigTypeError, Int, Number, check_value, setting
 
 
 class AutoscalingError(ClusterError):
@@ -35,8 +37,19 @@ class AutoscalingValueError(AutoscalingError, ValueError):
     """An autoscaling setting or argument has a wrong value."""
 
 
+class AutoscalingConfigError(AutoscalingValueError, ConfigError):
+    """An ``AutoscalingConfig`` field has a wrong value."""
+
+
+class AutoscalingConfigTypeError(AutoscalingConfigError, AutoscalingTypeError, ConfigTypeError):
+    """An ``AutoscalingConfig`` field has the wrong type."""
+
+
+_SECONDS = Number(ge=0, note="seconds")
+
+
 @dataclass(frozen=True)
-class AutoscalingConfig:
+class AutoscalingConfig(Config):
     """How the autoscaler sizes one stage (one config per stage; GPU and CPU stages alike).
 
     The need of a stage, in replicas, is the largest of (whichever targets are set):
@@ -87,55 +100,27 @@ class AutoscalingConfig:
         10 % tolerance).
     """
 
-    min_replicas: int = 1
-    max_replicas: int = 8
-    target_utilisation: float | None = 0.7
-    target_queue_per_replica: float | None = 2.0
-    upscale_delay_s: float = 1.0
-    downscale_delay_s: float = 15.0
-    upscale_cooldown_s: float = 2.0
-    downscale_cooldown_s: float = 15.0
-    max_step_up: float = 2.0
-    smoothing_window_s: float = 1.0
-    hysteresis: float = 0.1
+    error, type_error = AutoscalingConfigError, AutoscalingConfigTypeError
 
-    def __post_init__(self):
+    min_replicas: int = setting(1, Int(0))
+    max_replicas: int = setting(8, Int(1))
+    target_utilisation: float | None = setting(0.7, Number(gt=0, le=1, optional=True))
+    target_queue_per_replica: float | None = setting(2.0, Number(gt=0, optional=True))
+    upscale_delay_s: float = setting(1.0, _SECONDS)
+    downscale_delay_s: float = setting(15.0, _SECONDS)
+    upscale_cooldown_s: float = setting(2.0, _SECONDS)
+    downscale_cooldown_s: float = setting(15.0, _SECONDS)
+    max_step_up: float = setting(2.0, Number(ge=1))
+    smoothing_window_s: float = setting(1.0, _SECONDS)
+    hysteresis: float = setting(0.1, Number(ge=0, lt=1))
+
+    def _validate(self) -> None:
         f = "AutoscalingConfig"
-        check_int(self.min_replicas, f"{f}.min_replicas", 0)
-        check_int(self.max_replicas, f"{f}.max_replicas", 1)
         if self.max_replicas < self.min_replicas:
-            raise AutoscalingValueError(f"{f}.max_replicas must be >= min_replicas ({self.min_replicas}), "
-                                        f"got {self.max_replicas!r}")
-        if self.target_utilisation is not None:
-            check_number(self.target_utilisation, f"{f}.target_utilisation", "a number in (0, 1] or None",
-                         lambda v: 0 < v <= 1)
-        if self.target_queue_per_replica is not None:
-            check_number(self.target_queue_per_replica, f"{f}.target_queue_per_replica", "a number > 0 or None",
-                         lambda v: v > 0)
+            raise self.error(f"{f}.max_replicas must be >= min_replicas ({self.min_replicas}), "
+                             f"got {self.max_replicas!r}")
         if self.target_utilisation is None and self.target_queue_per_replica is None:
-            raise AutoscalingValueError(f"{f} needs target_utilisation or target_queue_per_replica, "
-                                        "got both None")
-        for name in ("upscale_delay_s", "downscale_delay_s", "upscale_cooldown_s", "downscale_cooldown_s",
-                     "smoothing_window_s"):
-            check_number(getattr(self, name), f"{f}.{name}", "a number >= 0 (seconds)", lambda v: v >= 0)
-        check_number(self.max_step_up, f"{f}.max_step_up", "a number >= 1", lambda v: v >= 1)
-        check_number(self.hysteresis, f"{f}.hysteresis", "a number in [0, 1)", lambda v: 0 <= v < 1)
-
-    def to_json(self) -> dict:
-        """The fields as a JSON-able dict (``from_json`` reads it back)."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, doc: dict) -> "AutoscalingConfig":
-        """A config from ``to_json`` output; unknown keys are an error, missing ones default."""
-        if not isinstance(doc, dict):
-            raise AutoscalingTypeError(f"AutoscalingConfig.from_json needs a dict, got {doc!r}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(doc) - known)
-        if unknown:
-            raise AutoscalingValueError(f"AutoscalingConfig has no field(s) {unknown}; "
-                                        f"known: {sorted(known)}")
-        return cls(**doc)
+            raise self.error(f"{f} needs target_utilisation or target_queue_per_replica, got both None")
 
 
 # -- validation helpers (shared with policy.py) ------------------------------------------
@@ -151,16 +136,10 @@ def is_number(v) -> bool:
 
 def check_int(v, name: str, minimum: int) -> None:
     """``v`` must be an int (not a bool) >= minimum; the message quotes the bad value."""
-    what = f"an int >= {minimum}"
-    if not is_int(v):
-        raise AutoscalingTypeError(f"{name} must be {what}, got {v!r}")
-    if v < minimum:
-        raise AutoscalingValueError(f"{name} must be {what}, got {v!r}")
+    check_value(v, name, Int(minimum), error=AutoscalingValueError, type_error=AutoscalingTypeError)
 
 
 def check_number(v, name: str, what: str, ok) -> None:
     """``v`` must be a finite int or float (not a bool) with ``ok(v)`` true."""
-    if not is_number(v):
-        raise AutoscalingTypeError(f"{name} must be {what}, got {v!r}")
-    if not math.isfinite(v) or not ok(v):
-        raise AutoscalingValueError(f"{name} must be {what}, got {v!r}")
+    check_value(v, name, Check(what, lambda x: math.isfinite(x) and ok(x), types=(int, float)),
+                error=AutoscalingValueError, type_error=AutoscalingTypeError)

@@ -171,3 +171,31 @@ def test_flows_come_back_after_down_and_up(home, tmp_path):
     assert not (home / "cluster.json").exists() and not list(home.glob("*.ipc"))
     log = (home / "daemon.out").read_text() if (home / "daemon.out").exists() else ""
     assert "Traceback" not in log, log[-2000:]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["up", "--executors", "0"], "error: ClusterConfig.executors must be an int >= 1, got 0"),
+    (["up", "--port", "70000"], "error: ClusterConfig.port must be an int in 0..65535 (0: a free port), got 70000"),
+    (["up", "--autoscale", "--max-replicas", "0"], "error: AutoscalingConfig.max_replicas must be an int >= 1, got 0"),
+    (["up", "--token", "short"], "error: ClusterConfig.token must be None or a string of at least 8 characters, "
+                                 "got a string of 5 characters"),
+])
+def test_bad_flags_say_error_and_exit_2_without_a_traceback(home, args, message):
+    r = flowserve(*args, home=home, check=False)
+    assert r.returncode == 2 and r.stderr.strip() == message, r.stderr
+    assert "Traceback" not in r.stderr and not (home / "cluster.json").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--autoscale", "{bad"], "error: Expecting property name"),
+    (["--autoscale", '{"max_replica": 2}'], "error: AutoscalingConfig: unknown field(s) ['max_replica']; known: ["),
+    (["--autoscale", '{"max_replicas": 0}'], "error: AutoscalingConfig.max_replicas must be an int >= 1, got 0"),
+    (["--config", "[1]"], "error: ClusterConfig.from_json needs a dict, got [1]"),
+    (["--config", '{"executors": 0}'], "error: ClusterConfig.executors must be an int >= 1, got 0"),
+])
+def test_standalone_gateway_bad_config_json_exits_2_without_a_traceback(args, message):
+    env = {**__import__("os").environ, "FLOWSERVE_ADMIN_TOKEN": "a" * 32}
+    r = subprocess.run([sys.executable, "-m", "executors.standalone", "--kvs", "redis://127.0.0.1:1",
+                        "--address", "tcp://127.0.0.1:1", *args], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

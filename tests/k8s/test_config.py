@@ -179,7 +179,7 @@ def test_from_dict_builds_nested_objects_and_rejects_unknown_fields():
     assert c.image_pull_secrets == ("regcred",)
     with pytest.raises(K8sConfigError, match=r"unknown field\(s\) \['replicas'\]"):
         KubeConfig.from_dict({"replicas": 3})
-    with pytest.raises(K8sConfigError, match="gateway_resources: .*unexpected keyword argument 'gpu'"):
+    with pytest.raises(K8sConfigError, match=r"gateway_resources: Resources: unknown field\(s\) \['gpu'\]; known: \['cpu', "):
         KubeConfig.from_dict({"gateway_resources": {"gpu": 1}})
 
 

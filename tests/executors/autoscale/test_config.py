@@ -88,7 +88,7 @@ def test_json_round_trip():
 
 
 def test_json_unknown_field_is_named():
-    with pytest.raises(ValueError, match=r"no field\(s\) \['max_replica'\]"):
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['max_replica'\]; known: \['downscale_cooldown_s', "):
         AutoscalingConfig.from_json({"max_replica": 3})
     with pytest.raises(TypeError, match=r"needs a dict, got \[1\]"):
         AutoscalingConfig.from_json([1])
