@@ -18,6 +18,7 @@ BENCHMARKS = {
     "competition": "a Gamma-sleeping stage raced by 1, 3 or 7 replicas: median and p99",
     "locality": "100 objects of 8 KB-8 MB read by per-row lookups: naive, fusion, fusion + continuations",
     "batching": "one CNN operator at batch 1-40: in-process through the batching path, and over HTTP",
+    "messages": "one request's run message built, encoded, decoded and read: ns per message; wire vs Arrow IPC",
     "soak": "N requests at concurrency C while kill -9, hangs, poison inputs and redeploys are injected",
 }
 

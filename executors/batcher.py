@@ -17,6 +17,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from executors.messages import StageInput
+
 PROBE_EVERY = 50  # batches run without waiting before a batcher that stopped tries again
 
 
@@ -24,7 +26,7 @@ PROBE_EVERY = 50  # batches run without waiting before a batcher that stopped tr
 class WorkItem:
     """One request's ready inputs for one stage."""
 
-    header: dict
+    message: StageInput  # the input that made it ready (request, attempt, routes, deadline)
     inputs: list
     path: tuple = ()
     trace: list = field(default_factory=list)

@@ -28,11 +28,13 @@ import numpy as np
 
 from executors.busypoll import DEFAULT_MS as DEFAULT_BUSY_POLL_MS
 from executors.busypoll import BusyPoll
-from executors.errors import NoExecutorError
+from executors.errors import DeadlineExceededError, NoExecutorError, OperatorCrashedError, status_for
+from executors.messages import (Failure, Load, Loaded, Message, Ping, Pong, Recycling, Result, StageInput, Stuck,
+                                Unload, Unstuck, decode)
 from executors.routing import complete, deliveries, merge
 from executors.scaling import StageCounters
 from executors.transport import Outbox, Reader, TransportError, accept, listen
-from executors.wire import WireError, pack, unpack
+from executors.wire import WireError
 from flow.table import Table
 from optimizer.plan import INPUT, Plan
 
@@ -46,6 +48,17 @@ class RequestFailed(Exception):
         super().__init__(body.get("message", ""))
         self.status = status
         self.body = body
+
+    @classmethod
+    def of(cls, error: Exception) -> "RequestFailed":
+        """The client's view of an error raised here: its status from errors.status_for (the
+        one error -> HTTP mapping), its class name, message, and operator and qid if known."""
+        body = {"error": type(error).__name__, "message": str(error)}
+        for attr in ("operator", "qid"):
+            value = getattr(error, attr, None)
+            if value is not None:
+                body[attr] = value
+        return cls(status_for(error), body)
 
 
 CRASHES_TO_QUARANTINE = 2  # executors a request may crash before it is failed, not retried
@@ -167,7 +180,7 @@ class Dispatcher:
         if running is not None:
             blamed = {}
             for r in running:
-                if r.get("gw") in ("", self.address):
+                if r.get("gateway") in ("", self.address):
                     for req_id, att in r.get("requests", ()):
                         blamed[(req_id, att)] = r
         for req in list(self.requests.values()):
@@ -193,11 +206,9 @@ class Dispatcher:
         qid = record.get("qid")
         log.error("flow %s request %s (qid %s): %s crashed its executor %d times; failing it (not retried)",
                   req.flow.plan.flow_name, req.id, qid, where, len(req.crashes))
-        self._resolve(req, error=RequestFailed(500, {k: v for k, v in {
-            "error": "OperatorCrashedError",
-            "message": f"flow {req.flow.plan.flow_name!r}: {where} crashed its executor on this input "
-                       f"({len(req.crashes)} executors lost); the request is not retried",
-            "operator": op, "qid": qid}.items() if v is not None}))
+        self._resolve(req, error=RequestFailed.of(OperatorCrashedError(
+            f"flow {req.flow.plan.flow_name!r}: {where} crashed its executor on this input "
+            f"({len(req.crashes)} executors lost); the request is not retried", operator=op, qid=qid)))
 
     def remove_executor(self, id_: str) -> None:
         """Forget an executor that was stopped on purpose (it hosts no stage any more)."""
@@ -205,7 +216,7 @@ class Dispatcher:
         if info is not None:
             self.outbox.forget(info.address)
 
-    async def ping(self, address: str, timeout: float, still_worth_it=lambda: True) -> dict | None:
+    async def ping(self, address: str, timeout: float, still_worth_it=lambda: True) -> Pong | None:
         """The executor's pong (id, device, GPUs) once it answers, or None after ``timeout``
         (or as soon as ``still_worth_it()`` is false, e.g. its process exited)."""
         deadline = time.monotonic() + timeout
@@ -213,7 +224,7 @@ class Dispatcher:
             token = f"ping-{next(self._ids)}"
             fut = asyncio.get_running_loop().create_future()
             self._waiters[token] = fut
-            self._send(address, pack({"type": "ping", "reply": self.address, "token": token}))
+            self._send(address, Ping(self.address, token).encode())
             try:
                 return await asyncio.wait_for(fut, min(0.5, max(0.01, deadline - time.monotonic())))
             except asyncio.TimeoutError:
@@ -301,14 +312,13 @@ class Dispatcher:
             fut = asyncio.get_running_loop().create_future()
             self._waiters[token] = fut
             waits[ex_id] = (token, fut)
-            self._send(info.address, pack({"type": "load", "flow": flow, "version": version,
-                                           "stages": sorted(set(stages)), "reply": self.address, "token": token}))
+            self._send(info.address, Load(flow, version, sorted(set(stages)), self.address, token).encode())
         results = {}
         for ex_id, (token, fut) in waits.items():
             try:
-                reply = await asyncio.wait_for(fut, timeout)
-                results[ex_id] = reply.get("error")
-                if not reply.get("error"):
+                reply: Loaded = await asyncio.wait_for(fut, timeout)
+                results[ex_id] = reply.error
+                if not reply.error:
                     self.executors[ex_id].loaded.add((flow, version))
                     if self._parked:
                         self._unpark()
@@ -363,7 +373,7 @@ class Dispatcher:
         for info in self.executors.values():
             info.loaded.discard((name, version))
             if info.alive:  # every one: an executor may have built it on a message alone
-                self._send(info.address, pack({"type": "unload", "flow": name, "version": version}))
+                self._send(info.address, Unload(name, version).encode())
         log.info("flow %s v%s released on the executors", name, version)
 
     async def reload_missing(self, timeout: float) -> dict:
@@ -404,9 +414,7 @@ class Dispatcher:
         self.requests[req.id] = req
         # a timer rather than asyncio.wait_for: no task per request. It fires a little after
         # the deadline: an executor running the request then answers first, naming the operator
-        timer = loop.call_later(timeout + min(DEADLINE_GRACE_S, 0.1 * timeout), self._resolve, req, None,
-                                RequestFailed(504, {
-            "error": "DeadlineExceededError", "message": f"flow {name!r}: no answer within {timeout:g} s"}))
+        timer = loop.call_later(timeout + min(DEADLINE_GRACE_S, 0.1 * timeout), self._time_out, req, timeout)
         try:
             self._dispatch(req)
             out = await req.future
@@ -416,6 +424,10 @@ class Dispatcher:
         finally:
             timer.cancel()
             self._finish(req)
+
+    def _time_out(self, req: Request, timeout: float) -> None:
+        self._resolve(req, error=RequestFailed.of(DeadlineExceededError(
+            f"flow {req.flow.plan.flow_name!r}: no answer within {timeout:g} s")))
 
     def _finish(self, req: Request) -> None:
         if self.requests.pop(req.id, None) is not None:
@@ -432,7 +444,7 @@ class Dispatcher:
             if self.wait_for_restarts and any(not i.alive for i in self.executors.values()):
                 self._parked.append(req)  # executor_back dispatches it; its deadline still holds
                 return
-            self._resolve(req, error=RequestFailed(503, {"error": "NoExecutorError", "message": str(e)}))
+            self._resolve(req, error=RequestFailed.of(e))
             return
         for stage in routes:
             self.stage_counters(plan.flow_name, stage).arrivals += 1
@@ -440,15 +452,12 @@ class Dispatcher:
             self.executors[ex].inflight += 1
         req.executors |= used
         req.parts = {}
-        base = {"type": "run", "req": req.id, "att": req.attempt, "flow": plan.flow_name,
-                "ver": req.flow.version, "from": INPUT, "routes": routes, "gw": self.address,
-                "dl": req.deadline, "trace": []}
-        if req.solo:
-            base["solo"] = True
         for consumer in self._input_consumers(plan):
             stage = plan.stages[consumer]
             for d in deliveries(req.table, stage, routes[consumer]):
-                self._send(d.address, pack(dict(base, stage=consumer, path=list(d.path), copy=d.copy), {"t": d.table}))
+                self._send(d.address, StageInput(req.id, req.attempt, plan.flow_name, req.flow.version, consumer,
+                                                 INPUT, routes, self.address, req.deadline, path=d.path,
+                                                 copy=d.copy, solo=req.solo, table=d.table).encode())
 
     @staticmethod
     def _input_consumers(plan: Plan) -> list[str]:
@@ -484,8 +493,7 @@ class Dispatcher:
         if req.future.done():
             return
         if req.retries_left <= 0 or time.time() >= req.deadline:
-            self._resolve(req, error=RequestFailed(503, {"error": "NoExecutorError",
-                                                         "message": f"request failed after retries: {why}"}))
+            self._resolve(req, error=RequestFailed.of(NoExecutorError(f"request failed after retries: {why}")))
             return
         req.retries_left -= 1
         req.attempt += 1
@@ -518,8 +526,7 @@ class Dispatcher:
             messages, still_open = [], False
         for frames in messages:
             try:
-                header, tables = unpack(frames)
-                self._on_message(header, tables)
+                self._on_message(decode(frames))
             except WireError as e:
                 log.warning("dropped a malformed message: %s", e)
             except Exception:
@@ -529,46 +536,53 @@ class Dispatcher:
             self._connections.pop(conn.fileno(), None)
             conn.close()
 
-    def _on_message(self, h: dict, tables: dict) -> None:
-        kind = h.get("type")
-        if kind in ("loaded", "pong"):
-            fut = self._waiters.get(h.get("token"))
-            if fut is not None and not fut.done():
-                fut.set_result(h)
-            return
-        if kind in ("stuck", "unstuck", "recycling"):
-            self._executor_report(kind, h)
-            return
-        req = self.requests.get(h.get("req"))
-        if req is None or h.get("att") != req.attempt or req.future.done():
-            return  # answered already (e.g. a losing racing copy), or a superseded attempt
-        if kind == "error":
-            status = int(h.get("status", 500))
-            body = {k: h.get(k) for k in ("error", "message", "operator", "qid") if h.get(k) is not None}
-            self._resolve(req, error=RequestFailed(status, body))
-        elif kind == "result":
-            path = tuple(tuple(p) for p in h.get("path", ()))
-            req.parts.setdefault(path, tables["t"])
+    def _on_message(self, msg: Message) -> None:
+        kind = type(msg)
+        if kind is Result or kind is Failure:
+            req = self.requests.get(msg.req)
+            if req is None or msg.attempt != req.attempt or req.future.done():
+                return  # answered already (e.g. a losing racing copy), or a superseded attempt
+            if kind is Failure:
+                self._resolve(req, error=RequestFailed(msg.status, msg.body()))
+                return
+            path = tuple(tuple(p) for p in msg.path)
+            req.parts.setdefault(path, msg.table)
             if complete(req.parts):
                 out = merge(req.parts)  # key-split parts: back in the request's row order
                 if self.metrics:
-                    self.metrics.observe_trace(req.flow.plan.flow_name, h.get("trace", ()))
-                self._record(req.flow, h.get("trace", ()))
-                req.trace = list(h.get("trace", ()))
+                    self.metrics.observe_trace(req.flow.plan.flow_name, msg.trace)
+                self._record(req.flow, msg.trace)
+                req.trace = list(msg.trace)
                 self._resolve(req, result=out)
+        elif kind is Loaded or kind is Pong:
+            fut = self._waiters.get(msg.token)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+        elif kind is Stuck or kind is Unstuck or kind is Recycling:
+            self._executor_report(msg)
+        else:
+            log.warning("dropped a %r message: gateways do not take those", msg.TYPE)
 
-    def _executor_report(self, kind: str, h: dict) -> None:
+    def _executor_report(self, msg: Stuck | Unstuck | Recycling) -> None:
         """An executor's watchdog says a thread is held by abandoned work, is back, or that
         it is recycling itself (its in-flight requests are re-run elsewhere at once)."""
-        info = self.executors.get(h.get("executor"))
+        info = self.executors.get(msg.executor)
         if info is None:
             return
-        what = (h.get("flow"), h.get("stage"), h.get("operator"))
-        if kind == "stuck":
+        if isinstance(msg, Recycling):
+            if info.alive:
+                log.warning("executor %s is recycling itself: %s", info.id, msg.reason)
+                info.recycled += 1
+                if self.metrics:
+                    self.metrics.recycles.labels(info.id, "stuck").inc()
+                self.executor_died(info.id, reason="recycled")
+            return
+        what = (msg.flow, msg.stage, msg.operator)
+        if isinstance(msg, Stuck):
             info.stuck[what] = info.stuck.get(what, 0) + 1
-            info.stuck_since = info.stuck_since or float(h.get("since") or time.time())
+            info.stuck_since = info.stuck_since or float(msg.since or time.time())
             log.warning("executor %s: a thread is stuck in operator %r (flow %s)", info.id, what[2], what[0])
-        elif kind == "unstuck":
+        else:
             left = info.stuck.get(what, 0) - 1
             if left > 0:
                 info.stuck[what] = left
@@ -576,12 +590,6 @@ class Dispatcher:
                 info.stuck.pop(what, None)
             if not info.stuck:
                 info.stuck_since = None
-        elif info.alive:
-            log.warning("executor %s is recycling itself: %s", info.id, h.get("reason"))
-            info.recycled += 1
-            if self.metrics:
-                self.metrics.recycles.labels(info.id, "stuck").inc()
-            self.executor_died(info.id, reason="recycled")
 
     def stage_counters(self, flow: str, stage: str) -> StageCounters:
         c = self._counters.get((flow, stage))

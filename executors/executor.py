@@ -36,12 +36,14 @@ from executors.busypoll import BusyPoll
 from executors.errors import FlowUnavailableError, OperatorTimeoutError, status_for
 from executors.gpu import gpu_stats, set_executor_class
 from executors.membership import HEARTBEAT_S, Heartbeat, Member
+from executors.messages import (Failure, Load, Loaded, Message, Ping, Pong, Recycling, Result, StageInput, Stuck,
+                                Unload, Unstuck, decode)
 from executors.placement import PLAN_KEY
 from executors.routing import complete, deliveries, keeps_rows, merge
 from executors.stage_runner import BoundStage
 from executors.transport import Outbox, Reader, TransportError, accept, listen
 from executors.watchdog import DEFAULT_GRACE_S, EXIT_RECYCLED, Blackbox, Run, Watchdog, monotonic_deadline
-from executors.wire import WireError, pack, unpack
+from executors.wire import WireError
 from flow.context import set_store
 from flow.exceptions import FlowError, NoValidResultError, OperatorError, OperatorOutputError
 from flow.table import Table
@@ -95,7 +97,7 @@ class HostedStage:
 
 class Executor:
     def __init__(self, executor_id: str, address: str, kvs_url: str, device: str = "cpu",
-                 threads: int = 4, gpu_available: bool = False, busy_poll_ms: float = DEFAULT_BUSY_POLL_MS,
+                 threads: int = 4, busy_poll_ms: float = DEFAULT_BUSY_POLL_MS,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, stuck_grace_s: float = DEFAULT_GRACE_S,
                  blackbox: str | None = None):
         self.id = executor_id
@@ -116,7 +118,6 @@ class Executor:
         self.pending: dict[tuple, Pending] = {}
         self.done: OrderedDict = OrderedDict()
         self._stopping = threading.Event()
-        self.inflight = 0
         self._inline: dict = {}  # id(hosted) -> (hosted, ready items) to run after a drain
         self._inline_runs: deque = deque()  # (hosted, items): batches cut from _inline, next to run
         self._lock = threading.Lock()  # guards pending/done: the IO thread and workers gather
@@ -124,7 +125,6 @@ class Executor:
         self._io_gen = 0  # the IO thread of generation _io_gen reads; older ones were handed off
         self._selector = None
         self._io: threading.Thread | None = None
-        self._inflight_lock = threading.Lock()
         self.busy_poll = BusyPoll(busy_poll_ms)  # busypoll.py: why the IO thread polls after a message
         # watchdog.py: run deadlines, IO hand-over, recycling a stuck executor; the blackbox
         # tells the supervisor what was running if this process dies
@@ -232,38 +232,37 @@ class Executor:
             self.run_batch(hosted, items)
 
     def handle(self, frames) -> None:
-        header, tables = unpack(frames)
-        kind = header.get("type")
-        if kind == "run":
-            for hosted, item in self.gather(header, tables.get("t")):
+        msg = decode(frames)
+        kind = type(msg)
+        if kind is StageInput:
+            for hosted, item in self.gather(msg):
                 self.dispatch(hosted, item)
-        elif kind == "load":
-            self.pool.submit(self.on_load, header)
-        elif kind == "unload":
-            self.pool.submit(self.on_unload, header)  # on a worker: gc must not stall the IO thread
-        elif kind == "ping":
-            self.send(header["reply"], pack({"type": "pong", "executor": self.id, "token": header.get("token"),
-                                             "device": self.device, "gpus": gpu_stats() if self.device == "gpu" else []}))
+        elif kind is Load:
+            self.pool.submit(self.on_load, msg)
+        elif kind is Unload:
+            self.pool.submit(self.on_unload, msg)  # on a worker: gc must not stall the IO thread
+        elif kind is Ping:
+            gpus = gpu_stats() if self.device == "gpu" else []
+            self.send(msg.reply, Pong(self.id, msg.token, self.device, gpus).encode())
         else:
-            log.warning("unknown message type %r", kind)
+            log.warning("executor %s: dropped a %r message: executors do not take those", self.id, msg.TYPE)
 
     # -- deploy ---------------------------------------------------------------------------------
 
-    def on_load(self, header: dict) -> None:
-        flow, version = header["flow"], int(header["version"])
-        reply = {"type": "loaded", "executor": self.id, "flow": flow, "version": version,
-                 "token": header.get("token")}
+    def on_load(self, msg: Load) -> None:
+        flow, version = msg.flow, msg.version
+        error = None
         try:
             plan = self.store.get(PLAN_KEY.format(flow=flow, version=version), trusted=True)
             with self._lock:
                 self.retired.pop((flow, version), None)  # asked for again: it is current after all
-            for name in header.get("stages") or list(plan.stages):
+            for name in msg.stages or list(plan.stages):
                 self.host(plan, name, version)
             self.latest[flow] = version
         except Exception as e:  # report it to the deployer instead of dying
             log.exception("loading flow %s v%s failed", flow, version)
-            reply["error"] = f"{type(e).__name__}: {e}"
-        self.send(header["reply"], pack(reply))
+            error = f"{type(e).__name__}: {e}"
+        self.send(msg.reply, Loaded(self.id, flow, version, msg.token, error).encode())
 
     def host(self, plan: Plan, name: str, version: int) -> HostedStage:
         key = (plan.flow_name, version, name)
@@ -276,11 +275,11 @@ class Executor:
             self.hosted[key] = hosted
         return hosted
 
-    def on_unload(self, header: dict) -> None:
+    def on_unload(self, msg: Unload) -> None:
         """Release a flow version the gateway no longer serves (redeployed, undeployed, or
         a deploy that lost a race): its replicas, batcher threads and pending inputs; then
         give the freed heap back to the OS so the process really shrinks."""
-        flow, version = header["flow"], int(header["version"])
+        flow, version = msg.flow, msg.version
         with self._lock:
             gone = [k for k in self.hosted if k[0] == flow and k[1] == version]
             stages = [self.hosted.pop(k) for k in gone]
@@ -304,57 +303,58 @@ class Executor:
 
     # -- gathering inputs --------------------------------------------------------------------
 
-    def gather(self, h: dict, table: Table | None) -> list:
+    def gather(self, h: StageInput) -> list:
         """Record one arriving input; returns the (stage, work) pairs it made ready.
 
         Called by the IO thread for messages and by workers for local deliveries, so the
         bookkeeping is under a lock; the work itself runs after, outside it.
         """
         with self._lock:
-            return self._gather(h, table)
+            return self._gather(h)
 
-    def _gather(self, h: dict, table: Table | None) -> list:
-        key = (h["flow"], int(h["ver"]), h["stage"])
+    def _gather(self, h: StageInput) -> list:
+        key = (h.flow, h.version, h.stage)
         hosted = self.hosted.get(key)
         if hosted is None:
             hosted = self._rehost(h, key)
             if hosted is None:
                 return []
-        stage = hosted.stage
-        src = h["from"]
-        path = tuple(tuple(p) for p in h.get("path", ()))
-        rid = (h["gw"], h["req"], h["att"], h["stage"])  # request ids are per gateway
+        stage, table = hosted.stage, h.table
+        src = h.source
+        path = tuple(tuple(p) for p in h.path)
+        rid = (h.gateway, h.req, h.attempt, h.stage)  # request ids are per gateway
         if stage.continuation is not None:
             rid += (path,)  # each key group of a request runs on its own
         if stage.competitive > 1:
-            rid += (h.get("copy", 0),)  # racing copies placed on one executor all run
+            rid += (h.copy,)  # racing copies placed on one executor all run
         if rid in self.done:
             return []  # a late competing copy, or a retry's leftover
         if stage.continuation is not None:
             # a continuation runs on its own key group; its consumer merges the groups
             self._mark_done(rid)
-            return [(hosted, WorkItem(h, [table], path, list(h.get("trace", ()))))]
+            return [(hosted, WorkItem(h, [table], path, list(h.trace)))]
         pend = self.pending.get(rid)
         if pend is None:
-            pend = self.pending[rid] = Pending(deadline=float(h.get("dl", time.time() + 60)), flow=key[:2])
+            deadline = h.deadline if h.deadline is not None else time.time() + 60
+            pend = self.pending[rid] = Pending(deadline=deadline, flow=key[:2])
         parts = pend.parts.setdefault(src, {})
         if path in parts:
             return []  # this part came already (competing copies send the same parts)
         parts[path] = table
-        pend.trace.extend(h.get("trace", ()))
+        pend.trace.extend(h.trace)
         if not complete(parts):
             return []
         if stage.wait == "first_valid":
             pend.order.append(src)
             return self._first_valid(hosted, h, rid, pend)
         if all(s in pend.parts and complete(pend.parts[s]) for s in set(stage.inputs)):
-            inputs = [_merge(pend.parts[s]) for s in stage.inputs]
+            inputs = [merge(pend.parts[s]) for s in stage.inputs]
             del self.pending[rid]
             self._mark_done(rid)
             return [(hosted, WorkItem(h, inputs, (), pend.trace))]
         return []
 
-    def _rehost(self, h: dict, key: tuple) -> HostedStage | None:
+    def _rehost(self, h: StageInput, key: tuple) -> HostedStage | None:
         """Build a stage a message needs that is not hosted here: after a restart this
         executor has lost every replica, and the plan in the store rebuilds it. A version
         the gateway retired is not rebuilt (a late message must not bring its memory back);
@@ -373,10 +373,10 @@ class Executor:
                 f"flow {flow!r} v{version}: executor {self.id} cannot build stage {stage!r}: {e}"))
             return None
 
-    def _first_valid(self, hosted: HostedStage, h: dict, rid, pend: Pending) -> list:
+    def _first_valid(self, hosted: HostedStage, h: StageInput, rid, pend: Pending) -> list:
         """Alternatives race: per row, the first arrived result that is valid wins."""
         stage, head = hosted.stage, hosted.bound.head
-        tables = [_merge(pend.parts[s]) for s in pend.order]
+        tables = [merge(pend.parts[s]) for s in pend.order]
         valid = [t for t in tables if t is not None]
         if not valid:
             base = None
@@ -426,7 +426,7 @@ class Executor:
     # -- running ------------------------------------------------------------------------------
 
     def dispatch(self, hosted: HostedStage, item: WorkItem) -> None:
-        if item.header.get("solo"):
+        if item.message.solo:
             # a retry of a request that was running when an executor crashed: it runs alone
             # (never merged into a batch), so a second crash is its own (Dispatcher.executor_died)
             self.pool.submit(self.run_one, hosted, item)
@@ -466,11 +466,11 @@ class Executor:
             lane = "pool"
         first = items[0].inputs[0] if items[0].inputs else None
         qid = int(first.qid[0]) if first is not None and len(first) else None
-        headers = [it.header for it in items]
-        run = Run(hosted.plan.flow_name, hosted.stage.name, headers, lane,
-                  [monotonic_deadline(h.get("dl")) for h in headers], qid, owner=hosted)
+        messages = [it.message for it in items]
+        run = Run(hosted.plan.flow_name, hosted.stage.name, messages, lane,
+                  [monotonic_deadline(m.deadline) for m in messages], qid, owner=hosted)
         run.node = hosted.stage.nodes[0].name
-        self._gateways.add(headers[0].get("gw"))
+        self._gateways.add(messages[0].gateway)
         key = self.watchdog.begin(run)
         if self.blackbox is not None:
             self.blackbox.record(run)
@@ -497,14 +497,14 @@ class Executor:
         whole run is abandoned, give its thread's work to a new thread."""
         hosted = run.owner
         for i in due:
-            h = run.headers[i]
+            h = run.messages[i]
             if why == "timeout":
                 msg = (f"operator {run.node!r} did not finish within its timeout_s={run.node_timeout:g}; "
                        f"its run was abandoned")
             else:
                 msg = (f"operator {run.node!r} (stage {run.stage!r}) was still running at the request's "
                        f"deadline; its run was abandoned")
-            log.warning("flow %s stage %s request %s (qid %s): %s", run.flow, run.stage, h.get("req"), run.qid, msg)
+            log.warning("flow %s stage %s request %s (qid %s): %s", run.flow, run.stage, h.req, run.qid, msg)
             self._fail(h, OperatorTimeoutError(msg, operator=run.node, qid=run.qid), hosted)
         if run.abandoned and not run.lost:
             run.lost = True
@@ -523,15 +523,13 @@ class Executor:
             # exist; raising it by one (and submitting) gives back the thread the run holds
             self.pool._max_workers += 1
             self.pool.submit(_nothing)
-        self._report({"type": "stuck", "executor": self.id, "flow": run.flow, "stage": run.stage,
-                      "operator": run.node, "since": time.time()})
+        self._report(Stuck(self.id, run.flow, run.stage, run.node, time.time()))
 
     def _lane_back(self, run: Run) -> None:
         if run.lost:
             if run.lane == "pool":
                 self.pool._max_workers -= 1
-            self._report({"type": "unstuck", "executor": self.id, "flow": run.flow, "stage": run.stage,
-                          "operator": run.node})
+            self._report(Unstuck(self.id, run.flow, run.stage, run.node))
             log.warning("flow %s stage %s: an abandoned run of operator %r came back after %.1f s", run.flow,
                         run.stage, run.node, time.monotonic() - run.started)
 
@@ -553,8 +551,7 @@ class Executor:
         log.error("executor %s: operator %r (flow %s, stage %s, qid %s) has been stuck for %.1f s; recycling "
                   "this executor", self.id, run.node, run.flow, run.stage, run.qid,
                   time.monotonic() - run.started)
-        self._report({"type": "recycling", "executor": self.id, "operator": run.node, "flow": run.flow,
-                      "reason": f"operator {run.node!r} stuck"})
+        self._report(Recycling(self.id, run.flow, run.node, f"operator {run.node!r} stuck"))
         for hook in self.on_exit:
             try:
                 hook()
@@ -562,13 +559,14 @@ class Executor:
                 log.exception("executor %s: exit hook failed", self.id)
         os._exit(EXIT_RECYCLED)
 
-    def _report(self, msg: dict) -> None:
+    def _report(self, msg: Message) -> None:
+        frames = msg.encode()
         for gw in list(self._gateways):
             if gw:
-                self.send(gw, pack(msg))
+                self.send(gw, frames)
 
     def run_one(self, hosted: HostedStage, item: WorkItem) -> None:
-        if _expired(item.header):
+        if _expired(item.message):
             return self._too_late(hosted, item)
         key, run = self._begin(hosted, [item])
         t0 = time.perf_counter()
@@ -577,16 +575,16 @@ class Executor:
         except FlowError as e:
             if self._end(key, run):
                 return
-            log.info("flow %s stage %s request %s: %s (qid %s)", item.header["flow"], hosted.stage.name,
-                     item.header["req"], e, getattr(e, "qid", None))
-            self._fail(item.header, e, hosted)
+            log.info("flow %s stage %s request %s: %s (qid %s)", item.message.flow, hosted.stage.name,
+                     item.message.req, e, getattr(e, "qid", None))
+            self._fail(item.message, e, hosted)
             return
         except BaseException as e:  # a bug in user code, or SystemExit: one request, never the executor
             if self._end(key, run):
                 return
-            log.exception("flow %s stage %s request %s failed", item.header["flow"], hosted.stage.name,
-                          item.header["req"])
-            self._fail(item.header, e, hosted)
+            log.exception("flow %s stage %s request %s failed", item.message.flow, hosted.stage.name,
+                          item.message.req)
+            self._fail(item.message, e, hosted)
             return
         if self._end(key, run):
             return  # abandoned (answered 504): its output is dropped
@@ -596,11 +594,11 @@ class Executor:
 
     def run_batch(self, hosted: HostedStage, items: list[WorkItem]) -> None:
         """Run several requests as one merged Table, then split the output back by qid."""
-        late = [it for it in items if _expired(it.header)]
+        late = [it for it in items if _expired(it.message)]
         if late:
             for it in late:
                 self._too_late(hosted, it)
-            items = [it for it in items if not _expired(it.header)]
+            items = [it for it in items if not _expired(it.message)]
         if len(items) <= 1:
             return self.run_one(hosted, items[0]) if items else None
         owner, clashing = _owners(items)
@@ -638,7 +636,7 @@ class Executor:
         """The request's deadline passed while it waited for this stage: do not spend a run
         on it; say where it was stuck (the gateway's own 504 cannot tell)."""
         op = hosted.stage.nodes[0].name
-        self._fail(item.header, OperatorTimeoutError(
+        self._fail(item.message, OperatorTimeoutError(
             f"the request's deadline passed while it waited to run operator {op!r} (stage {hosted.stage.name!r})",
             operator=op), hosted)
 
@@ -664,9 +662,9 @@ class Executor:
                     local.extend(self._deliver(hosted, item, out, ms, batch))
                 except Exception as e:  # e.g. a string that is not Unicode: this request's error, at once
                     op = hosted.stage.nodes[-1].name
-                    log.warning("flow %s stage %s request %s: output cannot be sent: %s", item.header["flow"],
-                                hosted.stage.name, item.header["req"], e)
-                    self._fail(item.header, OperatorOutputError(
+                    log.warning("flow %s stage %s request %s: output cannot be sent: %s", item.message.flow,
+                                hosted.stage.name, item.message.req, e)
+                    self._fail(item.message, OperatorOutputError(
                         f"operator {op!r} returned a value that cannot be sent on ({type(e).__name__}: {e})",
                         operator=op), hosted)
         for ready in local:
@@ -674,24 +672,21 @@ class Executor:
 
     def _deliver(self, hosted: HostedStage, item: WorkItem, out: Table, ms: float, batch: int) -> list:
         """Send one request's output; the ready work of consumers hosted here, to start."""
-        h = item.header
+        h = item.message
         trace = item.trace + [[hosted.stage.name, self.id, round(ms, 3), batch]]
-        base = {"type": "run", "req": h["req"], "att": h["att"], "flow": h["flow"], "ver": h["ver"],
-                "from": hosted.stage.name, "routes": h["routes"], "gw": h["gw"], "dl": h.get("dl"), "trace": trace}
         local = []
         if hosted.is_sink:
-            msg = dict(base, type="result", path=list(item.path))
-            self.send(h["gw"], pack(msg, {"t": out}))
+            self.send(h.gateway, Result(h.req, h.attempt, item.path, trace, out).encode())
         for consumer in hosted.consumers:
             stage = hosted.plan.stages[consumer]
             kept = self._kept_keys() if keeps_rows(hosted.stage, stage) else None  # routing.keeps_rows: why
-            for d in deliveries(out, stage, h["routes"][consumer], item.path, here=self.address, holds=kept):
-                msg = dict(base, stage=consumer, path=list(d.path), copy=d.copy)
+            for d in deliveries(out, stage, h.routes[consumer], item.path, here=self.address, holds=kept):
+                msg = h.to(consumer, hosted.stage.name, d.path, d.copy, d.table, trace)
                 if d.address == self.address:
-                    # the consumer runs here too: hand the Table over, no socket, no encoding
-                    local.extend(self.gather(msg, d.table))
+                    # the consumer runs here too: hand the message over, no socket, no encoding
+                    local.extend(self.gather(msg))
                 else:
-                    self.send(d.address, pack(msg, {"t": d.table}))
+                    self.send(d.address, msg.encode())
         return local
 
     def _kept_keys(self):
@@ -702,32 +697,31 @@ class Executor:
         go strictly to their owners, which partitions the working set across the caches."""
         return None if self.store.evicted_within(EVICTION_QUIET_S) else self.store.holds
 
-    def _fail(self, h: dict, error: BaseException, hosted: HostedStage | None = None) -> None:
+    def _fail(self, h: StageInput, error: BaseException, hosted: HostedStage | None = None) -> None:
         if hosted is not None and hosted.consumers and all(
                 hosted.plan.stages[c].wait == "first_valid" for c in hosted.consumers):
-            # an alternative that fails is just not valid: the choice may still succeed
-            base = {k: h[k] for k in ("req", "att", "flow", "ver", "routes", "gw") if k in h}
+            # an alternative that fails is just not valid: the choice may still succeed. Its
+            # input without a table says so; why it failed was logged here (run_one)
             for c in hosted.consumers:
-                for addr in h["routes"][c]:
-                    self.send(addr, pack(dict(base, type="run", stage=c, **{"from": hosted.stage.name},
-                                              dl=h.get("dl"), path=[], invalid=str(error))))
+                invalid = h.to(c, hosted.stage.name, (), 0, None, trace=())
+                for addr in h.routes[c]:
+                    self.send(addr, invalid.encode())
             return
-        msg = {"type": "error", "req": h["req"], "att": h["att"], "status": status_for(error),
-               "error": type(error).__name__, "message": str(error),
-               "operator": getattr(error, "operator", None), "qid": getattr(error, "qid", None)}
-        if not isinstance(error, FlowError):
-            msg["message"] = f"stage {h['stage']!r} raised {type(error).__name__}: {error}"
-        self.send(h["gw"], pack(msg))
+        message = str(error) if isinstance(error, FlowError) else \
+            f"stage {h.stage!r} raised {type(error).__name__}: {error}"
+        operator, qid = getattr(error, "operator", None), getattr(error, "qid", None)
+        self.send(h.gateway, Failure(h.req, h.attempt, status_for(error), type(error).__name__, message,
+                                     None if operator is None else str(operator),
+                                     int(qid) if isinstance(qid, (int, np.integer)) else None).encode())
 
 
 def _nothing() -> None:
     pass
 
 
-def _expired(header: dict) -> bool:
+def _expired(msg: StageInput) -> bool:
     """True if the request's deadline has passed (the gateway answered it 504)."""
-    dl = header.get("dl")
-    return dl is not None and time.time() > dl
+    return msg.deadline is not None and time.time() > msg.deadline
 
 
 class _Either:
@@ -783,10 +777,6 @@ def _owners(items: list[WorkItem]) -> tuple[dict, list]:
             return owner, [k]
         owner.update(dict.fromkeys(qids, k))
     return owner, []
-
-
-def _merge(parts: dict) -> Table:
-    return merge(parts)  # key-split parts: back in the request's row order
 
 
 def _open_store(url: str, cache_bytes: int):

@@ -7,7 +7,8 @@ three threads. Measured on this project's machine with two processes that idle b
 messages: a round trip costs 105 us over ZeroMQ IPC and 17 us over a Unix socket
 (benchmarks/README.md). Serving latency is made of such hops.
 
-A message is a list of frames (the wire format's header and buffers, see wire.py). On
+A message is a list of frames (the wire format's header and buffers, see wire.py; which
+messages there are: messages.py). On
 the stream it is ``u32 frame count, u64 length per frame, the frames``. Limits on the
 count and the total size keep a hostile or broken peer from making a receiver allocate
 without bound; a peer that breaks them is disconnected.

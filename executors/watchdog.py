@@ -53,16 +53,16 @@ class Run:
 
     flow: str
     stage: str
-    headers: list  # the run's requests' headers (one per batched request)
+    messages: list  # the run's requests, as StageInput messages (one per batched request)
     lane: str  # "io", "pool" or "batcher": what must be replaced if the thread is lost
-    deadlines: list  # per header: monotonic time by which its request must be answered
+    deadlines: list  # per message: monotonic time by which its request must be answered
     qid: int | None = None  # the first row's qid, for logs
     thread: int = field(default_factory=threading.get_ident)
     started: float = field(default_factory=time.monotonic)
     node: str = ""  # the operator running now
     node_started: float = 0.0
     node_timeout: float | None = None
-    answered: set = field(default_factory=set)  # indexes of headers already answered 504
+    answered: set = field(default_factory=set)  # indexes of messages already answered 504
     overdue_at: float | None = None  # when the run was abandoned
     handed_off: bool = False  # an IO-lane run whose reading was given to a new IO thread
     lost: bool = False  # abandoned, and its thread replaced
@@ -80,22 +80,22 @@ class Run:
     def next_due(self) -> float | None:
         """When this run's next request (or its operator's timeout) falls due, if any is left."""
         times = [d for i, d in enumerate(self.deadlines) if i not in self.answered]
-        if self.node_timeout is not None and len(self.answered) < len(self.headers):
+        if self.node_timeout is not None and len(self.answered) < len(self.messages):
             times.append(self.node_started + self.node_timeout)
         return min(times) if times else None
 
     def due(self) -> tuple[list[int], str | None]:
-        """Headers whose time is up now, and why (``"timeout"``: the operator's
+        """Indexes of the messages whose time is up now, and why (``"timeout"``: the operator's
         ``timeout_s``, which applies to every request of the run; ``"deadline"``)."""
         now = time.monotonic()
         if self.node_timeout is not None and now >= self.node_started + self.node_timeout:
-            return [i for i in range(len(self.headers)) if i not in self.answered], "timeout"
+            return [i for i in range(len(self.messages)) if i not in self.answered], "timeout"
         late = [i for i, d in enumerate(self.deadlines) if now >= d and i not in self.answered]
         return late, ("deadline" if late else None)
 
 
 def monotonic_deadline(wall_deadline, default_s: float = 60.0) -> float:
-    """A request's wall-clock deadline (``dl`` in messages) on this process's monotonic clock."""
+    """A request's wall-clock deadline (StageInput.deadline) on this process's monotonic clock."""
     now = time.time()
     left = (float(wall_deadline) - now) if wall_deadline else default_s
     return time.monotonic() + left
@@ -158,7 +158,7 @@ class Watchdog:
             due, why = run.due()
             if due:
                 run.answered.update(due)
-                if len(run.answered) == len(run.headers) and run.overdue_at is None:
+                if len(run.answered) == len(run.messages) and run.overdue_at is None:
                     run.overdue_at = now
                 self.on_overdue(run, due, why)
             if run.overdue_at is not None and now - run.overdue_at >= self.grace_s:
@@ -201,8 +201,8 @@ class Blackbox:
         slot = self._slot()
         if slot >= self.SLOTS:
             return  # more threads than slots: this one runs unrecorded
-        reqs = ",".join(f"{h['req']}:{h['att']}" for h in run.headers)
-        gw = run.headers[0].get("gw", "") if run.headers else ""
+        reqs = ",".join(f"{m.req}:{m.attempt}" for m in run.messages)
+        gw = run.messages[0].gateway if run.messages else ""
         line = f"{run.flow}\t{run.stage}\t{run.node}\t{gw}\t{'' if run.qid is None else run.qid}\t{reqs}"
         data = line.encode("utf-8", "replace")[:self.SLOT - 1]
         start = slot * self.SLOT
@@ -225,7 +225,7 @@ class Blackbox:
 
     @classmethod
     def read(cls, path) -> list[dict]:
-        """The runs recorded in a (dead) process's file: flow, stage, operator, gw, qid,
+        """The runs recorded in a (dead) process's file: flow, stage, operator, gateway, qid,
         requests [(req, attempt)]. Missing or unreadable file: []."""
         try:
             with open(path, "rb") as f:
@@ -247,6 +247,6 @@ class Blackbox:
                 req, _, att = pair.partition(":")
                 if req.isdigit() and att.isdigit():
                     requests.append((int(req), int(att)))
-            out.append({"flow": flow, "stage": stage, "operator": node or stage, "gw": gw,
+            out.append({"flow": flow, "stage": stage, "operator": node or stage, "gateway": gw,
                         "qid": int(qid) if qid.lstrip("-").isdigit() else None, "requests": requests})
         return out

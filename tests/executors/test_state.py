@@ -124,7 +124,10 @@ def test_redeploys_and_undeploy_give_the_models_memory_back():
 
 
 def test_an_unloaded_version_is_gone_and_is_not_rebuilt_by_a_late_message(kvs, redis_url, tmp_path):
+    from dataclasses import replace
+
     from executors.executor import Executor
+    from executors.messages import Load, StageInput, Unload
     from executors.placement import PLAN_KEY
     from optimizer import optimize
 
@@ -138,24 +141,23 @@ def test_an_unloaded_version_is_gone_and_is_not_rebuilt_by_a_late_message(kvs, r
     nobody = f"ipc://{tmp_path}/nobody"  # replies go nowhere: this test reads the executor itself
     try:
         for v in (1, 2):
-            ex.on_load({"flow": "unloaded", "version": v, "reply": nobody})
+            ex.on_load(Load("unloaded", v, None, nobody, f"load-{v}"))
         batcher = ex.hosted[("unloaded", 1, stage)].batcher
         assert batcher is not None and batcher.thread.is_alive()
 
-        ex.on_unload({"flow": "unloaded", "version": 1})
+        ex.on_unload(Unload("unloaded", 1))
         assert [k for k in ex.hosted if k[1] == 1] == [] and ("unloaded", 2, stage) in ex.hosted
         batcher.thread.join(5)
         assert not batcher.thread.is_alive()  # its batcher thread ended
 
-        run = {"type": "run", "flow": "unloaded", "ver": 1, "stage": stage, "from": "__input__", "gw": nobody,
-               "req": 1, "att": 0, "routes": {}, "path": []}
-        assert ex.gather(run, None) == [] and ("unloaded", 1, stage) not in ex.hosted  # not rebuilt
-        assert ex.gather(dict(run, ver=3), None) == []  # no plan in the store: an error, not an exception
+        run = StageInput(1, 0, "unloaded", 1, stage, "__input__", {}, nobody)
+        assert ex.gather(run) == [] and ("unloaded", 1, stage) not in ex.hosted  # not rebuilt
+        assert ex.gather(replace(run, version=3)) == []  # no plan in the store: an error, not an exception
 
         # an executor that restarted (it retired nothing) still rebuilds from the store
         fresh = Executor("u1", f"ipc://{tmp_path}/u1", redis_url, threads=1)
         try:
-            fresh.gather(dict(run, ver=2), None)
+            fresh.gather(replace(run, version=2))
             assert ("unloaded", 2, stage) in fresh.hosted
         finally:
             _close(fresh)

@@ -7,12 +7,13 @@ from __future__ import annotations
 import threading
 import time
 
+from executors.messages import StageInput
 from executors.watchdog import Blackbox, Run, Watchdog, monotonic_deadline
 
 
 def _run(lane="pool", deadlines=None, n=1):
-    headers = [{"req": 10 + i, "att": 0, "gw": "ipc:///tmp/gw"} for i in range(n)]
-    return Run("f", "a+b", headers, lane, deadlines or [time.monotonic() + 60] * n, qid=7)
+    messages = [StageInput(10 + i, 0, "f", 1, "a+b", "__input__", {}, "ipc:///tmp/gw") for i in range(n)]
+    return Run("f", "a+b", messages, lane, deadlines or [time.monotonic() + 60] * n, qid=7)
 
 
 class Calls:
@@ -118,7 +119,7 @@ def test_blackbox_lists_what_each_thread_was_running(tmp_path):
     records = Blackbox.read(tmp_path / "e0.running")
     assert sorted(r["operator"] for r in records) == ["op0", "op2"]
     assert all(r["requests"] == [(10, 0), (11, 0)] and r["qid"] == 7 and r["flow"] == "f" for r in records)
-    assert all(r["gw"] == "ipc:///tmp/gw" and r["stage"] == "a+b" for r in records)
+    assert all(r["gateway"] == "ipc:///tmp/gw" and r["stage"] == "a+b" for r in records)
     box.close()
 
 

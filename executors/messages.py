@@ -1,0 +1,379 @@
+"""Everything the gateway and the executors say to each other, as typed, frozen classes.
+
+This module is the only place that knows how a message looks on the wire; the dispatcher
+(gateway side), the executor and its watchdog build and read these classes only.
+
+The wire format
+---------------
+A message is a list of frames. transport.py puts it on a stream as ``u32 frame count,
+u64 length per frame, the frames`` (bounded: at most 4096 frames and 2 GiB). wire.py
+fills the frames: frame 0 is a JSON object, the *header* (never pickle: frames may come
+from the network); the frames after it are the raw buffers of the Tables the message
+carries, described in the header under ``tables`` (name -> column metadata pointing at
+buffer frames; see wire.py). Every message here carries at most one Table, under ``t``.
+
+The header's ``type`` says which message it is; the other keys are short because they
+travel with every request on every hop. Keys, by message (-> who sends it):
+
+    ping      gateway -> executor   reply (address for the pong), token
+    pong      executor -> gateway   executor, token, device ("cpu"/"gpu"), gpus (stats)
+    load      gateway -> executor   flow, version, stages (names; null: all), reply, token
+    loaded    executor -> gateway   executor, flow, version, token, error (null: built)
+    unload    gateway -> executor   flow, version
+    run       gateway/executor -> executor: one input of one stage for one request attempt
+              req (request id, per gateway), att (attempt), flow, ver (flow version),
+              stage (the stage to run), from (the producing stage, or "__input__"),
+              routes (stage -> addresses that run it for this request), gw (the gateway's
+              address), dl (wall-clock deadline, Unix seconds), trace ([stage, executor,
+              ms, batch] of the stages run so far), path (where a key-split part sits:
+              [[index, count], ...]), copy (which racing copy; omitted: 0), solo (a retry
+              that must run unbatched; omitted: false); table t. A run without a table
+              says the producing alternative gave no valid result (first_valid stages).
+    result    executor -> gateway   req, att, path, trace; table t (the sink's output)
+    error     executor -> gateway   req, att, status (HTTP), error (exception class name),
+                                    message, operator and qid (omitted when unknown)
+    stuck     executor -> gateway   executor, flow, stage, operator, since (Unix seconds)
+    unstuck   executor -> gateway   executor, flow, stage, operator
+    recycling executor -> gateway   executor, flow, operator, reason
+
+``decode`` checks the type and every field's JSON type, and raises MessageError (a
+WireError) naming the message type and the field for anything else; it does not look
+inside nested values (routes, trace) beyond their outer type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from executors.wire import WireError, pack, unpack
+from flow.table import Table
+
+
+class MessageError(WireError):
+    """A message whose header is not one of the messages below (unknown type, a field
+    missing or of the wrong type); the text names the message type and the field."""
+
+
+_NONE = type(None)
+_REQUIRED: Any = object()  # a field's default when the message must carry it
+_TABLE = "t"
+_EMPTY = ()  # the default of list fields (trace, path): the same object, so ``is`` finds it
+
+# JSON types a field may hold, by what the field means
+_INT = (int,)
+_NUMBER = (float, int)
+_STR = (str,)
+_LIST = (list,)
+_DICT = (dict,)
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", list: "a list", dict: "an object",
+               bool: "a boolean", _NONE: "null"}
+
+
+class Message:
+    """Base of every message: ``encode()`` gives its frames, ``decode(frames)`` the message.
+
+    Subclasses are frozen dataclasses that list their fields in ``_FIELDS`` as
+    ``(attribute, wire key, JSON types, default)``; a field equal to its default is left
+    off the wire. ``_TABLE_FIELD`` names the attribute holding the message's Table (if
+    any) and whether it is required."""
+
+    __slots__ = ()
+    TYPE: ClassVar[str]
+    _FIELDS: ClassVar[tuple]
+    _TABLE_FIELD: ClassVar[tuple | None] = None  # (attribute, required)
+
+    def header(self) -> dict:
+        """The JSON header of this message (without its table)."""
+        h = {"type": self.TYPE}
+        for attr, key, _types, default in self._FIELDS:
+            value = getattr(self, attr)
+            if value is not default or default is _REQUIRED:
+                h[key] = value
+        return h
+
+    def tables(self) -> dict[str, Table] | None:
+        if self._TABLE_FIELD is None:
+            return None
+        table = getattr(self, self._TABLE_FIELD[0])
+        return None if table is None else {_TABLE: table}
+
+    def encode(self) -> list:
+        """The frames of this message (header, then its table's buffers)."""
+        return pack(self.header(), self.tables())
+
+    @classmethod
+    def from_header(cls, header: dict, tables: dict[str, Table]) -> "Message":
+        args = []
+        for _attr, key, types, default in cls._FIELDS:
+            value = header.get(key, default)
+            if value.__class__ not in types and (value is not default or value is _REQUIRED):
+                raise _field_error(cls.TYPE, key, value, types)
+            args.append(value)
+        if cls._TABLE_FIELD is not None:
+            table = tables.get(_TABLE)
+            if table is None and cls._TABLE_FIELD[1]:
+                raise MessageError(f"{cls.TYPE!r} message: its table {_TABLE!r} is missing")
+            args.append(table)
+        return cls(*args)
+
+
+def _field_error(kind: str, key: str, value, types: tuple) -> MessageError:
+    if value is _REQUIRED:
+        return MessageError(f"{kind!r} message: field {key!r} is missing")
+    names = [_TYPE_NAMES.get(t, t.__name__) for t in types if not (t is int and float in types)]
+    want = " or ".join(names)
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return MessageError(f"{kind!r} message: field {key!r} must be {want}, got {shown}")
+
+
+def _optional(types: tuple) -> tuple:
+    return types + (_NONE,)
+
+
+# -- membership and deploys ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ping(Message):
+    """Gateway -> executor: are you there? Answered by a Pong to ``reply``."""
+
+    TYPE: ClassVar[str] = "ping"
+    _FIELDS: ClassVar[tuple] = (("reply", "reply", _STR, _REQUIRED), ("token", "token", _STR, _REQUIRED))
+    reply: str
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class Pong(Message):
+    """Executor -> gateway: alive; its device class and (on a GPU executor) GPU stats."""
+
+    TYPE: ClassVar[str] = "pong"
+    _FIELDS: ClassVar[tuple] = (("executor", "executor", _STR, _REQUIRED), ("token", "token", _STR, _REQUIRED),
+                                ("device", "device", _STR, _REQUIRED), ("gpus", "gpus", _LIST, _REQUIRED))
+    executor: str
+    token: str
+    device: str
+    gpus: list
+
+
+@dataclass(frozen=True, slots=True)
+class Load(Message):
+    """Gateway -> executor: build these stages (None: all) of a flow version from the plan
+    in the store; answered by Loaded to ``reply``."""
+
+    TYPE: ClassVar[str] = "load"
+    _FIELDS: ClassVar[tuple] = (("flow", "flow", _STR, _REQUIRED), ("version", "version", _INT, _REQUIRED),
+                                ("stages", "stages", _optional(_LIST), None), ("reply", "reply", _STR, _REQUIRED),
+                                ("token", "token", _STR, _REQUIRED))
+    flow: str
+    version: int
+    stages: list | None
+    reply: str
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded(Message):
+    """Executor -> gateway: a Load is done; ``error`` says why it failed (None: built)."""
+
+    TYPE: ClassVar[str] = "loaded"
+    _FIELDS: ClassVar[tuple] = (("executor", "executor", _STR, _REQUIRED), ("flow", "flow", _STR, _REQUIRED),
+                                ("version", "version", _INT, _REQUIRED), ("token", "token", _STR, _REQUIRED),
+                                ("error", "error", _optional(_STR), None))
+    executor: str
+    flow: str
+    version: int
+    token: str
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Unload(Message):
+    """Gateway -> executor: release a flow version (redeployed, undeployed, lost a race)."""
+
+    TYPE: ClassVar[str] = "unload"
+    _FIELDS: ClassVar[tuple] = (("flow", "flow", _STR, _REQUIRED), ("version", "version", _INT, _REQUIRED))
+    flow: str
+    version: int
+
+
+# -- requests ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StageInput(Message):
+    """One input of one stage for one request attempt: the request's rows from the gateway,
+    or a producing stage's output from an executor. Without a ``table`` it says the
+    producing alternative of a first_valid stage gave no valid result."""
+
+    TYPE: ClassVar[str] = "run"
+    _FIELDS: ClassVar[tuple] = (
+        ("req", "req", _INT, _REQUIRED), ("attempt", "att", _INT, _REQUIRED), ("flow", "flow", _STR, _REQUIRED),
+        ("version", "ver", _INT, _REQUIRED), ("stage", "stage", _STR, _REQUIRED),
+        ("source", "from", _STR, _REQUIRED), ("routes", "routes", _DICT, _REQUIRED),
+        ("gateway", "gw", _STR, _REQUIRED), ("deadline", "dl", _optional(_NUMBER), None),
+        ("trace", "trace", _LIST, _EMPTY), ("path", "path", _LIST, _EMPTY), ("copy", "copy", _INT, 0),
+        ("solo", "solo", (bool,), False))
+    _TABLE_FIELD: ClassVar[tuple] = ("table", False)
+    req: int
+    attempt: int
+    flow: str
+    version: int
+    stage: str
+    source: str
+    routes: dict  # stage -> [address]
+    gateway: str
+    deadline: float | None = None  # wall clock, Unix seconds
+    trace: list | tuple = ()  # [[stage, executor, ms, batch], ...]
+    path: list | tuple = ()  # [[index, count], ...]
+    copy: int = 0
+    solo: bool = False
+    table: Table | None = None
+
+    # The two methods below are the generic ones written out, for the hot path (each hop of
+    # each request decodes one of these); test_messages checks they agree with the generic.
+    def header(self) -> dict:
+        h = {"type": "run", "req": self.req, "att": self.attempt, "flow": self.flow, "ver": self.version,
+             "stage": self.stage, "from": self.source, "routes": self.routes, "gw": self.gateway}
+        if self.deadline is not None:
+            h["dl"] = self.deadline
+        if self.trace:
+            h["trace"] = self.trace
+        if self.path:
+            h["path"] = self.path
+        if self.copy:
+            h["copy"] = self.copy
+        if self.solo:
+            h["solo"] = True
+        return h
+
+    @classmethod
+    def from_header(cls, h: dict, tables: dict[str, Table]) -> "StageInput":
+        g = h.get
+        req, att, flow, ver, stage, src, routes, gw = (g("req"), g("att"), g("flow"), g("ver"), g("stage"),
+                                                       g("from"), g("routes"), g("gw"))
+        dl, trace, path, copy, solo = g("dl"), g("trace", _EMPTY), g("path", _EMPTY), g("copy", 0), g("solo", False)
+        if (req.__class__ is int and att.__class__ is int and flow.__class__ is str and ver.__class__ is int
+                and stage.__class__ is str and src.__class__ is str and routes.__class__ is dict
+                and gw.__class__ is str and (dl is None or dl.__class__ is float or dl.__class__ is int)
+                and (trace.__class__ is list or trace is _EMPTY) and (path.__class__ is list or path is _EMPTY)
+                and copy.__class__ is int and solo.__class__ is bool):
+            return cls(req, att, flow, ver, stage, src, routes, gw, dl, trace, path, copy, solo, tables.get(_TABLE))
+        return Message.from_header.__func__(cls, h, tables)  # raises naming the field
+
+    def to(self, stage: str, source: str, path, copy: int, table: Table | None,
+           trace: list | tuple | None = None) -> "StageInput":
+        """The same request's input for another stage (``source``'s output, or the rows).
+        Not ``solo``: the gateway marks the inputs it sends, and only those (as it always did)."""
+        return StageInput(self.req, self.attempt, self.flow, self.version, stage, source, self.routes,
+                          self.gateway, self.deadline, self.trace if trace is None else trace, path, copy,
+                          False, table)
+
+
+@dataclass(frozen=True, slots=True)
+class Result(Message):
+    """Executor -> gateway: the sink's output for a request attempt (one part of it, when
+    the sink ran per key group: ``path`` says which)."""
+
+    TYPE: ClassVar[str] = "result"
+    _FIELDS: ClassVar[tuple] = (("req", "req", _INT, _REQUIRED), ("attempt", "att", _INT, _REQUIRED),
+                                ("path", "path", _LIST, _EMPTY), ("trace", "trace", _LIST, _EMPTY))
+    _TABLE_FIELD: ClassVar[tuple] = ("table", True)
+    req: int
+    attempt: int
+    path: list | tuple
+    trace: list | tuple
+    table: Table
+
+
+@dataclass(frozen=True, slots=True)
+class Failure(Message):
+    """Executor -> gateway: a request attempt failed; the client gets ``status`` and a JSON
+    body of ``error`` (the exception's class name), ``message``, ``operator``, ``qid``."""
+
+    TYPE: ClassVar[str] = "error"
+    _FIELDS: ClassVar[tuple] = (("req", "req", _INT, _REQUIRED), ("attempt", "att", _INT, _REQUIRED),
+                                ("status", "status", _INT, _REQUIRED), ("error", "error", _STR, _REQUIRED),
+                                ("message", "message", _STR, _REQUIRED),
+                                ("operator", "operator", _optional(_STR), None),
+                                ("qid", "qid", _optional(_INT), None))
+    req: int
+    attempt: int
+    status: int
+    error: str
+    message: str
+    operator: str | None = None
+    qid: int | None = None
+
+    def body(self) -> dict:
+        """The client's JSON error body (unknown operator and qid left out)."""
+        out = {"error": self.error, "message": self.message}
+        if self.operator is not None:
+            out["operator"] = self.operator
+        if self.qid is not None:
+            out["qid"] = self.qid
+        return out
+
+
+# -- an executor's watchdog (watchdog.py) ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Stuck(Message):
+    """Executor -> gateway: a thread is held by an abandoned run of ``operator``."""
+
+    TYPE: ClassVar[str] = "stuck"
+    _FIELDS: ClassVar[tuple] = (("executor", "executor", _STR, _REQUIRED), ("flow", "flow", _STR, _REQUIRED),
+                                ("stage", "stage", _STR, _REQUIRED), ("operator", "operator", _STR, _REQUIRED),
+                                ("since", "since", _NUMBER, _REQUIRED))
+    executor: str
+    flow: str
+    stage: str
+    operator: str
+    since: float  # wall clock, Unix seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Unstuck(Message):
+    """Executor -> gateway: an abandoned run reported by Stuck came back."""
+
+    TYPE: ClassVar[str] = "unstuck"
+    _FIELDS: ClassVar[tuple] = (("executor", "executor", _STR, _REQUIRED), ("flow", "flow", _STR, _REQUIRED),
+                                ("stage", "stage", _STR, _REQUIRED), ("operator", "operator", _STR, _REQUIRED))
+    executor: str
+    flow: str
+    stage: str
+    operator: str
+
+
+@dataclass(frozen=True, slots=True)
+class Recycling(Message):
+    """Executor -> gateway: abandoned work never came back; this executor exits to be
+    replaced (the gateway re-runs what it had in flight there at once)."""
+
+    TYPE: ClassVar[str] = "recycling"
+    _FIELDS: ClassVar[tuple] = (("executor", "executor", _STR, _REQUIRED), ("flow", "flow", _STR, _REQUIRED),
+                                ("operator", "operator", _STR, _REQUIRED), ("reason", "reason", _STR, _REQUIRED))
+    executor: str
+    flow: str
+    operator: str
+    reason: str
+
+
+MESSAGES: dict[str, type[Message]] = {cls.TYPE: cls for cls in (
+    Ping, Pong, Load, Loaded, Unload, StageInput, Result, Failure, Stuck, Unstuck, Recycling)}
+
+
+def decode(frames: list) -> Message:
+    """The message in ``frames``; MessageError (a WireError) if it is not a known, well-formed one."""
+    header, tables = unpack(frames)
+    kind = header.get("type")
+    cls = MESSAGES.get(kind) if kind.__class__ is str else None
+    if cls is None:
+        if kind is None:
+            raise MessageError("message without a 'type'")
+        raise MessageError(f"unknown message type {kind!r} (expected one of {', '.join(MESSAGES)})")
+    return cls.from_header(header, tables)

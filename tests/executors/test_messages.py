@@ -1,0 +1,192 @@
+"""The messages between gateway and executors (executors/messages.py): every type survives
+a trip through bytes, anything else is a MessageError naming what was wrong, and the
+dispatcher's own errors reach clients through the one error -> HTTP mapping."""
+
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from executors.dispatcher import RequestFailed
+from executors.errors import DeadlineExceededError, NoExecutorError, OperatorCrashedError, status_for
+from executors.messages import (MESSAGES, Failure, Load, Loaded, Message, MessageError, Ping, Pong, Recycling,
+                                Result, StageInput, Stuck, Unload, Unstuck, decode)
+from executors.wire import WireError
+from flow.table import Table
+from tests.flowgen import assert_same_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def table() -> Table:
+    return Table.from_pylist([{"x": 1.5, "s": "héllo", "t": np.ones((2, 3), np.float32)},
+                              {"x": None, "s": None, "t": None}], qid=np.array([7, 8]))
+
+
+RUN = StageInput(12, 1, "cascade", 3, "fast", "__input__", {"fast": ["ipc:///tmp/e0"], "slow": ["ipc:///tmp/e1"]},
+                 "ipc:///tmp/gw", 1.8e9, [["pre", "e0", 0.25, 2]], [[0, 2]], copy=1, solo=True, table=table())
+
+EVERY = [
+    Ping("ipc:///tmp/gw", "ping-1"),
+    Pong("e0", "ping-1", "gpu", [{"index": 0, "util": 0.5}]),
+    Load("cascade", 3, ["fast", "slow"], "ipc:///tmp/gw", "load-2"),
+    Load("cascade", 3, None, "ipc:///tmp/gw", "load-3"),
+    Loaded("e0", "cascade", 3, "load-2"),
+    Loaded("e0", "cascade", 3, "load-2", error="PlanError: gone"),
+    Unload("cascade", 3),
+    RUN,
+    StageInput(12, 0, "cascade", 3, "pick", "slow", {"pick": ["ipc:///tmp/e0"]}, "ipc:///tmp/gw"),  # no table
+    Result(12, 1, [[1, 2]], [["pick", "e0", 0.1, 1]], table()),
+    Failure(12, 1, 422, "NoValidResultError", "operator 'pick': no alternative gave a valid result",
+            operator="pick", qid=7),
+    Failure(12, 1, 500, "ZeroDivisionError", "stage 'a' raised ZeroDivisionError: division by zero"),
+    Stuck("e0", "cascade", "slow", "BigNet", 1.8e9),
+    Unstuck("e0", "cascade", "slow", "BigNet"),
+    Recycling("e0", "cascade", "BigNet", "operator 'BigNet' stuck"),
+]
+
+
+def through_bytes(msg: Message) -> Message:
+    return decode([bytes(f) for f in msg.encode()])  # as frames off a socket
+
+
+def same(a: Message, b: Message) -> bool:
+    """Equal field by field; tables by their rows; lists the wire turns tuples into compared as lists."""
+    if type(a) is not type(b):
+        return False
+    for f in fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, Table) or isinstance(y, Table):
+            if not (isinstance(x, Table) and isinstance(y, Table)):
+                return False
+            assert_same_rows(x, y)
+            assert x.qid.tolist() == y.qid.tolist()
+        elif json.loads(json.dumps(x)) != json.loads(json.dumps(y)):
+            return False
+    return True
+
+
+def test_every_message_type_is_covered_here():
+    assert {type(m) for m in EVERY} == set(MESSAGES.values())
+
+
+@pytest.mark.parametrize("msg", EVERY, ids=lambda m: m.TYPE)
+def test_every_message_round_trips_through_bytes(msg):
+    back = through_bytes(msg)
+    assert same(back, msg), (back, msg)
+
+
+def test_messages_are_frozen():
+    with pytest.raises(AttributeError):
+        RUN.req = 13
+    with pytest.raises((AttributeError, TypeError)):  # Python 3.11's frozen+slots raises TypeError here
+        RUN.extra = 1  # slots: no new attributes either
+
+
+def test_a_run_message_keeps_the_short_keys_and_leaves_defaults_off():
+    h = json.loads(bytes(RUN.to("slow", "fast", (), 0, None).encode()[0]))
+    assert h == {"type": "run", "req": 12, "att": 1, "flow": "cascade", "ver": 3, "stage": "slow", "from": "fast",
+                 "routes": RUN.routes, "gw": "ipc:///tmp/gw", "dl": 1.8e9, "trace": [["pre", "e0", 0.25, 2]]}
+
+
+@pytest.mark.parametrize("msg", [RUN, StageInput(1, 0, "f", 1, "s", "__input__", {}, "gw"),
+                                 StageInput(1, 0, "f", 1, "s", "__input__", {}, "gw", deadline=5)])
+def test_the_hot_path_run_codec_agrees_with_the_generic_one(msg):
+    assert msg.header() == Message.header(msg)
+    h, tables = msg.header(), msg.tables() or {}
+    assert same(StageInput.from_header(h, tables), Message.from_header.__func__(StageInput, h, tables))
+
+
+def test_to_gives_the_same_request_for_another_stage():
+    nxt = RUN.to("slow", "fast", ((1, 2),), 0, None, trace=[["fast", "e0", 1.0, 1]])
+    assert (nxt.req, nxt.attempt, nxt.flow, nxt.version, nxt.routes, nxt.gateway, nxt.deadline) == \
+        (RUN.req, RUN.attempt, RUN.flow, RUN.version, RUN.routes, RUN.gateway, RUN.deadline)
+    assert (nxt.stage, nxt.source, nxt.path, nxt.table, nxt.trace) == ("slow", "fast", ((1, 2),), None,
+                                                                       [["fast", "e0", 1.0, 1]])
+    assert not nxt.solo  # the gateway marks the inputs it sends (a retry after a crash), and only those
+
+
+def header_of(msg: Message) -> dict:
+    return json.loads(bytes(msg.encode()[0]))
+
+
+def frames_with(msg: Message, **changes) -> list:
+    """``msg``'s frames with header keys replaced (a value of ... removes the key)."""
+    frames = [bytes(f) for f in msg.encode()]
+    h = json.loads(frames[0])
+    for k, v in changes.items():
+        if v is ...:
+            h.pop(k, None)
+        else:
+            h[k] = v
+    return [json.dumps(h).encode()] + frames[1:]
+
+
+@pytest.mark.parametrize("frames, error", [
+    ([b'{"req": 1}'], "message without a 'type'"),
+    ([b'{"type": "bogus"}'], "unknown message type 'bogus' (expected one of ping, pong, load"),
+    ([b'{"type": 7}'], "unknown message type 7"),
+    (frames_with(RUN, req=...), "'run' message: field 'req' is missing"),
+    (frames_with(RUN, att="1"), "'run' message: field 'att' must be an integer, got '1'"),
+    (frames_with(RUN, ver=True), "'run' message: field 'ver' must be an integer, got True"),
+    (frames_with(RUN, routes=["ipc:///tmp/e0"]), "'run' message: field 'routes' must be an object, got ['ipc"),
+    (frames_with(RUN, dl="soon"), "'run' message: field 'dl' must be a number or null, got 'soon'"),
+    (frames_with(RUN, path="0:2"), "'run' message: field 'path' must be a list"),
+    (frames_with(RUN, solo=1), "'run' message: field 'solo' must be a boolean, got 1"),
+    (frames_with(RUN, gw="x" * 200), None),  # long values are fine
+    ([json.dumps({"type": "result", "req": 1, "att": 0}).encode()], "'result' message: its table 't' is missing"),
+    (frames_with(Ping("gw", "t"), token=None), "'ping' message: field 'token' must be a string, got None"),
+    (frames_with(Loaded("e0", "f", 1, "t"), error=3), "'loaded' message: field 'error' must be a string or null"),
+    (frames_with(Failure(1, 0, 500, "E", "m"), status="500"), "'error' message: field 'status' must be an integer"),
+    (frames_with(Stuck("e0", "f", "s", "op", 1.0), since=...), "'stuck' message: field 'since' is missing"),
+])
+def test_malformed_messages_are_message_errors_naming_what_is_wrong(frames, error):
+    if error is None:
+        assert decode(frames).gateway == "x" * 200
+        return
+    with pytest.raises(MessageError) as info:
+        decode(frames)
+    assert error in str(info.value)
+    assert isinstance(info.value, WireError)  # what the gateway and executor drop (and log)
+
+
+def test_a_long_bad_value_is_shortened_in_the_error():
+    with pytest.raises(MessageError, match=r"got \['x+\.\.\.$"):
+        decode(frames_with(Ping("gw", "t"), token=["x" * 500]))
+
+
+def test_a_header_that_is_not_a_json_object_is_a_wire_error():
+    with pytest.raises(WireError, match="not JSON"):
+        decode([b"\xff"])
+    with pytest.raises(WireError, match="must be a JSON object"):
+        decode([b"[]"])
+
+
+@pytest.mark.parametrize("error, status", [
+    (NoExecutorError("flow 'f': no live executor hosts stage 'a'"), 503),
+    (DeadlineExceededError("flow 'f': no answer within 1 s"), 504),
+    (OperatorCrashedError("flow 'f': operator 'boom' crashed its executor", operator="boom", qid=9), 500),
+])
+def test_the_dispatchers_errors_take_their_status_from_status_for(error, status):
+    failed = RequestFailed.of(error)
+    assert failed.status == status == status_for(error)
+    assert failed.body["error"] == type(error).__name__ and failed.body["message"] == str(error)
+    assert ("operator" in failed.body) == (getattr(error, "operator", None) is not None)
+    if isinstance(error, OperatorCrashedError):
+        assert (failed.body["operator"], failed.body["qid"]) == ("boom", 9)
+
+
+SHORT_KEYS = {"att", "ver", "dl", "gw", "req", "invalid"}
+
+
+@pytest.mark.parametrize("module", ["dispatcher", "executor", "watchdog", "batcher", "gateway", "daemon",
+                                    "standalone"])
+def test_no_other_module_spells_the_wire_keys(module):
+    tree = ast.parse((ROOT / "executors" / f"{module}.py").read_text())
+    spelled = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in SHORT_KEYS}
+    assert not spelled, f"executors/{module}.py spells wire keys {sorted(spelled)}: use executors/messages.py"
