@@ -127,10 +127,6 @@ def register_deployed(redis, name: str, version: int) -> int:
     return int(redis.eval(_REGISTER, 1, DEPLOYED_KEY, name, str(int(version))))
 
 
-def deployed_flows(redis) -> dict[str, int]:
-    return {k.decode(): int(v) for k, v in redis.hgetall(DEPLOYED_KEY).items()}
-
-
 class Absence:
     """Debounces departures: an executor counts as gone only after it has been missing for
     ``grace_s`` (a KVS that restarts without persistence loses every alive key until the

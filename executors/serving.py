@@ -13,8 +13,10 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import dataclass
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger("flowserve.gateway")
 
@@ -47,10 +49,6 @@ class DrainingServer(uvicorn.Server):
 
 
 # -- limits at the HTTP edge --------------------------------------------------------------
-
-from dataclasses import dataclass  # noqa: E402
-
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: E402
 
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 
