@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Mapping
 from urllib.parse import urlsplit
 
 from k8s.exceptions import K8sConfigError, K8sConfigTypeError
+from kvs.redact import redact_url  # one redaction for every package (k8s.backend imports it from here)
 
 if TYPE_CHECKING:  # importing the runtime costs ~0.3 s: only when autoscaling is configured
     from executors.autoscale import AutoscalingConfig
@@ -524,25 +525,6 @@ class KubeConfig:
         if isinstance(fields.get("image_pull_secrets"), list):
             fields["image_pull_secrets"] = tuple(fields["image_pull_secrets"])
         return cls(**fields)
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``, for messages and logs.
-
-        redact_url("redis://:s3cret@kvs:6379/0")   # 'redis://:***@kvs:6379/0'
-    """
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        password = None
-        parts = None
-    if parts is None or password is None:
-        # unparsable: mask whatever sits between "scheme://user:" and "@"
-        return re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url)
-    userinfo, _, host = parts.netloc.rpartition("@")
-    user = userinfo.partition(":")[0]
-    return parts._replace(netloc=f"{user}:***@{host}").geturl()
 
 
 def _url_ok(v, schemes: tuple[str, ...]) -> bool:

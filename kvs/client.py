@@ -21,7 +21,6 @@ import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.exceptions import AuthenticationError, AuthorizationError
@@ -37,26 +36,13 @@ from kvs.exceptions import (
 )
 from kvs.markers import DATA_MARKER
 from kvs.options import KVSOptions
+from kvs.redact import redact_url
 from kvs.serialization import decode, dumps_trusted, encode, sign_trusted
 
 T = TypeVar("T")
 
 #: Default for ``get``/``mget``'s ``default``: raise ``KeyNotFoundError`` instead.
 MISSING: Any = object()
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password replaced by ``***``, safe for messages and logs."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def check_key(key: Any) -> str:
