@@ -37,6 +37,7 @@ from executors.placement import place
 from executors.scaling import FixedExecutors, ScalingLoop
 from executors.serving import DrainingServer, limited_protocol
 from kvs import KVS
+from kvs.retry import Backoff, retry_async
 
 log = logging.getLogger("flowserve.gateway")
 QID_BLOCK = 1 << 40  # each gateway start takes its own range of query ids
@@ -110,15 +111,9 @@ class StandaloneGateway:
 
     async def _when_kvs_answers(self, call):
         """``call()`` once the KVS answers: in a cluster the gateway may start before Redis."""
-        delay = 0.2
-        while True:
-            try:
-                result = call()
-                return await result if asyncio.iscoroutine(result) else result
-            except Exception as e:
-                log.warning("waiting for the KVS (%s); retrying in %.1f s", e, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        return await retry_async(call, backoff=Backoff(0.2, 5.0), retry_if=lambda e: True,
+                                 on_retry=lambda e, delay: log.warning("waiting for the KVS (%s); retrying in %.1f s",
+                                                                       e, delay))
 
     async def _stopping(self) -> None:
         self.gateway.accepting = False
