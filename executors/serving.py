@@ -43,11 +43,18 @@ class DrainingServer(uvicorn.Server):
         self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain(sig, frame)))
 
     async def _drain(self, sig, frame) -> None:
-        deadline = time.monotonic() + self.drain_s
-        while self.gateway.dispatcher.requests and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)  # bounded wait for the in-flight requests' own answers
+        await drain(self.gateway, self.drain_s)
         log.info("in-flight requests answered; stopping")
         super().handle_exit(sig, frame)
+
+
+async def drain(gateway, seconds: float) -> None:
+    """Refuse new requests (503 + Retry-After) and wait, at most ``seconds``, until the
+    requests in flight are answered: the graceful stop of both gateway hosts."""
+    gateway.accepting = False
+    deadline = time.monotonic() + seconds
+    while gateway.dispatcher.requests and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)  # bounded wait for the in-flight requests' own answers
 
 
 # -- limits at the HTTP edge --------------------------------------------------------------
