@@ -97,11 +97,15 @@ class Retrier:
         self._clock, self._sleep = clock, sleep
 
     def __call__(self, fn: Callable[[], T], what: str = "call") -> T:
+        try:
+            return fn()  # every KVS call comes here: a success costs nothing more
+        except Exception as exc:
+            first = exc
         o = self.options
         backoff = Backoff(o.backoff_base, o.backoff_cap)
         try:
             return retry(fn, backoff=backoff, retry_if=_reconnecting_may_help, give_up_after=o.retry_timeout,
-                         clock=self._clock, sleep=self._sleep)
+                         clock=self._clock, sleep=self._sleep, failed=first)
         except (AuthenticationError, AuthorizationError) as exc:
             raise KVSError(f"Redis at {self.url} refused the credentials: {exc}") from exc
         except (redis.ConnectionError, redis.TimeoutError) as exc:

@@ -82,23 +82,29 @@ class _Budget:
 
 def retry(call: Callable[[], T], *, backoff: Backoff, retry_if: Callable[[BaseException], bool],
           give_up_after: float | None = None, on_retry: Callable[[BaseException, float], Any] | None = None,
-          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], Any] = time.sleep) -> T:
+          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], Any] = time.sleep,
+          failed: BaseException | None = None) -> T:
     """``call()``'s result. An error for which ``retry_if(error)`` is true is retried after
     the next backoff delay, until ``give_up_after`` seconds have passed since the first
     failure (None: for ever); then the last error is raised. A delay never runs past that
     deadline: the last attempt is made at it. Other errors are raised at once.
-    ``on_retry(error, delay)`` is told before each sleep (to log it)."""
+    ``on_retry(error, delay)`` is told before each sleep (to log it). ``failed``: the
+    error of an attempt the caller already made (a hot path tries once on its own and
+    comes here only when that fails)."""
     budget = _Budget(backoff, retry_if, give_up_after, clock)
+    error = failed
     while True:
+        if error is not None:
+            delay = budget.delay_after(error)
+            if delay is None:
+                raise error
+            if on_retry is not None:
+                on_retry(error, delay)
+            sleep(delay)
         try:
             return call()
         except Exception as exc:
-            delay = budget.delay_after(exc)
-            if delay is None:
-                raise
-            if on_retry is not None:
-                on_retry(exc, delay)
-        sleep(delay)
+            error = exc
 
 
 async def retry_async(call: Callable[[], Any], *, backoff: Backoff, retry_if: Callable[[BaseException], bool],
@@ -108,14 +114,17 @@ async def retry_async(call: Callable[[], Any], *, backoff: Backoff, retry_if: Ca
     """``retry`` for the event loop: ``call()`` may return an awaitable (awaited inside the
     attempt, so its errors are retried too), and the delays are ``await sleep(delay)``."""
     budget = _Budget(backoff, retry_if, give_up_after, clock)
+    error = None
     while True:
+        if error is not None:
+            delay = budget.delay_after(error)
+            if delay is None:
+                raise error
+            if on_retry is not None:
+                on_retry(error, delay)
+            await sleep(delay)
         try:
             result = call()
             return (await result) if inspect.isawaitable(result) else result
         except Exception as exc:
-            delay = budget.delay_after(exc)
-            if delay is None:
-                raise
-            if on_retry is not None:
-                on_retry(exc, delay)
-        await sleep(delay)
+            error = exc

@@ -144,3 +144,13 @@ def test_the_kvs_client_never_retries_refused_credentials():
     with pytest.raises(KVSError, match="refused the credentials"):
         retrier(call, "GET")
     assert t.slept == [] and len(call.calls) == 1
+
+
+def test_a_callers_own_failed_attempt_starts_the_schedule():
+    t = FakeTime()
+    call = failing(1)
+    assert retry(call, backoff=Backoff(0.1, 1.0, jitter=0), retry_if=lambda e: True, clock=t.clock, sleep=t.sleep,
+                 failed=ConnectionError("first")) == "ok"
+    assert t.slept == [0.1, 0.2] and len(call.calls) == 2
+    with pytest.raises(ValueError, match="not retryable"):
+        retry(call, backoff=Backoff(0.1, 1.0), retry_if=lambda e: False, failed=ValueError("not retryable"))
