@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import uvicorn
@@ -29,7 +30,8 @@ from executors.durability import StoreWatch, mark_started, registry_if_intact
 from executors.gateway import Gateway, LoadFailed, make_app
 from executors.metrics import Metrics
 from executors.scaling import ScalingLoop
-from executors.serving import DrainingServer, limited_protocol
+from executors.membership import build_on
+from executors.serving import DrainingServer, drain, limited_protocol
 from executors.watchdog import EXIT_RECYCLED, Blackbox
 from kvs import KVS, RedisServer
 from kvs.server import free_port, popen, terminate
@@ -187,9 +189,9 @@ class ClusterDaemon:
                 ex.restarts += 1
                 ex.start()
                 if await self._ping(ex, timeout=60):
-                    for name, f in list(self.dispatcher.flows.items()):
-                        stages = {s: [ex.id] for s, ids in f.placement.items() if ex.id in ids}
-                        _log_load_errors(name, await self.dispatcher.load(name, f.version, stages, self.config.load_timeout_s))
+                    # the stages placed on it (its placement was kept): meanwhile requests
+                    # avoid it for a flow whose build failed (not in ``loaded``)
+                    await build_on(self.dispatcher, ex.id, partial(_placed_on, ex.id), self.config.load_timeout_s)
                     self.dispatcher.executor_back(ex.id)
 
     async def _watch_liveness(self) -> None:
@@ -272,10 +274,7 @@ class ClusterDaemon:
 
     async def _stopping(self) -> None:
         """Graceful stop: refuse new requests, let in-flight ones finish (bounded)."""
-        self.gateway.accepting = False
-        deadline = time.monotonic() + self.config.request_timeout_s
-        while self.dispatcher.requests and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        await drain(self.gateway, self.config.request_timeout_s)
         for task in (self._supervisor, self._liveness, self._scaling_task, self._store_watch):
             if task is not None:
                 task.cancel()
@@ -304,12 +303,9 @@ class ClusterDaemon:
         (self.dir / STATE_FILE).unlink(missing_ok=True)
 
 
-def _log_load_errors(flow: str, errors: dict) -> None:
-    """A reload that failed is not hidden: the store watch builds it again (durability.py);
-    meanwhile requests avoid the executor for that flow (it is not in ``loaded``)."""
-    for ex_id, error in errors.items():
-        if error:
-            log.warning("executor %s: rebuilding flow %s failed (will retry): %s", ex_id, flow, error)
+def _placed_on(executor_id: str, flow) -> list[str]:
+    """The stages of ``flow`` placed on ``executor_id``."""
+    return [stage for stage, ids in flow.placement.items() if executor_id in ids]
 
 
 def _cluster_key(dir_: Path) -> bytes:

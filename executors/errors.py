@@ -1,4 +1,9 @@
-"""Runtime errors, and the HTTP status each error gives a client.
+"""Runtime errors, and the HTTP answer each error gives a client: the one place that
+turns an exception (``http_error_for``) or an error the HTTP edge names itself
+(``http_error``: a missing token, an unknown flow, a body too large) into a status and
+the JSON body ``{"error": <name>, "message": ..., "operator"?, "qid"?, "winner"?}``.
+The gateway's two paths (the bare-ASGI invoke path and Starlette's routes), the HTTP
+protocol limits and the executors' error messages all answer through it.
 
     ClusterError                   the runtime itself (rooted at flow.FlowError)
     ├── ClusterStartError          the local cluster did not come up (message has the log tail)
@@ -18,6 +23,8 @@
 """
 
 from __future__ import annotations
+
+import json
 
 from flow.exceptions import (
     DataError,
@@ -76,6 +83,8 @@ class OperatorCrashedError(ClusterError):
         super().__init__(message)
         self.operator = operator
         self.qid = qid
+
+
 class FlowUnavailableError(ClusterError, RetryableError):
     """An executor was asked to run a flow version it cannot run: the version was retired
     (a newer one replaced it, or it was undeployed), or its plan is gone from the store."""
@@ -102,6 +111,69 @@ def status_for(error: BaseException) -> int:
         return 504
     if isinstance(error, OperatorCrashedError):
         return 500
+    if isinstance(error, DeployConflictError):
+        return 409
     if isinstance(error, (NoExecutorError, RetryableError)):
         return 503  # e.g. the KVS is restarting: the same request may succeed shortly
     return 500
+
+
+# Errors the HTTP edge answers by name: conditions it finds itself, not exceptions raised
+# below it (those go through ``status_for``). Any other name answers 500.
+EDGE_STATUS = {
+    "Unauthorized": 401,          # missing or wrong bearer token
+    "UnknownFlow": 404,           # no deployed flow of that name
+    "UnknownPlan": 404,           # a deploy named a flow version that is not registered
+    "NotFound": 404,              # no such route
+    "MethodNotAllowed": 405,
+    "RequestTimeout": 408,        # the request head or body came too slowly
+    "DeployConflict": 409,        # a newer version of the flow won a concurrent deploy
+    "PayloadTooLarge": 413,
+    "TooManyRows": 413,
+    "HeadersTooLarge": 431,
+    "InternalError": 500,         # a bug: the handler raised something unexpected
+    "ShuttingDown": 503,          # a graceful stop is draining the gateway: retry
+    "TooManyConnections": 503,
+}
+
+JSON_CONTENT_TYPE = (b"content-type", b"application/json")
+
+
+def status_for_name(error: str) -> int:
+    """The HTTP status of an error the edge answers by name (``EDGE_STATUS``; else 500)."""
+    return EDGE_STATUS.get(error, 500)
+
+
+def error_doc(error: str, message: str, **extra) -> dict:
+    """The JSON error body: ``error`` and ``message``, and the extras that are set
+    (``operator``, ``qid``, ``winner``)."""
+    doc = {"error": error, "message": message}
+    doc.update((k, v) for k, v in extra.items() if v is not None)
+    return doc
+
+
+def error_doc_for(error: BaseException) -> dict:
+    """The JSON error body for an exception: its class name, its message, and the
+    operator and qid it names (OperatorError, OperatorTimeoutError ...)."""
+    return error_doc(type(error).__name__, str(error), operator=getattr(error, "operator", None),
+                     qid=getattr(error, "qid", None))
+
+
+def encode_error(doc: dict) -> bytes:
+    """An error body as the bytes sent (compact JSON)."""
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def http_error(error: str, message: str, *, status: int | None = None, **extra) -> tuple[int, bytes]:
+    """(status, body) for an error the HTTP edge names itself (``EDGE_STATUS``; ``status``
+    only where the status comes from elsewhere, e.g. Starlette's own HTTP exceptions).
+
+        >>> http_error("ShuttingDown", "retry shortly")
+        (503, b'{"error":"ShuttingDown","message":"retry shortly"}')
+    """
+    return (status_for_name(error) if status is None else status), encode_error(error_doc(error, message, **extra))
+
+
+def http_error_for(error: BaseException) -> tuple[int, bytes]:
+    """(status, body) for an exception raised while answering a request (``status_for``)."""
+    return status_for(error), encode_error(error_doc_for(error))

@@ -12,12 +12,12 @@
 A client may shorten its deadline with ``X-Request-Timeout: <seconds>``. Answers carry
 ``X-Qid-Start`` (row i of the request was given qid ``X-Qid-Start + i``) and
 ``X-Flowserve-Trace`` (JSON: ``[stage, executor, ms, batch size]`` per stage run).
-Errors are JSON ``{"error": <type>, "message": ..., "operator"?, "qid"?}`` with status
-400 (malformed body, schema mismatch), 401 (token), 404 (unknown flow), 413 (body too
-large), 422 (an operator rejected the row / no valid alternative / missing lookup key),
-500 (an operator raised), 503 (no executor; the KVS lost its data), 504 (deadline). A
-deploy that lost a race to a newer version of the same flow gets 409. No traceback
-reaches a client.
+Errors are JSON ``{"error": <type>, "message": ..., "operator"?, "qid"?}``, all made by
+errors.py (``http_error``, ``http_error_for``), with status 400 (malformed body, schema
+mismatch), 401 (token), 404 (unknown flow), 413 (body too large), 422 (an operator
+rejected the row / no valid alternative / missing lookup key), 500 (an operator raised),
+503 (no executor; the KVS lost its data), 504 (deadline). A deploy that lost a race to a
+newer version of the same flow gets 409. No traceback reaches a client.
 """
 
 from __future__ import annotations
@@ -36,20 +36,30 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from executors.dispatcher import DeployedFlow, Dispatcher, RequestFailed
+from executors.errors import (
+    JSON_CONTENT_TYPE,
+    DeployError,
+    encode_error,
+    error_doc,
+    http_error,
+    http_error_for,
+    status_for,
+    status_for_name,
+)
 from executors.httpcodec import ARROW, BadRequestError, arrow_bytes, json_rows, parse_body, to_table
 from executors.membership import DEPLOYED_KEY, register_deployed
 from executors.metrics import Metrics
 from executors.openapi import openapi_document, type_doc
-from flow.exceptions import DataError, FlowError
+from flow.exceptions import DataError, FlowError, OperatorOutputError
 from flow.validation import check_schema
 
 log = logging.getLogger("flowserve.gateway")
 
 
-def _error(status: int, error: str, message: str, **extra) -> JSONResponse:
-    body = {"error": error, "message": message}
-    body.update({k: v for k, v in extra.items() if v is not None})
-    return JSONResponse(body, status_code=status)
+def _error(answer: tuple[int, bytes]) -> Response:
+    """An error answer (``errors.http_error`` / ``http_error_for``) on a Starlette route."""
+    status, body = answer
+    return Response(body, status_code=status, media_type="application/json")
 
 
 class Gateway:
@@ -103,48 +113,48 @@ class Gateway:
     async def _invoke(self, name: str, headers: dict[str, str], receive) -> tuple[int, bytes, list]:
         auth = headers.get("authorization", "")
         if self.token and not (_bearer_matches(auth, self.token) or _bearer_matches(auth, self.admin_token)):
-            return _error_body(401, "Unauthorized", "missing or wrong bearer token")
+            return _error_body(http_error("Unauthorized", "missing or wrong bearer token"))
         flow = self.dispatcher.flows.get(name)
         if flow is None:
-            return _error_body(404, "UnknownFlow", f"no deployed flow named {name!r}; GET /flows lists them")
+            return _error_body(http_error("UnknownFlow", f"no deployed flow named {name!r}; GET /flows lists them"))
         if not self.accepting:
-            status, body, extra = _error_body(503, "ShuttingDown", "the gateway is shutting down; retry (another "
-                                              "gateway, or this one once restarted)")
+            status, body, extra = _error_body(http_error(
+                "ShuttingDown", "the gateway is shutting down; retry (another gateway, or this one once restarted)"))
             return status, body, [*extra, (b"retry-after", b"1")]
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            return _error_body(413, "PayloadTooLarge",
-                               f"body of {declared} bytes is over the limit of {self.max_body_bytes}")
+            return _error_body(http_error(
+                "PayloadTooLarge", f"body of {declared} bytes is over the limit of {self.max_body_bytes}"))
         body = await _read_body(receive, self.max_body_bytes)
         if body is None:
-            return _error_body(413, "PayloadTooLarge", f"body is over the limit of {self.max_body_bytes} bytes")
+            return _error_body(http_error("PayloadTooLarge", f"body is over the limit of {self.max_body_bytes} bytes"))
         t0 = time.perf_counter()
         schema = flow.plan.input_schema
         try:
             rows = parse_body(body, headers.get("content-type", ""), schema)
             if len(rows) > self.max_rows:
-                return _error_body(413, "TooManyRows", f"the request has {len(rows)} rows, over the limit of "
-                                                       f"{self.max_rows} (max_rows)")
+                return _error_body(http_error(
+                    "TooManyRows", f"the request has {len(rows)} rows, over the limit of {self.max_rows} (max_rows)"))
             qid_start = self.dispatcher.next_qid
             qids = self.dispatcher.new_qids(len(rows))
             table = to_table(rows, qids, schema)
             if schema is not None:
                 table = check_schema(name, schema, table)
         except (BadRequestError, DataError) as e:
-            return _error_body(400, type(e).__name__, str(e))
+            return _error_body(http_error_for(e))
         timeout = self.request_timeout_s
         asked = headers.get("x-request-timeout")
         if asked is not None:
             seconds = _seconds(asked)
             if seconds is None:
-                return _error_body(400, "BadRequestError",
-                                   f"header X-Request-Timeout must be a number of seconds > 0, got {asked!r}")
+                return _error_body(http_error_for(BadRequestError(
+                    f"header X-Request-Timeout must be a number of seconds > 0, got {asked!r}")))
             timeout = min(timeout, seconds)  # a client may ask for less time than the server allows, never more
         try:
             trace: list = []
             result = await self.dispatcher.submit(name, table, timeout, trace)
         except RequestFailed as e:
-            return e.status, _json(e.body), [(b"content-type", b"application/json")]
+            return e.status, encode_error(e.body), [JSON_CONTENT_TYPE]
         ms = (time.perf_counter() - t0) * 1000
         self.metrics.child(self.metrics.latency, name).observe(ms)
         # row i of the request was query qid_start + i: clients can match answers to rows
@@ -157,8 +167,9 @@ class Gateway:
             body = json_rows(result)
         except (TypeError, ValueError) as e:  # orjson's errors are TypeErrors; UnencodableError
             op = flow.plan.stages[flow.plan.sink].nodes[-1].name
-            return _error_body(500, "OperatorOutputError", f"operator {op!r} returned an answer JSON cannot carry: {e}")
-        return 200, body, [(b"content-type", b"application/json"), *extra]
+            return _error_body(http_error_for(OperatorOutputError(
+                f"operator {op!r} returned an answer JSON cannot carry: {e}", operator=op)))
+        return 200, body, [JSON_CONTENT_TYPE, *extra]
 
     async def list_flows(self, request: Request) -> Response:
         flows = []
@@ -172,7 +183,7 @@ class Gateway:
         name = request.path_params["name"]
         f = self.dispatcher.flows.get(name)
         if f is None:
-            return _error(404, "UnknownFlow", f"no deployed flow named {name!r}")
+            return _error(http_error("UnknownFlow", f"no deployed flow named {name!r}"))
         return JSONResponse(describe(f, self.dispatcher, self.scaling_status))
 
     async def healthz(self, request: Request) -> Response:
@@ -213,11 +224,11 @@ class Gateway:
         try:
             plan, blob = await asyncio.to_thread(_read_plan, self.store, PLAN_KEY.format(flow=name, version=version))
         except FlowError as e:
-            raise LoadFailed(404, "UnknownPlan", f"flow {name!r} version {version} is not registered: {e}") from None
+            raise LoadFailed("UnknownPlan", f"flow {name!r} version {version} is not registered: {e}") from None
         try:
             placement = place(plan, self.dispatcher.executors)
         except FlowError as e:
-            raise LoadFailed(503, type(e).__name__, str(e)) from None
+            raise LoadFailed.of(e) from None
         if self.shape_placement is not None:
             placement = self.shape_placement(plan, placement)
         flow = DeployedFlow(plan, version, placement, plan_blob=blob)
@@ -225,7 +236,7 @@ class Gateway:
         failed = {k: v for k, v in errors.items() if v}
         if failed:
             self.dispatcher.retire(flow)  # the executors that did build it must not keep it
-            raise LoadFailed(500, "DeployError", f"flow {name!r} v{version}: building stages failed: {failed}")
+            raise LoadFailed.of(DeployError(f"flow {name!r} v{version}: building stages failed: {failed}"))
         if not install:
             return flow
         if install_if is not None and not install_if():
@@ -238,28 +249,28 @@ class Gateway:
         """Serve ``flow`` now, unless a newer version is served (``LoadFailed`` 409)."""
         served = self.dispatcher.install(name, flow)
         if served is not None and served.version != flow.version:  # the same version again: served
-            raise LoadFailed(409, "DeployConflict", _conflict(name, flow.version, served.version))
+            raise LoadFailed("DeployConflict", _conflict(name, flow.version, served.version))
         log.info("deployed flow %s v%s", name, flow.version)
 
     async def deploy(self, request: Request) -> Response:
         if not self._bearer_ok(request, self.admin_token):
-            return _error(401, "Unauthorized", "admin calls need the cluster token")
+            return _error(http_error("Unauthorized", "admin calls need the cluster token"))
         try:
             doc = await request.json()
             name, version = str(doc["flow"]), int(doc["version"])
         except (ValueError, KeyError, TypeError):
-            return _error(400, "BadRequestError", 'body must be {"flow": name, "version": n}')
+            return _error(http_error_for(BadRequestError('body must be {"flow": name, "version": n}')))
         # Deploys of one name may race (here or on other gateways). Versions decide: the
         # registry and the served flow only ever move to a newer version, so a deploy whose
         # version is older than one already registered or served answers 409 and is not
         # served; the last deploy acknowledged is the newest, and it is what is served.
         served = self.dispatcher.flows.get(name)
         if served is not None and served.version > version:
-            return _error(409, "DeployConflict", _conflict(name, version, served.version), winner=served.version)
+            return _error(http_error("DeployConflict", _conflict(name, version, served.version), winner=served.version))
         try:
             flow = await self.load_flow(name, version, install=False)
         except LoadFailed as e:
-            return _error(e.status, e.error, e.message)
+            return _error(e.answer())
         try:  # every gateway of the cluster serves what the registry lists (membership.py)
             registered = await self._record_change(name, register_deployed, self.store.redis, name, version)
         except Exception as e:
@@ -267,19 +278,19 @@ class Gateway:
             log.warning("flow %s v%s serves on this gateway but is not registered for others: %s", name, version, e)
         if registered != version:
             self.dispatcher.retire(flow)
-            return _error(409, "DeployConflict", _conflict(name, version, registered), winner=registered)
+            return _error(http_error("DeployConflict", _conflict(name, version, registered), winner=registered))
         try:
             self._install(name, flow)
         except LoadFailed as e:
-            return _error(e.status, e.error, e.message, winner=self.dispatcher.flows[name].version)
+            return _error(e.answer(winner=self.dispatcher.flows[name].version))
         return JSONResponse(describe(flow, self.dispatcher))
 
     async def undeploy(self, request: Request) -> Response:
         if not self._bearer_ok(request, self.admin_token):
-            return _error(401, "Unauthorized", "admin calls need the cluster token")
+            return _error(http_error("Unauthorized", "admin calls need the cluster token"))
         name = request.path_params["name"]
         if self.dispatcher.uninstall(name) is None:  # its replicas go once its requests finish
-            return _error(404, "UnknownFlow", f"no deployed flow named {name!r}")
+            return _error(http_error("UnknownFlow", f"no deployed flow named {name!r}"))
         try:
             await self._record_change(name, self.store.redis.hdel, DEPLOYED_KEY, name)
         except Exception as e:
@@ -314,12 +325,20 @@ def _conflict(name: str, version: int, winner: int) -> str:
 
 
 class LoadFailed(Exception):
-    """A flow version could not be loaded; ``status`` is the HTTP status to answer
-    (404 unknown plan, 409 a newer version won, 500 building failed, 503 no executor)."""
+    """A flow version could not be loaded (404 unknown plan, 409 a newer version won,
+    500 building failed, 503 no executor); ``answer()`` is the HTTP answer to give."""
 
-    def __init__(self, status: int, error: str, message: str):
+    def __init__(self, error: str, message: str, status: int | None = None):
         super().__init__(message)
-        self.status, self.error, self.message = status, error, message
+        self.error, self.message = error, message
+        self.status = status_for_name(error) if status is None else status
+
+    @classmethod
+    def of(cls, error: BaseException) -> "LoadFailed":
+        return cls(type(error).__name__, str(error), status_for(error))
+
+    def answer(self, **extra) -> tuple[int, bytes]:
+        return self.status, encode_error(error_doc(self.error, self.message, **extra))
 
 
 def describe(f: DeployedFlow, dispatcher: Dispatcher, scaling_status=None) -> dict:
@@ -387,12 +406,10 @@ def _unique(entries) -> list:
     return out
 
 
-def _json(doc) -> bytes:
-    return json.dumps(doc, separators=(",", ":")).encode()
-
-
-def _error_body(status: int, error: str, message: str) -> tuple[int, bytes, list]:
-    return status, _json({"error": error, "message": message}), [(b"content-type", b"application/json")]
+def _error_body(answer: tuple[int, bytes]) -> tuple[int, bytes, list]:
+    """The same error answer on the invoke path: bytes and headers, no Starlette objects."""
+    status, body = answer
+    return status, body, [JSON_CONTENT_TYPE]
 
 
 class InvokeFastPath:
@@ -411,14 +428,14 @@ class InvokeFastPath:
         if scope["type"] != "http" or scope["method"] != "POST" or not path.startswith("/flows/") \
                 or "/" in path[7:] or len(path) == 7:
             if scope["type"] == "http" and not self._authorized(path, scope["headers"]):
-                return await _send(send, *_error_body(401, "Unauthorized", "missing or wrong bearer token"))
+                return await _send(send, *_error_body(http_error("Unauthorized", "missing or wrong bearer token")))
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
             status, body, extra = await self.gateway.invoke(path[7:], headers, receive)
         except Exception as exc:  # last resort: never a traceback to a client
             log.exception("unhandled error on %s", path)
-            status, body, extra = _error_body(500, "InternalError", f"{type(exc).__name__}: {exc}")
+            status, body, extra = _error_body(http_error("InternalError", f"{type(exc).__name__}: {exc}"))
         await _send(send, status, body, extra)
 
     def _authorized(self, path: str, raw_headers) -> bool:
@@ -451,13 +468,13 @@ def make_app(gateway: Gateway, on_startup=(), on_shutdown=()) -> InvokeFastPath:
 
     async def server_error(request, exc):  # last resort: never a traceback to a client
         log.exception("unhandled error on %s", request.url.path)
-        return _error(500, "InternalError", f"{type(exc).__name__}: {exc}")
+        return _error(http_error("InternalError", f"{type(exc).__name__}: {exc}"))
 
-    async def http_error(request, exc):  # 404, 405...: the same JSON error format as every other
+    async def http_exception(request, exc):  # 404, 405...: the same JSON error format as every other
         names = {404: "NotFound", 405: "MethodNotAllowed"}
         detail = {404: f"no route {request.url.path!r}; GET /openapi.json lists them",
                   405: f"{request.method} is not allowed on {request.url.path!r}"}.get(exc.status_code, str(exc.detail))
-        return _error(exc.status_code, names.get(exc.status_code, "HTTPError"), detail)
+        return _error(http_error(names.get(exc.status_code, "HTTPError"), detail, status=exc.status_code))
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -468,5 +485,5 @@ def make_app(gateway: Gateway, on_startup=(), on_shutdown=()) -> InvokeFastPath:
             await fn()
 
     app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={Exception: server_error, HTTPException: http_error})
+                    exception_handlers={Exception: server_error, HTTPException: http_exception})
     return InvokeFastPath(gateway, app)

@@ -11,6 +11,13 @@ are not the gateway's children) read the live members a few times a second and a
 drop executors (``MemberWatch``). Heartbeats are periodic by nature, so this is the one
 place the runtime polls the KVS; the data path never does.
 
+Both gateway hosts rebuild the flows on an executor that (re)joins with ``build_on``.
+What stays theirs: the local cluster's supervisor (daemon.py) sees its children exit
+(certain at once, no grace) and restarts them in place, same id and address, keeping
+their placement; the standalone gateway sees registrations expire, debounces them
+(``Absence``: a KVS restart drops every key for a moment) and forgets a departed
+executor for good (a pod that left does not come back under the same address).
+
 Deployed flows are registered in the hash ``flowserve:deployed`` (flow -> version) by
 whichever gateway receives ``POST /admin/deploy``; every gateway loads what the registry
 says, so several gateway replicas serve the same flows. An entry only moves to a newer
@@ -127,8 +134,25 @@ def register_deployed(redis, name: str, version: int) -> int:
     return int(redis.eval(_REGISTER, 1, DEPLOYED_KEY, name, str(int(version))))
 
 
-def deployed_flows(redis) -> dict[str, int]:
-    return {k.decode(): int(v) for k, v in redis.hgetall(DEPLOYED_KEY).items()}
+async def build_on(dispatcher, executor_id: str, pick, load_timeout_s: float) -> list[tuple[object, list[str]]]:
+    """Build on one executor the stages ``pick(flow)`` chooses of each deployed flow, and
+    return ``(flow, stages)`` for each flow built there. Both gateway hosts call it when an
+    executor (re)joins: the local cluster's supervisor for an executor it restarted (the
+    stages placed on it), the standalone gateway for one that registered (its share). A
+    build that failed is logged and left out: the store watch (durability.py) or the next
+    membership change builds it again."""
+    built = []
+    for name, flow in list(dispatcher.flows.items()):
+        stages = pick(flow)
+        if not stages:
+            continue
+        errors = await dispatcher.load(name, flow.version, {s: [executor_id] for s in stages}, load_timeout_s)
+        if errors.get(executor_id):
+            log.warning("executor %s: building flow %s v%s failed: %s", executor_id, name, flow.version,
+                        errors[executor_id])
+            continue
+        built.append((flow, stages))
+    return built
 
 
 class Absence:

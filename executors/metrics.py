@@ -1,7 +1,9 @@
 """Prometheus metrics of the gateway (scraped at GET /metrics).
 
 Per-stage figures come from the trace each answer carries: every stage appends
-(stage, executor, run time in ms, batch size, queue length) as the request passes.
+(stage, executor, run time in ms, batch size) as the request passes. Queue lengths are
+not exported: a stage's queue is its batcher's, inside the executor, and no message
+carries its length to the gateway (the autoscaler uses requests in flight instead).
 """
 
 from __future__ import annotations
@@ -22,8 +24,6 @@ class Metrics:
                                        ["flow", "stage"], buckets=_MS, registry=r)
         self.batch_size = Histogram("flowserve_stage_batch_size", "Size of the batch each request ran in, per stage",
                                     ["flow", "stage"], buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
-        self.queue = Gauge("flowserve_stage_queue_length", "Requests waiting for a stage's batcher",
-                           ["flow", "stage"], registry=r)
         self.errors = Counter("flowserve_errors", "Requests answered with an error", ["flow", "status"], registry=r)
         self.retries = Counter("flowserve_retries", "Requests re-run after an executor died", ["flow"], registry=r)
         self.scaling = Counter("flowserve_scaling_decisions", "Autoscaler decisions applied",
@@ -50,8 +50,6 @@ class Metrics:
             stage, _executor, ms, batch = entry[:4]
             self.child(self.stage_latency, flow, stage).observe(float(ms))
             self.child(self.batch_size, flow, stage).observe(int(batch))
-            if len(entry) > 4:
-                self.child(self.queue, flow, stage).set(int(entry[4]))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -10,11 +10,15 @@ first SIGTERM/SIGINT, keeps the socket open and answers new requests 503 with
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
+from dataclasses import dataclass
+from http import HTTPStatus
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from executors.errors import http_error
 
 log = logging.getLogger("flowserve.gateway")
 
@@ -39,21 +43,21 @@ class DrainingServer(uvicorn.Server):
         self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain(sig, frame)))
 
     async def _drain(self, sig, frame) -> None:
-        deadline = time.monotonic() + self.drain_s
-        while self.gateway.dispatcher.requests and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)  # bounded wait for the in-flight requests' own answers
+        await drain(self.gateway, self.drain_s)
         log.info("in-flight requests answered; stopping")
         super().handle_exit(sig, frame)
 
 
+async def drain(gateway, seconds: float) -> None:
+    """Refuse new requests (503 + Retry-After) and wait, at most ``seconds``, until the
+    requests in flight are answered: the graceful stop of both gateway hosts."""
+    gateway.accepting = False
+    deadline = time.monotonic() + seconds
+    while gateway.dispatcher.requests and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)  # bounded wait for the in-flight requests' own answers
+
+
 # -- limits at the HTTP edge --------------------------------------------------------------
-
-from dataclasses import dataclass  # noqa: E402
-
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: E402
-
-_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
-
 
 @dataclass(frozen=True)
 class HttpLimits:
@@ -82,7 +86,8 @@ def limited_protocol(limits: HttpLimits):
             self._in_head = True
             self._timer = None
             if len(self.connections) > limits.max_connections:
-                self._reject(503, f"over the limit of {limits.max_connections} open connections; retry shortly")
+                self._reject("TooManyConnections",
+                             f"over the limit of {limits.max_connections} open connections; retry shortly")
 
         def data_received(self, data: bytes) -> None:
             in_head = self._in_head
@@ -94,7 +99,8 @@ def limited_protocol(limits: HttpLimits):
             if in_head and self._heads_done == heads:  # no head completed in it: count what it holds so far
                 self._head_bytes += len(data)
                 if self._head_bytes > limits.max_header_bytes:
-                    self._reject(431, f"request headers over the limit of {limits.max_header_bytes} bytes")
+                    self._reject("HeadersTooLarge",
+                                 f"request headers over the limit of {limits.max_header_bytes} bytes")
 
         def on_url(self, url: bytes) -> None:
             self._exact_head += len(url)
@@ -111,9 +117,10 @@ def limited_protocol(limits: HttpLimits):
             self._heads_done += 1
             self._disarm()
             if self._header_count > limits.max_headers:
-                return self._reject(431, f"more than {limits.max_headers} request headers")
+                return self._reject("HeadersTooLarge", f"more than {limits.max_headers} request headers")
             if self._exact_head > limits.max_header_bytes:
-                return self._reject(431, f"request headers over the limit of {limits.max_header_bytes} bytes")
+                return self._reject("HeadersTooLarge",
+                                    f"request headers over the limit of {limits.max_header_bytes} bytes")
             super().on_headers_complete()
             self._arm(limits.body_timeout_s, f"request body not received within {limits.body_timeout_s:g} s")
 
@@ -128,24 +135,25 @@ def limited_protocol(limits: HttpLimits):
 
         def _arm(self, seconds: float, why: str) -> None:
             self._disarm()
-            self._timer = self.loop.call_later(seconds, self._reject, 408, why)
+            self._timer = self.loop.call_later(seconds, self._reject, "RequestTimeout", why)
 
         def _disarm(self) -> None:
             if getattr(self, "_timer", None) is not None:
                 self._timer.cancel()
                 self._timer = None
 
-        def _reject(self, status: int, message: str) -> None:
-            """Answer ``status`` (the JSON error format) if no answer has started, and close."""
+        def _reject(self, error: str, message: str) -> None:
+            """Answer the error (errors.http_error: its status and JSON body) if no answer
+            has started, and close."""
             self._disarm()
             if self.transport.is_closing():
                 return
             cycle = getattr(self, "cycle", None)
             if cycle is None or not cycle.response_started:
-                body = json.dumps({"error": {408: "RequestTimeout", 431: "HeadersTooLarge",
-                                             503: "TooManyConnections"}[status], "message": message}).encode()
-                head = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status]), b"content-type: application/json\r\n",
-                        b"content-length: %d\r\n" % len(body), b"connection: close\r\n"]
+                status, body = http_error(error, message)
+                head = [b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode()),
+                        b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body),
+                        b"connection: close\r\n"]
                 if status == 503:
                     head.append(b"retry-after: 1\r\n")
                 self.transport.write(b"".join(head) + b"\r\n" + body)

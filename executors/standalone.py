@@ -31,12 +31,13 @@ from executors.config import ClusterConfig, cluster_key
 from executors.dispatcher import Dispatcher
 from executors.durability import mark_started, registry_if_intact, republish
 from executors.gateway import Gateway, LoadFailed, make_app
-from executors.membership import GATEWAYS_KEY, Absence, live_members
+from executors.membership import GATEWAYS_KEY, Absence, build_on, live_members
 from executors.metrics import Metrics
 from executors.placement import place
 from executors.scaling import FixedExecutors, ScalingLoop
-from executors.serving import DrainingServer, limited_protocol
+from executors.serving import DrainingServer, drain, limited_protocol
 from kvs import KVS
+from kvs.retry import Backoff, retry_async
 
 log = logging.getLogger("flowserve.gateway")
 QID_BLOCK = 1 << 40  # each gateway start takes its own range of query ids
@@ -110,21 +111,12 @@ class StandaloneGateway:
 
     async def _when_kvs_answers(self, call):
         """``call()`` once the KVS answers: in a cluster the gateway may start before Redis."""
-        delay = 0.2
-        while True:
-            try:
-                result = call()
-                return await result if asyncio.iscoroutine(result) else result
-            except Exception as e:
-                log.warning("waiting for the KVS (%s); retrying in %.1f s", e, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        return await retry_async(call, backoff=Backoff(0.2, 5.0), retry_if=lambda e: True,
+                                 on_retry=lambda e, delay: log.warning("waiting for the KVS (%s); retrying in %.1f s",
+                                                                       e, delay))
 
     async def _stopping(self) -> None:
-        self.gateway.accepting = False
-        deadline = time.monotonic() + self.config.request_timeout_s
-        while self.dispatcher.requests and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        await drain(self.gateway, self.config.request_timeout_s)
         for task in self._tasks:
             task.cancel()
 
@@ -189,7 +181,8 @@ class StandaloneGateway:
     async def _extend_flows(self, id_: str) -> None:
         """Give a joining executor its share of the deployed flows' stages."""
         d = self.dispatcher
-        for name, f in list(d.flows.items()):
+
+        def share(f) -> list[str]:
             wanted = place(f.plan, d.executors)
             stages = []
             for stage, ids in wanted.items():
@@ -197,13 +190,10 @@ class StandaloneGateway:
                 scaled = self.scaling is not None and st.continuation is None and st.competitive == 1
                 if id_ in ids and id_ not in f.placement[stage] and (not scaled or not f.placement[stage]):
                     stages.append(stage)
-            if not stages:
-                continue
-            errors = await d.load(name, f.version, {s: [id_] for s in stages}, self.config.load_timeout_s)
-            if errors.get(id_):
-                log.warning("flow %s: building stages on %s failed: %s", name, id_, errors[id_])
-                continue
-            if d.flows.get(name) is f:
+            return stages
+
+        for f, stages in await build_on(d, id_, share, self.config.load_timeout_s):
+            if d.flows.get(f.plan.flow_name) is f:  # not redeployed or undeployed meanwhile
                 for s in stages:
                     f.placement[s] = f.placement[s] + [id_]
 

@@ -19,7 +19,8 @@
     └── RetryableError                mixin: the same call may succeed later (connection loss)
 
 Other packages root their families here too (``kvs.KVSError``, ``optimizer.PlanError``,
-``executors.RuntimeError_``), so ``except FlowError`` catches everything of ours.
+``executors.ClusterError``, ``k8s.K8sError``), so ``except FlowError`` catches everything
+of ours.
 """
 
 from __future__ import annotations

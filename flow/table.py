@@ -604,17 +604,6 @@ def _arrow_type_hint(t) -> ColumnType | None:
     return None
 
 
-def _is_na(v) -> bool:
-    if v is None:
-        return True
-    try:
-        import pandas as pd
-
-        return bool(pd.isna(v)) if np.ndim(v) == 0 else False
-    except (TypeError, ValueError):
-        return False
-
-
 def _arrow_column_values(chunked, name: str):
     import pyarrow as pa
 

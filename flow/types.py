@@ -69,10 +69,6 @@ class ColumnType:
         except KeyError:
             return cls(kind)  # raises the unknown-kind error
 
-    @property
-    def storage_dtype(self) -> np.dtype:
-        return self.dtype
-
     def fill_value(self):
         """The placeholder stored where a value is missing (it is masked out)."""
         if self.kind == "tensor":

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from flow.configuration import Bool, Check, Config, Int, Invalid, Nested, Number, OneOf, Str, setting
 from k8s.exceptions import K8sConfigError, K8sConfigTypeError
+from kvs.redact import redact_url  # one redaction for every package (k8s.backend imports it from here)
 
 if TYPE_CHECKING:  # importing the runtime costs ~0.3 s: only when autoscaling is configured
     from executors.autoscale import AutoscalingConfig
@@ -462,25 +463,6 @@ class KubeConfig(Config):
     def from_dict(cls, doc: Mapping) -> "KubeConfig":
         """From plain data (JSON/YAML): ``from_json`` (resources and tolerations as mappings)."""
         return cls.from_json(doc)
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``, for messages and logs.
-
-        redact_url("redis://:s3cret@kvs:6379/0")   # 'redis://:***@kvs:6379/0'
-    """
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        password = None
-        parts = None
-    if parts is None or password is None:
-        # unparsable: mask whatever sits between "scheme://user:" and "@"
-        return re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url)
-    userinfo, _, host = parts.netloc.rpartition("@")
-    user = userinfo.partition(":")[0]
-    return parts._replace(netloc=f"{user}:***@{host}").geturl()
 
 
 def _url_ok(v, schemes: tuple[str, ...]) -> bool:

@@ -17,11 +17,9 @@ pool notices a ``fork`` (it checks the pid) and opens fresh sockets in the child
 from __future__ import annotations
 
 import dataclasses
-import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.exceptions import AuthenticationError, AuthorizationError
@@ -37,26 +35,14 @@ from kvs.exceptions import (
 )
 from kvs.markers import DATA_MARKER
 from kvs.options import KVSOptions
+from kvs.redact import redact_url
+from kvs.retry import Backoff, retry
 from kvs.serialization import decode, dumps_trusted, encode, sign_trusted
 
 T = TypeVar("T")
 
 #: Default for ``get``/``mget``'s ``default``: raise ``KeyNotFoundError`` instead.
 MISSING: Any = object()
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password replaced by ``***``, safe for messages and logs."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def check_key(key: Any) -> str:
@@ -95,46 +81,50 @@ def make_pool(url: str, options: KVSOptions, connection_class=None, **extra) -> 
 
 
 class Retrier:
-    """Runs a Redis call, retrying connection errors and timeouts with exponential
-    backoff (jittered) until ``options.retry_timeout`` has passed since the first
-    failure; then raises ``KVSConnectionError`` naming the (redacted) URL.
+    """Runs a Redis call, retrying connection errors and timeouts with jittered
+    exponential backoff (``kvs.retry``) until ``options.retry_timeout`` has passed since
+    the first failure; then raises ``KVSConnectionError`` naming the (redacted) URL.
 
     Authentication failures and command errors are not retried: they will not fix
-    themselves, so they surface at once as ``KVSError``.
+    themselves, so they surface at once as ``KVSError``. ``clock`` and ``sleep`` are
+    injectable for tests.
     """
 
-    def __init__(self, url: str, options: KVSOptions):
+    def __init__(self, url: str, options: KVSOptions, *, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Any] = time.sleep):
         self.url = redact_url(url)
         self.options = options
+        self._clock, self._sleep = clock, sleep
 
     def __call__(self, fn: Callable[[], T], what: str = "call") -> T:
-        failures = 0
-        deadline = None
-        while True:
-            try:
-                return fn()
-            except (AuthenticationError, AuthorizationError) as exc:
-                raise KVSError(f"Redis at {self.url} refused the credentials: {exc}") from exc
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                now = time.monotonic()
-                if deadline is None:
-                    deadline = now + self.options.retry_timeout
-                remaining = deadline - now
-                if remaining <= 0:
-                    raise KVSConnectionError(
-                        f"Redis at {self.url} unreachable: {what} failed "
-                        f"{failures + 1} time(s) within retry_timeout="
-                        f"{self.options.retry_timeout:g} s; last error: {exc}",
-                        url=self.url,
-                    ) from exc
-                delay = min(self.options.backoff_cap, self.options.backoff_base * 2**failures)
-                failures += 1
-                # jitter in [delay/2, delay]: spread reconnects of many executors
-                time.sleep(min(remaining, delay * (0.5 + random.random() / 2)))
-            except redis.ResponseError as exc:
-                raise KVSError(f"Redis at {self.url} rejected {what}: {exc}") from exc
-            except redis.RedisError as exc:
-                raise KVSError(f"Redis at {self.url}: {what} failed: {exc}") from exc
+        try:
+            return fn()  # every KVS call comes here: a success costs nothing more
+        except Exception as exc:
+            first = exc
+        o = self.options
+        backoff = Backoff(o.backoff_base, o.backoff_cap)
+        try:
+            return retry(fn, backoff=backoff, retry_if=_reconnecting_may_help, give_up_after=o.retry_timeout,
+                         clock=self._clock, sleep=self._sleep, failed=first)
+        except (AuthenticationError, AuthorizationError) as exc:
+            raise KVSError(f"Redis at {self.url} refused the credentials: {exc}") from exc
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise KVSConnectionError(
+                f"Redis at {self.url} unreachable: {what} failed {backoff.failures + 1} time(s) within "
+                f"retry_timeout={o.retry_timeout:g} s; last error: {exc}",
+                url=self.url,
+            ) from exc
+        except redis.ResponseError as exc:
+            raise KVSError(f"Redis at {self.url} rejected {what}: {exc}") from exc
+        except redis.RedisError as exc:
+            raise KVSError(f"Redis at {self.url}: {what} failed: {exc}") from exc
+
+
+def _reconnecting_may_help(error: BaseException) -> bool:
+    """Connection losses and timeouts heal when the server is back; refused credentials
+    (a ConnectionError in redis-py) do not."""
+    return isinstance(error, (redis.ConnectionError, redis.TimeoutError)) and \
+        not isinstance(error, (AuthenticationError, AuthorizationError))
 
 
 class KVS:

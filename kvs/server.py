@@ -470,8 +470,3 @@ def _conf_quote(text: str) -> str:
 
 class _PortInUse(Exception):
     """Internal: the server lost the race for its port; pick another."""
-
-
-# names other packages imported before ``popen``/``free_port``/``terminate`` were public
-_free_port = free_port
-_terminate = terminate

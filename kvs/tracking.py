@@ -28,6 +28,7 @@ import redis
 from redis.utils import str_if_bytes
 
 from kvs.options import KVSOptions
+from kvs.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ class Tracker:
     # -- the reader thread -------------------------------------------------------------
 
     def _run(self) -> None:
-        failures = 0
+        backoff = Backoff(self._options.backoff_base, self._options.backoff_cap)
         while not self._stopping.is_set():
             conn = self._connection_class(**self._kwargs)
             subscribed = False
@@ -131,7 +132,7 @@ class Tracker:
                 del handler
                 subscribed = True
                 self.ready.set()
-                failures = 0
+                backoff.reset()
                 self._read_loop(conn)
             except Exception as exc:  # connection loss shows up as several error types
                 reason = f"{type(exc).__name__}: {exc}"
@@ -153,9 +154,7 @@ class Tracker:
                 log.warning("KVS cache invalidation connection lost (%s); cache flushed", reason)
                 handler._tracking_lost(reason)
             del handler
-            delay = min(self._options.backoff_cap, self._options.backoff_base * 2**failures)
-            failures += 1
-            self._stopping.wait(delay)
+            self._stopping.wait(backoff.next())  # jittered: many executors lost the same server
 
     def _subscribe(self, conn: redis.Connection) -> int:
         conn.connect()

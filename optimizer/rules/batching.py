@@ -5,11 +5,11 @@ operator in it is merge-safe (``op.rowwise``): merging the Tables of several req
 (disjoint qids) into one call and splitting the result by qid then gives each request the
 rows it would get alone. ``agg`` and joins on data columns mix rows of different queries,
 so a stage holding one never batches. The config is ``OptimizerOptions.batch`` (default
-20 requests, 2 ms wait). The rule runs last by default because fusion decides which
+up to 20 requests, no wait window: ``max_wait_ms=0``). The rule runs last by default because fusion decides which
 operators share a stage (fusion itself never merges a batching stage with a mixing one).
 
     plan = batching.apply(Plan.from_flow(flow))
-    plan.stages["SmallNet"].batch               # BatchConfig(max_batch_size=20, max_wait_ms=2.0)
+    plan.stages["SmallNet"].batch               # BatchConfig(max_batch_size=20, max_wait_ms=0.0)
 """
 
 from __future__ import annotations
