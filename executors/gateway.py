@@ -49,6 +49,7 @@ from executors.errors import (
 from executors.httpcodec import ARROW, BadRequestError, arrow_bytes, json_rows, parse_body, to_table
 from executors.membership import DEPLOYED_KEY, register_deployed
 from executors.metrics import Metrics
+from executors.docs_page import docs_routes
 from executors.openapi import openapi_document, type_doc
 from flow.exceptions import DataError, FlowError, OperatorOutputError
 from flow.validation import check_schema
@@ -73,6 +74,8 @@ class Gateway:
         self.token = token
         self.admin_token = admin_token
         self.public_metrics = public_metrics  # /metrics without the token (a scraper), when one is set
+        # flow -> (version, output column types) from its first answer: OpenAPI shows them
+        self.output_schemas: dict[str, tuple[int, dict]] = {}
         self.max_body_bytes = max_body_bytes
         self.max_rows = max_rows
         self.request_timeout_s = request_timeout_s
@@ -157,6 +160,8 @@ class Gateway:
             return e.status, encode_error(e.body), [JSON_CONTENT_TYPE]
         ms = (time.perf_counter() - t0) * 1000
         self.metrics.child(self.metrics.latency, name).observe(ms)
+        if self.output_schemas.get(name, (None,))[0] != flow.version and len(result):
+            self.output_schemas[name] = (flow.version, dict(result.schema))
         # row i of the request was query qid_start + i: clients can match answers to rows
         extra = [(b"server-timing", f"flow;dur={ms:.3f}".encode()), (b"x-qid-start", str(qid_start).encode()),
                  # where each stage ran, for how long, in a batch of how many requests
@@ -211,7 +216,9 @@ class Gateway:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(openapi_document(self.dispatcher.flows))
+        outputs = {name: schema for name, (version, schema) in self.output_schemas.items()
+                   if name in self.dispatcher.flows and self.dispatcher.flows[name].version == version}
+        return JSONResponse(openapi_document(self.dispatcher.flows, outputs))
 
     async def load_flow(self, name: str, version: int, install_if=None, install: bool = True) -> DeployedFlow:
         """Place a registered plan on the executors and build its stages there; the flow
@@ -464,6 +471,7 @@ def make_app(gateway: Gateway, on_startup=(), on_shutdown=()) -> InvokeFastPath:
         Route("/openapi.json", g.openapi, methods=["GET"]),
         Route("/admin/deploy", g.deploy, methods=["POST"]),
         Route("/admin/flows/{name}", g.undeploy, methods=["DELETE"]),
+        *docs_routes(),  # GET /docs: the interactive page (docs_page.py)
     ]
 
     async def server_error(request, exc):  # last resort: never a traceback to a client

@@ -213,4 +213,35 @@ def test_metrics_trace_listing_and_openapi_agree(cluster, http):
     row = op["requestBody"]["content"]["application/json"]["schema"]["oneOf"][0]
     assert row["properties"]["img"]["items"]["items"] == {"type": "integer", "minimum": 0, "maximum": 255}
     out = op["responses"]["200"]["content"]["application/json"]["schema"]["properties"]["rows"]["items"]
-    assert out["required"] == ["qid", "t"]
+    # the flow has answered: its output columns are known by name and type, as answered
+    assert set(out["required"]) == set(ok.json()["rows"][0]) and "t" in out["required"]
+    assert out["properties"]["t"] == {"type": "integer"}
+
+
+def test_openapi_names_outputs_before_the_first_answer_and_types_them_after(cluster, http):
+    import numpy as np
+
+    f = Flow(unique("typed"), schema={"x": int})
+    f.map(lambda r: np.full((2, 3), r.x, dtype=np.uint8), names=["img"])
+    d = cluster.deploy(f)
+
+    def output_row():
+        op = http.get(cluster.url + "/openapi.json").json()["paths"][f"/flows/{f.name}"]["post"]
+        return op["responses"]["200"]["content"]["application/json"]["schema"]["properties"]["rows"]["items"]
+
+    before = output_row()
+    assert before["required"] == ["qid", "img"] and "type" not in before["properties"]["img"]
+    assert http.post(d.url, json={"x": 7}).status_code == 200
+    img = output_row()["properties"]["img"]
+    assert img["minItems"] == img["maxItems"] == 2 and img["items"]["maxItems"] == 3
+    assert img["items"]["items"] == {"type": "integer", "minimum": 0, "maximum": 255}
+
+
+def test_docs_page_is_served_from_the_package_without_a_cdn(cluster, http):
+    page = http.get(cluster.url + "/docs")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "/openapi.json" in page.text and "//" not in page.text.replace("<!DOCTYPE", "").split("<body>")[0]
+    assert "http" not in page.text  # nothing loaded from another host
+    js = http.get(cluster.url + "/docs/static/swagger-ui-bundle.js")
+    assert js.status_code == 200 and "SwaggerUIBundle" in js.text[:200000]
+    assert http.get(cluster.url + "/docs/static/swagger-ui.css").status_code == 200
