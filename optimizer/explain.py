@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from optimizer.plan import INPUT, Plan, Stage
+from optimizer.stage import INPUT, Stage
 
 _W = 14  # width of the field names
 
 
-def explain(plan: Plan, replicas: Mapping[str, int] | None = None) -> str:
-    """``replicas``: per stage, how many replicas a deployment placed (GET /flows/{name},
+def explain(plan, replicas: Mapping[str, int] | None = None) -> str:
+    """``plan``: an optimizer Plan (optimizer/plan.py, which imports this module).
+    ``replicas``: per stage, how many replicas a deployment placed (GET /flows/{name},
     ``Deployment.explain()``); without it, what the plan asks for."""
     n = len(plan.stages)
     lines = [f"plan {plan.flow_name!r} ({n} stage{'s' if n != 1 else ''}; sink {plan.sink!r})"]
