@@ -87,14 +87,25 @@ def run(argv=None) -> dict:
     up = next((t for t, st in replicas if t >= step_at and st[hot] > 1), None)
     reaction = None if up is None else up - step_at
     windows = {}
-    for sent, ms, status in samples:
+    for sent, ms, _status in samples:
         windows.setdefault(int(sent), []).append(ms)
     p99 = {w: float(np.percentile(v, 99)) for w, v in sorted(windows.items())}
     errors = sum(1 for *_, s in samples if s != 200)
-    progress(f"new replica of {hot!r} serving {reaction:.2f} s after the step" if reaction is not None
-             else "the hot stage never scaled up")
-    out = {"rate": args.rate, "step_at_s": step_at, "reaction_s": reaction, "errors": errors,
-           "requests": len(samples), "p99_ms_per_second": p99, "replicas": replicas, "hot_stage": hot}
+    progress(
+        f"new replica of {hot!r} serving {reaction:.2f} s after the step"
+        if reaction is not None
+        else "the hot stage never scaled up"
+    )
+    out = {
+        "rate": args.rate,
+        "step_at_s": step_at,
+        "reaction_s": reaction,
+        "errors": errors,
+        "requests": len(samples),
+        "p99_ms_per_second": p99,
+        "replicas": replicas,
+        "hot_stage": hot,
+    }
     save("autoscale", out)
     _plot(out, hot)
     return out

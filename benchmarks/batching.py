@@ -54,15 +54,31 @@ def cnn(model: str = "mini_alexnet"):
     torch.manual_seed(0)
     if model == "mini_alexnet":
         return nn.Sequential(
-            nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-            nn.Linear(64 * 7 * 7, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10),
+            nn.Conv2d(1, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(64 * 7 * 7, 2048),
+            nn.ReLU(),
+            nn.Linear(2048, 2048),
+            nn.ReLU(),
+            nn.Linear(2048, 10),
         ).eval()
     if model == "small_conv":
         return nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-            nn.Linear(32 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10),
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(32 * 7 * 7, 128),
+            nn.ReLU(),
+            nn.Linear(128, 10),
         ).eval()
     raise ValueError(f"unknown model {model!r}; expected one of {MODELS}")
 
@@ -136,7 +152,7 @@ def in_process(rounds: int, seconds: float, models=MODELS) -> dict:
     n = 400
     imgs = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
     tensor = torch.from_numpy(imgs.astype(np.float32)).unsqueeze(1) / 255.0
-    requests = [Table.from_dict({"img": imgs[i:i + 1]}, qid=[i]) for i in range(n)]
+    requests = [Table.from_dict({"img": imgs[i : i + 1]}, qid=[i]) for i in range(n)]
     fns = {}
     for model in models:
         net = cnn(model)
@@ -146,10 +162,10 @@ def in_process(rounds: int, seconds: float, models=MODELS) -> dict:
 
         def torch_only(j, b, net=net):
             with torch.inference_mode():
-                net(tensor[j:j + b])
+                net(tensor[j : j + b])
 
         def operator(j, b, bound=bound):
-            items = requests[j:j + b]
+            items = requests[j : j + b]
             merged = Table.concat(items) if b > 1 else items[0]
             split_by_owner(items, bound([merged]))
 
@@ -160,16 +176,22 @@ def in_process(rounds: int, seconds: float, models=MODELS) -> dict:
             for key, fn in fns.items():
                 samples[(key, b)].append(throughput(fn, b, seconds, n))
         for model in models:
-            progress(f"in-process round {r + 1} {model}: " + "  ".join(
-                f"b={b}: {samples[((model, 'operator'), b)][-1]:5.0f}/s" for b in BATCHES) + " (operator)")
+            progress(
+                f"in-process round {r + 1} {model}: "
+                + "  ".join(f"b={b}: {samples[((model, 'operator'), b)][-1]:5.0f}/s" for b in BATCHES)
+                + " (operator)"
+            )
     out = {}
     for model, what in fns:
         med = {b: statistics.median(samples[((model, what), b)]) for b in BATCHES}
         out.setdefault(model, {})[what] = {
-            "images_per_s": med, "gain_vs_batch_1": {b: med[b] / med[1] for b in BATCHES},
-            "rounds": {b: samples[((model, what), b)] for b in BATCHES}}
-        progress(f"{model} {what:8s}: "
-                 + "  ".join(f"b={b}: {med[b]:5.0f}/s ({med[b] / med[1]:.2f}x)" for b in BATCHES))
+            "images_per_s": med,
+            "gain_vs_batch_1": {b: med[b] / med[1] for b in BATCHES},
+            "rounds": {b: samples[((model, what), b)] for b in BATCHES},
+        }
+        progress(
+            f"{model} {what:8s}: " + "  ".join(f"b={b}: {med[b]:5.0f}/s ({med[b] / med[1]:.2f}x)" for b in BATCHES)
+        )
     return out
 
 
@@ -191,8 +213,10 @@ def over_http(rounds: int, seconds: float, concurrency: int, executors: int, wai
     with LocalCluster(ClusterConfig(executors=executors)) as cluster:
         urls = {}
         for b in HTTP_BATCHES:
-            d = cluster.deploy(cnn_flow(f"cnn_b{b}", "mini_alexnet"),
-                               options=OptimizerOptions(batch=BatchConfig(max_batch_size=b, max_wait_ms=wait_ms)))
+            d = cluster.deploy(
+                cnn_flow(f"cnn_b{b}", "mini_alexnet"),
+                options=OptimizerOptions(batch=BatchConfig(max_batch_size=b, max_wait_ms=wait_ms)),
+            )
             urls[b] = d.url
             wait_http(d.url, body)
             wrk(d.url, body, concurrency, 1)  # warm up
@@ -203,17 +227,26 @@ def over_http(rounds: int, seconds: float, concurrency: int, executors: int, wai
                 after = _batch_metrics(cluster.http, f"cnn_b{b}")
                 res["mean_batch"] = (after[0] - before[0]) / max(1.0, after[1] - before[1])
                 samples[b].append(res)
-            progress(f"http round {r + 1}: " + "  ".join(
-                f"b={b}: {samples[b][-1]['rps']:6.0f} req/s (batch {samples[b][-1]['mean_batch']:.1f})"
-                for b in HTTP_BATCHES))
+            progress(
+                f"http round {r + 1}: "
+                + "  ".join(
+                    f"b={b}: {samples[b][-1]['rps']:6.0f} req/s (batch {samples[b][-1]['mean_batch']:.1f})"
+                    for b in HTTP_BATCHES
+                )
+            )
     out = {}
     for key in ("rps", "p50_ms", "p99_ms", "mean_batch"):
         out[key] = {b: statistics.median(s[key] for s in samples[b]) for b in HTTP_BATCHES}
     out["gain_vs_batch_1"] = {b: out["rps"][b] / out["rps"][1] for b in HTTP_BATCHES}
     out["non_2xx"] = {b: sum(s["non_2xx"] for s in samples[b]) for b in HTTP_BATCHES}
     out["rounds"] = samples
-    progress("http    : " + "  ".join(f"b={b}: {out['rps'][b]:6.0f} req/s ({out['gain_vs_batch_1'][b]:.2f}x, "
-                                      f"p99 {out['p99_ms'][b]:.1f} ms)" for b in HTTP_BATCHES))
+    progress(
+        "http    : "
+        + "  ".join(
+            f"b={b}: {out['rps'][b]:6.0f} req/s ({out['gain_vs_batch_1'][b]:.2f}x, p99 {out['p99_ms'][b]:.1f} ms)"
+            for b in HTTP_BATCHES
+        )
+    )
     return out
 
 
@@ -231,10 +264,17 @@ def run(argv=None) -> dict:
     os.environ.setdefault("FLOWSERVE_QUIET", "1")
     if args.quick:
         args.rounds, args.seconds, args.http_seconds = 1, 0.5, 2.0
-    out = {"batches": list(BATCHES), "http_batches": list(HTTP_BATCHES), "rounds": args.rounds,
-           "models": {"mini_alexnet": "conv(1->32,3x3)+pool, conv(32->64,3x3)+pool, dense 3136->2048->2048->10",
-                      "small_conv": "conv(1->16,3x3)+pool, conv(16->32,3x3)+pool, dense 1568->128->10"},
-           "input": "28x28 uint8 image", "torch_threads": 1}
+    out = {
+        "batches": list(BATCHES),
+        "http_batches": list(HTTP_BATCHES),
+        "rounds": args.rounds,
+        "models": {
+            "mini_alexnet": "conv(1->32,3x3)+pool, conv(32->64,3x3)+pool, dense 3136->2048->2048->10",
+            "small_conv": "conv(1->16,3x3)+pool, conv(16->32,3x3)+pool, dense 1568->128->10",
+        },
+        "input": "28x28 uint8 image",
+        "torch_threads": 1,
+    }
     out["in_process"] = in_process(args.rounds, args.seconds)
     if not args.no_http:
         out["http"] = over_http(args.rounds, args.http_seconds, args.concurrency, args.executors, args.wait_ms)
@@ -252,10 +292,14 @@ def _plot(out: dict) -> None:
         for what, style in (("torch", "o--"), ("operator", "s-")):
             gain = {int(b): g for b, g in res[what]["gain_vs_batch_1"].items()}
             per_s = {int(b): v for b, v in res[what]["images_per_s"].items()}
-            label = (f"{model}, " + ("torch alone" if what == "torch" else "via FlowServe's batching path")
-                     + f" ({per_s[1]:.0f} -> {per_s[20]:.0f} images/s at 20)")
-            ax.plot(list(gain), list(gain.values()), style, color=f"C{i}", alpha=0.5 if what == "torch" else 1,
-                    label=label)
+            label = (
+                f"{model}, "
+                + ("torch alone" if what == "torch" else "via FlowServe's batching path")
+                + f" ({per_s[1]:.0f} -> {per_s[20]:.0f} images/s at 20)"
+            )
+            ax.plot(
+                list(gain), list(gain.values()), style, color=f"C{i}", alpha=0.5 if what == "torch" else 1, label=label
+            )
     ax.axhline(2.0, color="grey", lw=0.8, ls=":")
     ax.set_xlabel("batch size")
     ax.set_ylabel("throughput / throughput at batch 1")
@@ -269,13 +313,22 @@ def _plot(out: dict) -> None:
         mean_batch = {int(b): v for b, v in h["mean_batch"].items()}
         ax.plot(list(rps), list(rps.values()), "s-")
         for b, v in rps.items():
-            ax.annotate(f"batch {mean_batch[b]:.1f}", (b, v), textcoords="offset points", xytext=(0, -14),
-                        ha="center", fontsize=7)
+            ax.annotate(
+                f"batch {mean_batch[b]:.1f}",
+                (b, v),
+                textcoords="offset points",
+                xytext=(0, -14),
+                ha="center",
+                fontsize=7,
+            )
         ax.set_xlabel("BatchConfig.max_batch_size")
         ax.set_ylabel("requests / s over HTTP (mini_alexnet)")
         ax.set_ylim(bottom=0)
-        ax.set_title(f"HTTP, {h['concurrency']} clients, {h['executors']} executor: "
-                     f"{h['gain_vs_batch_1']['20' if '20' in h['gain_vs_batch_1'] else 20]:.2f}x at 20", fontsize=10)
+        ax.set_title(
+            f"HTTP, {h['concurrency']} clients, {h['executors']} executor: "
+            f"{h['gain_vs_batch_1']['20' if '20' in h['gain_vs_batch_1'] else 20]:.2f}x at 20",
+            fontsize=10,
+        )
     save_plot(fig, "batching")
 
 

@@ -40,8 +40,11 @@ def run(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks chain", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--spread", action="store_true",
-                   help="ClusterConfig(colocate=False): every hop crosses executors (the research's setting)")
+    p.add_argument(
+        "--spread",
+        action="store_true",
+        help="ClusterConfig(colocate=False): every hop crosses executors (the research's setting)",
+    )
     p.add_argument("--busy-poll-ms", type=float, default=None, help="ClusterConfig.busy_poll_ms (default: its default)")
     args = p.parse_args(argv)
     os.environ.setdefault("FLOWSERVE_QUIET", "1")
@@ -64,7 +67,14 @@ def run(argv=None) -> dict:
     p99 = {n: statistics.median(s["p99_ms"] for s in samples[n]) for n in LENGTHS}
     slope = float(np.polyfit(LENGTHS, [p50[n] for n in LENGTHS], 1)[0])
     progress(f"added latency per stage (slope of p50): {slope:.3f} ms")
-    out = {"spread": args.spread, "lengths": LENGTHS, "p50_ms": p50, "p99_ms": p99, "per_stage_ms": slope, "rounds": samples}
+    out = {
+        "spread": args.spread,
+        "lengths": LENGTHS,
+        "p50_ms": p50,
+        "p99_ms": p99,
+        "per_stage_ms": slope,
+        "rounds": samples,
+    }
     name = "chain_spread" if args.spread else "chain"
     save(name, out)
     pyplot = plt()

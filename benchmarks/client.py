@@ -120,7 +120,7 @@ class BareClient:
                 raise _ClosedBeforeAnswer()
         while (end := data.find(b"\r\n\r\n")) < 0:
             data += self._recv()
-        head, rest = data[:end].decode("latin-1").split("\r\n"), data[end + 4:]
+        head, rest = data[:end].decode("latin-1").split("\r\n"), data[end + 4 :]
         try:
             status = int(head[0].split(" ", 2)[1])
         except (IndexError, ValueError):
@@ -136,7 +136,7 @@ class BareClient:
             self.pending = rest[size:]
             return Answer(status, headers, rest[:size])
         body = bytearray(size)
-        body[:len(rest)] = rest
+        body[: len(rest)] = rest
         view, got = memoryview(body), len(rest)
         while got < size:
             n = self.sock.recv_into(view[got:])

@@ -31,8 +31,13 @@ def progress(msg: str) -> None:
 
 
 def machine() -> dict:
-    return {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
-            "date": time.strftime("%Y-%m-%d"), "gpu": False}
+    return {
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d"),
+        "gpu": False,
+    }
 
 
 def free_port() -> int:
@@ -48,7 +53,10 @@ def wait_http(url: str, body: bytes, timeout: float = 120.0, proc: subprocess.Po
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
         try:
-            if httpx.post(url, content=body, headers={"Content-Type": "application/json"}, timeout=10).status_code == 200:
+            if (
+                httpx.post(url, content=body, headers={"Content-Type": "application/json"}, timeout=10).status_code
+                == 200
+            ):
                 return
         except httpx.HTTPError:
             pass
@@ -72,8 +80,21 @@ def wrk(url: str, body: bytes, concurrency: int, seconds: float, threads: int = 
         body_file.write_bytes(body)
         script = Path(tmp) / "post.lua"
         script.write_text(_LUA.format(body=body_file))
-        out = subprocess.run(["wrk", f"-t{min(threads, concurrency)}", f"-c{concurrency}", f"-d{max(1, round(seconds))}s",
-                              "--latency", "-s", str(script), url], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [
+                "wrk",
+                f"-t{min(threads, concurrency)}",
+                f"-c{concurrency}",
+                f"-d{max(1, round(seconds))}s",
+                "--latency",
+                "-s",
+                str(script),
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     return parse_wrk(out)
 
 
@@ -86,8 +107,14 @@ def parse_wrk(out: str) -> dict:
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
     errors = re.search(r"Socket errors:.*", out)
-    return {"rps": rps, "p50_ms": ms(pct["50"]), "p90_ms": ms(pct["90"]), "p99_ms": ms(pct["99"]),
-            "non_2xx": int(non2xx.group(1)) if non2xx else 0, "socket_errors": errors.group(0) if errors else None}
+    return {
+        "rps": rps,
+        "p50_ms": ms(pct["50"]),
+        "p90_ms": ms(pct["90"]),
+        "p99_ms": ms(pct["99"]),
+        "non_2xx": int(non2xx.group(1)) if non2xx else 0,
+        "socket_errors": errors.group(0) if errors else None,
+    }
 
 
 def save(name: str, data: dict) -> Path:

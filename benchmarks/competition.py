@@ -80,11 +80,13 @@ def measure_setup(executors: int, threads: int, rounds: int, requests: int) -> d
         for k in REPLICAS:
             d = cluster.deploy(race_flow(k), options=OptimizerOptions(competitive_replicas=k))
             urls[k] = d.url
-            plans[str(k)] = {s.name: {"competitive": s.competitive, "replicas": s.replicas}
-                             for s in d.plan.stages.values()}
+            plans[str(k)] = {
+                s.name: {"competitive": s.competitive, "replicas": s.replicas} for s in d.plan.stages.values()
+            }
             st = cluster.http.get(f"/flows/{d.name}").json()["stages"]
             plans[str(k)]["hosts"] = {s["name"]: s["executors"] for s in st}
         with BareClient(timeout=30) as http:
+
             def call(url, scale):
                 t0 = time.perf_counter()
                 r = http.post(url, json={"x": 1.0, "scale": scale})
@@ -102,11 +104,19 @@ def measure_setup(executors: int, threads: int, rounds: int, requests: int) -> d
                     for k in REPLICAS:
                         got = [call(urls[k], scale) for _ in range(requests)]
                         winners[(k, v)].update(w for _, _, w in got)
-                        samples[(k, v)].append({**stats([(ms, sv) for ms, sv, _ in got]),
-                                                "raw": [(round(ms, 3), round(sv, 3)) for ms, sv, _ in got]})
-                    progress(f"{executors}x{threads} round {r + 1} {v:6s} variance: " + "  ".join(
-                        f"k={k} p50 {samples[(k, v)][-1]['p50_ms']:6.2f} p99 {samples[(k, v)][-1]['p99_ms']:6.2f} ms"
-                        for k in REPLICAS))
+                        samples[(k, v)].append(
+                            {
+                                **stats([(ms, sv) for ms, sv, _ in got]),
+                                "raw": [(round(ms, 3), round(sv, 3)) for ms, sv, _ in got],
+                            }
+                        )
+                    progress(
+                        f"{executors}x{threads} round {r + 1} {v:6s} variance: "
+                        + "  ".join(
+                            f"k={k} p50 {samples[(k, v)][-1]['p50_ms']:6.2f} p99 {samples[(k, v)][-1]['p99_ms']:6.2f} ms"
+                            for k in REPLICAS
+                        )
+                    )
     summary = {}
     for v in SCALES:
         base = None
@@ -114,21 +124,40 @@ def measure_setup(executors: int, threads: int, rounds: int, requests: int) -> d
             rs = samples[(k, v)]
             med = across_rounds([{x: y for x, y in s.items() if x != "raw"} for s in rs])
             pooled = stats([pair for s in rs for pair in s["raw"]])
-            entry = {**med, "pooled_p50_ms": pooled["p50_ms"], "pooled_p99_ms": pooled["p99_ms"], "n": pooled["n"],
-                     "distinct_winners": len(winners[(k, v)])}
+            entry = {
+                **med,
+                "pooled_p50_ms": pooled["p50_ms"],
+                "pooled_p99_ms": pooled["p99_ms"],
+                "n": pooled["n"],
+                "distinct_winners": len(winners[(k, v)]),
+            }
             if base is None:
                 base = entry
             else:
                 for q in ("p50", "p99", "server_p50", "server_p99"):
                     entry[f"{q}_change_pct"] = 100 * (entry[f"{q}_ms"] / base[f"{q}_ms"] - 1)
             summary[f"{v}/{k}"] = entry
-            progress(f"{executors}x{threads} {v:6s} k={k}: p50 {entry['p50_ms']:6.2f} ms  p99 {entry['p99_ms']:6.2f} ms"
-                     + (f"  ({entry['p50_change_pct']:+.0f}% / {entry['p99_change_pct']:+.0f}% vs k=1; in the gateway "
-                        f"{entry['server_p50_change_pct']:+.0f}% / {entry['server_p99_change_pct']:+.0f}%)"
-                        if k > 1 else "") + f"  winners: {entry['distinct_winners']} processes")
-    return {"executors": executors, "threads": threads, "summary": summary, "plans": plans,
-            "rounds": {f"{v}/{k}": [{x: y for x, y in s.items() if x != "raw"} for s in samples[(k, v)]]
-                       for k in REPLICAS for v in SCALES}}
+            progress(
+                f"{executors}x{threads} {v:6s} k={k}: p50 {entry['p50_ms']:6.2f} ms  p99 {entry['p99_ms']:6.2f} ms"
+                + (
+                    f"  ({entry['p50_change_pct']:+.0f}% / {entry['p99_change_pct']:+.0f}% vs k=1; in the gateway "
+                    f"{entry['server_p50_change_pct']:+.0f}% / {entry['server_p99_change_pct']:+.0f}%)"
+                    if k > 1
+                    else ""
+                )
+                + f"  winners: {entry['distinct_winners']} processes"
+            )
+    return {
+        "executors": executors,
+        "threads": threads,
+        "summary": summary,
+        "plans": plans,
+        "rounds": {
+            f"{v}/{k}": [{x: y for x, y in s.items() if x != "raw"} for s in samples[(k, v)]]
+            for k in REPLICAS
+            for v in SCALES
+        },
+    }
 
 
 def run(argv=None) -> dict:
@@ -144,11 +173,20 @@ def run(argv=None) -> dict:
     setups = [tuple(int(v) for v in s.split("x")) for s in args.setups.split(",")]
     results = {}
     for executors, threads in setups:
-        progress(f"competition: {executors} executors x {threads} threads, {args.rounds} round(s) "
-                 f"of {args.requests} requests per configuration")
+        progress(
+            f"competition: {executors} executors x {threads} threads, {args.rounds} round(s) "
+            f"of {args.requests} requests per configuration"
+        )
         results[f"{executors}x{threads}"] = measure_setup(executors, threads, args.rounds, args.requests)
-    out = {"replicas": list(REPLICAS), "scales_ms": SCALES, "gamma_shape": 3.0, "requests": args.requests,
-           "rounds": args.rounds, "seed_1_to_3_change_pct": SEED, "setups": results}
+    out = {
+        "replicas": list(REPLICAS),
+        "scales_ms": SCALES,
+        "gamma_shape": 3.0,
+        "requests": args.requests,
+        "rounds": args.rounds,
+        "seed_1_to_3_change_pct": SEED,
+        "setups": results,
+    }
     save("competition", out)
     _plot(results)
     return out
@@ -157,7 +195,7 @@ def run(argv=None) -> dict:
 def _plot(results: dict) -> None:
     pyplot = plt()
     fig, axes = pyplot.subplots(1, len(results), figsize=(6.5 * len(results), 4), squeeze=False)
-    for ax, (setup, res) in zip(axes[0], results.items()):
+    for ax, (_setup, res) in zip(axes[0], results.items()):
         width = 0.8 / len(REPLICAS)
         x = np.arange(len(SCALES))
         for i, k in enumerate(REPLICAS):

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import timeit
 
-PYDANTIC_MODEL = '''
+PYDANTIC_MODEL = """
 from pydantic import BaseModel, ConfigDict, Field
 class ClusterModel(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
@@ -47,9 +47,9 @@ class ClusterModel(BaseModel):
     stuck_grace_s: float = Field(10.0, gt=0, le=3600, allow_inf_nan=False)
     persistence: bool = True
     dir: str | None = None
-'''
+"""
 
-HELPER_MODEL = '''
+HELPER_MODEL = """
 from dataclasses import dataclass
 from flow.configuration import Bool, Check, Config, Int, Number, Str, setting
 S = Number(gt=0)
@@ -81,16 +81,19 @@ class ClusterModel(Config):
     stuck_grace_s: float = setting(10.0, Number(gt=0, le=3600))
     persistence: bool = setting(True, Bool())
     dir: str | None = setting(None, Check("a path", types=(str,), optional=True))
-'''
+"""
 
 
 def import_us(code: str, module: str, runs: int) -> float:
     """Median microseconds ``module``'s cumulative import takes (python -X importtime)."""
     times = []
     for _ in range(runs):
-        err = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True,
-                             check=True).stderr
-        line = next(x for x in err.splitlines() if x.rstrip().endswith(f"| {module}") or x.split("|")[-1].strip() == module)
+        err = subprocess.run(
+            [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, check=True
+        ).stderr
+        line = next(
+            x for x in err.splitlines() if x.rstrip().endswith(f"| {module}") or x.split("|")[-1].strip() == module
+        )
         times.append(int(line.split("|")[1]))
     return statistics.median(times)
 
@@ -99,8 +102,10 @@ def inside_us(prelude: str, code: str, runs: int) -> float:
     """Median microseconds ``code`` (imports and class definitions) takes in a fresh
     interpreter, timed inside it after ``prelude`` (what every process has imported already)."""
     probe = f"{prelude}\nimport time\n_t = time.perf_counter()\n{code}\nprint((time.perf_counter() - _t) * 1e6)"
-    return statistics.median(float(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                                                  check=True).stdout) for _ in range(runs))
+    return statistics.median(
+        float(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout)
+        for _ in range(runs)
+    )
 
 
 def per_call_us(setup: str, stmt: str) -> float:
@@ -115,13 +120,19 @@ def main() -> None:
     runs = p.parse_args().runs
     print(f"import (median of {runs}, -X importtime cumulative):")
     print(f"  pydantic                       {import_us('import pydantic', 'pydantic', runs) / 1000:6.1f} ms")
-    print(f"  flow.configuration (alone)     "
-          f"{import_us('import flow.exceptions; import flow.configuration', 'flow.configuration', runs) / 1000:6.1f} ms"
-          "  (flow.exceptions already imported, as every process has)")
-    print(f"  pydantic + a 26-field model (import and class), in process:           "
-          f"{inside_us('import flow.exceptions', PYDANTIC_MODEL, runs) / 1000:6.1f} ms")
-    print(f"  flow.configuration + a 26-field model (import and class), in process: "
-          f"{inside_us('import flow.exceptions', HELPER_MODEL, runs) / 1000:6.1f} ms")
+    print(
+        f"  flow.configuration (alone)     "
+        f"{import_us('import flow.exceptions; import flow.configuration', 'flow.configuration', runs) / 1000:6.1f} ms"
+        "  (flow.exceptions already imported, as every process has)"
+    )
+    print(
+        f"  pydantic + a 26-field model (import and class), in process:           "
+        f"{inside_us('import flow.exceptions', PYDANTIC_MODEL, runs) / 1000:6.1f} ms"
+    )
+    print(
+        f"  flow.configuration + a 26-field model (import and class), in process: "
+        f"{inside_us('import flow.exceptions', HELPER_MODEL, runs) / 1000:6.1f} ms"
+    )
     print("per call (best of 5):")
     kwargs = "dict(executors=3, port=8000, request_timeout_s=5.0, token='abcdefgh1234')"
     for name, model in (("pydantic", PYDANTIC_MODEL), ("helper", HELPER_MODEL)):

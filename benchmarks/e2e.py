@@ -108,8 +108,19 @@ class Floor(_ServerProcess):
 
     def __enter__(self):
         self.port = free_port()
-        self.proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "benchmarks.floor_server:app", "--port",
-                                      str(self.port), "--log-level", "warning"], cwd=ROOT)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "benchmarks.floor_server:app",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+            ],
+            cwd=ROOT,
+        )
         return self
 
 
@@ -127,8 +138,9 @@ class Ours:
 
         extra = {} if self.busy_poll_ms is None else {"busy_poll_ms": self.busy_poll_ms}
         self.cluster = LocalCluster(ClusterConfig(executors=self.executors, **extra)).start()
-        self.deployments = {f.name: self.cluster.deploy(f, optimize=self.optimize)
-                            for f in (ensemble_flow(), cascade_flow())}
+        self.deployments = {
+            f.name: self.cluster.deploy(f, optimize=self.optimize) for f in (ensemble_flow(), cascade_flow())
+        }
         self.plans = {n: d.explain() for n, d in self.deployments.items()}
         return self
 
@@ -167,8 +179,9 @@ class OursAt(Ours):
             self.cluster.start()
         finally:
             os.chdir(here)
-        self.deployments = {f.name: self.cluster.deploy(f, optimize=self.optimize)
-                            for f in (ensemble_flow(), cascade_flow())}
+        self.deployments = {
+            f.name: self.cluster.deploy(f, optimize=self.optimize) for f in (ensemble_flow(), cascade_flow())
+        }
         self.plans = {n: d.explain() for n, d in self.deployments.items()}
         return self
 
@@ -194,8 +207,13 @@ class RayServe(_ServerProcess):
 
     def __enter__(self):
         self.port = free_port()
-        self.proc = subprocess.Popen([self.python, str(ROOT / "benchmarks" / "ray_server.py"), "--port", str(self.port)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+        self.proc = subprocess.Popen(
+            [self.python, str(ROOT / "benchmarks" / "ray_server.py"), "--port", str(self.port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=ROOT,
+        )
         for line in self.proc.stdout:
             if line.startswith("READY"):
                 break
@@ -226,9 +244,13 @@ def measure_side_by_side(systems: list, seconds: float, reps: int, concurrencies
                 for c in concurrencies:
                     for s in started:
                         figures[s.name][f"{flow}/c{c}"] = wrk(s.url(flow), body, c, seconds)
-            progress(f"rep {rep + 1} of {reps}: " + "; ".join(
-                f"{name} c=1 p50 {f['ensemble/c1']['p50_ms']:.2f} ms, c=8 {f['ensemble/c8']['rps']:.0f} req/s"
-                for name, f in figures.items()))
+            progress(
+                f"rep {rep + 1} of {reps}: "
+                + "; ".join(
+                    f"{name} c=1 p50 {f['ensemble/c1']['p50_ms']:.2f} ms, c=8 {f['ensemble/c8']['rps']:.0f} req/s"
+                    for name, f in figures.items()
+                )
+            )
             out.append(figures)
         plans = {s.name: s.plans for s in started if hasattr(s, "plans")}
     for figures in out:
@@ -240,16 +262,30 @@ def measure_side_by_side(systems: list, seconds: float, reps: int, concurrencies
 def run(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks e2e", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=3.0, help="per measurement (default 3)")
-    p.add_argument("--reps", type=int, default=8,
-                   help="reps over all systems; medians of the figures and of each rep's ratios (default 8)")
-    p.add_argument("--executors", type=int, default=1,
-                   help="executor processes of our local cluster (default 1: with the gateway, the two processes "
-                        "the floor's one is compared with; the cluster's own default is one per core, at least 2)")
-    p.add_argument("--ray-python", default=os.environ.get("RAY_PYTHON", "/tmp/rayenv/bin/python"),
-                   help="a Python with ray[serve] and torch (benchmarks/requirements-peers.txt); skipped if missing")
-    p.add_argument("--baseline", default=None,
-                   help="another checkout (e.g. `git worktree add /tmp/base HEAD~1`): measure only the floor, this "
-                        "tree and that one side by side, and report this / baseline ratios")
+    p.add_argument(
+        "--reps",
+        type=int,
+        default=8,
+        help="reps over all systems; medians of the figures and of each rep's ratios (default 8)",
+    )
+    p.add_argument(
+        "--executors",
+        type=int,
+        default=1,
+        help="executor processes of our local cluster (default 1: with the gateway, the two processes "
+        "the floor's one is compared with; the cluster's own default is one per core, at least 2)",
+    )
+    p.add_argument(
+        "--ray-python",
+        default=os.environ.get("RAY_PYTHON", "/tmp/rayenv/bin/python"),
+        help="a Python with ray[serve] and torch (benchmarks/requirements-peers.txt); skipped if missing",
+    )
+    p.add_argument(
+        "--baseline",
+        default=None,
+        help="another checkout (e.g. `git worktree add /tmp/base HEAD~1`): measure only the floor, this "
+        "tree and that one side by side, and report this / baseline ratios",
+    )
     args = p.parse_args(argv)
     os.environ.setdefault("FLOWSERVE_QUIET", "1")
     ours = Ours(True, args.executors)
@@ -279,8 +315,20 @@ def run(argv=None) -> dict:
     ratios = {k: statistics.median(pr[k] for pr in per_rep if k in pr) for k in keys}
     for k, v in ratios.items():
         progress(f"{k}: {v:.2f} (reps: {', '.join(f'{pr[k]:.2f}' for pr in per_rep if k in pr)})")
-    save("e2e_ab" if args.baseline else "e2e", {"baseline": args.baseline, "seconds": args.seconds, "reps": args.reps, "executors": args.executors, "results": results,
-                 "ratios": ratios, "ratios_per_rep": per_rep, "per_rep": reps, "ray_per_rep": ray_reps})
+    save(
+        "e2e_ab" if args.baseline else "e2e",
+        {
+            "baseline": args.baseline,
+            "seconds": args.seconds,
+            "reps": args.reps,
+            "executors": args.executors,
+            "results": results,
+            "ratios": ratios,
+            "ratios_per_rep": per_rep,
+            "per_rep": reps,
+            "ray_per_rep": ray_reps,
+        },
+    )
     if not args.baseline:
         _plot(results)
     return results
@@ -292,8 +340,7 @@ def _median(rounds: list[dict]) -> dict:
         if key == "plans":
             out[key] = rounds[0][key]
             continue
-        out[key] = {m: statistics.median(r[key][m] for r in rounds)
-                    for m in ("rps", "p50_ms", "p90_ms", "p99_ms")}
+        out[key] = {m: statistics.median(r[key][m] for r in rounds) for m in ("rps", "p50_ms", "p90_ms", "p99_ms")}
     return out
 
 
@@ -304,18 +351,24 @@ def _ratios(results: dict) -> dict:
     out = {}
     for flow in FLOWS:
         if opt and base:
-            out[f"{flow}: this tree / baseline throughput at c=8"] = opt[f"{flow}/c8"]["rps"] / base[f"{flow}/c8"]["rps"]
+            out[f"{flow}: this tree / baseline throughput at c=8"] = (
+                opt[f"{flow}/c8"]["rps"] / base[f"{flow}/c8"]["rps"]
+            )
             out[f"{flow}: this tree / baseline p50 at c=1"] = opt[f"{flow}/c1"]["p50_ms"] / base[f"{flow}/c1"]["p50_ms"]
         if opt and floor:
             out[f"{flow}: optimized / floor throughput at c=8"] = opt[f"{flow}/c8"]["rps"] / floor[f"{flow}/c8"]["rps"]
             out[f"{flow}: optimized / floor p50 at c=1"] = opt[f"{flow}/c1"]["p50_ms"] / floor[f"{flow}/c1"]["p50_ms"]
         if unpolled and floor:
-            out[f"{flow}: busy polling off / floor throughput at c=8"] = \
+            out[f"{flow}: busy polling off / floor throughput at c=8"] = (
                 unpolled[f"{flow}/c8"]["rps"] / floor[f"{flow}/c8"]["rps"]
-            out[f"{flow}: busy polling off / floor p50 at c=1"] = \
+            )
+            out[f"{flow}: busy polling off / floor p50 at c=1"] = (
                 unpolled[f"{flow}/c1"]["p50_ms"] / floor[f"{flow}/c1"]["p50_ms"]
+            )
         if opt and ray:
-            out[f"{flow}: optimized / ray serve throughput at c=8"] = opt[f"{flow}/c8"]["rps"] / ray[f"{flow}/c8"]["rps"]
+            out[f"{flow}: optimized / ray serve throughput at c=8"] = (
+                opt[f"{flow}/c8"]["rps"] / ray[f"{flow}/c8"]["rps"]
+            )
     return out
 
 
@@ -323,8 +376,10 @@ def _plot(results: dict) -> None:
     pyplot = plt()
     fig, axes = pyplot.subplots(1, 2, figsize=(11, 4))
     names = list(results)
-    for ax, metric, label in ((axes[0], "rps", "throughput at concurrency 8 (req/s)"),
-                              (axes[1], "p50_ms", "p50 latency at concurrency 1 (ms)")):
+    for ax, metric, label in (
+        (axes[0], "rps", "throughput at concurrency 8 (req/s)"),
+        (axes[1], "p50_ms", "p50 latency at concurrency 1 (ms)"),
+    ):
         key = "c8" if metric == "rps" else "c1"
         width = 0.8 / len(names)
         for i, n in enumerate(names):

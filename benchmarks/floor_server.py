@@ -1,6 +1,6 @@
 """The floor: one uvicorn process computing the whole pipeline in-process, no hops.
 
-    uvicorn benchmarks.floor_server:app --port 8001
+uvicorn benchmarks.floor_server:app --port 8001
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ async def ensemble(request: Request) -> Response:
     rows = _rows(await request.body())
     x = preprocess(np.asarray([r["img"] for r in rows], dtype=np.uint8))
     a, b = small(x), big(x)
-    out = [dict(zip(("cls", "conf"), pick(a[0][i].item(), a[1][i].item(), b[0][i].item(), b[1][i].item())))
-           for i in range(len(rows))]
+    out = [
+        dict(zip(("cls", "conf"), pick(a[0][i].item(), a[1][i].item(), b[0][i].item(), b[1][i].item())))
+        for i in range(len(rows))
+    ]
     return Response(json.dumps({"rows": out}), media_type="application/json")
 
 
@@ -40,11 +42,12 @@ async def cascade(request: Request) -> Response:
     for i in range(len(rows)):
         c, p = cls[i].item(), conf[i].item()
         if p < CASCADE_THRESHOLD:
-            c2, p2 = big(x[i:i + 1])
+            c2, p2 = big(x[i : i + 1])
             c, p = pick(c, p, c2[0].item(), p2[0].item())
         out.append({"cls": c, "conf": p})
     return Response(json.dumps({"rows": out}), media_type="application/json")
 
 
-app = Starlette(routes=[Route("/flows/ensemble", ensemble, methods=["POST"]),
-                        Route("/flows/cascade", cascade, methods=["POST"])])
+app = Starlette(
+    routes=[Route("/flows/ensemble", ensemble, methods=["POST"]), Route("/flows/cascade", cascade, methods=["POST"])]
+)

@@ -68,8 +68,12 @@ def stats(timings) -> dict:
     """Percentiles of (client ms, server ms) pairs, or of plain latencies."""
     a = np.asarray(timings, dtype=float)
     client = a[:, 0] if a.ndim == 2 else a
-    out = {"n": int(client.size), "p50_ms": float(np.percentile(client, 50)),
-           "p99_ms": float(np.percentile(client, 99)), "mean_ms": float(client.mean())}
+    out = {
+        "n": int(client.size),
+        "p50_ms": float(np.percentile(client, 50)),
+        "p99_ms": float(np.percentile(client, 99)),
+        "mean_ms": float(client.mean()),
+    }
     if a.ndim == 2:
         out["server_p50_ms"] = float(np.nanpercentile(a[:, 1], 50))
         out["server_p99_ms"] = float(np.nanpercentile(a[:, 1], 99))
@@ -106,8 +110,10 @@ def measure(colocate: bool, executors: int, lengths, rounds: int, scale: float, 
 
     modes = ("fused", "unfused")
     rng = np.random.default_rng(0)
-    bodies = {name: arrow_body({"x": rng.standard_normal((1, size // 4)).astype(np.float32)})
-              for name, size in PAYLOADS.items()}
+    bodies = {
+        name: arrow_body({"x": rng.standard_normal((1, size // 4)).astype(np.float32)})
+        for name, size in PAYLOADS.items()
+    }
     samples = {(pl, n, m): [] for pl in PAYLOADS for n in lengths for m in modes}
     plans, where = {}, {}
     tag = "colocated" if colocate else "spread"
@@ -131,33 +137,53 @@ def measure(colocate: bool, executors: int, lengths, rounds: int, scale: float, 
                 for n in lengths:
                     for m in modes:
                         samples[(pl, n, m)].append(stats([post_arrow(http, urls[(n, m)], body) for _ in range(k)]))
-                    progress(f"{tag} round {r + 1} {pl:>5s} {n:2d} stages: fused p50 "
-                             f"{samples[(pl, n, 'fused')][-1]['p50_ms']:8.2f} ms  unfused p50 "
-                             f"{samples[(pl, n, 'unfused')][-1]['p50_ms']:8.2f} ms")
+                    progress(
+                        f"{tag} round {r + 1} {pl:>5s} {n:2d} stages: fused p50 "
+                        f"{samples[(pl, n, 'fused')][-1]['p50_ms']:8.2f} ms  unfused p50 "
+                        f"{samples[(pl, n, 'unfused')][-1]['p50_ms']:8.2f} ms"
+                    )
     summary = {}
     for pl in PAYLOADS:
         for n in lengths:
             f, u = across_rounds(samples[(pl, n, "fused")]), across_rounds(samples[(pl, n, "unfused")])
-            summary[f"{pl}/{n}"] = {"fused": f, "unfused": u, "speedup_p50": u["p50_ms"] / f["p50_ms"],
-                                    "speedup_p99": u["p99_ms"] / f["p99_ms"]}
-            progress(f"{tag} {pl:>5s} {n:2d} stages: fused {f['p50_ms']:8.2f} / {f['p99_ms']:8.2f} ms, unfused "
-                     f"{u['p50_ms']:8.2f} / {u['p99_ms']:8.2f} ms (p50 / p99): {u['p50_ms'] / f['p50_ms']:.2f}x; "
-                     f"in the gateway {f['server_p50_ms']:.2f} vs {u['server_p50_ms']:.2f} ms")
-    return {"colocate": colocate, "executors": executors, "summary": summary, "plans": plans,
-            "executor_per_stage": where, "samples": {f"{pl}/{n}/{m}": v for (pl, n, m), v in samples.items()}}
+            summary[f"{pl}/{n}"] = {
+                "fused": f,
+                "unfused": u,
+                "speedup_p50": u["p50_ms"] / f["p50_ms"],
+                "speedup_p99": u["p99_ms"] / f["p99_ms"],
+            }
+            progress(
+                f"{tag} {pl:>5s} {n:2d} stages: fused {f['p50_ms']:8.2f} / {f['p99_ms']:8.2f} ms, unfused "
+                f"{u['p50_ms']:8.2f} / {u['p99_ms']:8.2f} ms (p50 / p99): {u['p50_ms'] / f['p50_ms']:.2f}x; "
+                f"in the gateway {f['server_p50_ms']:.2f} vs {u['server_p50_ms']:.2f} ms"
+            )
+    return {
+        "colocate": colocate,
+        "executors": executors,
+        "summary": summary,
+        "plans": plans,
+        "executor_per_stage": where,
+        "samples": {f"{pl}/{n}/{m}": v for (pl, n, m), v in samples.items()},
+    }
 
 
 def run(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks fusion", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3, help="rounds over every configuration (default 3)")
     p.add_argument("--quick", action="store_true", help="1 round, fewer requests, chains of 2 and 10 only")
-    p.add_argument("--rowwise", action="store_true",
-                   help="no-op maps called per row (each builds its output column: a copy) instead of "
-                        "on the whole column")
-    p.add_argument("--colocate", choices=("both", "on", "off"), default="both",
-                   help="ClusterConfig.colocate: on (the default runtime: a request's stages run where their "
-                        "input is, hand-over in-process), off (consecutive stages on different executors, "
-                        "the seed's setting), or both, one cluster after the other (default)")
+    p.add_argument(
+        "--rowwise",
+        action="store_true",
+        help="no-op maps called per row (each builds its output column: a copy) instead of on the whole column",
+    )
+    p.add_argument(
+        "--colocate",
+        choices=("both", "on", "off"),
+        default="both",
+        help="ClusterConfig.colocate: on (the default runtime: a request's stages run where their "
+        "input is, hand-over in-process), off (consecutive stages on different executors, "
+        "the seed's setting), or both, one cluster after the other (default)",
+    )
     p.add_argument("--executors", type=int, default=2)
     args = p.parse_args(argv)
     os.environ.setdefault("FLOWSERVE_QUIET", "1")
@@ -166,11 +192,18 @@ def run(argv=None) -> dict:
     scale = 0.5 if args.quick else 1.0
     settings = {"both": (False, True), "on": (True,), "off": (False,)}[args.colocate]
     progress(f"fusion: chains {lengths}, payloads {list(PAYLOADS)}, {rounds} round(s), colocate {args.colocate}")
-    results = {("colocated" if c else "spread"): measure(c, args.executors, lengths, rounds, scale, args.rowwise)
-               for c in settings}
-    out = {"lengths": list(lengths), "payloads": PAYLOADS, "rounds": rounds, "rowwise": args.rowwise,
-           "seed": "fused flat in chain length; unfused 20-40% slower on short chains, 3-5x slower at 10",
-           "results": results}
+    results = {
+        ("colocated" if c else "spread"): measure(c, args.executors, lengths, rounds, scale, args.rowwise)
+        for c in settings
+    }
+    out = {
+        "lengths": list(lengths),
+        "payloads": PAYLOADS,
+        "rounds": rounds,
+        "rowwise": args.rowwise,
+        "seed": "fused flat in chain length; unfused 20-40% slower on short chains, 3-5x slower at 10",
+        "results": results,
+    }
     save("fusion", out)
     _plot(results, lengths)
     return out
@@ -183,12 +216,25 @@ def _plot(results: dict, lengths) -> None:
         summary = res["summary"]
         for ax, pl in zip(row, PAYLOADS):
             for mode, style in (("fused", "o-"), ("unfused", "s--")):
-                ax.plot(lengths, [summary[f"{pl}/{n}"][mode]["p50_ms"] for n in lengths], style, color=
-                        "C0" if mode == "fused" else "C1", label=f"{mode} p50")
-                ax.plot(lengths, [summary[f"{pl}/{n}"][mode]["p99_ms"] for n in lengths], style, alpha=0.3,
-                        color="C0" if mode == "fused" else "C1", label=f"{mode} p99")
-            ax.set_title(f"{tag}, {pl}: unfused/fused {summary[f'{pl}/{lengths[-1]}']['speedup_p50']:.2f}x "
-                         f"at {lengths[-1]}", fontsize=9)
+                ax.plot(
+                    lengths,
+                    [summary[f"{pl}/{n}"][mode]["p50_ms"] for n in lengths],
+                    style,
+                    color="C0" if mode == "fused" else "C1",
+                    label=f"{mode} p50",
+                )
+                ax.plot(
+                    lengths,
+                    [summary[f"{pl}/{n}"][mode]["p99_ms"] for n in lengths],
+                    style,
+                    alpha=0.3,
+                    color="C0" if mode == "fused" else "C1",
+                    label=f"{mode} p99",
+                )
+            ax.set_title(
+                f"{tag}, {pl}: unfused/fused {summary[f'{pl}/{lengths[-1]}']['speedup_p50']:.2f}x at {lengths[-1]}",
+                fontsize=9,
+            )
             ax.set_xlabel("no-op stages in the chain")
             ax.set_ylabel("latency over HTTP (ms)")
             ax.set_ylim(bottom=0)

@@ -106,9 +106,9 @@ def run(quick: bool) -> dict:
             print(f"{label}: cache hit x{hit_reps}, redis x{net_reps} ...", flush=True)
             row = {
                 "bytes": int(arr.nbytes),
-                "cache hit": summary(timings(lambda: cached.get(key), hit_reps)),
-                "redis GET": summary(timings(lambda: raw.get(key), net_reps)),
-                "GET + decode": summary(timings(lambda: plain.get(key), net_reps)),
+                "cache hit": summary(timings(lambda key=key: cached.get(key), hit_reps)),
+                "redis GET": summary(timings(lambda key=key: raw.get(key), net_reps)),
+                "GET + decode": summary(timings(lambda key=key: plain.get(key), net_reps)),
             }
             hit = row["cache hit"]["median_us"]
             row["speedup_vs_redis_get"] = row["redis GET"]["median_us"] / hit
@@ -149,12 +149,17 @@ def plot(results: dict, path: Path) -> None:
     for i, method in enumerate(METHODS):
         med = np.array([results["sizes"][s][method]["median_us"] for s in labels])
         p99 = np.array([results["sizes"][s][method]["p99_us"] for s in labels])
-        bars = ax.bar(x + (i - 1) * width, med, width, label=method,
-                      yerr=[np.zeros_like(med), p99 - med], capsize=3)
+        bars = ax.bar(x + (i - 1) * width, med, width, label=method, yerr=[np.zeros_like(med), p99 - med], capsize=3)
         for bar, value, top in zip(bars, med, p99):  # label above the p99 whisker
-            ax.annotate(f"{value:,.1f}" if value < 100 else f"{value:,.0f}",
-                        (bar.get_x() + bar.get_width() / 2, top), ha="center", va="bottom",
-                        fontsize=7, xytext=(0, 3), textcoords="offset points")
+            ax.annotate(
+                f"{value:,.1f}" if value < 100 else f"{value:,.0f}",
+                (bar.get_x() + bar.get_width() / 2, top),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                xytext=(0, 3),
+                textcoords="offset points",
+            )
     ax.set_yscale("log")
     ax.set_xticks(x, [f"{s} float64" for s in labels])
     ax.set_ylabel("read latency, µs (median; whisker = p99)")

@@ -78,8 +78,10 @@ def measure(colocate: bool, executors: int, sizes, rounds: int, reads: int, busy
     rng = np.random.default_rng(0)
     results, plans = {}, {}
     extra = {} if busy_poll_ms is None else {"busy_poll_ms": busy_poll_ms}
-    with LocalCluster(ClusterConfig(executors=executors, colocate=colocate, **extra)) as cluster, \
-            BareClient(timeout=60) as http:
+    with (
+        LocalCluster(ClusterConfig(executors=executors, colocate=colocate, **extra)) as cluster,
+        BareClient(timeout=60) as http,
+    ):
         deployments = {m: deploy(cluster, m) for m in MODES}
         for m, d in deployments.items():
             plans[m] = {s.name: {"continuation": s.continuation} for s in d.plan.stages.values()}
@@ -101,7 +103,7 @@ def measure(colocate: bool, executors: int, sizes, rounds: int, reads: int, busy
             progress(f"locality ({tag}) {size}: loading {OBJECTS} objects of {SIZES[size]:,} bytes")
             keys = [f"locality:{size}:{i}" for i in range(OBJECTS)]
             for j in range(0, OBJECTS, 10):  # MSET in slices: 800 MB in one command is too much
-                cluster.kvs.mput({k: rng.standard_normal(n).astype(np.float32) for k in keys[j:j + 10]})
+                cluster.kvs.mput({k: rng.standard_normal(n).astype(np.float32) for k in keys[j : j + 10]})
             samples = {m: [] for m in MODES}
             for r in range(rounds):
                 order = rng.permutation(np.repeat(np.arange(OBJECTS), reads))
@@ -109,21 +111,26 @@ def measure(colocate: bool, executors: int, sizes, rounds: int, reads: int, busy
                     for i in range(OBJECTS):  # warm the caches this deployment uses
                         read(m, size, i)
                     samples[m].append(stats([read(m, size, i) for i in order]))
-                    progress(f"{tag} {size} round {r + 1} {m:22s} p50 {samples[m][-1]['p50_ms']:8.2f} ms  "
-                             f"p99 {samples[m][-1]['p99_ms']:8.2f} ms  mean {samples[m][-1]['mean_ms']:8.2f} ms")
+                    progress(
+                        f"{tag} {size} round {r + 1} {m:22s} p50 {samples[m][-1]['p50_ms']:8.2f} ms  "
+                        f"p99 {samples[m][-1]['p99_ms']:8.2f} ms  mean {samples[m][-1]['mean_ms']:8.2f} ms"
+                    )
             summary = {m: across_rounds(samples[m]) for m in MODES}
             best = summary["fusion+continuations"]
             for m in MODES:
                 summary[m]["executors_per_key"] = statistics.mean(
-                    len(where.get((m, size, i), ())) for i in range(OBJECTS))
+                    len(where.get((m, size, i), ())) for i in range(OBJECTS)
+                )
             for m in ("naive", "fusion"):
                 summary[m]["continuations_speedup_p50"] = summary[m]["p50_ms"] / best["p50_ms"]
                 summary[m]["continuations_speedup_mean"] = summary[m]["mean_ms"] / best["mean_ms"]
             results[size] = {"summary": summary, "rounds": samples}
-            progress(f"{tag} {size}: fusion+continuations p50 {best['p50_ms']:.2f} ms; "
-                     f"{summary['fusion']['continuations_speedup_p50']:.1f}x faster than fusion only, "
-                     f"{summary['naive']['continuations_speedup_p50']:.1f}x faster than naive; executors "
-                     f"reading each key: " + ", ".join(f"{m} {summary[m]['executors_per_key']:.1f}" for m in MODES))
+            progress(
+                f"{tag} {size}: fusion+continuations p50 {best['p50_ms']:.2f} ms; "
+                f"{summary['fusion']['continuations_speedup_p50']:.1f}x faster than fusion only, "
+                f"{summary['naive']['continuations_speedup_p50']:.1f}x faster than naive; executors "
+                f"reading each key: " + ", ".join(f"{m} {summary[m]['executors_per_key']:.1f}" for m in MODES)
+            )
             cluster.kvs.delete(*keys)
     return {"colocate": colocate, "executors": executors, "plans": plans, "results": results}
 
@@ -136,10 +143,14 @@ def run(argv=None) -> dict:
     p.add_argument("--reads", type=int, default=10, help="reads of each object per round (default 10)")
     p.add_argument("--sizes", default=",".join(SIZES), help="object sizes, comma-separated")
     p.add_argument("--executors", type=int, default=5)
-    p.add_argument("--colocate", choices=("both", "on", "off"), default="off",
-                   help="ClusterConfig.colocate: off (default: consecutive stages on different executors, the "
-                        "seed's setting, so naive ships each value to the next stage), on (the default runtime), "
-                        "or both, one cluster after the other")
+    p.add_argument(
+        "--colocate",
+        choices=("both", "on", "off"),
+        default="off",
+        help="ClusterConfig.colocate: off (default: consecutive stages on different executors, the "
+        "seed's setting, so naive ships each value to the next stage), on (the default runtime), "
+        "or both, one cluster after the other",
+    )
     p.add_argument("--busy-poll-ms", type=float, default=None, help="ClusterConfig.busy_poll_ms (default: its default)")
     p.add_argument("--quick", action="store_true", help="1 round, 3 reads of each object")
     args = p.parse_args(argv)
@@ -148,12 +159,20 @@ def run(argv=None) -> dict:
         args.rounds, args.reads = 1, 3
     sizes = [s for s in args.sizes.split(",") if s]
     settings = {"both": (False, True), "on": (True,), "off": (False,)}[args.colocate]
-    results = {("colocated" if c else "spread"): measure(c, args.executors, sizes, args.rounds, args.reads,
-                                                                 args.busy_poll_ms)
-               for c in settings}
-    out = {"objects": OBJECTS, "reads_per_object": args.reads, "rounds": args.rounds, "busy_poll_ms": args.busy_poll_ms,
-           "executor_cache_bytes": ClusterConfig.executor_cache_bytes, "sizes": {s: SIZES[s] for s in sizes},
-           "seed_speedup": SEED, "setups": results}
+    results = {
+        ("colocated" if c else "spread"): measure(c, args.executors, sizes, args.rounds, args.reads, args.busy_poll_ms)
+        for c in settings
+    }
+    out = {
+        "objects": OBJECTS,
+        "reads_per_object": args.reads,
+        "rounds": args.rounds,
+        "busy_poll_ms": args.busy_poll_ms,
+        "executor_cache_bytes": ClusterConfig.executor_cache_bytes,
+        "sizes": {s: SIZES[s] for s in sizes},
+        "seed_speedup": SEED,
+        "setups": results,
+    }
     save("locality", out)
     _plot(results)
     return out

@@ -40,14 +40,25 @@ ROUTES = {"a": ["ipc:///tmp/fs/e0"], "b": ["ipc:///tmp/fs/e0"], "c": ["ipc:///tm
 
 
 def small_table() -> Table:
-    return Table.from_pylist([{"x": 0.5, "s": "a query", "t": np.arange(6, dtype=np.float32).reshape(2, 3)}],
-                             qid=np.array([17]))
+    return Table.from_pylist(
+        [{"x": 0.5, "s": "a query", "t": np.arange(6, dtype=np.float32).reshape(2, 3)}], qid=np.array([17])
+    )
 
 
 def dicts(table: Table):
     """The code before executors/messages.py: header dicts with short keys, read by key."""
-    base = {"type": "run", "req": 42, "att": 0, "flow": "ensemble", "ver": 3, "from": "a", "routes": ROUTES,
-            "gw": "ipc:///tmp/fs/gw", "dl": DEADLINE, "trace": [["a", "e0", 0.123, 1]]}
+    base = {
+        "type": "run",
+        "req": 42,
+        "att": 0,
+        "flow": "ensemble",
+        "ver": 3,
+        "from": "a",
+        "routes": ROUTES,
+        "gw": "ipc:///tmp/fs/gw",
+        "dl": DEADLINE,
+        "trace": [["a", "e0", 0.123, 1]],
+    }
 
     def once():
         frames = pack(dict(base, stage="b", path=[], copy=0), {"t": table})
@@ -57,6 +68,7 @@ def dicts(table: Table):
             rid = (h["gw"], h["req"], h["att"], h["stage"], h.get("copy", 0))
             path = tuple(tuple(p) for p in h.get("path", ()))
             return key, rid, path, h["from"], h.get("trace", ()), h.get("dl"), tables.get("t")
+
     return once
 
 
@@ -64,8 +76,9 @@ def messages(table: Table):
     """The same through the typed classes of executors/messages.py."""
     from executors.messages import StageInput, decode
 
-    base = StageInput(42, 0, "ensemble", 3, "a", "__input__", ROUTES, "ipc:///tmp/fs/gw", DEADLINE,
-                      [["a", "e0", 0.123, 1]])
+    base = StageInput(
+        42, 0, "ensemble", 3, "a", "__input__", ROUTES, "ipc:///tmp/fs/gw", DEADLINE, [["a", "e0", 0.123, 1]]
+    )
 
     def once():
         frames = base.to("b", "a", (), 0, table).encode()
@@ -75,19 +88,36 @@ def messages(table: Table):
             rid = (m.gateway, m.req, m.attempt, m.stage, m.copy)
             path = tuple(tuple(p) for p in m.path)
             return key, rid, path, m.source, m.trace, m.deadline, m.table
+
     return once
 
 
 def dicts_result(table: Table):
     """The sink's answer before: the run header's keys (all sent, the gateway read five)."""
-    base = {"type": "run", "req": 42, "att": 0, "flow": "ensemble", "ver": 3, "from": "c", "routes": ROUTES,
-            "gw": "ipc:///tmp/fs/gw", "dl": DEADLINE, "trace": [["a", "e0", 0.123, 1], ["c", "e0", 0.2, 1]]}
+    base = {
+        "type": "run",
+        "req": 42,
+        "att": 0,
+        "flow": "ensemble",
+        "ver": 3,
+        "from": "c",
+        "routes": ROUTES,
+        "gw": "ipc:///tmp/fs/gw",
+        "dl": DEADLINE,
+        "trace": [["a", "e0", 0.123, 1], ["c", "e0", 0.2, 1]],
+    }
 
     def once():
         h, tables = unpack([bytes(f) for f in pack(dict(base, type="result", path=[]), {"t": table})])
         if h.get("type") == "result":
-            return h.get("req"), h.get("att"), tuple(tuple(p) for p in h.get("path", ())), h.get("trace", ()), \
-                tables["t"]
+            return (
+                h.get("req"),
+                h.get("att"),
+                tuple(tuple(p) for p in h.get("path", ())),
+                h.get("trace", ()),
+                tables["t"],
+            )
+
     return once
 
 
@@ -99,12 +129,14 @@ def messages_result(table: Table):
         m = decode([bytes(f) for f in Result(42, 0, (), trace, table).encode()])
         if type(m) is Result:
             return m.req, m.attempt, tuple(tuple(p) for p in m.path), m.trace, m.table
+
     return once
 
 
 def wire(table: Table):
     def once():
         return unpack([bytes(f) for f in pack({}, {"t": table})])[1]["t"]
+
     return once
 
 
@@ -118,6 +150,7 @@ def arrow_ipc(table: Table):
             w.write_table(at)
         back = pa.ipc.open_stream(sink.getvalue()).read_all()
         return Table.from_arrow(back.drop_columns([QID]), qid=back.column(QID).to_numpy())
+
     return once
 
 
@@ -139,8 +172,12 @@ def run(argv: list[str]) -> None:
     p.add_argument("--save-as", default="messages", help="results file name (default messages)")
     args = p.parse_args(argv)
     table = small_table()
-    configs = {"dicts": dicts(table), "dicts_result": dicts_result(table), "wire": wire(table),
-               "arrow_ipc": arrow_ipc(table)}
+    configs = {
+        "dicts": dicts(table),
+        "dicts_result": dicts_result(table),
+        "wire": wire(table),
+        "arrow_ipc": arrow_ipc(table),
+    }
     try:
         configs.update(messages=messages(table), messages_result=messages_result(table))
     except ImportError:  # a tree before executors/messages.py
@@ -156,14 +193,20 @@ def run(argv: list[str]) -> None:
     med = {k: statistics.median(v) for k, v in samples.items()}
     ratios = {"arrow_ipc / wire": med["arrow_ipc"] / med["wire"]}
     if "messages" in med:
-        ratios.update({"messages / dicts": med["messages"] / med["dicts"],
-                       "messages_result / dicts_result": med["messages_result"] / med["dicts_result"]})
+        ratios.update(
+            {
+                "messages / dicts": med["messages"] / med["dicts"],
+                "messages_result / dicts_result": med["messages_result"] / med["dicts_result"],
+            }
+        )
     for k, v in med.items():
         print(f"{k:16s} {v:9.0f} ns per message (median of {args.rounds} rounds of {args.number})")
     for k, v in ratios.items():
         print(f"{k:32s} {v:.2f}x")
-    save(args.save_as, {"rounds": args.rounds, "number": args.number, "median_ns": med, "ratios": ratios,
-                      "samples_ns": samples})
+    save(
+        args.save_as,
+        {"rounds": args.rounds, "number": args.number, "median_ns": med, "ratios": ratios, "samples_ns": samples},
+    )
 
 
 if __name__ == "__main__":

@@ -28,8 +28,9 @@ class MLP:
 
         torch.set_num_threads(1)  # one core per worker process, in every system
         torch.manual_seed(HIDDEN[name])
-        self.model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, HIDDEN[name]), torch.nn.ReLU(),
-                                         torch.nn.Linear(HIDDEN[name], 10)).eval()
+        self.model = torch.nn.Sequential(
+            torch.nn.Flatten(), torch.nn.Linear(784, HIDDEN[name]), torch.nn.ReLU(), torch.nn.Linear(HIDDEN[name], 10)
+        ).eval()
 
     def __call__(self, x: np.ndarray):
         import torch

@@ -55,8 +55,10 @@ class Ensemble:
         x = await self.pre.remote(np.asarray([r["img"] for r in rows], dtype=np.uint8))
         a_ref, b_ref = self.small.remote(x), self.big.remote(x)
         a, b = await a_ref, await b_ref
-        out = [dict(zip(("cls", "conf"), pick(a[0][i].item(), a[1][i].item(), b[0][i].item(), b[1][i].item())))
-               for i in range(len(rows))]
+        out = [
+            dict(zip(("cls", "conf"), pick(a[0][i].item(), a[1][i].item(), b[0][i].item(), b[1][i].item())))
+            for i in range(len(rows))
+        ]
         return Response(json.dumps({"rows": out}), media_type="application/json")
 
 
@@ -73,7 +75,7 @@ class Cascade:
         for i in range(len(rows)):
             c, p = cls[i].item(), conf[i].item()
             if p < CASCADE_THRESHOLD:
-                c2, p2 = await self.big.remote(x[i:i + 1])
+                c2, p2 = await self.big.remote(x[i : i + 1])
                 c, p = pick(c, p, c2[0].item(), p2[0].item())
             out.append({"cls": c, "conf": p})
         return Response(json.dumps({"rows": out}), media_type="application/json")
@@ -87,10 +89,16 @@ def main() -> None:
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
-    serve.run(Ensemble.bind(Preprocess.bind(), Model.bind("small"), Model.bind("big")),
-              name="ensemble", route_prefix="/flows/ensemble")
-    serve.run(Cascade.bind(Preprocess.bind(), Model.bind("small"), Model.bind("big")),
-              name="cascade", route_prefix="/flows/cascade")
+    serve.run(
+        Ensemble.bind(Preprocess.bind(), Model.bind("small"), Model.bind("big")),
+        name="ensemble",
+        route_prefix="/flows/ensemble",
+    )
+    serve.run(
+        Cascade.bind(Preprocess.bind(), Model.bind("small"), Model.bind("big")),
+        name="cascade",
+        route_prefix="/flows/cascade",
+    )
     print("READY", flush=True)
     while True:
         time.sleep(3600)

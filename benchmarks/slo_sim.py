@@ -25,17 +25,29 @@ from optimizer.slo import (
     simulate,
 )
 
-SHAPE = Shape((StageShape("pre", (INPUT,), True), StageShape("a", ("pre",), True),
-               StageShape("b", ("pre",), True), StageShape("pick", ("a", "b"), True)), "pick")
+SHAPE = Shape(
+    (
+        StageShape("pre", (INPUT,), True),
+        StageShape("a", ("pre",), True),
+        StageShape("b", ("pre",), True),
+        StageShape("pick", ("a", "b"), True),
+    ),
+    "pick",
+)
 
 
 def profile() -> Profile:
     def curve(a, c, spread):
         return {b: [(a + c * b) * (1 + spread * k / 10) for k in range(10)] for b in (1, 2, 4, 8, 16, 32)}
-    return Profile({"pre": {"cpu": curve(0.3, 0.05, 0.2)},
-                    "a": {"cpu": curve(4.0, 1.0, 0.5), "gpu": curve(3.0, 0.1, 0.3)},
-                    "b": {"cpu": curve(6.0, 1.5, 0.5), "gpu": curve(4.0, 0.15, 0.3)},
-                    "pick": {"cpu": curve(0.2, 0.02, 0.2)}})
+
+    return Profile(
+        {
+            "pre": {"cpu": curve(0.3, 0.05, 0.2)},
+            "a": {"cpu": curve(4.0, 1.0, 0.5), "gpu": curve(3.0, 0.1, 0.3)},
+            "b": {"cpu": curve(6.0, 1.5, 0.5), "gpu": curve(4.0, 0.15, 0.3)},
+            "pick": {"cpu": curve(0.2, 0.02, 0.2)},
+        }
+    )
 
 
 def cpu_s(fn) -> tuple[float, object]:

@@ -103,8 +103,9 @@ def run(argv=None) -> dict:
     os.environ.setdefault("FLOWSERVE_QUIET", "1")
     from executors import ClusterConfig, LocalCluster
 
-    cluster = LocalCluster(ClusterConfig(executors=args.executors, threads=4, request_timeout_s=30,
-                                         stuck_grace_s=2.0, max_retries=3)).start()
+    cluster = LocalCluster(
+        ClusterConfig(executors=args.executors, threads=4, request_timeout_s=30, stuck_grace_s=2.0, max_retries=3)
+    ).start()
     try:
         return _soak(cluster, args)
     finally:
@@ -161,10 +162,12 @@ def _soak(cluster, args) -> dict:
                         os.kill(pids[0], signal.SIGKILL)
                         f["pid"] = pids[0]
                 elif kind in ("hang", "poison"):
+
                     def call(x=-1 if kind == "hang" else -2, f=f):
                         with BareClient(timeout=120) as http:
                             r = http.post(url, json={"x": x})
                             f["status"], f["answer"] = r.status_code, r.json()
+
                     threading.Thread(target=call, daemon=True).start()
                 else:
                     t0 = time.monotonic()
@@ -180,8 +183,12 @@ def _soak(cluster, args) -> dict:
     def sample():
         while not done.wait(1.0):
             pids = _cluster_pids(cluster)
-            memory.append({"t": round(time.monotonic() - t_start, 2),
-                           "rss_mb": {k: round(_rss_mb(v), 1) for k, v in pids.items()}})
+            memory.append(
+                {
+                    "t": round(time.monotonic() - t_start, 2),
+                    "rss_mb": {k: round(_rss_mb(v), 1) for k, v in pids.items()},
+                }
+            )
             timeline.append((time.monotonic() - t_start, len(answers)))
 
     progress(f"soak: {args.requests} requests at concurrency {args.concurrency}, a fault every {args.every:g} s")
@@ -207,10 +214,15 @@ def _soak(cluster, args) -> dict:
             wrong.append((x, body))
         qids.extend(r["qid"] for r in body)
     summary = {
-        "requests": args.requests, "concurrency": args.concurrency, "seconds": round(elapsed, 1),
+        "requests": args.requests,
+        "concurrency": args.concurrency,
+        "seconds": round(elapsed, 1),
         "throughput_rps": round(args.requests / elapsed, 1),
-        "answered_ok": args.requests - len(lost), "lost": len(lost), "wrong": len(wrong),
-        "duplicated_rows": duplicated, "repeated_qids": len(qids) - len(set(qids)),
+        "answered_ok": args.requests - len(lost),
+        "lost": len(lost),
+        "wrong": len(wrong),
+        "duplicated_rows": duplicated,
+        "repeated_qids": len(qids) - len(set(qids)),
         "faults": {k: sum(1 for f in faults if f["kind"] == k) for k in ("kill", "hang", "poison", "redeploy")},
         "hang_answers": sorted({f.get("status") for f in faults if f["kind"] == "hang"}, key=str),
         "poison_answers": sorted({f.get("status") for f in faults if f["kind"] == "poison"}, key=str),
@@ -220,8 +232,19 @@ def _soak(cluster, args) -> dict:
     summary["executors_recycled"] = sum(health.get("recycled", {}).values())
     summary["executors_crashed"] = sum(health.get("crashed", {}).values())
     progress(f"soak: {summary}")
-    save(args.name, {"machine": machine(), "summary": summary, "faults": faults, "lost_sample": lost[:20],
-                  "wrong_sample": wrong[:20], "memory": memory, "timeline": timeline, "health": health})
+    save(
+        args.name,
+        {
+            "machine": machine(),
+            "summary": summary,
+            "faults": faults,
+            "lost_sample": lost[:20],
+            "wrong_sample": wrong[:20],
+            "memory": memory,
+            "timeline": timeline,
+            "health": health,
+        },
+    )
     _plot(memory, timeline, faults, args.name)
     return summary
 
@@ -233,11 +256,13 @@ def _memory_summary(memory: list[dict]) -> dict:
     totals = [sum(m["rss_mb"].values()) for m in memory]
     gateway = [m["rss_mb"].get("gateway", 0) for m in memory]
     q = max(1, len(memory) // 4)
-    return {"cluster_rss_mb_after_warmup": round(sum(totals[q:2 * q]) / q, 1),
-            "cluster_rss_mb_last_quarter": round(sum(totals[-q:]) / q, 1),
-            "cluster_rss_mb_max": round(max(totals), 1),
-            "gateway_rss_mb_after_warmup": round(sum(gateway[q:2 * q]) / q, 1),
-            "gateway_rss_mb_last_quarter": round(sum(gateway[-q:]) / q, 1)}
+    return {
+        "cluster_rss_mb_after_warmup": round(sum(totals[q : 2 * q]) / q, 1),
+        "cluster_rss_mb_last_quarter": round(sum(totals[-q:]) / q, 1),
+        "cluster_rss_mb_max": round(max(totals), 1),
+        "gateway_rss_mb_after_warmup": round(sum(gateway[q : 2 * q]) / q, 1),
+        "gateway_rss_mb_last_quarter": round(sum(gateway[-q:]) / q, 1),
+    }
 
 
 def _plot(memory, timeline, faults, name: str) -> None:
@@ -252,8 +277,11 @@ def _plot(memory, timeline, faults, name: str) -> None:
     axes[1].plot([r[0] for r in rate], [r[1] for r in rate], label="answers/s")
     for f in faults:
         for ax in axes:
-            ax.axvline(f["t"], color={"kill": "red", "hang": "orange", "poison": "purple",
-                                      "redeploy": "green"}[f["kind"]], alpha=0.3)
+            ax.axvline(
+                f["t"],
+                color={"kill": "red", "hang": "orange", "poison": "purple", "redeploy": "green"}[f["kind"]],
+                alpha=0.3,
+            )
     axes[1].set_xlabel("seconds (red: kill -9, orange: hang, purple: poison, green: redeploy)")
     axes[1].legend(fontsize=8)
     save_plot(fig, name)

@@ -81,11 +81,15 @@ def main(n: int | None = None) -> float:
         for r, y in list(zip(rows, test_y))[:8]:
             print(f"qid {r['qid']:3d}: {r['model']:5s} model says {r['cls']} (confidence {r['conf']:.2f}), true {y}")
         accuracy = float(np.mean(predicted == test_y))
-        print(f"{escalated.sum()} of {n} rows had small-model confidence below {THRESHOLD} and went to the big "
-              f"model; accuracy there {np.mean(predicted[escalated] == test_y[escalated]):.0%}"
-              if escalated.any() else f"no row had small-model confidence below {THRESHOLD}")
-        print(f"cascade accuracy on {n} held-out digits over HTTP: {accuracy:.0%} "
-              f"(same answers as flow.run in-process)")
+        print(
+            f"{escalated.sum()} of {n} rows had small-model confidence below {THRESHOLD} and went to the big "
+            f"model; accuracy there {np.mean(predicted[escalated] == test_y[escalated]):.0%}"
+            if escalated.any()
+            else f"no row had small-model confidence below {THRESHOLD}"
+        )
+        print(
+            f"cascade accuracy on {n} held-out digits over HTTP: {accuracy:.0%} (same answers as flow.run in-process)"
+        )
         d.undeploy()
         return accuracy
     finally:

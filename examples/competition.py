@@ -101,6 +101,7 @@ def main(n: int | None = None) -> Counter:
 
         # one query per request, several in flight: each races the three models on its own
         with httpx.Client(timeout=60) as http, ThreadPoolExecutor(4) as pool:
+
             def ask(x):
                 return http.post(d.url, json={"img": x.tolist()}).raise_for_status().json()["rows"][0]
 
@@ -119,8 +120,10 @@ def main(n: int | None = None) -> Counter:
             print(f"digit {i} (qid {r['qid']}): {r['answer']}, true {y}")
         winners = Counter(r["model"] for r in rows)
         accuracy = float(np.mean([r["cls"] == y for r, y in zip(rows, test_y)]))
-        print(f"answers by model: {dict(sorted(winners.items()))}; {same} of {n} rows won by the same model as "
-              f"flow.run's first-valid-in-argument-order (the rest: another valid answer arrived first)")
+        print(
+            f"answers by model: {dict(sorted(winners.items()))}; {same} of {n} rows won by the same model as "
+            f"flow.run's first-valid-in-argument-order (the rest: another valid answer arrived first)"
+        )
         print(f"competition accuracy on {n} held-out digits over HTTP: {accuracy:.0%}")
         d.undeploy()
         return winners

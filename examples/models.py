@@ -39,8 +39,9 @@ def digits_28() -> tuple[np.ndarray, np.ndarray]:
 def mlp(hidden: int):
     import torch
 
-    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, hidden), torch.nn.ReLU(),
-                               torch.nn.Linear(hidden, 10))
+    return torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(784, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10)
+    )
 
 
 def train(hidden: int, seed: int = 0, epochs: int = 15) -> bytes:
@@ -56,7 +57,7 @@ def train(hidden: int, seed: int = 0, epochs: int = 15) -> bytes:
     for _ in range(epochs):
         for i in range(0, len(x), 64):
             opt.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(x[i:i + 64]), y[i:i + 64])
+            loss = torch.nn.functional.cross_entropy(model(x[i : i + 64]), y[i : i + 64])
             loss.backward()
             opt.step()
     buf = io.BytesIO()

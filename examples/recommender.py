@@ -84,8 +84,10 @@ def main(n: int | None = None) -> None:
         data = make_data(n_users)
         cluster.kvs.mput(data)
         rng = np.random.default_rng(1)
-        requests = [{"user": int(u), "category": CATEGORIES[int(c)]}
-                    for u, c in zip(rng.integers(0, n_users, n), rng.integers(0, len(CATEGORIES), n))]
+        requests = [
+            {"user": int(u), "category": CATEGORIES[int(c)]}
+            for u, c in zip(rng.integers(0, n_users, n), rng.integers(0, len(CATEGORIES), n))
+        ]
 
         flow = flows()
         d = flow.deploy()
@@ -105,16 +107,22 @@ def main(n: int | None = None) -> None:
 
         print(f"{'qid':>4} {'user key':10} {'category key':16} {'top 5 product ids':38} {'best score':>10} executor")
         for r in list(out)[:10]:
-            print(f"{r.qid:4d} {r.user_key:10} {'category:' + r.category:16} {str(r.top_ids.tolist()):38} "
-                  f"{r.top_scores[0]:10.2f} pid {r.served_by}")
+            print(
+                f"{r.qid:4d} {r.user_key:10} {'category:' + r.category:16} {str(r.top_ids.tolist()):38} "
+                f"{r.top_scores[0]:10.2f} pid {r.served_by}"
+            )
         served = {}
         for r in out:
             served.setdefault(r.category, set()).add(r.served_by)
-        print(f"{n} rows read {len(set(out['user_key'].tolist()))} different user keys and "
-              f"{len(set(out['category'].tolist()))} category keys; rows were routed by key, e.g. the last stage "
-              f"ran each category on one executor: "
-              + ", ".join(f"{c} -> pid {sorted(p)[0]}" if len(p) == 1 else f"{c} -> pids {sorted(p)}"
-                          for c, p in sorted(served.items())))
+        print(
+            f"{n} rows read {len(set(out['user_key'].tolist()))} different user keys and "
+            f"{len(set(out['category'].tolist()))} category keys; rows were routed by key, e.g. the last stage "
+            f"ran each category on one executor: "
+            + ", ".join(
+                f"{c} -> pid {sorted(p)[0]}" if len(p) == 1 else f"{c} -> pids {sorted(p)}"
+                for c, p in sorted(served.items())
+            )
+        )
         print(f"recommended top {TOP} products for {n} requests over HTTP (same as flow.run in-process)")
         d.undeploy()
     finally:

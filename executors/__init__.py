@@ -11,5 +11,15 @@ from executors.errors import (
     NoExecutorError,
 )
 
-__all__ = ["ClusterConfig", "ClusterError", "ClusterStartError", "DeadlineExceededError", "Deployment",
-           "DeployError", "InvocationError", "LocalCluster", "NoExecutorError", "default_cluster"]
+__all__ = [
+    "ClusterConfig",
+    "ClusterError",
+    "ClusterStartError",
+    "DeadlineExceededError",
+    "Deployment",
+    "DeployError",
+    "InvocationError",
+    "LocalCluster",
+    "NoExecutorError",
+    "default_cluster",
+]

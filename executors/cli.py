@@ -35,8 +35,7 @@ def _cluster(args):
 
 def cmd_up(args) -> int:
     from executors.cluster import LocalCluster
-    from executors.config import ClusterConfig
-    from executors.config import STATE_FILE
+    from executors.config import STATE_FILE, ClusterConfig
 
     if (Path(args.dir) / STATE_FILE).exists():
         try:
@@ -133,8 +132,12 @@ def cmd_deploy(args) -> int:
     if args.flow:
         flows = [f for f in flows if f.name == args.flow]
     if not flows:
-        print(f"error: {script} defines no Flow" + (f" named {args.flow!r}" if args.flow else "")
-              + " (define flows() returning a Flow or a list of them, or a module-level Flow)", file=sys.stderr)
+        print(
+            f"error: {script} defines no Flow"
+            + (f" named {args.flow!r}" if args.flow else "")
+            + " (define flows() returning a Flow or a list of them, or a module-level Flow)",
+            file=sys.stderr,
+        )
         return 2
     if setup is not None:
         _say(f"running setup(store) of {script.name}: loading its models and data into the store")
@@ -241,7 +244,9 @@ def kvs_get(store, args) -> int:
 
 
 def kvs_ls(store, args) -> int:
-    keys = sorted(k.decode() if isinstance(k, bytes) else k for k in store.redis.scan_iter(match=args.pattern, count=1000))
+    keys = sorted(
+        k.decode() if isinstance(k, bytes) else k for k in store.redis.scan_iter(match=args.pattern, count=1000)
+    )
     if not args.all:
         keys = [k for k in keys if not k.startswith("flowserve:")]  # the runtime's own keys
     for k in keys:

@@ -22,9 +22,8 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
-
 from dataclasses import dataclass
+from pathlib import Path
 
 import cloudpickle
 import httpx
@@ -56,16 +55,32 @@ class ClusterClient:
         c.deploy(flow).invoke({"x": 1})
     """
 
-    def __init__(self, url: str, kvs_url: str, admin_token: str, token: str | None = None, *,
-                 cluster_key: str | None = None,
-                 config: ClusterConfig | None = None, load_timeout_s: float | None = None,
-                 request_timeout_s: float | None = None):
+    def __init__(
+        self,
+        url: str,
+        kvs_url: str,
+        admin_token: str,
+        token: str | None = None,
+        *,
+        cluster_key: str | None = None,
+        config: ClusterConfig | None = None,
+        load_timeout_s: float | None = None,
+        request_timeout_s: float | None = None,
+    ):
         config = config or ClusterConfig()  # only its timeouts matter here
-        timeouts = {k: v for k, v in (("load_timeout_s", load_timeout_s), ("request_timeout_s", request_timeout_s))
-                    if v is not None}
+        timeouts = {
+            k: v
+            for k, v in (("load_timeout_s", load_timeout_s), ("request_timeout_s", request_timeout_s))
+            if v is not None
+        }
         self.config = dataclasses.replace(config, **timeouts) if timeouts else config
-        self.state: dict = {"url": url.rstrip("/"), "kvs_url": kvs_url, "admin_token": admin_token, "token": token,
-                            "cluster_key": cluster_key}
+        self.state: dict = {
+            "url": url.rstrip("/"),
+            "kvs_url": kvs_url,
+            "admin_token": admin_token,
+            "token": token,
+            "cluster_key": cluster_key,
+        }
         self._kvs: KVS | None = None
         self._http: httpx.Client | None = None
 
@@ -107,7 +122,7 @@ class ClusterClient:
 
     # -- deploy -------------------------------------------------------------------------------
 
-    def deploy(self, flow, *, optimize: bool = True, rules=None, options=None) -> "Deployment":
+    def deploy(self, flow, *, optimize: bool = True, rules=None, options=None) -> Deployment:
         """Optimize ``flow``, register its plan and build its stages on the executors.
 
         Raises ``DeployConflictError`` (409) when a concurrent deploy of the same name
@@ -123,21 +138,30 @@ class ClusterClient:
         _register_by_value(plan)
         version = next_version(self.kvs.redis, flow.name)
         self.kvs.put_trusted(PLAN_KEY.format(flow=flow.name, version=version), plan)
-        _progress(f"deploying flow {flow.name!r} v{version} ({len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''})")
-        r = httpx.post(f"{self.url}/admin/deploy", json={"flow": flow.name, "version": version},
-                       headers={"Authorization": f"Bearer {self.state['admin_token']}"},
-                       timeout=self.config.load_timeout_s + 30)
+        _progress(
+            f"deploying flow {flow.name!r} v{version} ({len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''})"
+        )
+        r = httpx.post(
+            f"{self.url}/admin/deploy",
+            json={"flow": flow.name, "version": version},
+            headers={"Authorization": f"Bearer {self.state['admin_token']}"},
+            timeout=self.config.load_timeout_s + 30,
+        )
         if r.status_code == 409:
             body = r.json()
-            raise DeployConflictError(f"deploying flow {flow.name!r} failed (409): {body.get('message')}",
-                                      version=version, winner=body.get("winner"))
+            raise DeployConflictError(
+                f"deploying flow {flow.name!r} failed (409): {body.get('message')}",
+                version=version,
+                winner=body.get("winner"),
+            )
         if r.status_code != 200:
-            raise DeployError(f"deploying flow {flow.name!r} failed ({r.status_code}): {r.json().get('message', r.text)}")
+            raise DeployError(
+                f"deploying flow {flow.name!r} failed ({r.status_code}): {r.json().get('message', r.text)}"
+            )
         return Deployment(self, flow.name, plan, version)
 
     def undeploy(self, name: str) -> None:
         httpx.delete(f"{self.url}/admin/flows/{name}", headers={"Authorization": f"Bearer {self.state['admin_token']}"})
-
 
 
 class LocalCluster(ClusterClient):
@@ -155,7 +179,7 @@ class LocalCluster(ClusterClient):
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def start(self, timeout: float = 120.0) -> "LocalCluster":
+    def start(self, timeout: float = 120.0) -> LocalCluster:
         if self.dir is None:
             self.dir = Path(tempfile.mkdtemp(prefix="flowserve-"))
             self._owns_dir = True
@@ -170,8 +194,14 @@ class LocalCluster(ClusterClient):
         # executors unpickle user functions by reference: give them the caller's import path
         env["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p)
         log = open(self.dir / "daemon.out", "ab")
-        self.proc = popen(cmd, die_with_parent=not self.detached, stdout=log, stderr=subprocess.STDOUT,
-                          stdin=subprocess.DEVNULL, env=env)
+        self.proc = popen(
+            cmd,
+            die_with_parent=not self.detached,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
         log.close()
         state_file = self.dir / STATE_FILE
         while not state_file.exists():
@@ -188,7 +218,7 @@ class LocalCluster(ClusterClient):
         return self
 
     @classmethod
-    def connect(cls, dir_: str | os.PathLike = DEFAULT_DIR) -> "LocalCluster":
+    def connect(cls, dir_: str | os.PathLike = DEFAULT_DIR) -> LocalCluster:
         """Attach to a running cluster (e.g. `flowserve up`) by its directory."""
         state_file = Path(dir_) / STATE_FILE
         if not state_file.exists():
@@ -227,11 +257,12 @@ class LocalCluster(ClusterClient):
                 lines += p.read_text(errors="replace").splitlines()[-n:]
         return "\n".join(lines)
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         return self if self.state else self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
 
 def _register_by_value(plan) -> None:
     """Ship user code from scripts and test modules inside the plan (not by import path),
@@ -264,13 +295,17 @@ def _user_modules(fn) -> list:
         if mod is None or mod.__name__ == "__main__" or mod.__name__ in seen:
             return
         path = getattr(mod, "__file__", None) or ""
-        if not path or "site-packages" in path or path.startswith(sys.base_prefix) \
-                or mod.__name__.split(".")[0] in _RUNTIME_PACKAGES:
+        if (
+            not path
+            or "site-packages" in path
+            or path.startswith(sys.base_prefix)
+            or mod.__name__.split(".")[0] in _RUNTIME_PACKAGES
+        ):
             return
         seen[mod.__name__] = mod
 
     functions = []
-    for cls in (fn.__mro__ if isinstance(fn, type) else ()):
+    for cls in fn.__mro__ if isinstance(fn, type) else ():
         consider(cls.__module__)
         functions += [v for v in vars(cls).values() if callable(v) and hasattr(v, "__code__")]
     consider(getattr(fn, "__module__", None))
@@ -290,8 +325,7 @@ def _callables(op):
         v = getattr(op, attr, None)
         if callable(v):
             yield v
-    for alt in getattr(op, "alternatives", ()) or ():
-        yield alt
+    yield from getattr(op, "alternatives", ()) or ()
     anyof = getattr(op, "anyof", None)
     if anyof is not None:
         yield from _callables(anyof)
@@ -337,27 +371,33 @@ class Deployment:
         """
         return self.call(rows, timeout).table
 
-    def call(self, rows, timeout: float | None = None) -> "Answer":
+    def call(self, rows, timeout: float | None = None) -> Answer:
         """Like ``invoke``, also returning the qids the gateway gave the input rows."""
         import pyarrow as pa
 
-        if isinstance(rows, dict) and not any(isinstance(v, (list, tuple)) and not isinstance(v, str) for v in rows.values()):
+        if isinstance(rows, dict) and not any(
+            isinstance(v, (list, tuple)) and not isinstance(v, str) for v in rows.values()
+        ):
             rows = [rows]
         table = Table.from_any(rows)
         arrow = table.to_arrow().drop_columns(["qid"])
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, arrow.schema) as w:
             w.write_table(arrow)
-        r = self.cluster.http.post(f"/flows/{self.name}", content=sink.getvalue().to_pybytes(),
-                                   headers={"Content-Type": ARROW, "Accept": ARROW},
-                                   timeout=timeout or self.cluster.config.request_timeout_s + 10)
+        r = self.cluster.http.post(
+            f"/flows/{self.name}",
+            content=sink.getvalue().to_pybytes(),
+            headers={"Content-Type": ARROW, "Accept": ARROW},
+            timeout=timeout or self.cluster.config.request_timeout_s + 10,
+        )
         if r.status_code != 200:
             try:
                 body = r.json()
             except ValueError:
                 body = {"message": r.text}
-            raise InvocationError(f"flow {self.name!r} answered {r.status_code}: {body.get('message')}",
-                                  r.status_code, body)
+            raise InvocationError(
+                f"flow {self.name!r} answered {r.status_code}: {body.get('message')}", r.status_code, body
+            )
         out = Table.from_arrow(pa.ipc.open_stream(r.content).read_all(), qid="qid")
         start = int(r.headers["x-qid-start"])
         return Answer(out, np.arange(start, start + len(table), dtype=np.int64))
@@ -365,7 +405,7 @@ class Deployment:
     def undeploy(self) -> None:
         self.cluster.undeploy(self.name)
 
-    def __enter__(self) -> "Deployment":
+    def __enter__(self) -> Deployment:
         return self
 
     def __exit__(self, *exc) -> None:

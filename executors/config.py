@@ -59,8 +59,10 @@ def _token(value, name: str):
     """None or a string of at least 8 characters; the message does not quote a token (a secret)."""
     if value is not None and (not isinstance(value, str) or len(value) < 8):
         got = f"a string of {len(value)} characters" if isinstance(value, str) else repr(value)
-        raise Invalid(message=f"{name} must be None or a string of at least 8 characters, got {got}",
-                      wrong_type=not isinstance(value, str))
+        raise Invalid(
+            message=f"{name} must be None or a string of at least 8 characters, got {got}",
+            wrong_type=not isinstance(value, str),
+        )
     return value
 
 
@@ -143,8 +145,10 @@ class ClusterConfig(Config):
     max_executors: int = setting(8, Int(1))
     colocate: bool = setting(True, Bool())
     busy_poll_ms: float = setting(10.0, WINDOW_MS)
-    executor_cache_bytes: int = setting(KVSOptions.cache_max_bytes,  # one default for every cache
-                                        Int(0, note="0: no local cache"))
+    executor_cache_bytes: int = setting(
+        KVSOptions.cache_max_bytes,  # one default for every cache
+        Int(0, note="0: no local cache"),
+    )
     stuck_grace_s: float = setting(10.0, Number(gt=0, le=3600, note="seconds"))
     persistence: bool = setting(True, Bool())
     dir: str | None = setting(None, Check("a path", types=(str, os.PathLike), optional=True))
@@ -153,5 +157,6 @@ class ClusterConfig(Config):
         """The HTTP edge's limits (executors/serving.py)."""
         from executors.serving import HttpLimits
 
-        return HttpLimits(self.max_header_bytes, self.max_headers, self.header_timeout_s, self.body_timeout_s,
-                          self.max_connections)
+        return HttpLimits(
+            self.max_header_bytes, self.max_headers, self.header_timeout_s, self.body_timeout_s, self.max_connections
+        )

@@ -28,9 +28,9 @@ from executors.config import CONFIG_ENV, KEY_ENV, STATE_FILE, ClusterConfig
 from executors.dispatcher import Dispatcher
 from executors.durability import StoreWatch, mark_started, registry_if_intact
 from executors.gateway import Gateway, LoadFailed, make_app
+from executors.membership import build_on
 from executors.metrics import Metrics
 from executors.scaling import ScalingLoop
-from executors.membership import build_on
 from executors.serving import DrainingServer, drain, limited_protocol
 from executors.watchdog import EXIT_RECYCLED, Blackbox
 from kvs import KVS, RedisServer
@@ -43,8 +43,9 @@ LIVENESS_S = 1.0  # how often the supervisor pings its executors
 class ExecutorProcess:
     """One executor child process; restarted by the supervisor when it dies."""
 
-    def __init__(self, id_: str, address: str, device: str, kvs_url: str, config: ClusterConfig, logdir: Path,
-                 cluster_key: bytes):
+    def __init__(
+        self, id_: str, address: str, device: str, kvs_url: str, config: ClusterConfig, logdir: Path, cluster_key: bytes
+    ):
         self.id, self.address, self.device = id_, address, device
         self.kvs_url, self.config, self.logdir = kvs_url, config, logdir
         self.cluster_key = cluster_key
@@ -54,11 +55,27 @@ class ExecutorProcess:
 
     def start(self) -> None:
         logfile = open(self.logdir / f"{self.id}.log", "ab")
-        cmd = [sys.executable, "-m", "executors.executor", "--id", self.id, "--address", self.address,
-               "--device", self.device, "--threads", str(self.config.threads),
-               "--busy-poll-ms", repr(float(self.config.busy_poll_ms)),
-               "--cache-bytes", str(self.config.executor_cache_bytes),
-               "--stuck-grace-s", repr(float(self.config.stuck_grace_s)), "--blackbox", str(self.blackbox)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "executors.executor",
+            "--id",
+            self.id,
+            "--address",
+            self.address,
+            "--device",
+            self.device,
+            "--threads",
+            str(self.config.threads),
+            "--busy-poll-ms",
+            repr(float(self.config.busy_poll_ms)),
+            "--cache-bytes",
+            str(self.config.executor_cache_bytes),
+            "--stuck-grace-s",
+            repr(float(self.config.stuck_grace_s)),
+            "--blackbox",
+            str(self.blackbox),
+        ]
         # the KVS URL holds its password: through the environment (readable by this user only),
         # never the command line (any local user reads that with `ps`)
         env = dict(os.environ, FLOWSERVE_KVS_URL=self.kvs_url, **{KEY_ENV: self.cluster_key.hex()})
@@ -81,8 +98,9 @@ class ClusterDaemon:
         # signs the plans this cluster unpickles; kept in the 0600 state file and the processes'
         # environment, never in the KVS (whoever can write there must not run code here)
         self.cluster_key = _cluster_key(dir_)
-        self.redis = RedisServer(dir=dir_ / "redis", appendonly=config.persistence,
-                                 password=secrets.token_urlsafe(24), die_with_parent=True)
+        self.redis = RedisServer(
+            dir=dir_ / "redis", appendonly=config.persistence, password=secrets.token_urlsafe(24), die_with_parent=True
+        )
         self.port = config.port or free_port()
         self.executors: list[ExecutorProcess] = []
         self.metrics = Metrics()
@@ -90,9 +108,17 @@ class ClusterDaemon:
         self._supervisor: asyncio.Task | None = None
         self._liveness: asyncio.Task | None = None
         self._next_index = config.executors + config.gpu_executors
-        self.scaling = (ScalingLoop(lambda: self.dispatcher, self, config.autoscaling, metrics=self.metrics,
-                                    max_executors=config.max_executors)
-                        if config.autoscaling is not None else None)
+        self.scaling = (
+            ScalingLoop(
+                lambda: self.dispatcher,
+                self,
+                config.autoscaling,
+                metrics=self.metrics,
+                max_executors=config.max_executors,
+            )
+            if config.autoscaling is not None
+            else None
+        )
         self._scaling_task: asyncio.Task | None = None
         self._store_watch: asyncio.Task | None = None
 
@@ -103,32 +129,61 @@ class ClusterDaemon:
         mark_started(self.store.redis)  # kvs/markers.py: how a store that lost its data is told apart
         for i in range(self.config.executors + self.config.gpu_executors):
             device = "cpu" if i < self.config.executors else "gpu"
-            ex = ExecutorProcess(f"{device}{i}", f"ipc://{self.dir}/e{i}.ipc", device, kvs_url,
-                                 self.config, self.logdir, self.cluster_key)
+            ex = ExecutorProcess(
+                f"{device}{i}",
+                f"ipc://{self.dir}/e{i}.ipc",
+                device,
+                kvs_url,
+                self.config,
+                self.logdir,
+                self.cluster_key,
+            )
             ex.start()
             self.executors.append(ex)
         app = self._app()
-        server = DrainingServer(uvicorn.Config(app, host=self.config.host, port=self.port,
-                                               log_level="warning", lifespan="on", timeout_graceful_shutdown=30,
-                                               access_log=False, proxy_headers=False,
-                                               http=limited_protocol(self.config.http_limits())),
-                                self.gateway, drain_s=self.config.request_timeout_s)
+        server = DrainingServer(
+            uvicorn.Config(
+                app,
+                host=self.config.host,
+                port=self.port,
+                log_level="warning",
+                lifespan="on",
+                timeout_graceful_shutdown=30,
+                access_log=False,
+                proxy_headers=False,
+                http=limited_protocol(self.config.http_limits()),
+            ),
+            self.gateway,
+            drain_s=self.config.request_timeout_s,
+        )
         try:
             server.run()
         finally:
             self._shutdown()
 
     def _app(self):
-        self.dispatcher = Dispatcher(f"ipc://{self.dir}/gateway.ipc", self.config.max_retries, self.metrics,
-                                     colocate=self.config.colocate, busy_poll_ms=self.config.busy_poll_ms)
+        self.dispatcher = Dispatcher(
+            f"ipc://{self.dir}/gateway.ipc",
+            self.config.max_retries,
+            self.metrics,
+            colocate=self.config.colocate,
+            busy_poll_ms=self.config.busy_poll_ms,
+        )
         for ex in self.executors:
             self.dispatcher.add_executor(ex.id, ex.address, ex.device)
         self.dispatcher.wait_for_restarts = self.config.restart_executors
-        self.gateway = Gateway(self.dispatcher, self.store, token=self.config.token, admin_token=self.admin_token,
-                               max_body_bytes=self.config.max_body_bytes,
-                               request_timeout_s=self.config.request_timeout_s,
-                               load_timeout_s=self.config.load_timeout_s, metrics=self.metrics,
-                               public_metrics=self.config.public_metrics, max_rows=self.config.max_rows)
+        self.gateway = Gateway(
+            self.dispatcher,
+            self.store,
+            token=self.config.token,
+            admin_token=self.admin_token,
+            max_body_bytes=self.config.max_body_bytes,
+            request_timeout_s=self.config.request_timeout_s,
+            load_timeout_s=self.config.load_timeout_s,
+            metrics=self.metrics,
+            public_metrics=self.config.public_metrics,
+            max_rows=self.config.max_rows,
+        )
         if self.scaling is not None:
             self.gateway.shape_placement = self.scaling.initial_placement
             self.gateway.scaling_status = self.scaling.status
@@ -201,14 +256,21 @@ class ClusterDaemon:
         the crash path: the supervisor restarts it and blames what it was running."""
         while True:
             await asyncio.sleep(LIVENESS_S)
-            checks = [ex for ex in self.executors
-                      if ex.alive() and getattr(self.dispatcher.executors.get(ex.id), "alive", False)]
-            pongs = await asyncio.gather(*(self.dispatcher.ping(ex.address, self.config.stuck_grace_s,
-                                                                still_worth_it=ex.alive) for ex in checks))
+            checks = [
+                ex
+                for ex in self.executors
+                if ex.alive() and getattr(self.dispatcher.executors.get(ex.id), "alive", False)
+            ]
+            pongs = await asyncio.gather(
+                *(self.dispatcher.ping(ex.address, self.config.stuck_grace_s, still_worth_it=ex.alive) for ex in checks)
+            )
             for ex, pong in zip(checks, pongs):
                 if pong is None and ex.alive() and self.gateway.accepting:
-                    log.error("executor %s answered no ping for %.0f s (a thread holds the interpreter); killing it",
-                              ex.id, self.config.stuck_grace_s)
+                    log.error(
+                        "executor %s answered no ping for %.0f s (a thread holds the interpreter); killing it",
+                        ex.id,
+                        self.config.stuck_grace_s,
+                    )
                     ex.proc.kill()
 
     def _executor_exited(self, ex: ExecutorProcess) -> None:
@@ -227,9 +289,16 @@ class ClusterDaemon:
         how = f"signal {-code}" if code is not None and code < 0 else f"exit {code}"
         if running:
             for r in running:
-                log.error("executor %s crashed (%s) while running flow %s operator %r (stage %s) for request(s) %s, "
-                          "qid %s", ex.id, how, r["flow"], r["operator"], r["stage"],
-                          ",".join(str(q) for q, _ in r["requests"]), r["qid"])
+                log.error(
+                    "executor %s crashed (%s) while running flow %s operator %r (stage %s) for request(s) %s, qid %s",
+                    ex.id,
+                    how,
+                    r["flow"],
+                    r["operator"],
+                    r["stage"],
+                    ",".join(str(q) for q, _ in r["requests"]),
+                    r["qid"],
+                )
         else:
             log.warning("executor %s died (%s) while running no request", ex.id, how)
         info.crashed += 1
@@ -245,8 +314,15 @@ class ClusterDaemon:
         """Start one more executor process (the autoscaler's local backend)."""
         i = self._next_index
         self._next_index += 1
-        ex = ExecutorProcess(f"{device}{i}", f"ipc://{self.dir}/e{i}.ipc", device, self.redis.url,
-                             self.config, self.logdir, self.cluster_key)
+        ex = ExecutorProcess(
+            f"{device}{i}",
+            f"ipc://{self.dir}/e{i}.ipc",
+            device,
+            self.redis.url,
+            self.config,
+            self.logdir,
+            self.cluster_key,
+        )
         ex.start()
         self.executors.append(ex)
         self.dispatcher.add_executor(ex.id, ex.address, device)
@@ -258,7 +334,7 @@ class ClusterDaemon:
         return ex.id
 
     def removable(self) -> list[str]:
-        return [ex.id for ex in self.executors[self.config.executors + self.config.gpu_executors:]]
+        return [ex.id for ex in self.executors[self.config.executors + self.config.gpu_executors :]]
 
     async def remove_executor(self, executor_id: str) -> None:
         """Stop an executor the autoscaler no longer needs (it hosts nothing)."""
@@ -280,10 +356,16 @@ class ClusterDaemon:
                 task.cancel()
 
     def _write_state(self) -> None:
-        state = {"url": f"http://{self.config.host}:{self.port}", "kvs_url": self.redis.url,
-                 "admin_token": self.admin_token, "token": self.config.token,
-                 "cluster_key": self.cluster_key.hex(), "pid": os.getpid(),
-                 "executors": [e.id for e in self.executors], "started": time.time()}
+        state = {
+            "url": f"http://{self.config.host}:{self.port}",
+            "kvs_url": self.redis.url,
+            "admin_token": self.admin_token,
+            "token": self.config.token,
+            "cluster_key": self.cluster_key.hex(),
+            "pid": os.getpid(),
+            "executors": [e.id for e in self.executors],
+            "started": time.time(),
+        }
         path = self.dir / STATE_FILE
         tmp = path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -328,15 +410,20 @@ def _cluster_key(dir_: Path) -> bytes:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m executors.daemon", description="Run a FlowServe local cluster.")
     p.add_argument("--dir", required=True, help="state, logs and sockets directory")
-    p.add_argument("--config", default="{}",
-                   help=f"ClusterConfig fields as JSON; fields with secrets (token) go in ${CONFIG_ENV} instead, "
-                        "which is merged over this")
+    p.add_argument(
+        "--config",
+        default="{}",
+        help=f"ClusterConfig fields as JSON; fields with secrets (token) go in ${CONFIG_ENV} instead, "
+        "which is merged over this",
+    )
     args = p.parse_args(argv)
     dir_ = Path(args.dir).resolve()
     dir_.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(level=os.environ.get("FLOWSERVE_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-                        handlers=[logging.FileHandler(dir_ / "cluster.log"), logging.StreamHandler()])
+    logging.basicConfig(
+        level=os.environ.get("FLOWSERVE_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        handlers=[logging.FileHandler(dir_ / "cluster.log"), logging.StreamHandler()],
+    )
     config = ClusterConfig.from_json({**json.loads(args.config), **json.loads(os.environ.get(CONFIG_ENV) or "{}")})
     daemon = ClusterDaemon(config, dir_)
     signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))  # uvicorn stops on SIGINT

@@ -29,8 +29,21 @@ import numpy as np
 from executors.busypoll import DEFAULT_MS as DEFAULT_BUSY_POLL_MS
 from executors.busypoll import BusyPoll
 from executors.errors import DeadlineExceededError, NoExecutorError, OperatorCrashedError, status_for
-from executors.messages import (Failure, Load, Loaded, Message, Ping, Pong, Recycling, Result, StageInput, Stuck,
-                                Unload, Unstuck, decode)
+from executors.messages import (
+    Failure,
+    Load,
+    Loaded,
+    Message,
+    Ping,
+    Pong,
+    Recycling,
+    Result,
+    StageInput,
+    Stuck,
+    Unload,
+    Unstuck,
+    decode,
+)
 from executors.routing import complete, deliveries, merge
 from executors.scaling import StageCounters
 from executors.transport import Outbox, Reader, TransportError, accept, listen
@@ -50,7 +63,7 @@ class RequestFailed(Exception):
         self.body = body
 
     @classmethod
-    def of(cls, error: Exception) -> "RequestFailed":
+    def of(cls, error: Exception) -> RequestFailed:
         """The client's view of an error raised here: its status from errors.status_for (the
         one error -> HTTP mapping), its class name, message, and operator and qid if known."""
         body = {"error": type(error).__name__, "message": str(error)}
@@ -106,8 +119,14 @@ class Request:
 
 
 class Dispatcher:
-    def __init__(self, address: str, max_retries: int = 2, metrics=None, colocate: bool = True,
-                 busy_poll_ms: float = DEFAULT_BUSY_POLL_MS):
+    def __init__(
+        self,
+        address: str,
+        max_retries: int = 2,
+        metrics=None,
+        colocate: bool = True,
+        busy_poll_ms: float = DEFAULT_BUSY_POLL_MS,
+    ):
         self.address = address
         # answers arrive on connections read by the event loop's reader callbacks
         self.listener = listen(address)
@@ -204,11 +223,25 @@ class Dispatcher:
         op = record.get("operator") or record.get("stage")
         where = f"operator {op!r}" if op else "the request"
         qid = record.get("qid")
-        log.error("flow %s request %s (qid %s): %s crashed its executor %d times; failing it (not retried)",
-                  req.flow.plan.flow_name, req.id, qid, where, len(req.crashes))
-        self._resolve(req, error=RequestFailed.of(OperatorCrashedError(
-            f"flow {req.flow.plan.flow_name!r}: {where} crashed its executor on this input "
-            f"({len(req.crashes)} executors lost); the request is not retried", operator=op, qid=qid)))
+        log.error(
+            "flow %s request %s (qid %s): %s crashed its executor %d times; failing it (not retried)",
+            req.flow.plan.flow_name,
+            req.id,
+            qid,
+            where,
+            len(req.crashes),
+        )
+        self._resolve(
+            req,
+            error=RequestFailed.of(
+                OperatorCrashedError(
+                    f"flow {req.flow.plan.flow_name!r}: {where} crashed its executor on this input "
+                    f"({len(req.crashes)} executors lost); the request is not retried",
+                    operator=op,
+                    qid=qid,
+                )
+            ),
+        )
 
     def remove_executor(self, id_: str) -> None:
         """Forget an executor that was stopped on purpose (it hosts no stage any more)."""
@@ -409,8 +442,9 @@ class Dispatcher:
         """Run a request; its answer, and (into ``trace``) where each stage ran and how long."""
         flow = self.flows[name]
         loop = asyncio.get_running_loop()
-        req = Request(next(self._ids), flow, table, time.time() + timeout, loop.create_future(),
-                      retries_left=self.max_retries)
+        req = Request(
+            next(self._ids), flow, table, time.time() + timeout, loop.create_future(), retries_left=self.max_retries
+        )
         self.requests[req.id] = req
         # a timer rather than asyncio.wait_for: no task per request. It fires a little after
         # the deadline: an executor running the request then answers first, naming the operator
@@ -426,8 +460,12 @@ class Dispatcher:
             self._finish(req)
 
     def _time_out(self, req: Request, timeout: float) -> None:
-        self._resolve(req, error=RequestFailed.of(DeadlineExceededError(
-            f"flow {req.flow.plan.flow_name!r}: no answer within {timeout:g} s")))
+        self._resolve(
+            req,
+            error=RequestFailed.of(
+                DeadlineExceededError(f"flow {req.flow.plan.flow_name!r}: no answer within {timeout:g} s")
+            ),
+        )
 
     def _finish(self, req: Request) -> None:
         if self.requests.pop(req.id, None) is not None:
@@ -455,9 +493,24 @@ class Dispatcher:
         for consumer in self._input_consumers(plan):
             stage = plan.stages[consumer]
             for d in deliveries(req.table, stage, routes[consumer]):
-                self._send(d.address, StageInput(req.id, req.attempt, plan.flow_name, req.flow.version, consumer,
-                                                 INPUT, routes, self.address, req.deadline, path=d.path,
-                                                 copy=d.copy, solo=req.solo, table=d.table).encode())
+                self._send(
+                    d.address,
+                    StageInput(
+                        req.id,
+                        req.attempt,
+                        plan.flow_name,
+                        req.flow.version,
+                        consumer,
+                        INPUT,
+                        routes,
+                        self.address,
+                        req.deadline,
+                        path=d.path,
+                        copy=d.copy,
+                        solo=req.solo,
+                        table=d.table,
+                    ).encode(),
+                )
 
     @staticmethod
     def _input_consumers(plan: Plan) -> list[str]:
@@ -468,8 +521,11 @@ class Dispatcher:
         routes, used = {}, set()
         key = (flow.plan.flow_name, flow.version)
         for name, stage in flow.plan.stages.items():
-            live = [self.executors[i] for i in flow.placement[name]
-                    if self.executors[i].alive and key in self.executors[i].loaded]
+            live = [
+                self.executors[i]
+                for i in flow.placement[name]
+                if self.executors[i].alive and key in self.executors[i].loaded
+            ]
             if not live:
                 raise NoExecutorError(f"flow {flow.plan.flow_name!r}: no live executor hosts stage {name!r}")
             if stage.continuation is not None:
@@ -482,8 +538,9 @@ class Dispatcher:
             near = {a for i in stage.inputs for a in routes.get(i, ())}
             k = stage.competitive
             turn = next(self._rr)
-            ranked = sorted(live, key=lambda e: (e.inflight, (e.address in near) != self.colocate,
-                                                 (hash(e.id) + turn) % 1009))
+            ranked = sorted(
+                live, key=lambda e: (e.inflight, (e.address in near) != self.colocate, (hash(e.id) + turn) % 1009)
+            )
             chosen = [ranked[j % len(ranked)] for j in range(k)]
             routes[name] = [e.address for e in chosen]
             used.update(e.id for e in chosen)

@@ -40,9 +40,12 @@ def _static_dir() -> str | None:
 
 async def _page(request) -> HTMLResponse:
     if _static_dir() is None:
-        return HTMLResponse("<p>The interactive page needs the swagger-ui-bundle package "
-                            "(pip install swagger-ui-bundle); the document is at "
-                            "<a href=\"/openapi.json\">/openapi.json</a>.</p>", status_code=501)
+        return HTMLResponse(
+            "<p>The interactive page needs the swagger-ui-bundle package "
+            "(pip install swagger-ui-bundle); the document is at "
+            '<a href="/openapi.json">/openapi.json</a>.</p>',
+            status_code=501,
+        )
     return HTMLResponse(PAGE)
 
 

@@ -121,18 +121,18 @@ def status_for(error: BaseException) -> int:
 # Errors the HTTP edge answers by name: conditions it finds itself, not exceptions raised
 # below it (those go through ``status_for``). Any other name answers 500.
 EDGE_STATUS = {
-    "Unauthorized": 401,          # missing or wrong bearer token
-    "UnknownFlow": 404,           # no deployed flow of that name
-    "UnknownPlan": 404,           # a deploy named a flow version that is not registered
-    "NotFound": 404,              # no such route
+    "Unauthorized": 401,  # missing or wrong bearer token
+    "UnknownFlow": 404,  # no deployed flow of that name
+    "UnknownPlan": 404,  # a deploy named a flow version that is not registered
+    "NotFound": 404,  # no such route
     "MethodNotAllowed": 405,
-    "RequestTimeout": 408,        # the request head or body came too slowly
-    "DeployConflict": 409,        # a newer version of the flow won a concurrent deploy
+    "RequestTimeout": 408,  # the request head or body came too slowly
+    "DeployConflict": 409,  # a newer version of the flow won a concurrent deploy
     "PayloadTooLarge": 413,
     "TooManyRows": 413,
     "HeadersTooLarge": 431,
-    "InternalError": 500,         # a bug: the handler raised something unexpected
-    "ShuttingDown": 503,          # a graceful stop is draining the gateway: retry
+    "InternalError": 500,  # a bug: the handler raised something unexpected
+    "ShuttingDown": 503,  # a graceful stop is draining the gateway: retry
     "TooManyConnections": 503,
 }
 
@@ -155,8 +155,9 @@ def error_doc(error: str, message: str, **extra) -> dict:
 def error_doc_for(error: BaseException) -> dict:
     """The JSON error body for an exception: its class name, its message, and the
     operator and qid it names (OperatorError, OperatorTimeoutError ...)."""
-    return error_doc(type(error).__name__, str(error), operator=getattr(error, "operator", None),
-                     qid=getattr(error, "qid", None))
+    return error_doc(
+        type(error).__name__, str(error), operator=getattr(error, "operator", None), qid=getattr(error, "qid", None)
+    )
 
 
 def encode_error(doc: dict) -> bytes:

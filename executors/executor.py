@@ -36,8 +36,21 @@ from executors.busypoll import BusyPoll
 from executors.errors import FlowUnavailableError, OperatorTimeoutError, status_for
 from executors.gpu import gpu_stats, set_executor_class
 from executors.membership import HEARTBEAT_S, Heartbeat, Member
-from executors.messages import (Failure, Load, Loaded, Message, Ping, Pong, Recycling, Result, StageInput, Stuck,
-                                Unload, Unstuck, decode)
+from executors.messages import (
+    Failure,
+    Load,
+    Loaded,
+    Message,
+    Ping,
+    Pong,
+    Recycling,
+    Result,
+    StageInput,
+    Stuck,
+    Unload,
+    Unstuck,
+    decode,
+)
 from executors.placement import PLAN_KEY
 from executors.routing import complete, deliveries, keeps_rows, merge
 from executors.stage_runner import BoundStage
@@ -96,10 +109,18 @@ class HostedStage:
 
 
 class Executor:
-    def __init__(self, executor_id: str, address: str, kvs_url: str, device: str = "cpu",
-                 threads: int = 4, busy_poll_ms: float = DEFAULT_BUSY_POLL_MS,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES, stuck_grace_s: float = DEFAULT_GRACE_S,
-                 blackbox: str | None = None):
+    def __init__(
+        self,
+        executor_id: str,
+        address: str,
+        kvs_url: str,
+        device: str = "cpu",
+        threads: int = 4,
+        busy_poll_ms: float = DEFAULT_BUSY_POLL_MS,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        stuck_grace_s: float = DEFAULT_GRACE_S,
+        blackbox: str | None = None,
+    ):
         self.id = executor_id
         self.address = address
         self.device = device
@@ -162,8 +183,9 @@ class Executor:
 
     def _start_io_thread(self) -> None:
         self._io_gen += 1
-        self._io = threading.Thread(target=self._io_loop, args=(self._io_gen,), name=f"{self.id}-io{self._io_gen}",
-                                    daemon=True)
+        self._io = threading.Thread(
+            target=self._io_loop, args=(self._io_gen,), name=f"{self.id}-io{self._io_gen}", daemon=True
+        )
         self._io.start()
 
     def _io_loop(self, gen: int) -> None:
@@ -227,7 +249,7 @@ class Executor:
                 except (KeyError, StopIteration, RuntimeError):  # the other IO thread took it
                     continue
                 size = hosted.stage.batch.max_batch_size if hosted.batcher is not None else 1
-                self._inline_runs.extend((hosted, items[i:i + size]) for i in range(0, len(items), size))
+                self._inline_runs.extend((hosted, items[i : i + size]) for i in range(0, len(items), size))
                 continue
             self.run_batch(hosted, items)
 
@@ -361,16 +383,22 @@ class Executor:
         the request gets a retryable error instead, and so does one whose plan is gone."""
         flow, version, stage = key
         if (flow, version) in self.retired:
-            self._fail(h, FlowUnavailableError(
-                f"flow {flow!r} v{version} was retired on executor {self.id} (redeployed or undeployed)"))
+            self._fail(
+                h,
+                FlowUnavailableError(
+                    f"flow {flow!r} v{version} was retired on executor {self.id} (redeployed or undeployed)"
+                ),
+            )
             return None
         try:
             plan = self.store.get(PLAN_KEY.format(flow=flow, version=version), trusted=True)
             return self.host(plan, stage, version)
         except FlowError as e:
             log.warning("executor %s: cannot build flow %s v%s stage %s: %s", self.id, flow, version, stage, e)
-            self._fail(h, FlowUnavailableError(
-                f"flow {flow!r} v{version}: executor {self.id} cannot build stage {stage!r}: {e}"))
+            self._fail(
+                h,
+                FlowUnavailableError(f"flow {flow!r} v{version}: executor {self.id} cannot build stage {stage!r}: {e}"),
+            )
             return None
 
     def _first_valid(self, hosted: HostedStage, h: StageInput, rid, pend: Pending) -> list:
@@ -397,8 +425,13 @@ class Executor:
             self._mark_done(rid)
             return []
         if base is not None and (chosen >= 0).all():
-            parts = [tables[a].take([i]) for i, a in enumerate(chosen)] if len(set(chosen.tolist())) > 1 \
-                else [tables[int(chosen[0])]] if len(chosen) else [base]
+            parts = (
+                [tables[a].take([i]) for i, a in enumerate(chosen)]
+                if len(set(chosen.tolist())) > 1
+                else [tables[int(chosen[0])]]
+                if len(chosen)
+                else [base]
+            )
             table = Table.concat(parts) if len(parts) > 1 else parts[0]
             del self.pending[rid]
             self._mark_done(rid)
@@ -407,8 +440,9 @@ class Executor:
             name = stage.nodes[0].name
             bad = np.flatnonzero(chosen < 0)
             qid = int(base.qid[bad[0]]) if base is not None and len(bad) else None
-            self._fail(h, NoValidResultError(
-                f"operator {name!r}: no alternative gave a valid result", operator=name, qid=qid))
+            self._fail(
+                h, NoValidResultError(f"operator {name!r}: no alternative gave a valid result", operator=name, qid=qid)
+            )
             del self.pending[rid]
             self._mark_done(rid)
         return []
@@ -467,8 +501,15 @@ class Executor:
         first = items[0].inputs[0] if items[0].inputs else None
         qid = int(first.qid[0]) if first is not None and len(first) else None
         messages = [it.message for it in items]
-        run = Run(hosted.plan.flow_name, hosted.stage.name, messages, lane,
-                  [monotonic_deadline(m.deadline) for m in messages], qid, owner=hosted)
+        run = Run(
+            hosted.plan.flow_name,
+            hosted.stage.name,
+            messages,
+            lane,
+            [monotonic_deadline(m.deadline) for m in messages],
+            qid,
+            owner=hosted,
+        )
         run.node = hosted.stage.nodes[0].name
         self._gateways.add(messages[0].gateway)
         key = self.watchdog.begin(run)
@@ -490,6 +531,7 @@ class Executor:
             run.enter(node.name, node.op.timeout_s)
             if multi and self.blackbox is not None:
                 self.blackbox.note_node(run)
+
         return enter
 
     def _on_overdue(self, run: Run, due: list[int], why: str) -> None:
@@ -499,11 +541,15 @@ class Executor:
         for i in due:
             h = run.messages[i]
             if why == "timeout":
-                msg = (f"operator {run.node!r} did not finish within its timeout_s={run.node_timeout:g}; "
-                       f"its run was abandoned")
+                msg = (
+                    f"operator {run.node!r} did not finish within its timeout_s={run.node_timeout:g}; "
+                    f"its run was abandoned"
+                )
             else:
-                msg = (f"operator {run.node!r} (stage {run.stage!r}) was still running at the request's "
-                       f"deadline; its run was abandoned")
+                msg = (
+                    f"operator {run.node!r} (stage {run.stage!r}) was still running at the request's "
+                    f"deadline; its run was abandoned"
+                )
             log.warning("flow %s stage %s request %s (qid %s): %s", run.flow, run.stage, h.req, run.qid, msg)
             self._fail(h, OperatorTimeoutError(msg, operator=run.node, qid=run.qid), hosted)
         if run.abandoned and not run.lost:
@@ -530,8 +576,13 @@ class Executor:
             if run.lane == "pool":
                 self.pool._max_workers -= 1
             self._report(Unstuck(self.id, run.flow, run.stage, run.node))
-            log.warning("flow %s stage %s: an abandoned run of operator %r came back after %.1f s", run.flow,
-                        run.stage, run.node, time.monotonic() - run.started)
+            log.warning(
+                "flow %s stage %s: an abandoned run of operator %r came back after %.1f s",
+                run.flow,
+                run.stage,
+                run.node,
+                time.monotonic() - run.started,
+            )
 
     def _on_long_io(self, run: Run) -> None:
         """Watchdog: a run has held the IO thread too long. A new IO thread takes over reading;
@@ -540,17 +591,28 @@ class Executor:
         hosted = run.owner
         hosted.cheap = False
         hosted.ewma_ms = max(hosted.ewma_ms, COSTLY_MS * 10)
-        log.warning("executor %s: operator %r (flow %s) has held the IO thread for %.2f s; a new IO thread takes "
-                    "over", self.id, run.node, run.flow, time.monotonic() - run.started)
+        log.warning(
+            "executor %s: operator %r (flow %s) has held the IO thread for %.2f s; a new IO thread takes over",
+            self.id,
+            run.node,
+            run.flow,
+            time.monotonic() - run.started,
+        )
         self._start_io_thread()
 
     def _on_stuck(self, run: Run) -> None:
         """Watchdog: abandoned work has not come back within the grace period. A thread is
         lost for good (Python cannot interrupt it): recycle this executor. The gateways
         re-run what was in flight here elsewhere; the supervisor starts a new process."""
-        log.error("executor %s: operator %r (flow %s, stage %s, qid %s) has been stuck for %.1f s; recycling "
-                  "this executor", self.id, run.node, run.flow, run.stage, run.qid,
-                  time.monotonic() - run.started)
+        log.error(
+            "executor %s: operator %r (flow %s, stage %s, qid %s) has been stuck for %.1f s; recycling this executor",
+            self.id,
+            run.node,
+            run.flow,
+            run.stage,
+            run.qid,
+            time.monotonic() - run.started,
+        )
         self._report(Recycling(self.id, run.flow, run.node, f"operator {run.node!r} stuck"))
         for hook in self.on_exit:
             try:
@@ -575,15 +637,20 @@ class Executor:
         except FlowError as e:
             if self._end(key, run):
                 return
-            log.info("flow %s stage %s request %s: %s (qid %s)", item.message.flow, hosted.stage.name,
-                     item.message.req, e, getattr(e, "qid", None))
+            log.info(
+                "flow %s stage %s request %s: %s (qid %s)",
+                item.message.flow,
+                hosted.stage.name,
+                item.message.req,
+                e,
+                getattr(e, "qid", None),
+            )
             self._fail(item.message, e, hosted)
             return
         except BaseException as e:  # a bug in user code, or SystemExit: one request, never the executor
             if self._end(key, run):
                 return
-            log.exception("flow %s stage %s request %s failed", item.message.flow, hosted.stage.name,
-                          item.message.req)
+            log.exception("flow %s stage %s request %s failed", item.message.flow, hosted.stage.name, item.message.req)
             self._fail(item.message, e, hosted)
             return
         if self._end(key, run):
@@ -605,7 +672,7 @@ class Executor:
         if clashing:
             # racing copies (or a retry) of one request share its qids, so their rows could
             # not be told apart after the merge: run them in separate batches
-            for group in (items[:clashing[0]], items[clashing[0]:]):
+            for group in (items[: clashing[0]], items[clashing[0] :]):
                 self.run_batch(hosted, group)
             return
         self._run_merged(hosted, items, owner)
@@ -629,16 +696,29 @@ class Executor:
         rows = [[] for _ in items]
         for i, q in enumerate(out.qid.tolist()):
             rows[owner[q]].append(i)
-        self.forward(hosted, [(it, out.take(np.asarray(rows[k], dtype=np.int64)))
-                              for k, it in enumerate(items) if k not in run.answered], ms, len(items))
+        self.forward(
+            hosted,
+            [
+                (it, out.take(np.asarray(rows[k], dtype=np.int64)))
+                for k, it in enumerate(items)
+                if k not in run.answered
+            ],
+            ms,
+            len(items),
+        )
 
     def _too_late(self, hosted: HostedStage, item: WorkItem) -> None:
         """The request's deadline passed while it waited for this stage: do not spend a run
         on it; say where it was stuck (the gateway's own 504 cannot tell)."""
         op = hosted.stage.nodes[0].name
-        self._fail(item.message, OperatorTimeoutError(
-            f"the request's deadline passed while it waited to run operator {op!r} (stage {hosted.stage.name!r})",
-            operator=op), hosted)
+        self._fail(
+            item.message,
+            OperatorTimeoutError(
+                f"the request's deadline passed while it waited to run operator {op!r} (stage {hosted.stage.name!r})",
+                operator=op,
+            ),
+            hosted,
+        )
 
     def _execute(self, hosted: HostedStage, inputs: list[Table], after_head: bool, run: Run) -> Table:
         bound = hosted.bound
@@ -662,11 +742,21 @@ class Executor:
                     local.extend(self._deliver(hosted, item, out, ms, batch))
                 except Exception as e:  # e.g. a string that is not Unicode: this request's error, at once
                     op = hosted.stage.nodes[-1].name
-                    log.warning("flow %s stage %s request %s: output cannot be sent: %s", item.message.flow,
-                                hosted.stage.name, item.message.req, e)
-                    self._fail(item.message, OperatorOutputError(
-                        f"operator {op!r} returned a value that cannot be sent on ({type(e).__name__}: {e})",
-                        operator=op), hosted)
+                    log.warning(
+                        "flow %s stage %s request %s: output cannot be sent: %s",
+                        item.message.flow,
+                        hosted.stage.name,
+                        item.message.req,
+                        e,
+                    )
+                    self._fail(
+                        item.message,
+                        OperatorOutputError(
+                            f"operator {op!r} returned a value that cannot be sent on ({type(e).__name__}: {e})",
+                            operator=op,
+                        ),
+                        hosted,
+                    )
         for ready in local:
             self.dispatch(*ready)
 
@@ -698,8 +788,11 @@ class Executor:
         return None if self.store.evicted_within(EVICTION_QUIET_S) else self.store.holds
 
     def _fail(self, h: StageInput, error: BaseException, hosted: HostedStage | None = None) -> None:
-        if hosted is not None and hosted.consumers and all(
-                hosted.plan.stages[c].wait == "first_valid" for c in hosted.consumers):
+        if (
+            hosted is not None
+            and hosted.consumers
+            and all(hosted.plan.stages[c].wait == "first_valid" for c in hosted.consumers)
+        ):
             # an alternative that fails is just not valid: the choice may still succeed. Its
             # input without a table says so; why it failed was logged here (run_one)
             for c in hosted.consumers:
@@ -707,12 +800,22 @@ class Executor:
                 for addr in h.routes[c]:
                     self.send(addr, invalid.encode())
             return
-        message = str(error) if isinstance(error, FlowError) else \
-            f"stage {h.stage!r} raised {type(error).__name__}: {error}"
+        message = (
+            str(error) if isinstance(error, FlowError) else f"stage {h.stage!r} raised {type(error).__name__}: {error}"
+        )
         operator, qid = getattr(error, "operator", None), getattr(error, "qid", None)
-        self.send(h.gateway, Failure(h.req, h.attempt, status_for(error), type(error).__name__, message,
-                                     None if operator is None else str(operator),
-                                     int(qid) if isinstance(qid, (int, np.integer)) else None).encode())
+        self.send(
+            h.gateway,
+            Failure(
+                h.req,
+                h.attempt,
+                status_for(error),
+                type(error).__name__,
+                message,
+                None if operator is None else str(operator),
+                int(qid) if isinstance(qid, (int, np.integer)) else None,
+            ).encode(),
+        )
 
 
 def _nothing() -> None:
@@ -780,9 +883,8 @@ def _owners(items: list[WorkItem]) -> tuple[dict, list]:
 
 
 def _open_store(url: str, cache_bytes: int):
-    from kvs import CachedKVS
-
     from executors.config import cluster_key
+    from kvs import CachedKVS
 
     # plans are checked against the cluster key before they are unpickled (kvs.serialization)
     return CachedKVS.from_url(url, cache_max_bytes=cache_bytes, signing_key=cluster_key())
@@ -792,39 +894,72 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m executors.executor", description="Run one FlowServe executor.")
     p.add_argument("--id", required=True, help="executor id, unique in the cluster")
     p.add_argument("--address", required=True, help="address to listen on for messages: ipc:///path or tcp://host:port")
-    p.add_argument("--kvs", default=os.environ.get("FLOWSERVE_KVS_URL"),
-                   help="Redis URL of the cluster's KVS (default: $FLOWSERVE_KVS_URL)")
+    p.add_argument(
+        "--kvs",
+        default=os.environ.get("FLOWSERVE_KVS_URL"),
+        help="Redis URL of the cluster's KVS (default: $FLOWSERVE_KVS_URL)",
+    )
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--threads", type=int, default=4)
-    p.add_argument("--busy-poll-ms", type=float, default=DEFAULT_BUSY_POLL_MS,
-                   help="after a message, poll for this long before sleeping (lower latency for CPU "
-                        f"that is otherwise idle; 0: off; default {DEFAULT_BUSY_POLL_MS:g})")
-    p.add_argument("--cache-bytes", type=int, default=DEFAULT_CACHE_BYTES,
-                   help=f"byte budget of the local KVS cache (default {DEFAULT_CACHE_BYTES >> 20} MiB; 0: none)")
-    p.add_argument("--stuck-grace-s", type=float, default=DEFAULT_GRACE_S,
-                   help="recycle this executor when abandoned work (past its deadline) has not come back "
-                        f"within this long (default {DEFAULT_GRACE_S:g})")
-    p.add_argument("--blackbox", default=None,
-                   help="file recording what each thread runs, for the supervisor to read after a crash")
-    p.add_argument("--heartbeat-s", type=float, default=HEARTBEAT_S,
-                   help="registration refresh period; the registration expires after 3 of them")
+    p.add_argument(
+        "--busy-poll-ms",
+        type=float,
+        default=DEFAULT_BUSY_POLL_MS,
+        help="after a message, poll for this long before sleeping (lower latency for CPU "
+        f"that is otherwise idle; 0: off; default {DEFAULT_BUSY_POLL_MS:g})",
+    )
+    p.add_argument(
+        "--cache-bytes",
+        type=int,
+        default=DEFAULT_CACHE_BYTES,
+        help=f"byte budget of the local KVS cache (default {DEFAULT_CACHE_BYTES >> 20} MiB; 0: none)",
+    )
+    p.add_argument(
+        "--stuck-grace-s",
+        type=float,
+        default=DEFAULT_GRACE_S,
+        help="recycle this executor when abandoned work (past its deadline) has not come back "
+        f"within this long (default {DEFAULT_GRACE_S:g})",
+    )
+    p.add_argument(
+        "--blackbox",
+        default=None,
+        help="file recording what each thread runs, for the supervisor to read after a crash",
+    )
+    p.add_argument(
+        "--heartbeat-s",
+        type=float,
+        default=HEARTBEAT_S,
+        help="registration refresh period; the registration expires after 3 of them",
+    )
     args = p.parse_args(argv)
     if not args.kvs:
         p.error("--kvs is required (or set FLOWSERVE_KVS_URL)")
-    logging.basicConfig(level=os.environ.get("FLOWSERVE_LOG_LEVEL", "WARNING"),
-                        format=f"%(asctime)s executor {args.id} %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("FLOWSERVE_LOG_LEVEL", "WARNING"),
+        format=f"%(asctime)s executor {args.id} %(levelname)s %(message)s",
+    )
     if not 0 <= args.busy_poll_ms <= BUSY_POLL_MAX_MS:
         p.error(f"--busy-poll-ms must be in 0..{BUSY_POLL_MAX_MS:g}, got {args.busy_poll_ms:g}")
     if args.cache_bytes < 0:
         p.error(f"--cache-bytes must be >= 0, got {args.cache_bytes}")
     if not args.stuck_grace_s > 0:
         p.error(f"--stuck-grace-s must be > 0, got {args.stuck_grace_s:g}")
-    ex = Executor(args.id, args.address, args.kvs, device=args.device, threads=args.threads,
-                  busy_poll_ms=args.busy_poll_ms, cache_bytes=args.cache_bytes,
-                  stuck_grace_s=args.stuck_grace_s, blackbox=args.blackbox)
+    ex = Executor(
+        args.id,
+        args.address,
+        args.kvs,
+        device=args.device,
+        threads=args.threads,
+        busy_poll_ms=args.busy_poll_ms,
+        cache_bytes=args.cache_bytes,
+        stuck_grace_s=args.stuck_grace_s,
+        blackbox=args.blackbox,
+    )
     # announce it only once it listens: gateways that find it can send at once
-    heartbeat = Heartbeat(ex.store.redis, Member(args.id, args.address, args.device, args.threads),
-                          args.heartbeat_s).start()
+    heartbeat = Heartbeat(
+        ex.store.redis, Member(args.id, args.address, args.device, args.threads), args.heartbeat_s
+    ).start()
     ex.on_exit.append(heartbeat.stop)  # a recycling executor leaves the membership at once
 
     def stop(*_):

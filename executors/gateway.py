@@ -36,6 +36,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from executors.dispatcher import DeployedFlow, Dispatcher, RequestFailed
+from executors.docs_page import docs_routes
 from executors.errors import (
     JSON_CONTENT_TYPE,
     DeployError,
@@ -49,7 +50,6 @@ from executors.errors import (
 from executors.httpcodec import ARROW, BadRequestError, arrow_bytes, json_rows, parse_body, to_table
 from executors.membership import DEPLOYED_KEY, register_deployed
 from executors.metrics import Metrics
-from executors.docs_page import docs_routes
 from executors.openapi import openapi_document, type_doc
 from flow.exceptions import DataError, FlowError, OperatorOutputError
 from flow.validation import check_schema
@@ -66,9 +66,20 @@ def _error(answer: tuple[int, bytes]) -> Response:
 class Gateway:
     """Holds the dispatcher and the settings the HTTP handlers need."""
 
-    def __init__(self, dispatcher: Dispatcher, store, *, token: str | None, admin_token: str,
-                 max_body_bytes: int, request_timeout_s: float, load_timeout_s: float, metrics: Metrics,
-                 public_metrics: bool = False, max_rows: int = 1_000_000):
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        store,
+        *,
+        token: str | None,
+        admin_token: str,
+        max_body_bytes: int,
+        request_timeout_s: float,
+        load_timeout_s: float,
+        metrics: Metrics,
+        public_metrics: bool = False,
+        max_rows: int = 1_000_000,
+    ):
         self.dispatcher = dispatcher
         self.store = store
         self.token = token
@@ -121,13 +132,17 @@ class Gateway:
         if flow is None:
             return _error_body(http_error("UnknownFlow", f"no deployed flow named {name!r}; GET /flows lists them"))
         if not self.accepting:
-            status, body, extra = _error_body(http_error(
-                "ShuttingDown", "the gateway is shutting down; retry (another gateway, or this one once restarted)"))
+            status, body, extra = _error_body(
+                http_error(
+                    "ShuttingDown", "the gateway is shutting down; retry (another gateway, or this one once restarted)"
+                )
+            )
             return status, body, [*extra, (b"retry-after", b"1")]
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            return _error_body(http_error(
-                "PayloadTooLarge", f"body of {declared} bytes is over the limit of {self.max_body_bytes}"))
+            return _error_body(
+                http_error("PayloadTooLarge", f"body of {declared} bytes is over the limit of {self.max_body_bytes}")
+            )
         body = await _read_body(receive, self.max_body_bytes)
         if body is None:
             return _error_body(http_error("PayloadTooLarge", f"body is over the limit of {self.max_body_bytes} bytes"))
@@ -136,8 +151,11 @@ class Gateway:
         try:
             rows = parse_body(body, headers.get("content-type", ""), schema)
             if len(rows) > self.max_rows:
-                return _error_body(http_error(
-                    "TooManyRows", f"the request has {len(rows)} rows, over the limit of {self.max_rows} (max_rows)"))
+                return _error_body(
+                    http_error(
+                        "TooManyRows", f"the request has {len(rows)} rows, over the limit of {self.max_rows} (max_rows)"
+                    )
+                )
             qid_start = self.dispatcher.next_qid
             qids = self.dispatcher.new_qids(len(rows))
             table = to_table(rows, qids, schema)
@@ -150,8 +168,11 @@ class Gateway:
         if asked is not None:
             seconds = _seconds(asked)
             if seconds is None:
-                return _error_body(http_error_for(BadRequestError(
-                    f"header X-Request-Timeout must be a number of seconds > 0, got {asked!r}")))
+                return _error_body(
+                    http_error_for(
+                        BadRequestError(f"header X-Request-Timeout must be a number of seconds > 0, got {asked!r}")
+                    )
+                )
             timeout = min(timeout, seconds)  # a client may ask for less time than the server allows, never more
         try:
             trace: list = []
@@ -163,25 +184,37 @@ class Gateway:
         if self.output_schemas.get(name, (None,))[0] != flow.version and len(result):
             self.output_schemas[name] = (flow.version, dict(result.schema))
         # row i of the request was query qid_start + i: clients can match answers to rows
-        extra = [(b"server-timing", f"flow;dur={ms:.3f}".encode()), (b"x-qid-start", str(qid_start).encode()),
-                 # where each stage ran, for how long, in a batch of how many requests
-                 (b"x-flowserve-trace", json.dumps(_unique(e[:4] for e in trace), separators=(",", ":")).encode())]
+        extra = [
+            (b"server-timing", f"flow;dur={ms:.3f}".encode()),
+            (b"x-qid-start", str(qid_start).encode()),
+            # where each stage ran, for how long, in a batch of how many requests
+            (b"x-flowserve-trace", json.dumps(_unique(e[:4] for e in trace), separators=(",", ":")).encode()),
+        ]
         if ARROW in headers.get("accept", ""):
             return 200, arrow_bytes(result), [(b"content-type", ARROW.encode()), *extra]
         try:
             body = json_rows(result)
         except (TypeError, ValueError) as e:  # orjson's errors are TypeErrors; UnencodableError
             op = flow.plan.stages[flow.plan.sink].nodes[-1].name
-            return _error_body(http_error_for(OperatorOutputError(
-                f"operator {op!r} returned an answer JSON cannot carry: {e}", operator=op)))
+            return _error_body(
+                http_error_for(
+                    OperatorOutputError(f"operator {op!r} returned an answer JSON cannot carry: {e}", operator=op)
+                )
+            )
         return 200, body, [JSON_CONTENT_TYPE, *extra]
 
     async def list_flows(self, request: Request) -> Response:
         flows = []
         for name, f in sorted(self.dispatcher.flows.items()):
             schema = f.plan.input_schema
-            flows.append({"name": name, "version": f.version, "url": f"/flows/{name}",
-                          "input_schema": None if schema is None else {c: type_doc(t) for c, t in schema.items()}})
+            flows.append(
+                {
+                    "name": name,
+                    "version": f.version,
+                    "url": f"/flows/{name}",
+                    "input_schema": None if schema is None else {c: type_doc(t) for c, t in schema.items()},
+                }
+            )
         return JSONResponse({"flows": flows})
 
     async def describe_flow(self, request: Request) -> Response:
@@ -198,14 +231,28 @@ class Gateway:
         "degraded" when no executor is alive or every live one has a stuck thread."""
         infos = list(self.dispatcher.executors.values())
         alive = [e.id for e in infos if e.alive]
-        stuck = [{"executor": e.id, "since": e.stuck_since,
-                  "operators": sorted({op for (_f, _s, op) in e.stuck if op}),
-                  "threads": sum(e.stuck.values())} for e in infos if e.alive and e.stuck]
+        stuck = [
+            {
+                "executor": e.id,
+                "since": e.stuck_since,
+                "operators": sorted({op for (_f, _s, op) in e.stuck if op}),
+                "threads": sum(e.stuck.values()),
+            }
+            for e in infos
+            if e.alive and e.stuck
+        ]
         status = "stopping" if not self.accepting else ("degraded" if len(stuck) == len(alive) else "ok")
-        return JSONResponse({"status": status, "executors": len(alive),
-                             "inflight": len(self.dispatcher.requests), "flows": sorted(self.dispatcher.flows),
-                             "stuck": stuck, "recycled": {e.id: e.recycled for e in infos if e.recycled},
-                             "crashed": {e.id: e.crashed for e in infos if e.crashed}})
+        return JSONResponse(
+            {
+                "status": status,
+                "executors": len(alive),
+                "inflight": len(self.dispatcher.requests),
+                "flows": sorted(self.dispatcher.flows),
+                "stuck": stuck,
+                "recycled": {e.id: e.recycled for e in infos if e.recycled},
+                "crashed": {e.id: e.crashed for e in infos if e.crashed},
+            }
+        )
 
     async def metrics_text(self, request: Request) -> Response:
         for e in self.dispatcher.executors.values():
@@ -216,8 +263,11 @@ class Gateway:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def openapi(self, request: Request) -> Response:
-        outputs = {name: schema for name, (version, schema) in self.output_schemas.items()
-                   if name in self.dispatcher.flows and self.dispatcher.flows[name].version == version}
+        outputs = {
+            name: schema
+            for name, (version, schema) in self.output_schemas.items()
+            if name in self.dispatcher.flows and self.dispatcher.flows[name].version == version
+        }
         return JSONResponse(openapi_document(self.dispatcher.flows, outputs))
 
     async def load_flow(self, name: str, version: int, install_if=None, install: bool = True) -> DeployedFlow:
@@ -327,8 +377,10 @@ def _read_plan(store, key: str) -> tuple:
 
 
 def _conflict(name: str, version: int, winner: int) -> str:
-    return (f"flow {name!r}: deploy of v{version} lost to a concurrent deploy of v{winner}, "
-            f"which is served; v{version} is not")
+    return (
+        f"flow {name!r}: deploy of v{version} lost to a concurrent deploy of v{winner}, "
+        f"which is served; v{version} is not"
+    )
 
 
 class LoadFailed(Exception):
@@ -341,7 +393,7 @@ class LoadFailed(Exception):
         self.status = status_for_name(error) if status is None else status
 
     @classmethod
-    def of(cls, error: BaseException) -> "LoadFailed":
+    def of(cls, error: BaseException) -> LoadFailed:
         return cls(type(error).__name__, str(error), status_for(error))
 
     def answer(self, **extra) -> tuple[int, bytes]:
@@ -354,21 +406,28 @@ def describe(f: DeployedFlow, dispatcher: Dispatcher, scaling_status=None) -> di
     for name, stage in f.plan.stages.items():
         recent = sorted(f.stats.get(name, ()))
         p50 = recent[len(recent) // 2] if recent else None
-        stages.append({
-            "name": name, "inputs": list(stage.inputs), "device": stage.device,
-            "replicas": len(f.placement[name]), "executors": f.placement[name],
-            "competitive": stage.competitive, "wait": stage.wait, "continuation": stage.continuation,
-            "batch": None if stage.batch is None else {"max_batch_size": stage.batch.max_batch_size,
-                                                       "max_wait_ms": stage.batch.max_wait_ms},
-            "p50_ms": p50,
-            "autoscaling": scaling.get(name),
-        })
+        stages.append(
+            {
+                "name": name,
+                "inputs": list(stage.inputs),
+                "device": stage.device,
+                "replicas": len(f.placement[name]),
+                "executors": f.placement[name],
+                "competitive": stage.competitive,
+                "wait": stage.wait,
+                "continuation": stage.continuation,
+                "batch": None
+                if stage.batch is None
+                else {"max_batch_size": stage.batch.max_batch_size, "max_wait_ms": stage.batch.max_wait_ms},
+                "p50_ms": p50,
+                "autoscaling": scaling.get(name),
+            }
+        )
     try:
         explained = f.plan.explain({name: len(ids) for name, ids in f.placement.items()})
     except Exception as e:  # describing must never fail a deploy
         explained = f"(explain failed: {type(e).__name__}: {e})"
-    return {"name": f.plan.flow_name, "version": f.version, "sink": f.plan.sink, "stages": stages,
-            "explain": explained}
+    return {"name": f.plan.flow_name, "version": f.version, "sink": f.plan.sink, "stages": stages, "explain": explained}
 
 
 async def _read_body(receive, limit: int) -> bytes | None:
@@ -432,8 +491,13 @@ class InvokeFastPath:
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "")
-        if scope["type"] != "http" or scope["method"] != "POST" or not path.startswith("/flows/") \
-                or "/" in path[7:] or len(path) == 7:
+        if (
+            scope["type"] != "http"
+            or scope["method"] != "POST"
+            or not path.startswith("/flows/")
+            or "/" in path[7:]
+            or len(path) == 7
+        ):
             if scope["type"] == "http" and not self._authorized(path, scope["headers"]):
                 return await _send(send, *_error_body(http_error("Unauthorized", "missing or wrong bearer token")))
             return await self.app(scope, receive, send)
@@ -456,8 +520,13 @@ class InvokeFastPath:
 
 
 async def _send(send, status: int, body: bytes, extra: list) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-length", str(len(body)).encode()), *extra]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-length", str(len(body)).encode()), *extra],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -480,8 +549,10 @@ def make_app(gateway: Gateway, on_startup=(), on_shutdown=()) -> InvokeFastPath:
 
     async def http_exception(request, exc):  # 404, 405...: the same JSON error format as every other
         names = {404: "NotFound", 405: "MethodNotAllowed"}
-        detail = {404: f"no route {request.url.path!r}; GET /openapi.json lists them",
-                  405: f"{request.method} is not allowed on {request.url.path!r}"}.get(exc.status_code, str(exc.detail))
+        detail = {
+            404: f"no route {request.url.path!r}; GET /openapi.json lists them",
+            405: f"{request.method} is not allowed on {request.url.path!r}",
+        }.get(exc.status_code, str(exc.detail))
         return _error(http_error(names.get(exc.status_code, "HTTPError"), detail, status=exc.status_code))
 
     @contextlib.asynccontextmanager
@@ -492,6 +563,7 @@ def make_app(gateway: Gateway, on_startup=(), on_shutdown=()) -> InvokeFastPath:
         for fn in on_shutdown:
             await fn()
 
-    app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={Exception: server_error, HTTPException: http_exception})
+    app = Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={Exception: server_error, HTTPException: http_exception}
+    )
     return InvokeFastPath(gateway, app)

@@ -24,8 +24,7 @@ def set_executor_class(device: str) -> None:
     """Executors call this at start with their class ("cpu" or "gpu"): operator code then
     finds its device in ``flow.current_device()``."""
     if device == "gpu" and cuda_device_count() == 0:
-        log.warning("gpu executor without a usable GPU (no CUDA device visible to torch): "
-                    "its stages run on the CPU")
+        log.warning("gpu executor without a usable GPU (no CUDA device visible to torch): its stages run on the CPU")
     set_device("cuda" if device == "gpu" and cuda_device_count() > 0 else "cpu")
 
 
@@ -58,8 +57,15 @@ def gpu_stats() -> list[dict]:
             util = pynvml.nvmlDeviceGetUtilizationRates(h)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
             name = pynvml.nvmlDeviceGetName(h)
-            out.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
-                        "utilisation": int(util.gpu), "memory_used": int(mem.used), "memory_total": int(mem.total)})
+            out.append(
+                {
+                    "index": i,
+                    "name": name.decode() if isinstance(name, bytes) else name,
+                    "utilisation": int(util.gpu),
+                    "memory_used": int(mem.used),
+                    "memory_total": int(mem.total),
+                }
+            )
         return out
     finally:
         pynvml.nvmlShutdown()

@@ -107,7 +107,7 @@ def _json_parts(body: bytes, schema: dict[str, ColumnType]) -> JsonParts | None:
     view = memoryview(body)
     start = len(body) - len(body.lstrip())
     end = len(body.rstrip())
-    if body[start:start + 1] != b"[" or body[end - 1:end] != b"]":
+    if body[start : start + 1] != b"[" or body[end - 1 : end] != b"]":
         return None
     start, end = start + 1, end - 1
     tables: list[Table] = []
@@ -132,8 +132,10 @@ def _json_parts(body: bytes, schema: dict[str, ColumnType]) -> JsonParts | None:
             keys = rows[0].keys()
         _check_rows(rows, row, keys)
         # columns straight from the rows (every row has the first row's keys: checked)
-        data = {n: _convert_column([r[n] for r in rows], schema[n], n, row) if n in schema else [r[n] for r in rows]
-                for n in (keys or ())}
+        data = {
+            n: _convert_column([r[n] for r in rows], schema[n], n, row) if n in schema else [r[n] for r in rows]
+            for n in (keys or ())
+        }
         tables.append(Table.from_dict(data, schema=schema) if rows else Table.from_pylist([], schema=schema))
         row += len(rows)
         start = cut.end() - 1 if cut else end
@@ -195,8 +197,10 @@ def _check_value(value, column) -> None:
     """Refuse what the json module reads but JSON or Unicode do not have, naming the column."""
     where = f"column {column!r}: " if column is not None else ""
     if isinstance(value, _NonFinite):
-        raise BadRequestError(f"{where}{value.text} is not a JSON number (NaN and Infinity have no JSON form; "
-                              f"send null for a missing value)")
+        raise BadRequestError(
+            f"{where}{value.text} is not a JSON number (NaN and Infinity have no JSON form; "
+            f"send null for a missing value)"
+        )
     if isinstance(value, str):
         try:
             value.encode("utf-8")
@@ -266,8 +270,9 @@ def _tensor(value, t: ColumnType, name: str, i: int) -> np.ndarray:
     if got in "iu" and want in "iu" and raw.size:
         info = np.iinfo(t.dtype)
         if raw.min() < info.min or raw.max() > info.max:
-            raise DataTypeError(f"row {i}: column {name!r}: values out of range for {t.dtype.name} "
-                                f"({info.min}..{info.max})")
+            raise DataTypeError(
+                f"row {i}: column {name!r}: values out of range for {t.dtype.name} ({info.min}..{info.max})"
+            )
     return raw.astype(t.dtype, copy=False)
 
 
@@ -298,8 +303,10 @@ def json_rows(table: Table) -> bytes | bytearray:
         if ctype.kind == "tensor" and ctype.dtype.kind in "fc":
             values = _present(table[name])
             if values.size and not np.isfinite(values).all():
-                raise UnencodableError(f"tensor column {name!r} holds NaN or infinity, which JSON cannot carry; "
-                                       f"ask for Arrow (Accept: {ARROW})")
+                raise UnencodableError(
+                    f"tensor column {name!r} holds NaN or infinity, which JSON cannot carry; "
+                    f"ask for Arrow (Accept: {ARROW})"
+                )
     if len(table) <= JSON_CHUNK_ROWS:
         return orjson.dumps({"rows": table.to_pylist()}, default=_json_default, option=orjson.OPT_SERIALIZE_NUMPY)
     # a big answer is written a piece at a time, into one growing buffer: its rows never

@@ -39,6 +39,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from executors.stage_runner import BoundStage
 from flow.exceptions import (
     DataError,
     FlowError,
@@ -48,9 +49,8 @@ from flow.exceptions import (
     SchemaError,
 )
 from flow.table import Table
-from executors.stage_runner import BoundStage
-from optimizer.plan import INPUT, Plan, PlanTypeError, Stage
 from optimizer import positions
+from optimizer.plan import INPUT, Plan, PlanTypeError, Stage
 
 # The errors an anyof alternative may raise without failing the query (see AnyOfOp).
 ALTERNATIVE_ERRORS = (OperatorFailedError, OperatorOutputError, RowRejectedError)
@@ -106,7 +106,8 @@ class Interpreter:
         consumers = plan.consumers()
         # An anyof alternative's own failure is a value its choose stage weighs, not an error.
         self._soft = {
-            name for name in plan.stages
+            name
+            for name in plan.stages
             if consumers[name] and all(plan.stages[c].wait == "first_valid" for c in consumers[name])
         }
         self._schema = SimpleNamespace(name=plan.flow_name, schema=plan.input_schema)
@@ -127,8 +128,10 @@ class Interpreter:
         for r, req in enumerate(reqs):
             for q in req.table.qid.tolist():
                 if q in owner:
-                    raise SchemaError(f"requests {owner[q]} and {r} both have qid {q}; "
-                                      f"the qids of requests run together must be disjoint")
+                    raise SchemaError(
+                        f"requests {owner[q]} and {r} both have qid {q}; "
+                        f"the qids of requests run together must be disjoint"
+                    )
                 owner[q] = r
         stats = RunStats()
         for stage in self.plan.stages.values():
@@ -177,7 +180,7 @@ class Interpreter:
             by_columns.setdefault(tuple(a.columns for a in args), []).append((r, args))
         out = []
         for members in by_columns.values():
-            out.extend(members[i:i + size] for i in range(0, len(members), size))
+            out.extend(members[i : i + size] for i in range(0, len(members), size))
         return out
 
     def _call(self, stage: Stage, args: list, kvs) -> Table:

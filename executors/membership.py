@@ -59,7 +59,7 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
 
-    def start(self) -> "Heartbeat":
+    def start(self) -> Heartbeat:
         self._thread.start()
         return self
 
@@ -148,8 +148,9 @@ async def build_on(dispatcher, executor_id: str, pick, load_timeout_s: float) ->
             continue
         errors = await dispatcher.load(name, flow.version, {s: [executor_id] for s in stages}, load_timeout_s)
         if errors.get(executor_id):
-            log.warning("executor %s: building flow %s v%s failed: %s", executor_id, name, flow.version,
-                        errors[executor_id])
+            log.warning(
+                "executor %s: building flow %s v%s failed: %s", executor_id, name, flow.version, errors[executor_id]
+            )
             continue
         built.append((flow, stages))
     return built

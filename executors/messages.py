@@ -66,8 +66,15 @@ _NUMBER = (float, int)
 _STR = (str,)
 _LIST = (list,)
 _DICT = (dict,)
-_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", list: "a list", dict: "an object",
-               bool: "a boolean", _NONE: "null"}
+_TYPE_NAMES = {
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "an object",
+    bool: "a boolean",
+    _NONE: "null",
+}
 
 
 class Message:
@@ -103,7 +110,7 @@ class Message:
         return pack(self.header(), self.tables())
 
     @classmethod
-    def from_header(cls, header: dict, tables: dict[str, Table]) -> "Message":
+    def from_header(cls, header: dict, tables: dict[str, Table]) -> Message:
         args = []
         for _attr, key, types, default in cls._FIELDS:
             value = header.get(key, default)
@@ -151,8 +158,12 @@ class Pong(Message):
     """Executor -> gateway: alive; its device class and (on a GPU executor) GPU stats."""
 
     TYPE: ClassVar[str] = "pong"
-    _FIELDS: ClassVar[tuple] = (("executor", "executor", _STR, _REQUIRED), ("token", "token", _STR, _REQUIRED),
-                                ("device", "device", _STR, _REQUIRED), ("gpus", "gpus", _LIST, _REQUIRED))
+    _FIELDS: ClassVar[tuple] = (
+        ("executor", "executor", _STR, _REQUIRED),
+        ("token", "token", _STR, _REQUIRED),
+        ("device", "device", _STR, _REQUIRED),
+        ("gpus", "gpus", _LIST, _REQUIRED),
+    )
     executor: str
     token: str
     device: str
@@ -165,9 +176,13 @@ class Load(Message):
     in the store; answered by Loaded to ``reply``."""
 
     TYPE: ClassVar[str] = "load"
-    _FIELDS: ClassVar[tuple] = (("flow", "flow", _STR, _REQUIRED), ("version", "version", _INT, _REQUIRED),
-                                ("stages", "stages", _optional(_LIST), None), ("reply", "reply", _STR, _REQUIRED),
-                                ("token", "token", _STR, _REQUIRED))
+    _FIELDS: ClassVar[tuple] = (
+        ("flow", "flow", _STR, _REQUIRED),
+        ("version", "version", _INT, _REQUIRED),
+        ("stages", "stages", _optional(_LIST), None),
+        ("reply", "reply", _STR, _REQUIRED),
+        ("token", "token", _STR, _REQUIRED),
+    )
     flow: str
     version: int
     stages: list | None
@@ -180,9 +195,13 @@ class Loaded(Message):
     """Executor -> gateway: a Load is done; ``error`` says why it failed (None: built)."""
 
     TYPE: ClassVar[str] = "loaded"
-    _FIELDS: ClassVar[tuple] = (("executor", "executor", _STR, _REQUIRED), ("flow", "flow", _STR, _REQUIRED),
-                                ("version", "version", _INT, _REQUIRED), ("token", "token", _STR, _REQUIRED),
-                                ("error", "error", _optional(_STR), None))
+    _FIELDS: ClassVar[tuple] = (
+        ("executor", "executor", _STR, _REQUIRED),
+        ("flow", "flow", _STR, _REQUIRED),
+        ("version", "version", _INT, _REQUIRED),
+        ("token", "token", _STR, _REQUIRED),
+        ("error", "error", _optional(_STR), None),
+    )
     executor: str
     flow: str
     version: int
@@ -211,12 +230,20 @@ class StageInput(Message):
 
     TYPE: ClassVar[str] = "run"
     _FIELDS: ClassVar[tuple] = (
-        ("req", "req", _INT, _REQUIRED), ("attempt", "att", _INT, _REQUIRED), ("flow", "flow", _STR, _REQUIRED),
-        ("version", "ver", _INT, _REQUIRED), ("stage", "stage", _STR, _REQUIRED),
-        ("source", "from", _STR, _REQUIRED), ("routes", "routes", _DICT, _REQUIRED),
-        ("gateway", "gw", _STR, _REQUIRED), ("deadline", "dl", _optional(_NUMBER), None),
-        ("trace", "trace", _LIST, _EMPTY), ("path", "path", _LIST, _EMPTY), ("copy", "copy", _INT, 0),
-        ("solo", "solo", (bool,), False))
+        ("req", "req", _INT, _REQUIRED),
+        ("attempt", "att", _INT, _REQUIRED),
+        ("flow", "flow", _STR, _REQUIRED),
+        ("version", "ver", _INT, _REQUIRED),
+        ("stage", "stage", _STR, _REQUIRED),
+        ("source", "from", _STR, _REQUIRED),
+        ("routes", "routes", _DICT, _REQUIRED),
+        ("gateway", "gw", _STR, _REQUIRED),
+        ("deadline", "dl", _optional(_NUMBER), None),
+        ("trace", "trace", _LIST, _EMPTY),
+        ("path", "path", _LIST, _EMPTY),
+        ("copy", "copy", _INT, 0),
+        ("solo", "solo", (bool,), False),
+    )
     _TABLE_FIELD: ClassVar[tuple] = ("table", False)
     req: int
     attempt: int
@@ -236,8 +263,17 @@ class StageInput(Message):
     # The two methods below are the generic ones written out, for the hot path (each hop of
     # each request decodes one of these); test_messages checks they agree with the generic.
     def header(self) -> dict:
-        h = {"type": "run", "req": self.req, "att": self.attempt, "flow": self.flow, "ver": self.version,
-             "stage": self.stage, "from": self.source, "routes": self.routes, "gw": self.gateway}
+        h = {
+            "type": "run",
+            "req": self.req,
+            "att": self.attempt,
+            "flow": self.flow,
+            "ver": self.version,
+            "stage": self.stage,
+            "from": self.source,
+            "routes": self.routes,
+            "gw": self.gateway,
+        }
         if self.deadline is not None:
             h["dl"] = self.deadline
         if self.trace:
@@ -251,26 +287,58 @@ class StageInput(Message):
         return h
 
     @classmethod
-    def from_header(cls, h: dict, tables: dict[str, Table]) -> "StageInput":
+    def from_header(cls, h: dict, tables: dict[str, Table]) -> StageInput:
         g = h.get
-        req, att, flow, ver, stage, src, routes, gw = (g("req"), g("att"), g("flow"), g("ver"), g("stage"),
-                                                       g("from"), g("routes"), g("gw"))
+        req, att, flow, ver, stage, src, routes, gw = (
+            g("req"),
+            g("att"),
+            g("flow"),
+            g("ver"),
+            g("stage"),
+            g("from"),
+            g("routes"),
+            g("gw"),
+        )
         dl, trace, path, copy, solo = g("dl"), g("trace", _EMPTY), g("path", _EMPTY), g("copy", 0), g("solo", False)
-        if (req.__class__ is int and att.__class__ is int and flow.__class__ is str and ver.__class__ is int
-                and stage.__class__ is str and src.__class__ is str and routes.__class__ is dict
-                and gw.__class__ is str and (dl is None or dl.__class__ is float or dl.__class__ is int)
-                and (trace.__class__ is list or trace is _EMPTY) and (path.__class__ is list or path is _EMPTY)
-                and copy.__class__ is int and solo.__class__ is bool):
+        if (
+            req.__class__ is int
+            and att.__class__ is int
+            and flow.__class__ is str
+            and ver.__class__ is int
+            and stage.__class__ is str
+            and src.__class__ is str
+            and routes.__class__ is dict
+            and gw.__class__ is str
+            and (dl is None or dl.__class__ is float or dl.__class__ is int)
+            and (trace.__class__ is list or trace is _EMPTY)
+            and (path.__class__ is list or path is _EMPTY)
+            and copy.__class__ is int
+            and solo.__class__ is bool
+        ):
             return cls(req, att, flow, ver, stage, src, routes, gw, dl, trace, path, copy, solo, tables.get(_TABLE))
         return Message.from_header.__func__(cls, h, tables)  # raises naming the field
 
-    def to(self, stage: str, source: str, path, copy: int, table: Table | None,
-           trace: list | tuple | None = None) -> "StageInput":
+    def to(
+        self, stage: str, source: str, path, copy: int, table: Table | None, trace: list | tuple | None = None
+    ) -> StageInput:
         """The same request's input for another stage (``source``'s output, or the rows).
         Not ``solo``: the gateway marks the inputs it sends, and only those (as it always did)."""
-        return StageInput(self.req, self.attempt, self.flow, self.version, stage, source, self.routes,
-                          self.gateway, self.deadline, self.trace if trace is None else trace, path, copy,
-                          False, table)
+        return StageInput(
+            self.req,
+            self.attempt,
+            self.flow,
+            self.version,
+            stage,
+            source,
+            self.routes,
+            self.gateway,
+            self.deadline,
+            self.trace if trace is None else trace,
+            path,
+            copy,
+            False,
+            table,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,8 +347,12 @@ class Result(Message):
     the sink ran per key group: ``path`` says which)."""
 
     TYPE: ClassVar[str] = "result"
-    _FIELDS: ClassVar[tuple] = (("req", "req", _INT, _REQUIRED), ("attempt", "att", _INT, _REQUIRED),
-                                ("path", "path", _LIST, _EMPTY), ("trace", "trace", _LIST, _EMPTY))
+    _FIELDS: ClassVar[tuple] = (
+        ("req", "req", _INT, _REQUIRED),
+        ("attempt", "att", _INT, _REQUIRED),
+        ("path", "path", _LIST, _EMPTY),
+        ("trace", "trace", _LIST, _EMPTY),
+    )
     _TABLE_FIELD: ClassVar[tuple] = ("table", True)
     req: int
     attempt: int
@@ -295,11 +367,15 @@ class Failure(Message):
     body of ``error`` (the exception's class name), ``message``, ``operator``, ``qid``."""
 
     TYPE: ClassVar[str] = "error"
-    _FIELDS: ClassVar[tuple] = (("req", "req", _INT, _REQUIRED), ("attempt", "att", _INT, _REQUIRED),
-                                ("status", "status", _INT, _REQUIRED), ("error", "error", _STR, _REQUIRED),
-                                ("message", "message", _STR, _REQUIRED),
-                                ("operator", "operator", _optional(_STR), None),
-                                ("qid", "qid", _optional(_INT), None))
+    _FIELDS: ClassVar[tuple] = (
+        ("req", "req", _INT, _REQUIRED),
+        ("attempt", "att", _INT, _REQUIRED),
+        ("status", "status", _INT, _REQUIRED),
+        ("error", "error", _STR, _REQUIRED),
+        ("message", "message", _STR, _REQUIRED),
+        ("operator", "operator", _optional(_STR), None),
+        ("qid", "qid", _optional(_INT), None),
+    )
     req: int
     attempt: int
     status: int
@@ -326,9 +402,13 @@ class Stuck(Message):
     """Executor -> gateway: a thread is held by an abandoned run of ``operator``."""
 
     TYPE: ClassVar[str] = "stuck"
-    _FIELDS: ClassVar[tuple] = (("executor", "executor", _STR, _REQUIRED), ("flow", "flow", _STR, _REQUIRED),
-                                ("stage", "stage", _STR, _REQUIRED), ("operator", "operator", _STR, _REQUIRED),
-                                ("since", "since", _NUMBER, _REQUIRED))
+    _FIELDS: ClassVar[tuple] = (
+        ("executor", "executor", _STR, _REQUIRED),
+        ("flow", "flow", _STR, _REQUIRED),
+        ("stage", "stage", _STR, _REQUIRED),
+        ("operator", "operator", _STR, _REQUIRED),
+        ("since", "since", _NUMBER, _REQUIRED),
+    )
     executor: str
     flow: str
     stage: str
@@ -341,8 +421,12 @@ class Unstuck(Message):
     """Executor -> gateway: an abandoned run reported by Stuck came back."""
 
     TYPE: ClassVar[str] = "unstuck"
-    _FIELDS: ClassVar[tuple] = (("executor", "executor", _STR, _REQUIRED), ("flow", "flow", _STR, _REQUIRED),
-                                ("stage", "stage", _STR, _REQUIRED), ("operator", "operator", _STR, _REQUIRED))
+    _FIELDS: ClassVar[tuple] = (
+        ("executor", "executor", _STR, _REQUIRED),
+        ("flow", "flow", _STR, _REQUIRED),
+        ("stage", "stage", _STR, _REQUIRED),
+        ("operator", "operator", _STR, _REQUIRED),
+    )
     executor: str
     flow: str
     stage: str
@@ -355,16 +439,21 @@ class Recycling(Message):
     replaced (the gateway re-runs what it had in flight there at once)."""
 
     TYPE: ClassVar[str] = "recycling"
-    _FIELDS: ClassVar[tuple] = (("executor", "executor", _STR, _REQUIRED), ("flow", "flow", _STR, _REQUIRED),
-                                ("operator", "operator", _STR, _REQUIRED), ("reason", "reason", _STR, _REQUIRED))
+    _FIELDS: ClassVar[tuple] = (
+        ("executor", "executor", _STR, _REQUIRED),
+        ("flow", "flow", _STR, _REQUIRED),
+        ("operator", "operator", _STR, _REQUIRED),
+        ("reason", "reason", _STR, _REQUIRED),
+    )
     executor: str
     flow: str
     operator: str
     reason: str
 
 
-MESSAGES: dict[str, type[Message]] = {cls.TYPE: cls for cls in (
-    Ping, Pong, Load, Loaded, Unload, StageInput, Result, Failure, Stuck, Unstuck, Recycling)}
+MESSAGES: dict[str, type[Message]] = {
+    cls.TYPE: cls for cls in (Ping, Pong, Load, Loaded, Unload, StageInput, Result, Failure, Stuck, Unstuck, Recycling)
+}
 
 
 def decode(frames: list) -> Message:

@@ -18,23 +18,40 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("flowserve_requests", "Requests answered", ["flow", "status"], registry=r)
-        self.latency = Histogram("flowserve_request_latency_ms", "End-to-end request latency (ms)",
-                                 ["flow"], buckets=_MS, registry=r)
-        self.stage_latency = Histogram("flowserve_stage_latency_ms", "Stage run time per call (ms)",
-                                       ["flow", "stage"], buckets=_MS, registry=r)
-        self.batch_size = Histogram("flowserve_stage_batch_size", "Size of the batch each request ran in, per stage",
-                                    ["flow", "stage"], buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
+        self.latency = Histogram(
+            "flowserve_request_latency_ms", "End-to-end request latency (ms)", ["flow"], buckets=_MS, registry=r
+        )
+        self.stage_latency = Histogram(
+            "flowserve_stage_latency_ms", "Stage run time per call (ms)", ["flow", "stage"], buckets=_MS, registry=r
+        )
+        self.batch_size = Histogram(
+            "flowserve_stage_batch_size",
+            "Size of the batch each request ran in, per stage",
+            ["flow", "stage"],
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=r,
+        )
         self.errors = Counter("flowserve_errors", "Requests answered with an error", ["flow", "status"], registry=r)
         self.retries = Counter("flowserve_retries", "Requests re-run after an executor died", ["flow"], registry=r)
-        self.scaling = Counter("flowserve_scaling_decisions", "Autoscaler decisions applied",
-                               ["flow", "stage", "direction"], registry=r)
+        self.scaling = Counter(
+            "flowserve_scaling_decisions", "Autoscaler decisions applied", ["flow", "stage", "direction"], registry=r
+        )
         self.replicas = Gauge("flowserve_stage_replicas", "Replicas hosting a stage", ["flow", "stage"], registry=r)
-        self.stuck = Gauge("flowserve_executor_stuck_threads",
-                           "Threads held by abandoned work (past its deadline), per executor", ["executor"], registry=r)
-        self.recycles = Counter("flowserve_executor_recycles", "Executors replaced because a thread was stuck",
-                                ["executor", "reason"], registry=r)
-        self.crashes = Counter("flowserve_executor_crashes", "Executor processes that died unexpectedly",
-                               ["executor"], registry=r)
+        self.stuck = Gauge(
+            "flowserve_executor_stuck_threads",
+            "Threads held by abandoned work (past its deadline), per executor",
+            ["executor"],
+            registry=r,
+        )
+        self.recycles = Counter(
+            "flowserve_executor_recycles",
+            "Executors replaced because a thread was stuck",
+            ["executor", "reason"],
+            registry=r,
+        )
+        self.crashes = Counter(
+            "flowserve_executor_crashes", "Executor processes that died unexpectedly", ["executor"], registry=r
+        )
 
         self._children: dict = {}  # (metric, labels) -> child: .labels() costs more than .observe()
 

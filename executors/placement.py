@@ -48,6 +48,7 @@ def raise_version(redis, flow: str, version: int) -> None:
     """Make ``flow``'s counter at least ``version`` (never lowers it)."""
     redis.eval(_RAISE_VERSION, 1, VERSION_KEY.format(flow=flow), str(int(version)))
 
+
 log = logging.getLogger("flowserve.placement")
 
 

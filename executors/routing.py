@@ -34,7 +34,6 @@ import numpy as np
 from flow.table import Table
 from optimizer import positions
 
-
 Path = tuple  # of (index, count) pairs: where a part sits in the tree of key splits
 
 
@@ -61,8 +60,15 @@ def rendezvous(key, addresses: list[str]) -> str:
     return best
 
 
-def deliveries(table: Table, stage, addresses: list[str], path: Path = (), *,
-               here: str | None = None, holds: Callable[[str], bool] | None = None) -> list[Delivery]:
+def deliveries(
+    table: Table,
+    stage,
+    addresses: list[str],
+    path: Path = (),
+    *,
+    here: str | None = None,
+    holds: Callable[[str], bool] | None = None,
+) -> list[Delivery]:
     """Messages that carry ``table`` to consumer ``stage`` whose replicas are ``addresses``.
 
     ``path``: the table is itself one part of a key-split output; a continuation consumer
@@ -91,8 +97,9 @@ def keeps_rows(producer, consumer) -> bool:
     return consumer.continuation is not None and producer.competitive == 1
 
 
-def _by_key(table: Table, column: str, addresses: list[str], path: Path, here: str | None,
-            holds: Callable[[str], bool] | None) -> list[Delivery]:
+def _by_key(
+    table: Table, column: str, addresses: list[str], path: Path, here: str | None, holds: Callable[[str], bool] | None
+) -> list[Delivery]:
     if len(addresses) == 1 or len(table) == 0 or column not in table.columns:
         return [Delivery(addresses[0], _whole(table), path + ((0, 1),))]
     keys = table.column(column).to_list()
@@ -101,8 +108,10 @@ def _by_key(table: Table, column: str, addresses: list[str], path: Path, here: s
         cached_here = holds is not None and isinstance(k, str) and holds(k)
         groups.setdefault(here if cached_here else rendezvous(k, addresses), []).append(i)
     n = len(groups)
-    return [Delivery(addr, positions.split(table, np.asarray(idx, dtype=np.int64)), path + ((p, n),))
-            for p, (addr, idx) in enumerate(sorted(groups.items()))]
+    return [
+        Delivery(addr, positions.split(table, np.asarray(idx, dtype=np.int64)), path + ((p, n),))
+        for p, (addr, idx) in enumerate(sorted(groups.items()))
+    ]
 
 
 def _whole(table: Table) -> Table:

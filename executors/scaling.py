@@ -64,8 +64,16 @@ class FixedExecutors:
 
 
 class ScalingLoop:
-    def __init__(self, dispatcher_of, backend: ExecutorBackend, config: AutoscalingConfig, *,
-                 metrics=None, interval_s: float = 0.5, max_executors: int = 8):
+    def __init__(
+        self,
+        dispatcher_of,
+        backend: ExecutorBackend,
+        config: AutoscalingConfig,
+        *,
+        metrics=None,
+        interval_s: float = 0.5,
+        max_executors: int = 8,
+    ):
         self._dispatcher_of = dispatcher_of  # the dispatcher exists once the app starts
         self.backend = backend
         self.config = config
@@ -87,7 +95,7 @@ class ScalingLoop:
             if stage.continuation is not None or stage.competitive > 1:
                 out[name] = full[name]  # key-routed / racing stages keep their spread
             else:
-                out[name] = full[name][:max(1, self.config.min_replicas)]
+                out[name] = full[name][: max(1, self.config.min_replicas)]
         return out
 
     async def run(self) -> None:
@@ -112,10 +120,17 @@ class ScalingLoop:
             for stage in scalable:
                 c = d.stage_counters(name, stage)
                 service = c.service_ms / c.served if c.served else 0.0
-                scaler.observe(stage, StageMetrics(
-                    time=now, arrival_rate=c.arrivals / dt, service_time_ms=service,
-                    replicas=len(flow.placement[stage]), inflight=inflight.get(stage, 0),
-                    device=flow.plan.stages[stage].device))
+                scaler.observe(
+                    stage,
+                    StageMetrics(
+                        time=now,
+                        arrival_rate=c.arrivals / dt,
+                        service_time_ms=service,
+                        replicas=len(flow.placement[stage]),
+                        inflight=inflight.get(stage, 0),
+                        device=flow.plan.stages[stage].device,
+                    ),
+                )
                 c.arrivals, c.service_ms, c.served = 0, 0.0, 0
             for decision in scaler.decide(now):
                 await self.apply(name, decision)
@@ -142,7 +157,7 @@ class ScalingLoop:
         else:
             # drain the least busy first: unpinned, they get no new requests of this stage
             busy = {e: d.executors[e].inflight for e in current}
-            keep = sorted(current, key=lambda e: -busy[e])[:max(1, decision.to_replicas)]
+            keep = sorted(current, key=lambda e: -busy[e])[: max(1, decision.to_replicas)]
             current = [e for e in current if e in keep]
         flow.placement[decision.stage] = current
         self.decisions.setdefault((flow_name, decision.stage), []).append(decision)
@@ -152,8 +167,13 @@ class ScalingLoop:
     async def _free_executor(self, flow, stage: str, current: list[str]) -> str | None:
         d = self.dispatcher
         device = flow.plan.stages[stage].device
-        pool = [e for e in d.executors.values() if e.alive and e.id not in current
-                and (e.device == device or not any(x.device == device for x in d.executors.values()))]
+        pool = [
+            e
+            for e in d.executors.values()
+            if e.alive
+            and e.id not in current
+            and (e.device == device or not any(x.device == device for x in d.executors.values()))
+        ]
         if pool:
             return min(pool, key=lambda e: (e.inflight, e.id)).id
         if len(d.executors) >= self.max_executors:
@@ -174,6 +194,10 @@ class ScalingLoop:
             return out
         for stage, st in scaler.status().items():
             last = self.decisions.get((flow_name, stage), [])
-            out[stage] = {"target": st.replicas, "need": st.need, "reason": st.reason,
-                          "last_decision": str(last[-1]) if last else None}
+            out[stage] = {
+                "target": st.replicas,
+                "need": st.need,
+                "reason": st.reason,
+                "last_decision": str(last[-1]) if last else None,
+            }
         return out

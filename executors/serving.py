@@ -59,6 +59,7 @@ async def drain(gateway, seconds: float) -> None:
 
 # -- limits at the HTTP edge --------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class HttpLimits:
     """What one client may hold of the gateway before its request is read (ClusterConfig)."""
@@ -86,21 +87,22 @@ def limited_protocol(limits: HttpLimits):
             self._in_head = True
             self._timer = None
             if len(self.connections) > limits.max_connections:
-                self._reject("TooManyConnections",
-                             f"over the limit of {limits.max_connections} open connections; retry shortly")
+                self._reject(
+                    "TooManyConnections", f"over the limit of {limits.max_connections} open connections; retry shortly"
+                )
 
         def data_received(self, data: bytes) -> None:
             in_head = self._in_head
             if in_head and self._head_bytes == 0 and data:
-                self._arm(limits.header_timeout_s, f"request headers not received within "
-                                                   f"{limits.header_timeout_s:g} s")
+                self._arm(limits.header_timeout_s, f"request headers not received within {limits.header_timeout_s:g} s")
             heads = self._heads_done
             super().data_received(data)
             if in_head and self._heads_done == heads:  # no head completed in it: count what it holds so far
                 self._head_bytes += len(data)
                 if self._head_bytes > limits.max_header_bytes:
-                    self._reject("HeadersTooLarge",
-                                 f"request headers over the limit of {limits.max_header_bytes} bytes")
+                    self._reject(
+                        "HeadersTooLarge", f"request headers over the limit of {limits.max_header_bytes} bytes"
+                    )
 
         def on_url(self, url: bytes) -> None:
             self._exact_head += len(url)
@@ -119,8 +121,9 @@ def limited_protocol(limits: HttpLimits):
             if self._header_count > limits.max_headers:
                 return self._reject("HeadersTooLarge", f"more than {limits.max_headers} request headers")
             if self._exact_head > limits.max_header_bytes:
-                return self._reject("HeadersTooLarge",
-                                    f"request headers over the limit of {limits.max_header_bytes} bytes")
+                return self._reject(
+                    "HeadersTooLarge", f"request headers over the limit of {limits.max_header_bytes} bytes"
+                )
             super().on_headers_complete()
             self._arm(limits.body_timeout_s, f"request body not received within {limits.body_timeout_s:g} s")
 
@@ -151,9 +154,12 @@ def limited_protocol(limits: HttpLimits):
             cycle = getattr(self, "cycle", None)
             if cycle is None or not cycle.response_started:
                 status, body = http_error(error, message)
-                head = [b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode()),
-                        b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body),
-                        b"connection: close\r\n"]
+                head = [
+                    b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode()),
+                    b"content-type: application/json\r\n",
+                    b"content-length: %d\r\n" % len(body),
+                    b"connection: close\r\n",
+                ]
                 if status == 503:
                     head.append(b"retry-after: 1\r\n")
                 self.transport.write(b"".join(head) + b"\r\n" + body)

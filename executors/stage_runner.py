@@ -64,6 +64,8 @@ class BoundStage:
             else:
                 out = op([out], store)
                 if len(out) != before:  # a plan bug: Stage lets only maps, filters and lookups follow
-                    raise PlanError(f"stage {self.stage.name!r}: operator {node.name!r} gave {len(out)} rows "
-                                    f"for {before}; a continuation stage must keep rows 1:1 or filter them")
+                    raise PlanError(
+                        f"stage {self.stage.name!r}: operator {node.name!r} gave {len(out)} rows "
+                        f"for {before}; a continuation stage must keep rows 1:1 or filter them"
+                    )
         return with_positions(out, pos)

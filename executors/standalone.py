@@ -50,26 +50,49 @@ ScalerOption = Callable[[argparse.Namespace], ScalerFactory]
 
 
 class StandaloneGateway:
-    def __init__(self, config: ClusterConfig, *, kvs_url: str, address: str, admin_token: str,
-                 autoscaling: AutoscalingConfig | None = None, scaler: ScalerFactory | None = None,
-                 poll_s: float = 0.5, grace_s: float = 1.5):
+    def __init__(
+        self,
+        config: ClusterConfig,
+        *,
+        kvs_url: str,
+        address: str,
+        admin_token: str,
+        autoscaling: AutoscalingConfig | None = None,
+        scaler: ScalerFactory | None = None,
+        poll_s: float = 0.5,
+        grace_s: float = 1.5,
+    ):
         self.config = config
         self.address = address
         self.store = KVS.from_url(kvs_url, signing_key=cluster_key())  # $FLOWSERVE_CLUSTER_KEY, if set
         self.metrics = Metrics()
         self.poll_s = poll_s
         self.absence = Absence(grace_s)
-        self.dispatcher = Dispatcher(address, config.max_retries, self.metrics, colocate=config.colocate,
-                                     busy_poll_ms=config.busy_poll_ms)
-        self.gateway = Gateway(self.dispatcher, self.store, token=config.token, admin_token=admin_token,
-                               max_body_bytes=config.max_body_bytes, request_timeout_s=config.request_timeout_s,
-                               load_timeout_s=config.load_timeout_s, metrics=self.metrics,
-                               public_metrics=config.public_metrics, max_rows=config.max_rows)
+        self.dispatcher = Dispatcher(
+            address, config.max_retries, self.metrics, colocate=config.colocate, busy_poll_ms=config.busy_poll_ms
+        )
+        self.gateway = Gateway(
+            self.dispatcher,
+            self.store,
+            token=config.token,
+            admin_token=admin_token,
+            max_body_bytes=config.max_body_bytes,
+            request_timeout_s=config.request_timeout_s,
+            load_timeout_s=config.load_timeout_s,
+            metrics=self.metrics,
+            public_metrics=config.public_metrics,
+            max_rows=config.max_rows,
+        )
         self.scaler = scaler
         self.scaling = None
         if autoscaling is not None:
-            self.scaling = ScalingLoop(lambda: self.dispatcher, FixedExecutors(), autoscaling,
-                                       metrics=self.metrics, max_executors=config.max_executors)
+            self.scaling = ScalingLoop(
+                lambda: self.dispatcher,
+                FixedExecutors(),
+                autoscaling,
+                metrics=self.metrics,
+                max_executors=config.max_executors,
+            )
             self.gateway.shape_placement = self.scaling.initial_placement
             self.gateway.scaling_status = self.scaling.status
         self._failed_loads: dict[tuple[str, int], float] = {}  # (flow, version) -> retry after
@@ -79,10 +102,19 @@ class StandaloneGateway:
         return make_app(self.gateway, on_startup=[self._started], on_shutdown=[self._stopping])
 
     def run(self, host: str, port: int) -> None:
-        server = DrainingServer(uvicorn.Config(self.app(), host=host, port=port, log_level="warning",
-                                               lifespan="on", timeout_graceful_shutdown=30,
-                                               http=limited_protocol(self.config.http_limits())),
-                                self.gateway, drain_s=self.config.request_timeout_s)
+        server = DrainingServer(
+            uvicorn.Config(
+                self.app(),
+                host=host,
+                port=port,
+                log_level="warning",
+                lifespan="on",
+                timeout_graceful_shutdown=30,
+                http=limited_protocol(self.config.http_limits()),
+            ),
+            self.gateway,
+            drain_s=self.config.request_timeout_s,
+        )
         try:
             server.run()
         finally:
@@ -100,8 +132,12 @@ class StandaloneGateway:
         if self.scaling is not None:
             self.scaling.backend = await self._backend()
             self._tasks.append(loop.create_task(self.scaling.run()))
-        log.info("gateway on %s: %d executors, %d flows", self.address, len(self.dispatcher.executors),
-                 len(self.dispatcher.flows))
+        log.info(
+            "gateway on %s: %d executors, %d flows",
+            self.address,
+            len(self.dispatcher.executors),
+            len(self.dispatcher.flows),
+        )
 
     async def _backend(self):
         if self.scaler is None:
@@ -111,9 +147,12 @@ class StandaloneGateway:
 
     async def _when_kvs_answers(self, call):
         """``call()`` once the KVS answers: in a cluster the gateway may start before Redis."""
-        return await retry_async(call, backoff=Backoff(0.2, 5.0), retry_if=lambda e: True,
-                                 on_retry=lambda e, delay: log.warning("waiting for the KVS (%s); retrying in %.1f s",
-                                                                       e, delay))
+        return await retry_async(
+            call,
+            backoff=Backoff(0.2, 5.0),
+            retry_if=lambda e: True,
+            on_retry=lambda e, delay: log.warning("waiting for the KVS (%s); retrying in %.1f s", e, delay),
+        )
 
     async def _stopping(self) -> None:
         await drain(self.gateway, self.config.request_timeout_s)
@@ -144,8 +183,9 @@ class StandaloneGateway:
         """Put back what this gateway serves (plans, registry, version counters) into a
         store that restarted empty, then build the flows on executors that joined while it
         was empty (their loads failed): durability.py."""
-        names = await asyncio.to_thread(republish, self.store, dict(self.dispatcher.flows),
-                                        {GATEWAYS_KEY: self.dispatcher.next_qid // QID_BLOCK})
+        names = await asyncio.to_thread(
+            republish, self.store, dict(self.dispatcher.flows), {GATEWAYS_KEY: self.dispatcher.next_qid // QID_BLOCK}
+        )
         log.warning("the KVS lost its data (restarted empty); re-published flows %s", names)
         for id_, info in list(self.dispatcher.executors.items()):
             if info.alive:
@@ -213,8 +253,7 @@ class StandaloneGateway:
             if newer_here(name):
                 continue
             current = d.flows.get(name)
-            if (current is not None and current.version >= version) or \
-                    self._failed_loads.get((name, version), 0) > now:
+            if (current is not None and current.version >= version) or self._failed_loads.get((name, version), 0) > now:
                 continue
             try:
                 await self.gateway.load_flow(name, version, install_if=lambda n=name: not newer_here(n))
@@ -224,28 +263,42 @@ class StandaloneGateway:
                 self._failed_loads[(name, version)] = now + 5.0
 
 
-def main(argv=None, *, prog: str = "python -m executors.standalone",
-         scalers: Mapping[str, ScalerOption] | None = None,
-         add_arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
+def main(
+    argv=None,
+    *,
+    prog: str = "python -m executors.standalone",
+    scalers: Mapping[str, ScalerOption] | None = None,
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> None:
     """Run a standalone gateway. A deploy target adds its executor backends as ``scalers``
     (``--scaler NAME``: a function of the parsed arguments returning a ScalerFactory, or
     raising ValueError naming what is missing) and the options they read (``add_arguments``)."""
     scalers = dict(scalers or {})
-    p = argparse.ArgumentParser(prog=prog,
-                                description="Run a FlowServe gateway that finds its executors in the KVS.")
+    p = argparse.ArgumentParser(prog=prog, description="Run a FlowServe gateway that finds its executors in the KVS.")
     p.add_argument("--host", default="127.0.0.1", help="HTTP address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--address", required=True,
-                   help="address executors send results to (ipc:///path or tcp://host:port), reachable by them, e.g. tcp://10.0.0.7:5556")
-    p.add_argument("--kvs", default=os.environ.get("FLOWSERVE_KVS_URL"),
-                   help="Redis URL of the cluster's KVS (default: $FLOWSERVE_KVS_URL)")
-    p.add_argument("--membership", default="kvs", choices=["kvs"],
-                   help="how executors are found: their registration in the KVS")
+    p.add_argument(
+        "--address",
+        required=True,
+        help="address executors send results to (ipc:///path or tcp://host:port), reachable by them, e.g. tcp://10.0.0.7:5556",
+    )
+    p.add_argument(
+        "--kvs",
+        default=os.environ.get("FLOWSERVE_KVS_URL"),
+        help="Redis URL of the cluster's KVS (default: $FLOWSERVE_KVS_URL)",
+    )
+    p.add_argument(
+        "--membership", default="kvs", choices=["kvs"], help="how executors are found: their registration in the KVS"
+    )
     p.add_argument("--config", default="{}", help="ClusterConfig fields as JSON (timeouts, limits, retries)")
     p.add_argument("--autoscale", default=None, help="AutoscalingConfig fields as JSON: scale stages")
     if scalers:
-        p.add_argument("--scaler", default=None, choices=sorted(scalers),
-                       help="with --autoscale: also add/remove executors through this backend")
+        p.add_argument(
+            "--scaler",
+            default=None,
+            choices=sorted(scalers),
+            help="with --autoscale: also add/remove executors through this backend",
+        )
     if add_arguments is not None:
         add_arguments(p)
     p.add_argument("--poll-s", type=float, default=0.5, help="how often membership and registry are read")
@@ -269,10 +322,18 @@ def main(argv=None, *, prog: str = "python -m executors.standalone",
         autoscaling = None if args.autoscale is None else AutoscalingConfig.from_json(json.loads(args.autoscale))
     except (ValueError, TypeError, AutoscalingError) as e:
         p.error(str(e))
-    logging.basicConfig(level=os.environ.get("FLOWSERVE_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    gw = StandaloneGateway(config, kvs_url=args.kvs, address=args.address, admin_token=admin_token,
-                           autoscaling=autoscaling, scaler=scaler, poll_s=args.poll_s)
+    logging.basicConfig(
+        level=os.environ.get("FLOWSERVE_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    gw = StandaloneGateway(
+        config,
+        kvs_url=args.kvs,
+        address=args.address,
+        admin_token=admin_token,
+        autoscaling=autoscaling,
+        scaler=scaler,
+        poll_s=args.poll_s,
+    )
     signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))  # uvicorn stops on SIGINT
     gw.run(args.host, args.port)
 

@@ -55,9 +55,9 @@ class TransportError(OSError):
 def parse_address(address: str):
     """``ipc:///path`` -> (AF_UNIX, path); ``tcp://host:port`` -> (AF_INET/6, (host, port))."""
     if address.startswith("ipc://"):
-        return socket.AF_UNIX, address[len("ipc://"):]
+        return socket.AF_UNIX, address[len("ipc://") :]
     if address.startswith("tcp://"):
-        host, sep, port = address[len("tcp://"):].rpartition(":")
+        host, sep, port = address[len("tcp://") :].rpartition(":")
         if not sep or not port.isdigit():
             raise TransportError(f"address {address!r}: expected tcp://host:port")
         host = host.strip("[]")
@@ -124,7 +124,7 @@ class Reader:
         while True:
             try:
                 if self._current is not None:
-                    n = self.sock.recv_into(self._current[self._filled:])
+                    n = self.sock.recv_into(self._current[self._filled :])
                 else:
                     chunk = self.sock.recv(65536)
                     n = len(chunk)

@@ -105,8 +105,9 @@ class Watchdog:
     """Watches the runs in progress; calls back into the executor when one is overdue,
     holds the IO thread too long, or is stuck past the grace period."""
 
-    def __init__(self, on_overdue, on_long_io, on_stuck, *, grace_s: float = DEFAULT_GRACE_S,
-                 io_handoff_s: float = IO_HANDOFF_S):
+    def __init__(
+        self, on_overdue, on_long_io, on_stuck, *, grace_s: float = DEFAULT_GRACE_S, io_handoff_s: float = IO_HANDOFF_S
+    ):
         self.on_overdue, self.on_long_io, self.on_stuck = on_overdue, on_long_io, on_stuck
         self.grace_s, self.io_handoff_s = grace_s, io_handoff_s
         self.runs: dict[int, Run] = {}
@@ -114,7 +115,7 @@ class Watchdog:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="watchdog", daemon=True)
 
-    def start(self) -> "Watchdog":
+    def start(self) -> Watchdog:
         self._thread.start()
         return self
 
@@ -204,9 +205,9 @@ class Blackbox:
         reqs = ",".join(f"{m.req}:{m.attempt}" for m in run.messages)
         gw = run.messages[0].gateway if run.messages else ""
         line = f"{run.flow}\t{run.stage}\t{run.node}\t{gw}\t{'' if run.qid is None else run.qid}\t{reqs}"
-        data = line.encode("utf-8", "replace")[:self.SLOT - 1]
+        data = line.encode("utf-8", "replace")[: self.SLOT - 1]
         start = slot * self.SLOT
-        self._map[start + 1:start + 1 + len(data)] = data
+        self._map[start + 1 : start + 1 + len(data)] = data
         self._map[start + 1 + len(data)] = 0
         self._map[start] = 1  # written last: a slot is valid once its first byte is set
         run.slot = slot
@@ -234,7 +235,7 @@ class Blackbox:
             return []
         out = []
         for i in range(0, len(data) - cls.SLOT + 1, cls.SLOT):
-            slot = data[i:i + cls.SLOT]
+            slot = data[i : i + cls.SLOT]
             if slot[0] != 1:
                 continue
             line = slot[1:].split(b"\0", 1)[0].decode("utf-8", "replace")
@@ -247,6 +248,14 @@ class Blackbox:
                 req, _, att = pair.partition(":")
                 if req.isdigit() and att.isdigit():
                     requests.append((int(req), int(att)))
-            out.append({"flow": flow, "stage": stage, "operator": node or stage, "gateway": gw,
-                        "qid": int(qid) if qid.lstrip("-").isdigit() else None, "requests": requests})
+            out.append(
+                {
+                    "flow": flow,
+                    "stage": stage,
+                    "operator": node or stage,
+                    "gateway": gw,
+                    "qid": int(qid) if qid.lstrip("-").isdigit() else None,
+                    "requests": requests,
+                }
+            )
         return out

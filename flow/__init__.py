@@ -1,11 +1,13 @@
 """FlowServe's user API: build a Flow of operators over a Table of queries.
 
-    from flow import Flow, Table
-    flow = Flow("demo")
-    flow.map(lambda r: r.x + 1, names=["y"])
-    flow.run([{"x": 1}])
+from flow import Flow, Table
+flow = Flow("demo")
+flow.map(lambda r: r.x + 1, names=["y"])
+flow.run([{"x": 1}])
 """
 
+from flow import targets
+from flow.context import current_device, current_store
 from flow.exceptions import (
     DataError,
     DataTypeError,
@@ -26,9 +28,6 @@ from flow.exceptions import (
     SinkError,
     UnknownColumnError,
 )
-from flow import targets
-from flow.context import current_device, current_store
-
 from flow.flow import Flow, GroupedNode, Node
 from flow.table import Row, Table
 from flow.types import ColumnType
@@ -40,9 +39,31 @@ def optimize(flow, rules=None, options=None):
 
 
 __all__ = [
-    "ColumnType", "current_device", "current_store", "DataError", "DataTypeError", "Flow", "FlowDefinitionError", "FlowError",
-    "FlowTypeError", "FlowValueError", "ForeignNodeError", "GroupedNode", "LookupKeyError",
-    "NoValidResultError", "Node", "OperatorError", "OperatorFailedError", "OperatorOutputError",
-    "RejectRow", "RetryableError", "Row", "RowRejectedError", "SchemaError", "SinkError", "Table",
-    "UnknownColumnError", "optimize",
+    "ColumnType",
+    "current_device",
+    "current_store",
+    "DataError",
+    "DataTypeError",
+    "Flow",
+    "FlowDefinitionError",
+    "FlowError",
+    "FlowTypeError",
+    "FlowValueError",
+    "ForeignNodeError",
+    "GroupedNode",
+    "LookupKeyError",
+    "NoValidResultError",
+    "Node",
+    "OperatorError",
+    "OperatorFailedError",
+    "OperatorOutputError",
+    "RejectRow",
+    "RetryableError",
+    "Row",
+    "RowRejectedError",
+    "SchemaError",
+    "SinkError",
+    "Table",
+    "UnknownColumnError",
+    "optimize",
 ]

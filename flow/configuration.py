@@ -76,8 +76,15 @@ class Check:
     conversion, then ``ok(value)``. ``optional``: None is accepted (and the message says so,
     unless ``what`` mentions None already)."""
 
-    def __init__(self, what: str, ok: Callable[[Any], bool] | None = None, *, types: tuple = (),
-                 optional: bool = False, convert: Callable[[Any], Any] | None = None):
+    def __init__(
+        self,
+        what: str,
+        ok: Callable[[Any], bool] | None = None,
+        *,
+        types: tuple = (),
+        optional: bool = False,
+        convert: Callable[[Any], Any] | None = None,
+    ):
         self.what = f"{what} or None" if optional and "None" not in what else what
         self.ok, self.types, self.optional, self.convert = ok, types, optional, convert
 
@@ -97,19 +104,44 @@ def _note(what: str, note: str | None) -> str:
     return f"{what} ({note})" if note else what
 
 
-def Int(min: int | None = None, max: int | None = None, *, optional: bool = False, note: str | None = None,
-        what: str | None = None) -> Check:
+def Int(
+    min: int | None = None,
+    max: int | None = None,
+    *,
+    optional: bool = False,
+    note: str | None = None,
+    what: str | None = None,
+) -> Check:
     """An int (numpy ints too, never a bool) in ``min..max`` (either bound may be None)."""
     if what is None:
-        bounds = (f" in {min}..{max}" if min is not None and max is not None else f" >= {min}" if min is not None
-                  else f" <= {max}" if max is not None else "")
+        bounds = (
+            f" in {min}..{max}"
+            if min is not None and max is not None
+            else f" >= {min}"
+            if min is not None
+            else f" <= {max}"
+            if max is not None
+            else ""
+        )
         what = f"an int{bounds}"
-    return Check(_note(what, note), lambda v: (min is None or v >= min) and (max is None or v <= max),
-                 types=(numbers.Integral,), optional=optional)
+    return Check(
+        _note(what, note),
+        lambda v: (min is None or v >= min) and (max is None or v <= max),
+        types=(numbers.Integral,),
+        optional=optional,
+    )
 
 
-def Number(*, gt: float | None = None, ge: float | None = None, lt: float | None = None, le: float | None = None,
-           optional: bool = False, note: str | None = None, what: str | None = None) -> Check:
+def Number(
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+    optional: bool = False,
+    note: str | None = None,
+    what: str | None = None,
+) -> Check:
     """A finite int or float (never a bool, NaN or infinity) within the given bounds."""
     low = f"({gt:g}" if gt is not None else f"[{ge:g}" if ge is not None else None
     high = f"{lt:g})" if lt is not None else f"{le:g}]" if le is not None else None
@@ -124,8 +156,13 @@ def Number(*, gt: float | None = None, ge: float | None = None, lt: float | None
             what = "a number"
 
     def ok(v) -> bool:
-        return (math.isfinite(v) and (gt is None or v > gt) and (ge is None or v >= ge)
-                and (lt is None or v < lt) and (le is None or v <= le))
+        return (
+            math.isfinite(v)
+            and (gt is None or v > gt)
+            and (ge is None or v >= ge)
+            and (lt is None or v < lt)
+            and (le is None or v <= le)
+        )
 
     return Check(_note(what, note), ok, types=(numbers.Real,), optional=optional)
 
@@ -164,7 +201,9 @@ class Nested:
             return self.decode(value, name)
         if not isinstance(value, kind):
             article = "an" if kind.__name__[:1] in "AEIOU" else "a"
-            what = self._what or (f"{article} {kind.__name__}" + (" or a mapping of its fields" if self.accept_mapping else ""))
+            what = self._what or (
+                f"{article} {kind.__name__}" + (" or a mapping of its fields" if self.accept_mapping else "")
+            )
             raise Invalid(f"{what} or None" if self.optional else what, wrong_type=True)
         return value
 
@@ -178,8 +217,9 @@ class Nested:
             raise Invalid(message=f"{name}: {e}", wrong_type=isinstance(e, TypeError)) from None
 
 
-def setting(default: Any = dataclasses.MISSING, check: Callable | None = None, *,
-            default_factory: Any = dataclasses.MISSING) -> Any:
+def setting(
+    default: Any = dataclasses.MISSING, check: Callable | None = None, *, default_factory: Any = dataclasses.MISSING
+) -> Any:
     """A dataclass field with its check (run by ``Config.__post_init__``)."""
     return dataclasses.field(default=default, default_factory=default_factory, metadata={"check": check})
 
@@ -250,10 +290,18 @@ def _plain(value):
     return value
 
 
-def check_value(value, name: str, check: Callable, *, error: type[ConfigError] = ConfigError,
-                type_error: type[ConfigTypeError] = ConfigTypeError):
+def check_value(
+    value,
+    name: str,
+    check: Callable,
+    *,
+    error: type[ConfigError] = ConfigError,
+    type_error: type[ConfigTypeError] = ConfigTypeError,
+):
     """Run one check outside a Config (a constructor argument, a command-line flag)."""
     try:
         return check(value, name)
     except Invalid as bad:
-        raise (type_error if bad.wrong_type else error)(bad.message or f"{name} must be {bad.what}, got {value!r}") from None
+        raise (type_error if bad.wrong_type else error)(
+            bad.message or f"{name} must be {bad.what}, got {value!r}"
+        ) from None

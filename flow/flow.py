@@ -31,6 +31,7 @@ from flow.exceptions import (
 from flow.operators import (
     AGGREGATES,
     JOIN_HOWS,
+    SYSTEM_PREFIX,
     AggOp,
     AnyOfOp,
     FilterOp,
@@ -38,7 +39,6 @@ from flow.operators import (
     LookupOp,
     MapOp,
     Operator,
-    SYSTEM_PREFIX,
     SourceOp,
     UnionOp,
     callable_name,
@@ -53,8 +53,9 @@ class Node:
 
     __slots__ = ("flow", "id", "op", "inputs", "name", "columns")
 
-    def __init__(self, flow: "Flow", id_: int, op: Operator, inputs: tuple["Node", ...], name: str,
-                 columns: tuple[str, ...] | None):
+    def __init__(
+        self, flow: Flow, id_: int, op: Operator, inputs: tuple[Node, ...], name: str, columns: tuple[str, ...] | None
+    ):
         self.flow = flow
         self.id = id_
         self.op = op
@@ -68,9 +69,18 @@ class Node:
 
     # -- operators ----------------------------------------------------------------------
 
-    def map(self, fn, names: Sequence[str] | str | None = None, *, init: Callable | None = None,
-            col: str | None = None, batching: bool = False, gpu: bool = False,
-            high_variance: bool = False, timeout_s: float | None = None) -> "Node":
+    def map(
+        self,
+        fn,
+        names: Sequence[str] | str | None = None,
+        *,
+        init: Callable | None = None,
+        col: str | None = None,
+        batching: bool = False,
+        gpu: bool = False,
+        high_variance: bool = False,
+        timeout_s: float | None = None,
+    ) -> Node:
         """Apply ``fn`` to each row (or, with ``batching=True``, to the whole Table).
 
         ``fn`` is a function of a row, a class (built once per replica; its ``__call__``
@@ -101,28 +111,38 @@ class Node:
             raise FlowTypeError(f"operator map {label!r}: timeout_s must be a number of seconds, got {timeout_s!r}")
         if timeout_s is not None and not 0 < timeout_s < float("inf"):
             raise FlowValueError(f"operator map {label!r}: timeout_s must be > 0 and finite, got {timeout_s!r}")
-        op = MapOp(fn=fn, names=names, init=init, col=col, batching_=batching, gpu_=gpu,
-                   high_variance_=high_variance, timeout_s_=None if timeout_s is None else float(timeout_s))
+        op = MapOp(
+            fn=fn,
+            names=names,
+            init=init,
+            col=col,
+            batching_=batching,
+            gpu_=gpu,
+            high_variance_=high_variance,
+            timeout_s_=None if timeout_s is None else float(timeout_s),
+        )
         return self.flow._add(op, (self,), label, names)
 
-    def filter(self, pred, *, batching: bool = False) -> "Node":
+    def filter(self, pred, *, batching: bool = False) -> Node:
         """Keep the rows for which ``pred(row)`` is True (``batching=True``: pred(table) -> bools)."""
         label = _check_callable(pred, "filter")
         _check_flags(f"filter {label!r}", batching=batching)
         _check_arity(pred, 1, f"filter {label!r}", "pred")
         return self.flow._add(FilterOp(pred=pred, batching_=batching), (self,), label, self.columns)
 
-    def groupby(self, col: str) -> "GroupedNode":
+    def groupby(self, col: str) -> GroupedNode:
         """Group rows by ``col``; follow with ``.agg(fn, col)``."""
         if not isinstance(col, str):
             raise FlowTypeError(f"operator groupby: column must be a str, got {col!r}")
         if col == QID:
-            raise FlowValueError("operator groupby: cannot group by qid (rows of one query are never merged "
-                                 "with others' by a rowwise flow); group by a data column")
+            raise FlowValueError(
+                "operator groupby: cannot group by qid (rows of one query are never merged "
+                "with others' by a rowwise flow); group by a data column"
+            )
         self._need_columns([col], "groupby", "column")
         return GroupedNode(self, col)
 
-    def agg(self, fn: str, col: str | None = None, *, name: str | None = None, _by: str | None = None) -> "Node":
+    def agg(self, fn: str, col: str | None = None, *, name: str | None = None, _by: str | None = None) -> Node:
         """Aggregate the whole Table (count, sum, min, max, mean); one output row."""
         op_name = f"agg {fn}" + (f" by {_by}" if _by else "")
         if fn not in AGGREGATES:
@@ -143,8 +163,9 @@ class Node:
         columns = ((_by,) if _by else ()) + (out,)
         return self.flow._add(op, (self,), op.label, columns)
 
-    def join(self, other: "Node", on: str | Sequence[str] = QID, how: str = "inner",
-             suffixes: tuple[str, str] = ("", "_right")) -> "Node":
+    def join(
+        self, other: Node, on: str | Sequence[str] = QID, how: str = "inner", suffixes: tuple[str, str] = ("", "_right")
+    ) -> Node:
         """Join with another branch on ``on`` (default: qid). ``how``: inner, left, outer.
 
         Columns both sides have (other than the keys) are renamed with ``suffixes``.
@@ -157,8 +178,12 @@ class Node:
             raise FlowTypeError(f"operator join: on= must be a column name or a list of them, got {on!r}")
         if QID in keys and len(keys) > 1:
             raise FlowValueError("operator join: join on qid alone, or on data columns")
-        if (not isinstance(suffixes, (tuple, list)) or len(suffixes) != 2
-                or not all(isinstance(s, str) for s in suffixes) or suffixes[0] == suffixes[1]):
+        if (
+            not isinstance(suffixes, (tuple, list))
+            or len(suffixes) != 2
+            or not all(isinstance(s, str) for s in suffixes)
+            or suffixes[0] == suffixes[1]
+        ):
             raise FlowValueError(f"operator join: suffixes must be two different strings, got {suffixes!r}")
         keys_data = [k for k in keys if k != QID]
         self._need_columns(keys_data, "join", "on")
@@ -174,7 +199,7 @@ class Node:
         op = JoinOp(on=keys, how=how, suffixes=tuple(suffixes))
         return self.flow._add(op, (self, other), "join", columns)
 
-    def union(self, *others: "Node") -> "Node":
+    def union(self, *others: Node) -> Node:
         """All rows of this node and the others; their columns must match by name."""
         if not others:
             raise FlowValueError("operator union: needs at least one other node")
@@ -186,8 +211,9 @@ class Node:
                 )
         return self.flow._add(UnionOp(arity=1 + len(others)), (self, *others), "union", self.columns)
 
-    def lookup(self, key: str | None = None, *, column: str | None = None, name: str | None = None,
-               missing: str = "error") -> "Node":
+    def lookup(
+        self, key: str | None = None, *, column: str | None = None, name: str | None = None, missing: str = "error"
+    ) -> Node:
         """Add a column read from the KVS: one fixed ``key``, or a per-row key from ``column``.
 
         ``missing="error"`` (default) fails the query on a missing key; ``"null"`` gives None.
@@ -201,7 +227,9 @@ class Node:
             raise FlowValueError(f"operator lookup: missing={missing!r}; expected 'error' or 'null'")
         if column is not None:
             if not isinstance(column, str) or column == QID:
-                raise FlowValueError(f"operator lookup: column= must name a data column holding str keys, got {column!r}")
+                raise FlowValueError(
+                    f"operator lookup: column= must name a data column holding str keys, got {column!r}"
+                )
             self._need_columns([column], f"lookup({column})", "column")
         out = name if name is not None else (key if key is not None else f"{column}_value")
         label = f"lookup({key if key is not None else column})"
@@ -216,8 +244,14 @@ class Node:
         columns = None if self.columns is None else self.columns + (out,)
         return self.flow._add(op, (self,), label, columns)
 
-    def anyof(self, *alternatives, names: Sequence[str] | str | None = None, valid: Callable | None = None,
-              batching: bool = False, gpu: bool = False) -> "Node":
+    def anyof(
+        self,
+        *alternatives,
+        names: Sequence[str] | str | None = None,
+        valid: Callable | None = None,
+        batching: bool = False,
+        gpu: bool = False,
+    ) -> Node:
         """Run the alternatives on the same input; per row, the first valid result wins.
 
         In a deployment the alternatives race and the first valid answer moves on; locally
@@ -251,11 +285,13 @@ class Node:
                     f"its columns are {list(self.columns)}"
                 )
 
-    def _check_same_flow(self, other, op_name: str) -> "Node":
+    def _check_same_flow(self, other, op_name: str) -> Node:
         if isinstance(other, Flow):  # a Flow stands for its input node
             other = other.source
         if not isinstance(other, Node):
-            raise FlowTypeError(f"operator {op_name}: expected a node of flow {self.flow.name!r}, got {type(other).__name__}")
+            raise FlowTypeError(
+                f"operator {op_name}: expected a node of flow {self.flow.name!r}, got {type(other).__name__}"
+            )
         if other.flow is not self.flow:
             raise ForeignNodeError(
                 f"operator {op_name}: node {other.name!r} belongs to flow {other.flow.name!r}, not {self.flow.name!r}"
@@ -278,15 +314,18 @@ class GroupedNode:
 class Flow:
     """A dataflow of operators over a Table of queries. The Flow itself is the input node.
 
-        flow = Flow("double", schema={"x": int})
-        flow.map(lambda r: r.x * 2, names=["y"])
-        flow.run([{"x": 1}, {"x": 2}]).to_pylist()   # [{'qid': 0, 'y': 2}, {'qid': 1, 'y': 4}]
+    flow = Flow("double", schema={"x": int})
+    flow.map(lambda r: r.x * 2, names=["y"])
+    flow.run([{"x": 1}, {"x": 2}]).to_pylist()   # [{'qid': 0, 'y': 2}, {'qid': 1, 'y': 4}]
     """
 
-    def __init__(self, name: str, schema: Mapping[str, Any] | None = None, *,
-                 key_prefixes: Sequence[str] | None = None):
+    def __init__(
+        self, name: str, schema: Mapping[str, Any] | None = None, *, key_prefixes: Sequence[str] | None = None
+    ):
         if not isinstance(name, str) or not name or not all(ch.isalnum() or ch in "-_." for ch in name):
-            raise FlowValueError(f"Flow name must be a non-empty string of letters, digits, '-', '_' or '.', got {name!r}")
+            raise FlowValueError(
+                f"Flow name must be a non-empty string of letters, digits, '-', '_' or '.', got {name!r}"
+            )
         self.name = name
         self.key_prefixes = _check_prefixes(name, key_prefixes)
         self.schema: dict[str, ColumnType] | None = None
@@ -297,8 +336,10 @@ class Flow:
                 if not isinstance(col, str) or not col:
                     raise FlowValueError(f"Flow {name!r}: schema column names must be non-empty strings, got {col!r}")
                 if col == QID:
-                    raise FlowValueError(f"Flow {name!r}: schema column 'qid' is reserved for query ids; "
-                                         f"pass qid='qid' to run() to use an input column as the query ids")
+                    raise FlowValueError(
+                        f"Flow {name!r}: schema column 'qid' is reserved for query ids; "
+                        f"pass qid='qid' to run() to use an input column as the query ids"
+                    )
             self.schema = {c: ColumnType.parse(t, c) for c, t in schema.items()}
         self._lock = threading.Lock()
         self._nodes: list[Node] = []
@@ -407,11 +448,13 @@ class Flow:
         """
         target = cluster if cluster is not None else targets.cluster("local")  # flow/targets.py
         if not callable(getattr(target, "deploy", None)):
-            raise FlowTypeError(f"flow {self.name!r}: deploy(cluster=...) takes a cluster with a deploy(flow, ...) "
-                                f"method (LocalCluster, KubernetesCluster), got {type(target).__name__}")
+            raise FlowTypeError(
+                f"flow {self.name!r}: deploy(cluster=...) takes a cluster with a deploy(flow, ...) "
+                f"method (LocalCluster, KubernetesCluster), got {type(target).__name__}"
+            )
         return target.deploy(self, optimize=optimize, rules=rules, options=options)
 
-    def explain(self, *, rules=None, options=None) -> "PlanText":
+    def explain(self, *, rules=None, options=None) -> PlanText:
         """The physical plan the optimizer makes of this flow (default rules and options),
         as text: stages, fused operators, replicas, batching, racing, continuations.
 
@@ -438,8 +481,9 @@ def _check_prefixes(flow: str, prefixes) -> tuple[str, ...] | None:
         raise FlowTypeError(f"Flow {flow!r}: key_prefixes must be a list of non-empty strings, got {prefixes!r}")
     prefixes = tuple(prefixes)
     if not prefixes:
-        raise FlowValueError(f"Flow {flow!r}: key_prefixes is empty (no lookup could read anything); pass None for "
-                             f"any user key")
+        raise FlowValueError(
+            f"Flow {flow!r}: key_prefixes is empty (no lookup could read anything); pass None for any user key"
+        )
     bad = [p for p in prefixes if p.startswith(SYSTEM_PREFIX) or SYSTEM_PREFIX.startswith(p)]
     if bad:
         raise FlowValueError(f"Flow {flow!r}: key prefix {bad[0]!r} reaches the runtime's own keys ({SYSTEM_PREFIX}*)")

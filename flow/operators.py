@@ -93,7 +93,7 @@ class Operator:
         """True if each output row depends only on one input row (safe to batch requests)."""
         return True
 
-    def instantiate(self) -> "BoundOperator":
+    def instantiate(self) -> BoundOperator:
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -151,8 +151,9 @@ class MapOp(Operator):
         return callable_name(self.fn)
 
     def describe(self) -> str:
-        flags = [f for f, on in (("batching", self.batching), ("gpu", self.gpu),
-                                 ("high_variance", self.high_variance)) if on]
+        flags = [
+            f for f, on in (("batching", self.batching), ("gpu", self.gpu), ("high_variance", self.high_variance)) if on
+        ]
         if self.timeout_s_ is not None:
             flags.append(f"timeout {self.timeout_s_:g}s")
         src = f"({self.col})" if self.col else ""
@@ -188,7 +189,9 @@ class _BoundMap(BoundOperator):
         (table,) = inputs
         op: MapOp = self.op
         if op.col is not None and op.col not in table:
-            raise SchemaError(f"operator {self.name!r}: input has no column {op.col!r}; columns are {list(table.columns)}")
+            raise SchemaError(
+                f"operator {self.name!r}: input has no column {op.col!r}; columns are {list(table.columns)}"
+            )
         if op.batching:
             return _map_batch(self.name, self.call, op.names, op.col, table)
         return _map_rows(self.name, self.call, op.names, op.col, table)
@@ -202,9 +205,7 @@ def _invoke(name: str, call: Callable, arg, qid: int | None):
     except OperatorError:
         raise  # already names an operator (e.g. a nested flow run)
     except Exception as e:  # includes FlowErrors the user's code caused, e.g. a missing column
-        raise OperatorFailedError(
-            f"operator {name!r} raised {type(e).__name__}: {e}", operator=name, qid=qid
-        ) from e
+        raise OperatorFailedError(f"operator {name!r} raised {type(e).__name__}: {e}", operator=name, qid=qid) from e
 
 
 def _map_rows(name, call, names, col, table: Table) -> Table:
@@ -225,7 +226,8 @@ def _map_rows(name, call, names, col, table: Table) -> Table:
             got = f"{len(result)} values" if isinstance(result, (tuple, list)) else type(result).__name__
             raise OperatorOutputError(
                 f"operator {name!r} returned {got}; expected a tuple of {k} values for {list(names)}",
-                operator=name, qid=int(qids[i]),
+                operator=name,
+                qid=int(qids[i]),
             )
         for j in range(k):
             outputs[j].append(result[j])
@@ -281,7 +283,9 @@ def _map_batch(name, call, names, col, table: Table) -> Table:
             if not hasattr(v, "__len__") or isinstance(v, (str, bytes)):
                 raise OperatorOutputError(
                     f"operator {name!r} (batching) returned a {type(v).__name__} for column {c!r}; "
-                    f"expected one value per input row", operator=name)
+                    f"expected one value per input row",
+                    operator=name,
+                )
             if _is_torch(v):
                 v = v.detach().cpu().numpy()
             try:
@@ -305,7 +309,8 @@ def _is_torch(v) -> bool:
 def _is_dataframe_like(v) -> bool:
     mod = type(v).__module__.split(".")[0]
     return (mod == "pandas" and type(v).__name__ == "DataFrame") or (
-        mod == "pyarrow" and type(v).__name__ in ("Table", "RecordBatch"))
+        mod == "pyarrow" and type(v).__name__ in ("Table", "RecordBatch")
+    )
 
 
 # -- filter ---------------------------------------------------------------------------------
@@ -352,7 +357,8 @@ class _BoundFilter(BoundOperator):
             if mask.dtype != bool or mask.shape != (len(table),):
                 raise OperatorOutputError(
                     f"filter {self.name!r} (batching) must return {len(table)} bools, got {mask.dtype} {mask.shape}",
-                    operator=self.name)
+                    operator=self.name,
+                )
             return mask
         keep = np.zeros(len(table), dtype=bool)
         qids = table.qid
@@ -361,7 +367,9 @@ class _BoundFilter(BoundOperator):
             if not isinstance(result, (bool, np.bool_)):
                 raise OperatorOutputError(
                     f"filter {self.name!r} returned {type(result).__name__}; a filter predicate must return a bool",
-                    operator=self.name, qid=int(qids[i]))
+                    operator=self.name,
+                    qid=int(qids[i]),
+                )
             keep[i] = result
         return keep
 
@@ -399,7 +407,9 @@ class _BoundAgg(BoundOperator):
         op: AggOp = self.op
         for c in (op.col, op.by):
             if c is not None and c not in table.columns:
-                raise SchemaError(f"operator {self.name!r}: input has no column {c!r}; columns are {list(table.columns)}")
+                raise SchemaError(
+                    f"operator {self.name!r}: input has no column {c!r}; columns are {list(table.columns)}"
+                )
         column = table.column(op.col) if op.col else None
         out_type = agg_output_type(op.fn, column.type if column is not None else None, self.name, op.col)
         if op.by is None:
@@ -493,8 +503,10 @@ def _aggregate(fn: str, col: Column | None, idx: np.ndarray, name: str, col_name
             if bound > _INT64_MAX // len(values):  # may overflow: add exactly
                 exact = sum(values.tolist())
                 if not -_INT64_MAX - 1 <= exact <= _INT64_MAX:
-                    raise DataTypeError(f"operator {name!r}: the sum of column {col_name!r} ({exact}) does not fit "
-                                        f"in int64; map the column to float first")
+                    raise DataTypeError(
+                        f"operator {name!r}: the sum of column {col_name!r} ({exact}) does not fit "
+                        f"in int64; map the column to float first"
+                    )
                 return exact
         out = values.sum(axis=0)
     elif fn == "mean":
@@ -571,8 +583,10 @@ def join_tables(left: Table, right: Table, on, how, suffixes, name="join") -> Ta
         try:
             key_types[c] = unify(left.column(c).type, right.column(c).type, c)
         except DataTypeError:
-            raise DataTypeError(f"operator {name!r}: key column {c!r} is {left.column(c).type} on the left and "
-                                f"{right.column(c).type} on the right; they never match") from None
+            raise DataTypeError(
+                f"operator {name!r}: key column {c!r} is {left.column(c).type} on the left and "
+                f"{right.column(c).type} on the right; they never match"
+            ) from None
     if on == ("qid",):
         pairs = _unique_qid_pairs(left.qid, right.qid, how)
         if pairs is not None:
@@ -644,8 +658,17 @@ def _joined(left: Table, right: Table, li_arr, ri_arr, keys, key_types, suffixes
     if li_arr is SAME_ROWS:
         # row i pairs with row i: the columns are reused as they are (a 1:1 join of two
         # branches of the same requests, the usual case, costs no copies)
-        return _assemble(left, right, keys, suffixes, name, left.qid,
-                         {c: left.column(c).as_type(key_types[c]) for c in keys}, None, None)
+        return _assemble(
+            left,
+            right,
+            keys,
+            suffixes,
+            name,
+            left.qid,
+            {c: left.column(c).as_type(key_types[c]) for c in keys},
+            None,
+            None,
+        )
     left_only = li_arr < 0
     qid = np.empty(len(li_arr), dtype=np.int64)
     if len(li_arr):
@@ -754,17 +777,23 @@ class _BoundLookup(BoundOperator):
         if store is None:
             raise FlowValueError(f"operator {self.name!r} reads the store: pass kvs= (a KVS client or a dict) to run()")
         if op.name in table.columns:
-            raise SchemaError(f"operator {self.name!r}: output column {op.name!r} already exists in its input; pass name=")
+            raise SchemaError(
+                f"operator {self.name!r}: output column {op.name!r} already exists in its input; pass name="
+            )
         if op.dynamic:
             if op.column not in table.columns:
-                raise SchemaError(f"operator {self.name!r}: input has no column {op.column!r}; columns are {list(table.columns)}")
+                raise SchemaError(
+                    f"operator {self.name!r}: input has no column {op.column!r}; columns are {list(table.columns)}"
+                )
             keys = table.column(op.column).to_list()
         else:
             keys = [op.key] * len(table)
         unique = list(dict.fromkeys(k for k in keys if k is not None))
         for k in unique:
             if not isinstance(k, (str, bytes)):
-                raise DataTypeError(f"operator {self.name!r}: lookup keys must be str or bytes, got {type(k).__name__} {k!r:.40}")
+                raise DataTypeError(
+                    f"operator {self.name!r}: lookup keys must be str or bytes, got {type(k).__name__} {k!r:.40}"
+                )
             why = outside_namespace(k, op.prefixes)
             if why is not None:  # checked before anything is read: a client cannot probe the store
                 i = keys.index(k)
@@ -777,10 +806,16 @@ class _BoundLookup(BoundOperator):
             v = found.get(k, _MISSING) if k is not None else _MISSING
             if v is _MISSING:
                 if op.missing == "error":
-                    what = (f"key {k!r} is not in the store" if k is not None else
-                            f"column {op.column!r} is missing (None) in this row, so there is no key to read")
-                    raise LookupKeyError(f"operator {self.name!r}: {what} (pass missing='null' to get None instead)",
-                                         operator=self.name, qid=int(table.qid[i]))
+                    what = (
+                        f"key {k!r} is not in the store"
+                        if k is not None
+                        else f"column {op.column!r} is missing (None) in this row, so there is no key to read"
+                    )
+                    raise LookupKeyError(
+                        f"operator {self.name!r}: {what} (pass missing='null' to get None instead)",
+                        operator=self.name,
+                        qid=int(table.qid[i]),
+                    )
                 v = None
             values.append(v)
         try:
@@ -874,8 +909,11 @@ def choose_first_valid(op: AnyOfOp, name: str, table: Table, results: list) -> T
     alt_names = [callable_name(f) for f in op.alternatives]
     if not any(isinstance(r, Table) for r in results):
         reasons = "; ".join(f"{alt_names[a]}: {r}" for a, r in enumerate(results)) or "no alternative ran"
-        raise NoValidResultError(f"operator {name!r}: no alternative gave a valid result ({reasons})",
-                                 operator=name, qid=int(table.qid[0]) if n else None)
+        raise NoValidResultError(
+            f"operator {name!r}: no alternative gave a valid result ({reasons})",
+            operator=name,
+            qid=int(table.qid[0]) if n else None,
+        )
     choice = np.full(n, -1, dtype=np.int64)
     for a, res in enumerate(results):
         if not isinstance(res, Table):
@@ -883,7 +921,8 @@ def choose_first_valid(op: AnyOfOp, name: str, table: Table, results: list) -> T
         if len(res) != n:
             raise OperatorOutputError(
                 f"operator {name!r}: alternative {alt_names[a]!r} gave {len(res)} rows for {n} input rows",
-                operator=name)
+                operator=name,
+            )
         todo = np.flatnonzero(choice < 0)
         if len(todo) == 0:
             break
@@ -895,11 +934,14 @@ def choose_first_valid(op: AnyOfOp, name: str, table: Table, results: list) -> T
     bad = np.flatnonzero(choice < 0)
     if len(bad):
         i = int(bad[0])
-        reasons = "; ".join(f"{alt_names[a]}: {r if isinstance(r, Exception) else 'result not valid'}"
-                            for a, r in enumerate(results))
+        reasons = "; ".join(
+            f"{alt_names[a]}: {r if isinstance(r, Exception) else 'result not valid'}" for a, r in enumerate(results)
+        )
         raise NoValidResultError(
             f"operator {name!r}: no alternative gave a valid result for {len(bad)} of {n} rows ({reasons})",
-            operator=name, qid=int(table.qid[i]))
+            operator=name,
+            qid=int(table.qid[i]),
+        )
     first = next(r for r in results if isinstance(r, Table))
     if n == 0:
         return first
@@ -910,8 +952,9 @@ def choose_first_valid(op: AnyOfOp, name: str, table: Table, results: list) -> T
     try:
         merged = Table.concat([results[int(a)].take(pos) for a, pos in zip(winners, positions)])
     except (SchemaError, DataTypeError) as e:
-        raise OperatorOutputError(f"operator {name!r}: the alternatives' results do not fit together: {e}",
-                                  operator=name) from None
+        raise OperatorOutputError(
+            f"operator {name!r}: the alternatives' results do not fit together: {e}", operator=name
+        ) from None
     return merged.take(np.argsort(np.concatenate(positions), kind="stable"))
 
 
@@ -921,6 +964,7 @@ def is_valid(op: AnyOfOp, name: str, result: Table, i: int) -> bool:
     try:
         ok = op.valid(Row(result, i))
     except Exception as e:
-        raise OperatorFailedError(f"operator {name!r}: valid= raised {type(e).__name__}: {e}",
-                                  operator=name, qid=int(result.qid[i])) from e
+        raise OperatorFailedError(
+            f"operator {name!r}: valid= raised {type(e).__name__}: {e}", operator=name, qid=int(result.qid[i])
+        ) from e
     return bool(ok)

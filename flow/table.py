@@ -65,7 +65,7 @@ class Column:
             return v
         return v.item() if isinstance(v, np.generic) else v
 
-    def take(self, idx: np.ndarray) -> "Column":
+    def take(self, idx: np.ndarray) -> Column:
         """Rows at ``idx``; an index of -1 gives a missing value (outer joins).
 
         Unlike numpy, -1 never means "the last row": ``Table.take`` refuses negative
@@ -95,7 +95,7 @@ class Column:
                 values[missing] = self.type.fill_value()
         return Column(self.type, values, valid)
 
-    def as_type(self, type_: ColumnType) -> "Column":
+    def as_type(self, type_: ColumnType) -> Column:
         if type_ == self.type:
             return self
         if self.type.kind == "null":
@@ -127,7 +127,7 @@ class Column:
             return self.values.tolist()
         return [v if ok else None for v, ok in zip(self.values.tolist(), self.valid)]
 
-    def equals(self, other: "Column") -> bool:
+    def equals(self, other: Column) -> bool:
         if self.type != other.type or len(self) != len(other):
             return False
         mine = self.valid if self.valid is not None else np.ones(len(self), bool)
@@ -147,7 +147,7 @@ class Row:
 
     __slots__ = ("_table", "_i")
 
-    def __init__(self, table: "Table", i: int):
+    def __init__(self, table: Table, i: int):
         self._table = table
         self._i = i
 
@@ -207,7 +207,7 @@ class Table:
     # -- constructors ---------------------------------------------------------------
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], qid=None, schema: Mapping[str, Any] | None = None) -> "Table":
+    def from_dict(cls, data: Mapping[str, Any], qid=None, schema: Mapping[str, Any] | None = None) -> Table:
         """From a dict of columns: ``{"x": [1, 2], "img": np.zeros((2, 28, 28))}``."""
         if not isinstance(data, Mapping):
             raise DataTypeError(f"from_dict expects a mapping of column name to values, got {type(data).__name__}")
@@ -230,7 +230,7 @@ class Table:
         return cls(columns, _make_qids(qids, n))
 
     @classmethod
-    def from_pylist(cls, rows: Sequence[Mapping[str, Any]], qid=None, schema: Mapping[str, Any] | None = None) -> "Table":
+    def from_pylist(cls, rows: Sequence[Mapping[str, Any]], qid=None, schema: Mapping[str, Any] | None = None) -> Table:
         """From a list of row dicts: ``[{"x": 1}, {"x": 2}]``. All rows need the same keys."""
         rows = list(rows)
         names: list[str] = []
@@ -248,7 +248,7 @@ class Table:
         return cls.from_dict(data, qid=qid, schema=schema)
 
     @classmethod
-    def from_pandas(cls, df, qid=None, schema: Mapping[str, Any] | None = None) -> "Table":
+    def from_pandas(cls, df, qid=None, schema: Mapping[str, Any] | None = None) -> Table:
         """From a pandas DataFrame; object columns holding arrays become tensor columns."""
         import pandas as pd
 
@@ -278,7 +278,7 @@ class Table:
         return _apply_hints(table, hints, schema)
 
     @classmethod
-    def from_arrow(cls, table, qid=None, schema: Mapping[str, Any] | None = None) -> "Table":
+    def from_arrow(cls, table, qid=None, schema: Mapping[str, Any] | None = None) -> Table:
         """From a pyarrow Table; fixed_shape_tensor columns become tensor columns."""
         import pyarrow as pa
 
@@ -300,7 +300,7 @@ class Table:
         return _apply_hints(cls.from_dict(data, qid=qid, schema=schema), hints, schema)
 
     @classmethod
-    def from_any(cls, data, qid=None, schema: Mapping[str, Any] | None = None) -> "Table":
+    def from_any(cls, data, qid=None, schema: Mapping[str, Any] | None = None) -> Table:
         """A Table from a Table, DataFrame, pyarrow Table, list of row dicts or dict of columns."""
         if isinstance(data, Table):
             return data
@@ -319,7 +319,7 @@ class Table:
         )
 
     @classmethod
-    def empty(cls, schema: Mapping[str, Any] | None = None) -> "Table":
+    def empty(cls, schema: Mapping[str, Any] | None = None) -> Table:
         """A Table of no rows with the given column types: ``Table.empty({"x": int})``."""
         cols = {}
         for name, t in (schema or {}).items():
@@ -431,7 +431,7 @@ class Table:
 
     # -- relational building blocks -------------------------------------------------------
 
-    def take(self, idx) -> "Table":
+    def take(self, idx) -> Table:
         """Rows at the given positions, in that order (duplicates allowed, no negatives)."""
         idx = np.asarray(idx, dtype=np.int64).reshape(-1)
         if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
@@ -439,26 +439,26 @@ class Table:
             raise IndexError(f"row position {bad} out of range for a table of {len(self)} rows")
         return Table({n: c.take(idx) for n, c in self._cols.items()}, self._qid[idx])
 
-    def filter(self, mask) -> "Table":
+    def filter(self, mask) -> Table:
         """The rows where ``mask`` (one bool per row) is True."""
         mask = np.asarray(mask, dtype=bool)
         if mask.shape != (len(self),):
             raise ValueError(f"filter mask has shape {mask.shape}, the table has {len(self)} rows")
         return self.take(np.flatnonzero(mask))
 
-    def select(self, names: Iterable[str]) -> "Table":
+    def select(self, names: Iterable[str]) -> Table:
         return Table({n: self._column(n) for n in names}, self._qid)
 
-    def with_columns(self, columns: Mapping[str, Column], keep: bool = True) -> "Table":
+    def with_columns(self, columns: Mapping[str, Column], keep: bool = True) -> Table:
         base = dict(self._cols) if keep else {}
         base.update(columns)
         return Table(base, self._qid)
 
-    def with_qid(self, qid) -> "Table":
+    def with_qid(self, qid) -> Table:
         return Table(self._cols, np.asarray(qid, dtype=np.int64))
 
     @staticmethod
-    def concat(tables: Sequence["Table"]) -> "Table":
+    def concat(tables: Sequence[Table]) -> Table:
         """Rows of all tables, in order; columns must match by name (types unify)."""
         tables = list(tables)
         if not tables:
@@ -466,9 +466,7 @@ class Table:
         names = tables[0].columns
         for t in tables[1:]:
             if set(t.columns) != set(names):
-                raise SchemaError(
-                    f"cannot concatenate tables with columns {list(names)} and {list(t.columns)}"
-                )
+                raise SchemaError(f"cannot concatenate tables with columns {list(names)} and {list(t.columns)}")
         cols: dict[str, Column] = {}
         for n in names:
             parts = [t._cols[n] for t in tables]
@@ -484,7 +482,7 @@ class Table:
             cols[n] = Column(ctype, values, valid)
         return Table(cols, np.concatenate([t._qid for t in tables]))
 
-    def split_by_qid(self) -> dict[int, "Table"]:
+    def split_by_qid(self) -> dict[int, Table]:
         """One Table per qid, rows in their original order (used to split a batch)."""
         if len(self) == 0:
             return {}
@@ -496,12 +494,12 @@ class Table:
             out[int(self._qid[chunk[0]])] = self.take(chunk)
         return out
 
-    def sort_by_qid(self) -> "Table":
+    def sort_by_qid(self) -> Table:
         return self.take(np.argsort(self._qid, kind="stable"))
 
     # -- comparison and display ----------------------------------------------------------
 
-    def equals(self, other: "Table") -> bool:
+    def equals(self, other: Table) -> bool:
         """Same qids, columns (names, order, types) and values, in the same row order."""
         return (
             isinstance(other, Table)
@@ -556,7 +554,7 @@ def _make_qids(qids, n: int) -> np.ndarray:
 PANDAS_SCHEMA_ATTR = "flowserve_schema"
 
 
-def _apply_hints(table: "Table", hints: Mapping[str, ColumnType], schema) -> "Table":
+def _apply_hints(table: Table, hints: Mapping[str, ColumnType], schema) -> Table:
     """Give columns that came out ``null`` (no values to infer from) their source's type."""
     fixed = {}
     for name, hint in hints.items():
@@ -579,8 +577,7 @@ def _pandas_type_hint(s, stored) -> ColumnType | None:
     if isinstance(s.dtype, pd.StringDtype):
         return ColumnType("str")
     kind = s.dtype.kind
-    return {"b": ColumnType("bool"), "i": ColumnType("int"), "u": ColumnType("int"),
-            "f": ColumnType("float")}.get(kind)
+    return {"b": ColumnType("bool"), "i": ColumnType("int"), "u": ColumnType("int"), "f": ColumnType("float")}.get(kind)
 
 
 def _arrow_type_hint(t) -> ColumnType | None:
@@ -588,8 +585,9 @@ def _arrow_type_hint(t) -> ColumnType | None:
 
     if isinstance(t, pa.FixedShapeTensorType):
         return ColumnType.tensor(t.value_type.to_pandas_dtype(), t.shape)
-    if pa.types.is_fixed_size_list(t) and (pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)
-                                           or pa.types.is_boolean(t.value_type)):
+    if pa.types.is_fixed_size_list(t) and (
+        pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type) or pa.types.is_boolean(t.value_type)
+    ):
         return ColumnType.tensor(t.value_type.to_pandas_dtype(), (t.list_size,))
     if pa.types.is_boolean(t):
         return ColumnType("bool")
@@ -615,8 +613,9 @@ def _arrow_column_values(chunked, name: str):
         arr = chunked.combine_chunks()
     if isinstance(arr.type, pa.FixedShapeTensorType):
         return _arrow_tensor_values(arr.storage, tuple(arr.type.shape), arr.type.value_type, name)
-    if arr.null_count == 0 and (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)
-                                or pa.types.is_boolean(arr.type)):
+    if arr.null_count == 0 and (
+        pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_boolean(arr.type)
+    ):
         return arr.to_numpy(zero_copy_only=False)
     if pa.types.is_null(arr.type):
         return [None] * len(arr)
@@ -657,6 +656,11 @@ def _column_to_arrow(col: Column):
         return pa.ExtensionArray.from_storage(ttype, storage)
     if kind == "null":
         return pa.nulls(len(col))
-    arrow_type = {"int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(),
-                  "str": pa.string(), "bytes": pa.binary()}[kind]
+    arrow_type = {
+        "int": pa.int64(),
+        "float": pa.float64(),
+        "bool": pa.bool_(),
+        "str": pa.string(),
+        "bytes": pa.binary(),
+    }[kind]
     return pa.array(col.values, type=arrow_type, mask=mask)

@@ -17,7 +17,7 @@ options)`` (LocalCluster, KubernetesCluster); without one it uses the ``local`` 
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from importlib.metadata import entry_points
 
 from flow.exceptions import FlowError
@@ -30,14 +30,15 @@ class TargetNotFoundError(FlowError, LookupError):
     """No installed package registers the planner or deploy target asked for."""
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(group: str, name: str):
     found = entry_points(group=group, name=name)
     if not found:
         known = sorted(ep.name for ep in entry_points(group=group))
         raise TargetNotFoundError(
             f"no {group!r} entry point named {name!r} (registered: {known or 'none'}); "
-            f"install the project (pip install -e .) so its entry points are registered")
+            f"install the project (pip install -e .) so its entry points are registered"
+        )
     return next(iter(found)).load()
 
 

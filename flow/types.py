@@ -13,10 +13,11 @@ copy; several rows are copied once into one new array.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from operator import attrgetter
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -58,11 +59,11 @@ class ColumnType:
                 raise ValueError(f"a {self.kind} column has no row shape, got {self.shape}")
 
     @classmethod
-    def tensor(cls, dtype, shape: Sequence[int]) -> "ColumnType":
+    def tensor(cls, dtype, shape: Sequence[int]) -> ColumnType:
         return _tensor_type(np.dtype(dtype), tuple(shape))
 
     @classmethod
-    def scalar(cls, kind: str) -> "ColumnType":
+    def scalar(cls, kind: str) -> ColumnType:
         """The (shared, immutable) type of a non-tensor kind: built once, not per column."""
         try:
             return _SCALAR_TYPES[kind]
@@ -88,13 +89,13 @@ class ColumnType:
         return {"kind": self.kind}
 
     @classmethod
-    def from_json(cls, doc: dict) -> "ColumnType":
+    def from_json(cls, doc: dict) -> ColumnType:
         if doc.get("kind") == "tensor":
             return cls.tensor(np.dtype(doc["dtype"]), doc["shape"])
         return cls(doc["kind"])
 
     @classmethod
-    def parse(cls, spec: Any, column: str) -> "ColumnType":
+    def parse(cls, spec: Any, column: str) -> ColumnType:
         """Accept a ColumnType, a kind name, a Python type, or a numpy dtype."""
         if isinstance(spec, ColumnType):
             return spec
@@ -201,7 +202,9 @@ def build_column(values: Any, column: str, type_: ColumnType | None = None):
     kind = type_.kind if type_ is not None else _infer_kind(present, column)
     if kind == "null":
         if present:
-            raise DataTypeError(f"column {column!r}: expected null (all values missing), got {type(present[0]).__name__}")
+            raise DataTypeError(
+                f"column {column!r}: expected null (all values missing), got {type(present[0]).__name__}"
+            )
         return ColumnType("null"), np.full(len(values), None, dtype=object), _mask_or_none(valid)
     if kind == "tensor":
         return _tensor_column(values, valid, present, column, type_)

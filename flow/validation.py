@@ -27,8 +27,10 @@ def check_unique_qids(flow_name: str, table: Table) -> None:
     qids = np.sort(table.qid)
     dup = np.flatnonzero(qids[1:] == qids[:-1])
     if len(dup):
-        raise SchemaError(f"flow {flow_name!r}: column 'qid': query ids must be unique in a request; "
-                          f"{int(qids[dup[0]])} appears more than once")
+        raise SchemaError(
+            f"flow {flow_name!r}: column 'qid': query ids must be unique in a request; "
+            f"{int(qids[dup[0]])} appears more than once"
+        )
 
 
 def check_schema(flow_name: str, schema, table: Table) -> Table:
@@ -45,9 +47,15 @@ def check_schema(flow_name: str, schema, table: Table) -> Table:
         got = col.type
         if got == want:
             continue
-        if got.kind == "null" or (got.kind == "int" and want.kind == "float") or (
-                got.kind == want.kind == "tensor" and got.shape == want.shape
-                and np.can_cast(got.dtype, want.dtype, casting="safe")):
+        if (
+            got.kind == "null"
+            or (got.kind == "int" and want.kind == "float")
+            or (
+                got.kind == want.kind == "tensor"
+                and got.shape == want.shape
+                and np.can_cast(got.dtype, want.dtype, casting="safe")
+            )
+        ):
             cast[name] = col.as_type(want)  # all missing, or a lossless widening
             continue
         raise DataTypeError(f"flow {flow_name!r}: column {name!r} should be {want}, got {got}")

@@ -33,9 +33,9 @@ from k8s.config import KubeConfig, _int, redact_url
 from k8s.exceptions import (
     K8sApiError,
     K8sClientMissingError,
-    K8sConflictError,
     K8sConfigError,
     K8sConfigTypeError,
+    K8sConflictError,
     K8sError,
     K8sNotFoundError,
     K8sNotReadyError,
@@ -49,8 +49,8 @@ from k8s.manifests import (
     L_INSTANCE,
     SCALABLE,
     instance_selector,
-    managed_selector,
     labels,
+    managed_selector,
     object_name,
     render,
 )
@@ -79,10 +79,15 @@ KINDS: dict[tuple[str, str], Kind] = {
 # what ``delete`` removes, in this order (workloads first so pods stop before their Services;
 # the autoscaler's permissions only after the gateway that uses them is gone): exactly the
 # kinds ``render`` makes, so the deployer's RBAC (docs/kubernetes.md) needs no other kind
-DELETE_ORDER = [("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"), ("v1", "Service"),
-                ("networking.k8s.io/v1", "NetworkPolicy"),
-                ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("rbac.authorization.k8s.io/v1", "Role"),
-                ("v1", "ServiceAccount")]
+DELETE_ORDER = [
+    ("apps/v1", "Deployment"),
+    ("apps/v1", "StatefulSet"),
+    ("v1", "Service"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("v1", "ServiceAccount"),
+]
 # what ``apply`` prunes: the same kinds (Secrets and volume claims hold data: never pruned)
 PRUNE_ORDER = DELETE_ORDER
 # server-side apply: the field manager that owns what FlowServe renders, and its content type
@@ -100,8 +105,9 @@ def _client():
     try:
         import kubernetes.client as client
     except ImportError as e:
-        raise K8sClientMissingError(f"the Kubernetes backend needs the kubernetes client: "
-                                    f"pip install 'flowserve[k8s]' ({e})") from e
+        raise K8sClientMissingError(
+            f"the Kubernetes backend needs the kubernetes client: pip install 'flowserve[k8s]' ({e})"
+        ) from e
     return client
 
 
@@ -157,8 +163,9 @@ def to_api_object(manifest: dict, api_client=None):
     kind = KINDS.get(key)
     if kind is None:
         known = ", ".join(f"{k} ({v})" for v, k in KINDS)
-        raise ManifestError(f"{describe(manifest)}: unsupported apiVersion/kind {key[0]!r}/{key[1]!r}; "
-                            f"supported: {known}")
+        raise ManifestError(
+            f"{describe(manifest)}: unsupported apiVersion/kind {key[0]!r}/{key[1]!r}; supported: {known}"
+        )
     md = manifest.get("metadata")
     if not isinstance(md, dict) or not isinstance(md.get("name"), str) or not md["name"]:
         raise ManifestError(f"{describe(manifest)}: metadata.name is missing")
@@ -170,8 +177,10 @@ def to_api_object(manifest: dict, api_client=None):
     back = api_client.sanitize_for_serialization(obj)
     diff = _first_difference(manifest, back)
     if diff is not None:
-        raise ManifestError(f"{describe(manifest)}: field {diff!r} is not part of {kind.model} "
-                            f"(misspelt, or the wrong type); it would not be sent")
+        raise ManifestError(
+            f"{describe(manifest)}: field {diff!r} is not part of {kind.model} "
+            f"(misspelt, or the wrong type); it would not be sent"
+        )
     return obj, kind
 
 
@@ -197,8 +206,9 @@ def _default_api_client():
         try:
             kconfig.load_kube_config()
         except (kconfig.ConfigException, OSError) as e:
-            raise K8sError(f"no Kubernetes credentials: not in a pod and no usable kubeconfig "
-                           f"(KUBECONFIG or ~/.kube/config): {e}") from e
+            raise K8sError(
+                f"no Kubernetes credentials: not in a pod and no usable kubeconfig (KUBECONFIG or ~/.kube/config): {e}"
+            ) from e
     import kubernetes.client as client
 
     return client.ApiClient()
@@ -220,8 +230,17 @@ class KubernetesCluster:
 
     poll_s = 2.0  # how often deploy() looks at the workloads while waiting for them
 
-    def __init__(self, namespace: str | None = None, image: str | None = None, config: KubeConfig | None = None,
-                 *, apps_api=None, core_api=None, networking_api=None, rbac_api=None):
+    def __init__(
+        self,
+        namespace: str | None = None,
+        image: str | None = None,
+        config: KubeConfig | None = None,
+        *,
+        apps_api=None,
+        core_api=None,
+        networking_api=None,
+        rbac_api=None,
+    ):
         if config is None:
             config = KubeConfig()
         elif not isinstance(config, KubeConfig):
@@ -242,15 +261,28 @@ class KubernetesCluster:
         if self._apis[which] is None:
             client = _client()
             api_client = _default_api_client()
-            built = {"apps": client.AppsV1Api, "core": client.CoreV1Api, "networking": client.NetworkingV1Api,
-                     "rbac": client.RbacAuthorizationV1Api}
+            built = {
+                "apps": client.AppsV1Api,
+                "core": client.CoreV1Api,
+                "networking": client.NetworkingV1Api,
+                "rbac": client.RbacAuthorizationV1Api,
+            }
             for k, cls in built.items():
                 if self._apis[k] is None:
                     self._apis[k] = cls(api_client)
         return self._apis[which]
 
-    def _call(self, verb: str, kind_name: str, kind: Kind, name: str, *args, suffix: str | None = None,
-              namespace: str | None = None, **kwargs):
+    def _call(
+        self,
+        verb: str,
+        kind_name: str,
+        kind: Kind,
+        name: str,
+        *args,
+        suffix: str | None = None,
+        namespace: str | None = None,
+        **kwargs,
+    ):
         """``<verb>_<suffix>`` on the kind's API; errors become K8sApiError naming the object."""
         ns = namespace or self.namespace
         method = f"{verb}_{suffix or kind.suffix}"
@@ -282,13 +314,21 @@ class KubernetesCluster:
             hint = " (check the credentials and that RBAC allows this verb on this kind)"
         elif status == 0:
             hint = " (is the API server reachable?)"
-        return cls(f"{verb} {what} failed: {status or 'no answer'} {reason}{hint}".rstrip(), verb=verb, kind=kind,
-                   namespace=namespace, name=name, status=status, reason=reason)
+        return cls(
+            f"{verb} {what} failed: {status or 'no answer'} {reason}{hint}".rstrip(),
+            verb=verb,
+            kind=kind,
+            namespace=namespace,
+            name=name,
+            status=status,
+            reason=reason,
+        )
 
     # -- apply -------------------------------------------------------------------------------
 
-    def apply(self, manifests=None, *, keep_replicas: bool = True, prune: bool = True,
-              dry_run: bool = False) -> list[dict]:
+    def apply(
+        self, manifests=None, *, keep_replicas: bool = True, prune: bool = True, dry_run: bool = False
+    ) -> list[dict]:
         """Server-side apply each object (``kubectl apply --server-side --force-conflicts
         --field-manager=flowserve``), then prune this instance's objects the manifests no
         longer contain; returns what was done per object.
@@ -337,10 +377,12 @@ class KubernetesCluster:
             raise ManifestError(
                 f"{describe(body)}: apply(prune=True) keeps only objects of instance {self.config.name!r} in "
                 f"namespace {self.namespace!r}, but this one is in namespace {md['namespace']!r} with label "
-                f"{L_INSTANCE}={instance!r}: render it with this cluster's config, or pass prune=False")
+                f"{L_INSTANCE}={instance!r}: render it with this cluster's config, or pass prune=False"
+            )
 
-    def _apply_one(self, kind_name: str, body: dict, kind: Kind, keep_replicas: bool, extra: dict,
-                   attempts: int = 3) -> dict:
+    def _apply_one(
+        self, kind_name: str, body: dict, kind: Kind, keep_replicas: bool, extra: dict, attempts: int = 3
+    ) -> dict:
         name, ns = body["metadata"]["name"], body["metadata"]["namespace"]
         result = {"kind": kind_name, "name": name, "namespace": ns}
         for attempt in range(attempts):
@@ -349,15 +391,32 @@ class KubernetesCluster:
             except K8sNotFoundError:
                 live = None
             sent = body
-            if kind_name == "Deployment" and keep_replicas and live is not None and live.spec is not None \
-                    and live.spec.replicas is not None:
+            if (
+                kind_name == "Deployment"
+                and keep_replicas
+                and live is not None
+                and live.spec is not None
+                and live.spec.replicas is not None
+            ):
                 sent = copy.deepcopy(body)
                 sent["spec"]["replicas"] = live.spec.replicas
                 # a precondition: had the autoscaler scaled since the read, this is a 409
                 sent["metadata"]["resourceVersion"] = live.metadata.resource_version
             try:
-                out = self._call("patch", kind_name, kind, name, name, ns, sent, namespace=ns,
-                                 field_manager=FIELD_MANAGER, force=True, _content_type=APPLY_PATCH, **extra)
+                out = self._call(
+                    "patch",
+                    kind_name,
+                    kind,
+                    name,
+                    name,
+                    ns,
+                    sent,
+                    namespace=ns,
+                    field_manager=FIELD_MANAGER,
+                    force=True,
+                    _content_type=APPLY_PATCH,
+                    **extra,
+                )
             except K8sConflictError:
                 if sent is body or attempt == attempts - 1:
                     raise
@@ -383,8 +442,16 @@ class KubernetesCluster:
                 if (kind_name, name) in keep or item.metadata.deletion_timestamp is not None:
                     continue
                 try:
-                    self._call("delete", kind_name, kind, name, name, self.namespace,
-                               propagation_policy="Foreground" if kind.api == "apps" else "Background", **extra)
+                    self._call(
+                        "delete",
+                        kind_name,
+                        kind,
+                        name,
+                        name,
+                        self.namespace,
+                        propagation_policy="Foreground" if kind.api == "apps" else "Background",
+                        **extra,
+                    )
                 except K8sNotFoundError:
                     continue  # deleted meanwhile
                 pruned.append({"kind": kind_name, "name": name, "namespace": self.namespace, "action": "pruned"})
@@ -402,19 +469,25 @@ class KubernetesCluster:
         created = []
         kind = KINDS[("v1", "Secret")]
         client = _client()
-        for name, key, component in ((self.config.redis_secret_name, "password", "kvs"),
-                                     (self.config.admin_secret_name, "token", "gateway"),
-                                     (self.config.cluster_key_secret_name, "key", "gateway")):
+        for name, key, component in (
+            (self.config.redis_secret_name, "password", "kvs"),
+            (self.config.admin_secret_name, "token", "gateway"),
+            (self.config.cluster_key_secret_name, "key", "gateway"),
+        ):
             try:
                 self._call("read", "Secret", kind, name, name, self.namespace)
                 continue
             except K8sNotFoundError:
                 pass
             body = client.V1Secret(
-                api_version="v1", kind="Secret", type="Opaque",
-                metadata=client.V1ObjectMeta(name=name, namespace=self.namespace,
-                                             labels=labels(self.config, component)),
-                string_data={key: secrets.token_hex(32) if key == "key" else secrets.token_urlsafe(32)})
+                api_version="v1",
+                kind="Secret",
+                type="Opaque",
+                metadata=client.V1ObjectMeta(
+                    name=name, namespace=self.namespace, labels=labels(self.config, component)
+                ),
+                string_data={key: secrets.token_hex(32) if key == "key" else secrets.token_urlsafe(32)},
+            )
             self._call("create", "Secret", kind, name, self.namespace, body)
             created.append(name)
         return created
@@ -422,18 +495,21 @@ class KubernetesCluster:
     def read_secret(self, name: str, key: str) -> str:
         """The value under ``key`` of the Secret ``name`` (the API sends it base64-encoded).
 
-            cluster.read_secret(cluster.config.admin_secret_name, "token")
+        cluster.read_secret(cluster.config.admin_secret_name, "token")
         """
         secret = self._call("read", "Secret", KINDS[("v1", "Secret")], name, name, self.namespace)
         data = secret.data or {}
         if key not in data:
-            raise K8sError(f"Secret {self.namespace}/{name} has no key {key!r} (keys: {sorted(data)}); "
-                           f"recreate it with that key (docs/kubernetes.md, section 2)")
+            raise K8sError(
+                f"Secret {self.namespace}/{name} has no key {key!r} (keys: {sorted(data)}); "
+                f"recreate it with that key (docs/kubernetes.md, section 2)"
+            )
         try:
             return base64.b64decode(data[key], validate=True).decode()
         except (binascii.Error, UnicodeDecodeError) as e:
-            raise K8sError(f"Secret {self.namespace}/{name} key {key!r} is not base64-encoded UTF-8 text: "
-                           f"{e}") from None
+            raise K8sError(
+                f"Secret {self.namespace}/{name} key {key!r} is not base64-encoded UTF-8 text: {e}"
+            ) from None
 
     # -- scale -------------------------------------------------------------------------------
 
@@ -462,8 +538,16 @@ class KubernetesCluster:
         if not 0 <= replicas <= 1000:
             raise K8sConfigError(f"replicas must be in 0..1000, got {replicas!r}")
         kind = KINDS[("apps/v1", "Deployment")]
-        scale = self._call("patch", "Deployment", kind, name, name, self.namespace, {"spec": {"replicas": replicas}},
-                           suffix="namespaced_deployment_scale")
+        scale = self._call(
+            "patch",
+            "Deployment",
+            kind,
+            name,
+            name,
+            self.namespace,
+            {"spec": {"replicas": replicas}},
+            suffix="namespaced_deployment_scale",
+        )
         spec = getattr(scale, "spec", None)
         return spec.replicas if spec is not None and spec.replicas is not None else replicas
 
@@ -474,8 +558,15 @@ class KubernetesCluster:
             cluster.replicas("executor-cpu")    # 2
         """
         name = self.deployment_name(component_or_deployment)
-        scale = self._call("read", "Deployment", KINDS[("apps/v1", "Deployment")], name, name, self.namespace,
-                           suffix="namespaced_deployment_scale")
+        scale = self._call(
+            "read",
+            "Deployment",
+            KINDS[("apps/v1", "Deployment")],
+            name,
+            name,
+            self.namespace,
+            suffix="namespaced_deployment_scale",
+        )
         spec = getattr(scale, "spec", None)
         return spec.replicas if spec is not None and spec.replicas is not None else 0
 
@@ -503,8 +594,10 @@ class KubernetesCluster:
         if value is None:  # rendered without autoscaling: what is running is the baseline
             return dep.spec.replicas if dep.spec is not None and dep.spec.replicas is not None else 1
         if not value.isdigit():
-            raise K8sError(f"Deployment {self.namespace}/{dep.metadata.name}: annotation {A_BASELINE}={value!r} "
-                           f"is not a replica count")
+            raise K8sError(
+                f"Deployment {self.namespace}/{dep.metadata.name}: annotation {A_BASELINE}={value!r} "
+                f"is not a replica count"
+            )
         return int(value)
 
     def set_deletion_cost(self, pod: str, cost: int) -> None:
@@ -538,8 +631,15 @@ class KubernetesCluster:
             for item in items:
                 name = item.metadata.name
                 try:
-                    self._call("delete", kind_name, kind, name, name, self.namespace,
-                               propagation_policy="Foreground" if kind.api == "apps" else "Background")
+                    self._call(
+                        "delete",
+                        kind_name,
+                        kind,
+                        name,
+                        name,
+                        self.namespace,
+                        propagation_policy="Foreground" if kind.api == "apps" else "Background",
+                    )
                 except K8sNotFoundError:
                     continue  # deleted meanwhile
                 deleted.append({"kind": kind_name, "name": name, "namespace": self.namespace})
@@ -550,11 +650,11 @@ class KubernetesCluster:
     def status(self) -> dict:
         """Desired and ready replicas per component, and the gateway's address.
 
-            {"namespace": "ml", "instance": "flowserve",
-             "components": {"gateway": {"kind": "Deployment", "name": "flowserve-gateway",
-                                        "replicas": 2, "ready": 2, "available": 2, "updated": 2}, ...},
-             "gateway": {"type": "LoadBalancer", "cluster_ip": "10.0.0.7", "external": ["203.0.113.5"],
-                         "port": 80}}
+        {"namespace": "ml", "instance": "flowserve",
+         "components": {"gateway": {"kind": "Deployment", "name": "flowserve-gateway",
+                                    "replicas": 2, "ready": 2, "available": 2, "updated": 2}, ...},
+         "gateway": {"type": "LoadBalancer", "cluster_ip": "10.0.0.7", "external": ["203.0.113.5"],
+                     "port": 80}}
         """
         selector = instance_selector(self.config)
         components = {}
@@ -564,7 +664,8 @@ class KubernetesCluster:
                 component = (item.metadata.labels or {}).get(L_COMPONENT, item.metadata.name)
                 st = item.status
                 components[component] = {
-                    "kind": kind_name, "name": item.metadata.name,
+                    "kind": kind_name,
+                    "name": item.metadata.name,
                     "replicas": item.spec.replicas if item.spec.replicas is not None else 1,
                     "ready": (st.ready_replicas if st else None) or 0,
                     "available": (getattr(st, "available_replicas", None) if st else None) or 0,
@@ -579,15 +680,27 @@ class KubernetesCluster:
         except K8sNotFoundError:
             return out
         ingress = (svc.status.load_balancer.ingress if svc.status and svc.status.load_balancer else None) or []
-        out["gateway"] = {"type": svc.spec.type, "cluster_ip": svc.spec.cluster_ip,
-                          "external": [i.ip or i.hostname for i in ingress],
-                          "port": svc.spec.ports[0].port if svc.spec.ports else None}
+        out["gateway"] = {
+            "type": svc.spec.type,
+            "cluster_ip": svc.spec.cluster_ip,
+            "external": [i.ip or i.hostname for i in ingress],
+            "port": svc.spec.ports[0].port if svc.spec.ports else None,
+        }
         return out
 
     # -- deploy ------------------------------------------------------------------------------
 
-    def deploy(self, flow, *, optimize: bool = True, rules=None, options=None, gateway_url: str | None = None,
-               kvs_url: str | None = None, wait_s: float = 300):
+    def deploy(
+        self,
+        flow,
+        *,
+        optimize: bool = True,
+        rules=None,
+        options=None,
+        gateway_url: str | None = None,
+        kvs_url: str | None = None,
+        wait_s: float = 300,
+    ):
         """Serve ``flow`` on this instance: create the Secrets if missing, apply the manifests
         sized for its plan, wait up to ``wait_s`` seconds until the KVS, the gateway and the
         executors are ready, then register the plan and deploy it through the gateway.
@@ -627,14 +740,19 @@ class KubernetesCluster:
         """``config.gateway_url``, else the gateway Service's in-cluster DNS name."""
         if self.config.gateway_url is not None:
             return self.config.gateway_url
-        return f"http://{object_name(self.config, 'gateway')}.{self.namespace}.svc.cluster.local:" \
-               f"{self.config.service_port}"
+        return (
+            f"http://{object_name(self.config, 'gateway')}.{self.namespace}.svc.cluster.local:"
+            f"{self.config.service_port}"
+        )
 
     def kvs_url(self, url: str | None = None) -> str:
         """``url``, else ``config.kvs_url``, else the KVS Service's in-cluster DNS name; without
         a password in it, the one from the redis Secret is added (URL-quoted)."""
-        url = url or self.config.kvs_url or \
-            f"redis://{object_name(self.config, 'kvs')}.{self.namespace}.svc.cluster.local:{self.config.redis_port}/0"
+        url = (
+            url
+            or self.config.kvs_url
+            or f"redis://{object_name(self.config, 'kvs')}.{self.namespace}.svc.cluster.local:{self.config.redis_port}/0"
+        )
         parts = urlsplit(url)
         if parts.password is not None:
             return url
@@ -656,8 +774,11 @@ class KubernetesCluster:
         deadline = time.monotonic() + wait_s
         while True:
             status = self.status()
-            wanted = components if components is not None else \
-                [c for c in WORKLOADS if c in REQUIRED or c in status["components"]]
+            wanted = (
+                components
+                if components is not None
+                else [c for c in WORKLOADS if c in REQUIRED or c in status["components"]]
+            )
             pending = _pending(status["components"], wanted)
             if not pending:
                 return status
@@ -665,11 +786,13 @@ class KubernetesCluster:
                 raise K8sNotReadyError(
                     f"{self.config.name} in namespace {self.namespace} not ready after {wait_s:g} s: "
                     f"{'; '.join(pending)} (see kubectl -n {self.namespace} get pods -l "
-                    f"{instance_selector(self.config)}, and describe the pending ones)")
+                    f"{instance_selector(self.config)}, and describe the pending ones)"
+                )
             time.sleep(min(self.poll_s, max(deadline - time.monotonic(), 0)))
 
-    def _cluster_client(self, url: str, kvs_url: str, admin_token: str, token: str | None,
-                        cluster_key: str | None = None):
+    def _cluster_client(
+        self, url: str, kvs_url: str, admin_token: str, token: str | None, cluster_key: str | None = None
+    ):
         """The runtime's client of a running cluster; one small method so tests can see what
         it is given. Imported here: the runtime is not needed to render or apply."""
         from executors.cluster import ClusterClient
@@ -687,12 +810,16 @@ class KubernetesCluster:
         hint = ""
         if ".svc.cluster.local" in url or ".svc.cluster.local" in kvs_url:
             svc = object_name(self.config, "gateway"), object_name(self.config, "kvs")
-            hint = (f"; outside the cluster these names do not resolve: run `kubectl -n {self.namespace} "
-                    f"port-forward svc/{svc[0]} 8080:{self.config.service_port}` and `kubectl -n {self.namespace} "
-                    f"port-forward svc/{svc[1]} {self.config.redis_port}`, then pass "
-                    f"gateway_url='http://localhost:8080', kvs_url='redis://localhost:{self.config.redis_port}/0'")
-        return (f"deploying flow {getattr(flow, 'name', flow)!r}: gateway {url} or KVS {redact_url(kvs_url)} did "
-                f"not answer: {type(e).__name__}: {redact_url(str(e))}{hint}")
+            hint = (
+                f"; outside the cluster these names do not resolve: run `kubectl -n {self.namespace} "
+                f"port-forward svc/{svc[0]} 8080:{self.config.service_port}` and `kubectl -n {self.namespace} "
+                f"port-forward svc/{svc[1]} {self.config.redis_port}`, then pass "
+                f"gateway_url='http://localhost:8080', kvs_url='redis://localhost:{self.config.redis_port}/0'"
+            )
+        return (
+            f"deploying flow {getattr(flow, 'name', flow)!r}: gateway {url} or KVS {redact_url(kvs_url)} did "
+            f"not answer: {type(e).__name__}: {redact_url(str(e))}{hint}"
+        )
 
     def close(self) -> None:
         """Close the runtime clients ``deploy`` opened (their Deployments stop working)."""
@@ -711,7 +838,8 @@ def _check_wait(wait_s) -> None:
 
 def _optimized(flow, optimize: bool, rules, options):
     """The plan ``deploy`` renders for: what the runtime client will deploy."""
-    from optimizer import Plan, optimize as run_optimizer
+    from optimizer import Plan
+    from optimizer import optimize as run_optimizer
 
     if not isinstance(optimize, bool):
         raise K8sConfigTypeError(f"optimize must be a bool, got {type(optimize).__name__} {optimize!r}")
@@ -720,8 +848,7 @@ def _optimized(flow, optimize: bool, rules, options):
 
 def _components(manifests: list[dict]) -> tuple[str, ...]:
     """The components of the rendered workloads (what deploy waits for)."""
-    return tuple(m["metadata"]["labels"][L_COMPONENT] for m in manifests
-                 if m["kind"] in ("Deployment", "StatefulSet"))
+    return tuple(m["metadata"]["labels"][L_COMPONENT] for m in manifests if m["kind"] in ("Deployment", "StatefulSet"))
 
 
 def _rolled_out(kind_name: str, item) -> bool:

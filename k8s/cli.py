@@ -26,11 +26,12 @@ from k8s.manifests import render, to_yaml
 def add_k8s_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``k8s`` (with ``render``) to an argparse ``subparsers``; sets ``fn=main``.
 
-        sub = parser.add_subparsers(dest="command")
-        add_k8s_parser(sub)          # flowserve k8s render ...
+    sub = parser.add_subparsers(dest="command")
+    add_k8s_parser(sub)          # flowserve k8s render ...
     """
-    k8s = subparsers.add_parser("k8s", help="Kubernetes: render manifests",
-                                description="Run FlowServe on Kubernetes (see docs/kubernetes.md).")
+    k8s = subparsers.add_parser(
+        "k8s", help="Kubernetes: render manifests", description="Run FlowServe on Kubernetes (see docs/kubernetes.md)."
+    )
     _add_commands(k8s.add_subparsers(dest="k8s_command", required=True, metavar="K8S_COMMAND"))
     k8s.set_defaults(fn=main)
     return k8s
@@ -38,22 +39,31 @@ def add_k8s_parser(subparsers) -> argparse.ArgumentParser:
 
 def _add_commands(k8s_sub) -> None:
     r = k8s_sub.add_parser(
-        "render", help="write the manifests as multi-document YAML",
+        "render",
+        help="write the manifests as multi-document YAML",
         description="Write the manifests of a FlowServe instance (KVS, gateway, CPU/GPU executors) as YAML for "
-                    "review or GitOps. Secrets are referenced by name, never included.")
+        "review or GitOps. Secrets are referenced by name, never included.",
+    )
     r.add_argument("--config", metavar="FILE", help="KubeConfig fields as a JSON or YAML mapping; flags override it")
     r.add_argument("--name", help="instance name, prefix of every object (default flowserve)")
     r.add_argument("--namespace", help="namespace (default flowserve)")
     r.add_argument("--image", help=f"FlowServe image with a tag or digest (default {DEFAULT_IMAGE})")
     r.add_argument("--gateway-replicas", type=int, metavar="N", help="gateway replicas (default 1)")
     r.add_argument("--cpu-executors", type=int, metavar="N", help="CPU executor replicas (default 2)")
-    r.add_argument("--gpu-executors", type=int, metavar="N",
-                   help="GPU executor replicas (default: 1 if a --script flow has a GPU stage, else 0)")
+    r.add_argument(
+        "--gpu-executors",
+        type=int,
+        metavar="N",
+        help="GPU executor replicas (default: 1 if a --script flow has a GPU stage, else 0)",
+    )
     r.add_argument("--service-type", choices=SERVICE_TYPES, help="gateway Service type (default ClusterIP)")
     r.add_argument("--token-secret", metavar="SECRET", help="Secret (key 'token') with the public API's bearer token")
-    r.add_argument("--script", metavar="SCRIPT",
-                   help="a .py file building Flow objects: their optimized plans decide whether GPU executors "
-                        "are needed and annotate the executors")
+    r.add_argument(
+        "--script",
+        metavar="SCRIPT",
+        help="a .py file building Flow objects: their optimized plans decide whether GPU executors "
+        "are needed and annotate the executors",
+    )
     r.add_argument("--out", default="-", metavar="FILE|-", help="where to write the YAML (default -: stdout)")
     r.set_defaults(fn=main)
 
@@ -76,13 +86,20 @@ def _load_config(args) -> KubeConfig:
             except Exception as e:
                 raise K8sConfigError(f"--config {args.config!r}: neither JSON nor YAML: {e}") from None
         if not isinstance(doc, dict):
-            raise K8sConfigError(f"--config {args.config!r} must hold a mapping of KubeConfig fields, "
-                                 f"got {type(doc).__name__}")
+            raise K8sConfigError(
+                f"--config {args.config!r} must hold a mapping of KubeConfig fields, got {type(doc).__name__}"
+            )
         fields.update(doc)
-    flags = {"name": args.name, "namespace": args.namespace, "image": args.image,
-             "gateway_replicas": args.gateway_replicas, "cpu_executors": args.cpu_executors,
-             "gpu_executors": args.gpu_executors, "service_type": args.service_type,
-             "token_secret": args.token_secret}
+    flags = {
+        "name": args.name,
+        "namespace": args.namespace,
+        "image": args.image,
+        "gateway_replicas": args.gateway_replicas,
+        "cpu_executors": args.cpu_executors,
+        "gpu_executors": args.gpu_executors,
+        "service_type": args.service_type,
+        "token_secret": args.token_secret,
+    }
     fields.update({k: v for k, v in flags.items() if v is not None})
     return KubeConfig.from_dict(fields)
 
@@ -110,8 +127,9 @@ def _plans(script: str | None) -> list:
 def main(args) -> int:
     """Run a parsed ``flowserve k8s ...`` command (or parse ``args`` when it is a list)."""
     if args is None or isinstance(args, (list, tuple)):
-        parser = argparse.ArgumentParser(prog="python -m k8s.cli",
-                                         description="Run FlowServe on Kubernetes (see docs/kubernetes.md).")
+        parser = argparse.ArgumentParser(
+            prog="python -m k8s.cli", description="Run FlowServe on Kubernetes (see docs/kubernetes.md)."
+        )
         _add_commands(parser.add_subparsers(dest="k8s_command", required=True, metavar="K8S_COMMAND"))
         args = parser.parse_args(list(args) if args is not None else sys.argv[1:])
     try:

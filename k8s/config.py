@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from flow.configuration import Bool, Check, Config, Int, Invalid, Nested, Number, OneOf, Str, setting
@@ -57,10 +58,25 @@ _IMAGE = re.compile(
     r"^(?P<repo>[a-zA-Z0-9][a-zA-Z0-9.-]*(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)*"
     r"|[a-z0-9]+([._-]+[a-z0-9]+)*(/[a-z0-9]+([._-]+[a-z0-9]+)*)*)"
     r"(:(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
-    r"(@(?P<digest>sha256:[0-9a-f]{64}))?$")
+    r"(@(?P<digest>sha256:[0-9a-f]{64}))?$"
+)
 _QUANTITY = re.compile(r"^(?P<num>[0-9]+(\.[0-9]*)?|\.[0-9]+)(?P<suffix>m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
-_SUFFIX = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
-           "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_SUFFIX = {
+    "": 1,
+    "m": Decimal("0.001"),
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+}
 
 MAX_NAME = 40  # leaves room for "-executor-gpu" and the pod hash within 63 characters
 
@@ -96,8 +112,11 @@ def _quantity(*, optional: bool = False):
         if value is None and optional:
             return None
         if not isinstance(value, str):
-            raise Invalid(message=f"{name} must be a quantity string such as '500m' or '1Gi', "
-                                  f"got {type(value).__name__} {value!r}", wrong_type=True)
+            raise Invalid(
+                message=f"{name} must be a quantity string such as '500m' or '1Gi', "
+                f"got {type(value).__name__} {value!r}",
+                wrong_type=True,
+            )
         try:
             q = parse_quantity(value)
         except ValueError as e:
@@ -149,17 +168,19 @@ class Resources(Config):
 class Toleration(Config):
     """A pod toleration (which node taints the GPU executors accept).
 
-        Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
+    Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
     """
 
     error, type_error = K8sConfigError, K8sConfigTypeError
 
-    key: str | None = setting(None, Check("a label key such as 'nvidia.com/gpu'", lambda v: _label_key_ok(v),
-                                          optional=True))
+    key: str | None = setting(
+        None, Check("a label key such as 'nvidia.com/gpu'", lambda v: _label_key_ok(v), optional=True)
+    )
     operator: str = setting("Exists", OneOf(*TOLERATION_OPERATORS))
     value: str | None = None  # checked against the operator in _validate
-    effect: str | None = setting(None, Check(f"None or one of {TOLERATION_EFFECTS}",
-                                             lambda v: v is None or v in TOLERATION_EFFECTS))
+    effect: str | None = setting(
+        None, Check(f"None or one of {TOLERATION_EFFECTS}", lambda v: v is None or v in TOLERATION_EFFECTS)
+    )
     toleration_seconds: int | None = setting(None, Int(0, optional=True))
 
     def _validate(self) -> None:
@@ -170,14 +191,17 @@ class Toleration(Config):
         if self.key is None and self.operator != "Exists":
             raise self.error(f"Toleration without a key must use operator 'Exists', got {self.operator!r}")
         if self.toleration_seconds is not None and self.effect != "NoExecute":
-            raise self.error(f"Toleration.toleration_seconds only applies to effect 'NoExecute', "
-                             f"got effect={self.effect!r}")
+            raise self.error(
+                f"Toleration.toleration_seconds only applies to effect 'NoExecute', got effect={self.effect!r}"
+            )
 
     @classmethod
-    def from_dict(cls, doc: Mapping) -> "Toleration":
+    def from_dict(cls, doc: Mapping) -> Toleration:
         """From the Kubernetes spelling (``tolerationSeconds``) or ours (``to_json``)."""
         if not isinstance(doc, Mapping):
-            raise K8sConfigTypeError(f"a toleration must be a Toleration or a mapping, got {type(doc).__name__} {doc!r}")
+            raise K8sConfigTypeError(
+                f"a toleration must be a Toleration or a mapping, got {type(doc).__name__} {doc!r}"
+            )
         return cls.from_json({"toleration_seconds" if k == "tolerationSeconds" else k: v for k, v in doc.items()})
 
     def to_k8s(self) -> dict:
@@ -212,10 +236,21 @@ def image_tag(image: str) -> str | None:
 
 
 # names the manifests set themselves; ``KubeConfig.env`` may not override them
-RESERVED_ENV = frozenset({
-    "POD_NAME", "POD_IP", "REDIS_PASSWORD", "REDISCLI_AUTH", "FLOWSERVE_KVS_URL", "FLOWSERVE_ADMIN_TOKEN",
-    "FLOWSERVE_TOKEN", "FLOWSERVE_ARTIFACT_CACHE", "FLOWSERVE_S3_ENDPOINT", "HOME", "TMPDIR",
-})
+RESERVED_ENV = frozenset(
+    {
+        "POD_NAME",
+        "POD_IP",
+        "REDIS_PASSWORD",
+        "REDISCLI_AUTH",
+        "FLOWSERVE_KVS_URL",
+        "FLOWSERVE_ADMIN_TOKEN",
+        "FLOWSERVE_TOKEN",
+        "FLOWSERVE_ARTIFACT_CACHE",
+        "FLOWSERVE_S3_ENDPOINT",
+        "HOME",
+        "TMPDIR",
+    }
+)
 
 
 # -- KubeConfig's field checks that need more than flow.configuration's ------------------------
@@ -226,12 +261,14 @@ _PORT = Int(1, 65535)
 
 def _image(v, name: str) -> str:
     if not isinstance(v, str):
-        raise Invalid(message=f"{name} must be an image reference string, got {type(v).__name__} {v!r}",
-                      wrong_type=True)
+        raise Invalid(
+            message=f"{name} must be an image reference string, got {type(v).__name__} {v!r}", wrong_type=True
+        )
     m = _IMAGE.match(v)
     if m is None:
-        raise Invalid(message=f"{name} must be an image reference such as 'registry.example.com/"
-                              f"flowserve:0.1.0', got {v!r}")
+        raise Invalid(
+            message=f"{name} must be an image reference such as 'registry.example.com/flowserve:0.1.0', got {v!r}"
+        )
     if m["tag"] is None and m["digest"] is None:
         raise Invalid(message=f"{name} must pin a tag or digest (a rollout must be reproducible), got {v!r}")
     if m["tag"] == "latest":
@@ -263,11 +300,11 @@ def _env(v, name: str) -> Mapping[str, str]:
         if not isinstance(k, str) or not _ENV_NAME.match(k):
             raise Invalid(message=f"{name}: {k!r} is not an environment variable name")
         if k in RESERVED_ENV:
-            raise Invalid(message=f"{name}: {k!r} is set by the manifests themselves; "
-                                  f"reserved names: {sorted(RESERVED_ENV)}")
+            raise Invalid(
+                message=f"{name}: {k!r} is set by the manifests themselves; reserved names: {sorted(RESERVED_ENV)}"
+            )
         if not isinstance(val, str):
-            raise Invalid(message=f"{name}[{k!r}] must be a string, got {type(val).__name__} {val!r}",
-                          wrong_type=True)
+            raise Invalid(message=f"{name}[{k!r}] must be a string, got {type(val).__name__} {val!r}", wrong_type=True)
     return MappingProxyType(dict(v))
 
 
@@ -281,8 +318,11 @@ def _autoscaling(v, name: str):
     if isinstance(v, Mapping):
         return Nested(AutoscalingConfig).decode(v, name)
     if not isinstance(v, AutoscalingConfig):
-        raise Invalid(message=f"{name} must be None, an executors.autoscale.AutoscalingConfig or a mapping of "
-                              f"its fields, got {type(v).__name__} {v!r}", wrong_type=True)
+        raise Invalid(
+            message=f"{name} must be None, an executors.autoscale.AutoscalingConfig or a mapping of "
+            f"its fields, got {type(v).__name__} {v!r}",
+            wrong_type=True,
+        )
     return v
 
 
@@ -360,43 +400,68 @@ class KubeConfig(Config):
 
     error, type_error = K8sConfigError, K8sConfigTypeError
 
-    name: str = setting("flowserve", Str(f"a string: lowercase letters, digits and '-', starting with a letter, "
-                                         f"at most {MAX_NAME} characters",
-                                         lambda v: len(v) <= MAX_NAME and bool(_DNS1035_LABEL.match(v))))
-    namespace: str = setting("flowserve", Str("a string: a DNS label (lowercase letters, digits and '-', "
-                                              "at most 63 characters)",
-                                              lambda v: len(v) <= 63 and bool(_DNS1123_LABEL.match(v))))
+    name: str = setting(
+        "flowserve",
+        Str(
+            f"a string: lowercase letters, digits and '-', starting with a letter, at most {MAX_NAME} characters",
+            lambda v: len(v) <= MAX_NAME and bool(_DNS1035_LABEL.match(v)),
+        ),
+    )
+    namespace: str = setting(
+        "flowserve",
+        Str(
+            "a string: a DNS label (lowercase letters, digits and '-', at most 63 characters)",
+            lambda v: len(v) <= 63 and bool(_DNS1123_LABEL.match(v)),
+        ),
+    )
     image: str = setting(DEFAULT_IMAGE, _image)
     image_pull_policy: str = setting("IfNotPresent", OneOf(*PULL_POLICIES))
-    image_pull_secrets: tuple[str, ...] = setting((), Check(
-        "a tuple of Secret names (DNS subdomains)", lambda v: isinstance(v, tuple) and all(map(_secret_ok, v)),
-        convert=lambda v: (v,) if isinstance(v, str) else tuple(v) if isinstance(v, list) else v))
-    version: str | None = setting(None, Str("a label value (letters, digits, '-', '_', '.', at most 63 characters)",
-                                            label_value_ok, optional=True))
+    image_pull_secrets: tuple[str, ...] = setting(
+        (),
+        Check(
+            "a tuple of Secret names (DNS subdomains)",
+            lambda v: isinstance(v, tuple) and all(map(_secret_ok, v)),
+            convert=lambda v: (v,) if isinstance(v, str) else tuple(v) if isinstance(v, list) else v,
+        ),
+    )
+    version: str | None = setting(
+        None,
+        Str("a label value (letters, digits, '-', '_', '.', at most 63 characters)", label_value_ok, optional=True),
+    )
     redis_image: str = setting(DEFAULT_REDIS_IMAGE, _image)
     redis_secret: str | None = setting(None, _SECRET)
     admin_secret: str | None = setting(None, _SECRET)
     token_secret: str | None = setting(None, _SECRET)
     gateway_replicas: int = setting(1, Int(0, 1000))
     cpu_executors: int = setting(2, Int(0, 1000))
-    gpu_executors: int | None = setting(None, Int(0, 1000, optional=True,
-                                                  what="None (decide from the plan) or an int in 0..1000"))
+    gpu_executors: int | None = setting(
+        None, Int(0, 1000, optional=True, what="None (decide from the plan) or an int in 0..1000")
+    )
     executor_threads: int = setting(4, Int(1, 256))
     gpus_per_executor: int = setting(1, Int(1, 16))
     busy_poll_ms: float = setting(10.0, Number(ge=0, le=1000, note="ms; 0: off"))  # = executors.busypoll.WINDOW_MS
-    executor_cache_bytes: int = setting(256 * 1024 * 1024,  # = KVSOptions.cache_max_bytes (a test keeps them equal)
-                                        Int(0, note="0: no local cache"))
-    kvs_resources: Resources = setting(Resources(cpu="250m", memory="256Mi", cpu_limit="1", memory_limit="1Gi"),
-                                       Nested(Resources, what="a k8s.Resources"))
-    gateway_resources: Resources = setting(Resources(cpu="250m", memory="256Mi", cpu_limit="1", memory_limit="512Mi"),
-                                           Nested(Resources, what="a k8s.Resources"))
-    cpu_executor_resources: Resources = setting(Resources(cpu="1", memory="2Gi", cpu_limit="2", memory_limit="4Gi"),
-                                                Nested(Resources, what="a k8s.Resources"))
-    gpu_executor_resources: Resources = setting(Resources(cpu="1", memory="4Gi", cpu_limit="4", memory_limit="16Gi"),
-                                                Nested(Resources, what="a k8s.Resources"))
+    executor_cache_bytes: int = setting(
+        256 * 1024 * 1024,  # = KVSOptions.cache_max_bytes (a test keeps them equal)
+        Int(0, note="0: no local cache"),
+    )
+    kvs_resources: Resources = setting(
+        Resources(cpu="250m", memory="256Mi", cpu_limit="1", memory_limit="1Gi"),
+        Nested(Resources, what="a k8s.Resources"),
+    )
+    gateway_resources: Resources = setting(
+        Resources(cpu="250m", memory="256Mi", cpu_limit="1", memory_limit="512Mi"),
+        Nested(Resources, what="a k8s.Resources"),
+    )
+    cpu_executor_resources: Resources = setting(
+        Resources(cpu="1", memory="2Gi", cpu_limit="2", memory_limit="4Gi"), Nested(Resources, what="a k8s.Resources")
+    )
+    gpu_executor_resources: Resources = setting(
+        Resources(cpu="1", memory="4Gi", cpu_limit="4", memory_limit="16Gi"), Nested(Resources, what="a k8s.Resources")
+    )
     gpu_node_selector: Mapping[str, str] = setting(default_factory=dict, check=_node_selector)
     gpu_tolerations: tuple[Toleration, ...] = setting(
-        (Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"),), _tolerations)
+        (Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"),), _tolerations
+    )
     service_type: str = setting("ClusterIP", OneOf(*SERVICE_TYPES))
     service_port: int = setting(80, _PORT)
     gateway_port: int = setting(8000, _PORT)
@@ -406,31 +471,48 @@ class KubeConfig(Config):
     kvs_storage: str | None = setting("1Gi", _quantity(optional=True))
     storage_class: str | None = setting(None, _SECRET)
     artifact_cache_size: str = setting("10Gi", _quantity())
-    s3_endpoint: str | None = setting(None, Str("a string: an http(s):// URL",
-                                                lambda v: re.match(r"^https?://[^\s/]+(/\S*)?$", v) is not None,
-                                                optional=True))
+    s3_endpoint: str | None = setting(
+        None,
+        Str(
+            "a string: an http(s):// URL",
+            lambda v: re.match(r"^https?://[^\s/]+(/\S*)?$", v) is not None,
+            optional=True,
+        ),
+    )
     s3_secret: str | None = setting(None, _SECRET)
     network_policies: bool = setting(True, Bool())
     env: Mapping[str, str] = setting(default_factory=dict, check=_env)
-    autoscaling: "AutoscalingConfig | None" = setting(None, _autoscaling)
-    gateway_url: str | None = setting(None, Str("a string: an http(s):// URL such as 'http://localhost:8080'",
-                                                lambda v: _url_ok(v, ("http", "https")), optional=True))
+    autoscaling: AutoscalingConfig | None = setting(None, _autoscaling)
+    gateway_url: str | None = setting(
+        None,
+        Str(
+            "a string: an http(s):// URL such as 'http://localhost:8080'",
+            lambda v: _url_ok(v, ("http", "https")),
+            optional=True,
+        ),
+    )
     kvs_url: str | None = setting(None, _kvs_url)
 
     def _validate(self) -> None:
         ports = ("gateway_port", "gateway_results_port", "executor_port", "redis_port")
         if len({getattr(self, f) for f in ports}) != len(ports):
-            raise self.error(f"KubeConfig ports must differ: gateway_port={self.gateway_port!r}, "
-                             f"gateway_results_port={self.gateway_results_port!r}, "
-                             f"executor_port={self.executor_port!r}, redis_port={self.redis_port!r}")
+            raise self.error(
+                f"KubeConfig ports must differ: gateway_port={self.gateway_port!r}, "
+                f"gateway_results_port={self.gateway_results_port!r}, "
+                f"executor_port={self.executor_port!r}, redis_port={self.redis_port!r}"
+            )
         if self.autoscaling is not None and self.gateway_replicas > 1:
-            raise self.error(f"KubeConfig.autoscaling needs gateway_replicas <= 1 (each gateway replica runs its "
-                             f"own autoscaler over the same executors), got gateway_replicas="
-                             f"{self.gateway_replicas!r}")
+            raise self.error(
+                f"KubeConfig.autoscaling needs gateway_replicas <= 1 (each gateway replica runs its "
+                f"own autoscaler over the same executors), got gateway_replicas="
+                f"{self.gateway_replicas!r}"
+            )
         if self.kvs_url is not None and urlsplit(self.kvs_url).password is not None:
             # configs get logged and committed, and the password is in redis_secret already
-            raise self.error(f"KubeConfig.kvs_url must not hold a password (deploy takes it from the Secret "
-                             f"{self.redis_secret_name!r}), got {redact_url(self.kvs_url)!r}")
+            raise self.error(
+                f"KubeConfig.kvs_url must not hold a password (deploy takes it from the Secret "
+                f"{self.redis_secret_name!r}), got {redact_url(self.kvs_url)!r}"
+            )
 
     # -- derived names -----------------------------------------------------------------------
 
@@ -455,12 +537,12 @@ class KubeConfig(Config):
         tag = image_tag(self.image)
         return tag if tag and label_value_ok(tag) else PACKAGE_VERSION
 
-    def replace(self, **changes) -> "KubeConfig":
+    def replace(self, **changes) -> KubeConfig:
         """A copy with ``changes`` applied (validated again)."""
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_dict(cls, doc: Mapping) -> "KubeConfig":
+    def from_dict(cls, doc: Mapping) -> KubeConfig:
         """From plain data (JSON/YAML): ``from_json`` (resources and tolerations as mappings)."""
         return cls.from_json(doc)
 

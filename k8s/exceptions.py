@@ -60,8 +60,17 @@ class K8sApiError(K8sError):
     """The API server refused a call. ``verb``, ``kind``, ``namespace``, ``name`` say which
     object; ``status`` is the HTTP status (0: no answer) and ``reason`` the server's text."""
 
-    def __init__(self, message: str, *, verb: str = "", kind: str = "", namespace: str = "",
-                 name: str = "", status: int = 0, reason: str = ""):
+    def __init__(
+        self,
+        message: str,
+        *,
+        verb: str = "",
+        kind: str = "",
+        namespace: str = "",
+        name: str = "",
+        status: int = 0,
+        reason: str = "",
+    ):
         super().__init__(message)
         self.verb, self.kind, self.namespace, self.name = verb, kind, namespace, name
         self.status, self.reason = status, reason

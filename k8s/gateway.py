@@ -21,8 +21,11 @@ from k8s.scaling import KubernetesExecutors
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--k8s-namespace", default=os.environ.get("POD_NAMESPACE"),
-                   help="namespace of this instance (default: $POD_NAMESPACE)")
+    p.add_argument(
+        "--k8s-namespace",
+        default=os.environ.get("POD_NAMESPACE"),
+        help="namespace of this instance (default: $POD_NAMESPACE)",
+    )
     p.add_argument("--k8s-instance", default="flowserve", help="instance name (the objects' name prefix)")
 
 
@@ -34,8 +37,9 @@ def _kubernetes_scaler(args: argparse.Namespace):
 
 
 def main(argv=None) -> None:
-    standalone_main(argv, prog="python -m k8s.gateway", scalers={"k8s": _kubernetes_scaler},
-                    add_arguments=_add_arguments)
+    standalone_main(
+        argv, prog="python -m k8s.gateway", scalers={"k8s": _kubernetes_scaler}, add_arguments=_add_arguments
+    )
 
 
 if __name__ == "__main__":

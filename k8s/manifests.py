@@ -39,7 +39,7 @@ from __future__ import annotations
 import copy
 import json
 import warnings
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from k8s.config import KubeConfig
 from k8s.exceptions import K8sConfigTypeError
@@ -74,8 +74,14 @@ RBAC_API = "rbac.authorization.k8s.io"
 
 def labels(config: KubeConfig, component: str) -> dict:
     """The recommended labels of one component's objects."""
-    return {L_NAME: APP_NAME, L_INSTANCE: config.name, L_COMPONENT: component, L_PART_OF: PART_OF,
-            L_MANAGED_BY: MANAGED_BY, L_VERSION: config.version_label}
+    return {
+        L_NAME: APP_NAME,
+        L_INSTANCE: config.name,
+        L_COMPONENT: component,
+        L_PART_OF: PART_OF,
+        L_MANAGED_BY: MANAGED_BY,
+        L_VERSION: config.version_label,
+    }
 
 
 def selector(config: KubeConfig, component: str) -> dict:
@@ -123,13 +129,15 @@ def _plans(plan) -> list:
 
     plans = [plan] if isinstance(plan, Plan) else plan
     if isinstance(plans, (str, bytes)) or not isinstance(plans, Iterable):
-        raise K8sConfigTypeError(f"plan must be an optimizer.Plan, a list of Plans or None, "
-                                 f"got {type(plan).__name__} {plan!r:.80}")
+        raise K8sConfigTypeError(
+            f"plan must be an optimizer.Plan, a list of Plans or None, got {type(plan).__name__} {plan!r:.80}"
+        )
     plans = list(plans)
     for p in plans:
         if not isinstance(p, Plan):
-            raise K8sConfigTypeError(f"plan must be an optimizer.Plan, a list of Plans or None, "
-                                     f"got an item {type(p).__name__} {p!r:.80}")
+            raise K8sConfigTypeError(
+                f"plan must be an optimizer.Plan, a list of Plans or None, got an item {type(p).__name__} {p!r:.80}"
+            )
     return plans
 
 
@@ -141,7 +149,7 @@ def gpu_stages(plans: Sequence) -> list[str]:
 def gpu_executor_count(config: KubeConfig, plan=None) -> int:
     """GPU executor replicas: ``config.gpu_executors``, or (None) 1 when a plan has a GPU stage.
 
-        gpu_executor_count(KubeConfig(), optimize(flow_with_gpu_stage))   # 1
+    gpu_executor_count(KubeConfig(), optimize(flow_with_gpu_stage))   # 1
     """
     plans = _plans(plan)
     if config.gpu_executors is not None:
@@ -153,13 +161,23 @@ def gpu_executor_count(config: KubeConfig, plan=None) -> int:
 
 
 def _container_security(read_only: bool = True) -> dict:
-    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": read_only, "runAsNonRoot": True,
-            "privileged": False, "capabilities": {"drop": ["ALL"]}}
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": read_only,
+        "runAsNonRoot": True,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
 
 
 def _pod_security(uid: int) -> dict:
-    return {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, "fsGroup": uid,
-            "seccompProfile": {"type": "RuntimeDefault"}}
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "fsGroup": uid,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
 def _secret_env(name: str, secret: str, key: str) -> dict:
@@ -188,8 +206,16 @@ def _common_env(config: KubeConfig) -> list[dict]:
     return env
 
 
-def _pod_spec(config: KubeConfig, containers: list[dict], volumes: list[dict], *, uid: int = APP_UID,
-              grace_s: int = 30, node_selector: dict | None = None, tolerations: list | None = None) -> dict:
+def _pod_spec(
+    config: KubeConfig,
+    containers: list[dict],
+    volumes: list[dict],
+    *,
+    uid: int = APP_UID,
+    grace_s: int = 30,
+    node_selector: dict | None = None,
+    tolerations: list | None = None,
+) -> dict:
     spec = {
         "serviceAccountName": config.name,
         "automountServiceAccountToken": False,
@@ -212,8 +238,14 @@ def _tmp_volume(size: str = "1Gi") -> dict:
     return {"name": "tmp", "emptyDir": {"sizeLimit": size}}
 
 
-def _deployment(config: KubeConfig, component: str, replicas: int, pod_spec: dict,
-                annotations: dict | None = None, surge: bool = True) -> dict:
+def _deployment(
+    config: KubeConfig,
+    component: str,
+    replicas: int,
+    pod_spec: dict,
+    annotations: dict | None = None,
+    surge: bool = True,
+) -> dict:
     """``surge``: roll out by adding a pod first (no capacity dip); False for GPU pods,
     whose extra pod could wait forever for a free GPU: replace one at a time instead."""
     name = object_name(config, component)
@@ -245,35 +277,58 @@ def _service(config: KubeConfig, component: str, ports: list[dict], service_type
 
 
 def service_account(config: KubeConfig) -> dict:
-    return {"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": _metadata(config, config.name, "service-account"),
-            "automountServiceAccountToken": False}
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(config, config.name, "service-account"),
+        "automountServiceAccountToken": False,
+    }
 
 
 def kvs(config: KubeConfig) -> list[dict]:
     """Redis: a Service and a one-replica StatefulSet; the password comes from the Secret."""
     component = "kvs"
     name = object_name(config, component)
-    env = [_secret_env("REDIS_PASSWORD", config.redis_secret_name, "password"),
-           _secret_env("REDISCLI_AUTH", config.redis_secret_name, "password")]  # for the probe's redis-cli
-    ping = {"exec": {"command": ["sh", "-c", "test \"$(redis-cli -p %d ping)\" = PONG" % config.redis_port]}}
+    env = [
+        _secret_env("REDIS_PASSWORD", config.redis_secret_name, "password"),
+        _secret_env("REDISCLI_AUTH", config.redis_secret_name, "password"),
+    ]  # for the probe's redis-cli
+    ping = {"exec": {"command": ["sh", "-c", f'test "$(redis-cli -p {config.redis_port} ping)" = PONG']}}
     container = {
         "name": "redis",
         "image": config.redis_image,
         "imagePullPolicy": config.image_pull_policy,
         "command": ["redis-server"],
         # $(REDIS_PASSWORD) is expanded by the kubelet: the manifest never holds the password
-        "args": ["--port", str(config.redis_port), "--requirepass", "$(REDIS_PASSWORD)",
-                 "--dir", "/data", "--appendonly", "yes" if config.kvs_storage else "no"],
+        "args": [
+            "--port",
+            str(config.redis_port),
+            "--requirepass",
+            "$(REDIS_PASSWORD)",
+            "--dir",
+            "/data",
+            "--appendonly",
+            "yes" if config.kvs_storage else "no",
+        ],
         "env": env,
         "ports": [{"name": "redis", "containerPort": config.redis_port, "protocol": "TCP"}],
         "resources": config.kvs_resources.to_k8s(),
         "securityContext": _container_security(),
         "volumeMounts": [{"name": "data", "mountPath": "/data"}, {"name": "tmp", "mountPath": "/tmp"}],
-        "livenessProbe": {"tcpSocket": {"port": "redis"}, "initialDelaySeconds": 5, "periodSeconds": 10,
-                          "timeoutSeconds": 2, "failureThreshold": 3},
-        "readinessProbe": {**ping, "initialDelaySeconds": 2, "periodSeconds": 5, "timeoutSeconds": 2,
-                           "failureThreshold": 3},
+        "livenessProbe": {
+            "tcpSocket": {"port": "redis"},
+            "initialDelaySeconds": 5,
+            "periodSeconds": 10,
+            "timeoutSeconds": 2,
+            "failureThreshold": 3,
+        },
+        "readinessProbe": {
+            **ping,
+            "initialDelaySeconds": 2,
+            "periodSeconds": 5,
+            "timeoutSeconds": 2,
+            "failureThreshold": 3,
+        },
     }
     volumes = [_tmp_volume("256Mi")]
     if config.kvs_storage is None:
@@ -282,8 +337,10 @@ def kvs(config: KubeConfig) -> list[dict]:
         "serviceName": name,
         "replicas": 1,
         "selector": {"matchLabels": selector(config, component)},
-        "template": {"metadata": {"labels": labels(config, component)},
-                     "spec": _pod_spec(config, [container], volumes, uid=REDIS_UID, grace_s=30)},
+        "template": {
+            "metadata": {"labels": labels(config, component)},
+            "spec": _pod_spec(config, [container], volumes, uid=REDIS_UID, grace_s=30),
+        },
     }
     if config.kvs_storage is not None:
         pvc_spec = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": config.kvs_storage}}}
@@ -291,12 +348,18 @@ def kvs(config: KubeConfig) -> list[dict]:
             pvc_spec["storageClassName"] = config.storage_class
         # volumeClaimTemplates cannot change after creation: no version label here, so an
         # upgrade (new image tag) can still replace the StatefulSet
-        spec["volumeClaimTemplates"] = [{"metadata": {"name": "data", "labels": selector(config, component)},
-                                         "spec": pvc_spec}]
-    statefulset = {"apiVersion": "apps/v1", "kind": "StatefulSet",
-                   "metadata": _metadata(config, name, component), "spec": spec}
-    service = _service(config, component, [{"name": "redis", "port": config.redis_port, "targetPort": "redis",
-                                            "protocol": "TCP"}])
+        spec["volumeClaimTemplates"] = [
+            {"metadata": {"name": "data", "labels": selector(config, component)}, "spec": pvc_spec}
+        ]
+    statefulset = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _metadata(config, name, component),
+        "spec": spec,
+    }
+    service = _service(
+        config, component, [{"name": "redis", "port": config.redis_port, "targetPort": "redis", "protocol": "TCP"}]
+    )
     return [service, statefulset]
 
 
@@ -304,14 +367,29 @@ def gateway_args(config: KubeConfig) -> list[str]:
     """The gateway's arguments in a pod: listen on all interfaces, receive results over TCP,
     find the executors through their registration in the KVS (not by spawning them); with
     ``autoscaling``, run the autoscaler and scale this instance's executor Deployments."""
-    args = ["--host", "0.0.0.0", "--port", str(config.gateway_port),
-            "--address", f"tcp://$(POD_IP):{config.gateway_results_port}",
-            "--membership", "kvs"]  # the KVS URL comes from $FLOWSERVE_KVS_URL: no password in argv
+    args = [
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(config.gateway_port),
+        "--address",
+        f"tcp://$(POD_IP):{config.gateway_results_port}",
+        "--membership",
+        "kvs",
+    ]  # the KVS URL comes from $FLOWSERVE_KVS_URL: no password in argv
     if config.busy_poll_ms != KubeConfig.busy_poll_ms:  # the runtime's default: nothing to say
         args += ["--config", json.dumps({"busy_poll_ms": config.busy_poll_ms})]
     if config.autoscaling is not None:
-        args += ["--autoscale", autoscale_json(config), "--scaler", "k8s",
-                 "--k8s-namespace", config.namespace, "--k8s-instance", config.name]
+        args += [
+            "--autoscale",
+            autoscale_json(config),
+            "--scaler",
+            "k8s",
+            "--k8s-namespace",
+            config.namespace,
+            "--k8s-instance",
+            config.name,
+        ]
     return args
 
 
@@ -336,8 +414,10 @@ def gateway(config: KubeConfig) -> list[dict]:
         "command": list(GATEWAY_COMMAND),
         "args": gateway_args(config),
         "env": env,
-        "ports": [{"name": "http", "containerPort": config.gateway_port, "protocol": "TCP"},
-                  {"name": "results", "containerPort": config.gateway_results_port, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": config.gateway_port, "protocol": "TCP"},
+            {"name": "results", "containerPort": config.gateway_results_port, "protocol": "TCP"},
+        ],
         "resources": config.gateway_resources.to_k8s(),
         "securityContext": _container_security(),
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
@@ -352,8 +432,12 @@ def gateway(config: KubeConfig) -> list[dict]:
         # rbac()); only the gateway pods get it, the executors stay without
         pod["automountServiceAccountToken"] = True
     deployment = _deployment(config, component, config.gateway_replicas, pod)
-    service = _service(config, component, [{"name": "http", "port": config.service_port, "targetPort": "http",
-                                            "protocol": "TCP"}], config.service_type)
+    service = _service(
+        config,
+        component,
+        [{"name": "http", "port": config.service_port, "targetPort": "http", "protocol": "TCP"}],
+        config.service_type,
+    )
     return [service, deployment]
 
 
@@ -361,8 +445,16 @@ def executor_args(config: KubeConfig, device: str) -> list[str]:
     """``python -m executors.executor`` arguments in a pod: the pod name as id, messages on the
     pod IP (downward API). The KVS URL (with the password from the Secret) is read from
     ``$FLOWSERVE_KVS_URL``, so it does not appear in the process's arguments."""
-    args = ["--id", "$(POD_NAME)", "--address", f"tcp://$(POD_IP):{config.executor_port}",
-            "--device", device, "--threads", str(config.executor_threads)]
+    args = [
+        "--id",
+        "$(POD_NAME)",
+        "--address",
+        f"tcp://$(POD_IP):{config.executor_port}",
+        "--device",
+        device,
+        "--threads",
+        str(config.executor_threads),
+    ]
     if config.busy_poll_ms != KubeConfig.busy_poll_ms:  # the runtime's default: nothing to say
         args += ["--busy-poll-ms", f"{config.busy_poll_ms:g}"]
     if config.executor_cache_bytes != KubeConfig.executor_cache_bytes:
@@ -390,8 +482,7 @@ def executors(config: KubeConfig, device: str, replicas: int, annotations: dict 
         "ports": [{"name": "messages", "containerPort": config.executor_port, "protocol": "TCP"}],
         "resources": resources.to_k8s(gpus=config.gpus_per_executor if gpu else 0),
         "securityContext": _container_security(),
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"},
-                         {"name": "artifacts", "mountPath": ARTIFACT_CACHE}],
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "artifacts", "mountPath": ARTIFACT_CACHE}],
         # models may take minutes to load: the startup probe allows 10 minutes
         "startupProbe": {**probe, "periodSeconds": 5, "failureThreshold": 120},
         "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
@@ -400,9 +491,14 @@ def executors(config: KubeConfig, device: str, replicas: int, annotations: dict 
     if config.s3_secret is not None:
         container["envFrom"] = [{"secretRef": {"name": config.s3_secret}}]
     volumes = [_tmp_volume("2Gi"), {"name": "artifacts", "emptyDir": {"sizeLimit": config.artifact_cache_size}}]
-    pod = _pod_spec(config, [container], volumes, grace_s=60,
-                    node_selector=dict(config.gpu_node_selector) if gpu else None,
-                    tolerations=[t.to_k8s() for t in config.gpu_tolerations] if gpu else None)
+    pod = _pod_spec(
+        config,
+        [container],
+        volumes,
+        grace_s=60,
+        node_selector=dict(config.gpu_node_selector) if gpu else None,
+        tolerations=[t.to_k8s() for t in config.gpu_tolerations] if gpu else None,
+    )
     return _deployment(config, component, replicas, pod, annotations, surge=not gpu)
 
 
@@ -414,17 +510,23 @@ def rbac(config: KubeConfig) -> list[dict]:
     name = f"{config.name}-autoscaler"
     deployments = [object_name(config, "executor-cpu"), object_name(config, "executor-gpu")]
     role = {
-        "apiVersion": f"{RBAC_API}/v1", "kind": "Role",
+        "apiVersion": f"{RBAC_API}/v1",
+        "kind": "Role",
         "metadata": _metadata(config, name, "autoscaler"),
         "rules": [
             {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": deployments, "verbs": ["get"]},
-            {"apiGroups": ["apps"], "resources": ["deployments/scale"], "resourceNames": deployments,
-             "verbs": ["get", "patch", "update"]},
+            {
+                "apiGroups": ["apps"],
+                "resources": ["deployments/scale"],
+                "resourceNames": deployments,
+                "verbs": ["get", "patch", "update"],
+            },
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch"]},
         ],
     }
     binding = {
-        "apiVersion": f"{RBAC_API}/v1", "kind": "RoleBinding",
+        "apiVersion": f"{RBAC_API}/v1",
+        "kind": "RoleBinding",
         "metadata": _metadata(config, name, "autoscaler"),
         "subjects": [{"kind": "ServiceAccount", "name": config.name, "namespace": config.namespace}],
         "roleRef": {"apiGroup": RBAC_API, "kind": "Role", "name": name},
@@ -438,23 +540,28 @@ def network_policies(config: KubeConfig) -> list[dict]:
     peers = [{"podSelector": {"matchLabels": {L_NAME: APP_NAME, L_INSTANCE: config.name}}}]
 
     def policy(suffix: str, component_sel: dict, ingress: list) -> dict:
-        return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-                "metadata": _metadata(config, f"{config.name}-{suffix}", "network-policy"),
-                "spec": {"podSelector": component_sel, "policyTypes": ["Ingress"], "ingress": ingress}}
+        return {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": _metadata(config, f"{config.name}-{suffix}", "network-policy"),
+            "spec": {"podSelector": component_sel, "policyTypes": ["Ingress"], "ingress": ingress},
+        }
 
     def tcp(port) -> list:
         return [{"protocol": "TCP", "port": port}]
 
-    exec_sel = {"matchLabels": {L_NAME: APP_NAME, L_INSTANCE: config.name},
-                "matchExpressions": [{"key": L_COMPONENT, "operator": "In",
-                                      "values": ["executor-cpu", "executor-gpu"]}]}
+    exec_sel = {
+        "matchLabels": {L_NAME: APP_NAME, L_INSTANCE: config.name},
+        "matchExpressions": [{"key": L_COMPONENT, "operator": "In", "values": ["executor-cpu", "executor-gpu"]}],
+    }
     return [
-        policy("kvs", {"matchLabels": selector(config, "kvs")},
-               [{"from": peers, "ports": tcp(config.redis_port)}]),
+        policy("kvs", {"matchLabels": selector(config, "kvs")}, [{"from": peers, "ports": tcp(config.redis_port)}]),
         policy("executors", exec_sel, [{"from": peers, "ports": tcp(config.executor_port)}]),
-        policy("gateway", {"matchLabels": selector(config, "gateway")},
-               [{"ports": tcp(config.gateway_port)},
-                {"from": peers, "ports": tcp(config.gateway_results_port)}]),
+        policy(
+            "gateway",
+            {"matchLabels": selector(config, "gateway")},
+            [{"ports": tcp(config.gateway_port)}, {"from": peers, "ports": tcp(config.gateway_results_port)}],
+        ),
     ]
 
 
@@ -478,11 +585,13 @@ def render(config: KubeConfig | None = None, plan=None) -> list[dict]:
     need_gpu = gpu_stages(plans)
     n_gpu = gpu_executor_count(config, plans)
     if need_gpu and n_gpu == 0:
-        warnings.warn(f"GPU stages {need_gpu} but gpu_executors=0: they will run on CPU executors",
-                      stacklevel=2)
+        warnings.warn(f"GPU stages {need_gpu} but gpu_executors=0: they will run on CPU executors", stacklevel=2)
     if config.service_type != "ClusterIP" and config.token_secret is None:
-        warnings.warn(f"service_type={config.service_type!r} exposes the gateway outside the cluster without "
-                      f"a bearer token: set token_secret", stacklevel=2)
+        warnings.warn(
+            f"service_type={config.service_type!r} exposes the gateway outside the cluster without "
+            f"a bearer token: set token_secret",
+            stacklevel=2,
+        )
     annotations = {}
     if plans:
         annotations[A_FLOWS] = ",".join(sorted({p.flow_name for p in plans}))
@@ -521,9 +630,11 @@ def to_yaml(manifests: Sequence[dict]) -> str:
         import yaml
     except ImportError:  # pragma: no cover - PyYAML comes with the kubernetes client
         return header + "".join("---\n" + json.dumps(m, indent=2) + "\n" for m in docs)
+
     class _Dumper(yaml.SafeDumper):  # no &anchors / *aliases: reviewers read every object in full
         def ignore_aliases(self, data):
             return True
 
-    return header + yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
-                                  explicit_start=True, width=120)
+    return header + yaml.dump_all(
+        docs, Dumper=_Dumper, sort_keys=False, default_flow_style=False, explicit_start=True, width=120
+    )

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import Mapping
+from collections.abc import Mapping
 
 from k8s.backend import KubernetesCluster
 from k8s.config import KubeConfig, _int
@@ -49,8 +49,9 @@ class KubernetesExecutors:
 
     def __init__(self, cluster: KubernetesCluster, dispatcher, baseline: Mapping[str, int], wait_s: float = 120):
         if not isinstance(cluster, KubernetesCluster):
-            raise K8sConfigTypeError(f"cluster must be a k8s.KubernetesCluster, got {type(cluster).__name__} "
-                                     f"{cluster!r:.80}")
+            raise K8sConfigTypeError(
+                f"cluster must be a k8s.KubernetesCluster, got {type(cluster).__name__} {cluster!r:.80}"
+            )
         self.cluster = cluster
         self.dispatcher = dispatcher
         self.baseline = _check_baseline(baseline)
@@ -63,8 +64,9 @@ class KubernetesExecutors:
         self._claimed: set[str] = set()
 
     @classmethod
-    def from_incluster(cls, namespace: str, instance: str, dispatcher, baseline: Mapping[str, int] | None = None,
-                       wait_s: float = 120) -> "KubernetesExecutors":
+    def from_incluster(
+        cls, namespace: str, instance: str, dispatcher, baseline: Mapping[str, int] | None = None, wait_s: float = 120
+    ) -> KubernetesExecutors:
         """Inside a pod: the API server and token of the pod's ServiceAccount (the Role that
         ``render`` adds with ``autoscaling`` allows exactly these calls). ``baseline`` None:
         read from the executor Deployments (``KubernetesCluster.baseline_replicas``; this
@@ -90,16 +92,19 @@ class KubernetesExecutors:
             try:
                 n = await self._run(self.cluster.replicas, component)
             except K8sNotFoundError:
-                log.warning("cannot add a %s executor: Deployment %s/%s does not exist", device,
-                            self.cluster.namespace, self.cluster.deployment_name(component))
+                log.warning(
+                    "cannot add a %s executor: Deployment %s/%s does not exist",
+                    device,
+                    self.cluster.namespace,
+                    self.cluster.deployment_name(component),
+                )
                 return None
             await self._run(self.cluster.scale, component, n + 1)
         log.info("scaled %s to %d replicas; waiting up to %gs for the new executor", component, n + 1, self.wait_s)
         new = await self._wait_new(device, known)
         if new is not None:
             return new
-        log.warning("no new %s executor registered within %gs: scaling %s back down", device, self.wait_s,
-                    component)
+        log.warning("no new %s executor registered within %gs: scaling %s back down", device, self.wait_s, component)
         await self._scale_down(device, component)
         return None
 
@@ -167,8 +172,10 @@ class KubernetesExecutors:
         return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args))
 
     def __repr__(self) -> str:
-        return (f"KubernetesExecutors(namespace={self.cluster.namespace!r}, instance={self.cluster.config.name!r}, "
-                f"baseline={self.baseline!r})")
+        return (
+            f"KubernetesExecutors(namespace={self.cluster.namespace!r}, instance={self.cluster.config.name!r}, "
+            f"baseline={self.baseline!r})"
+        )
 
 
 def incluster_cluster(namespace: str, instance: str) -> KubernetesCluster:
@@ -179,27 +186,34 @@ def incluster_cluster(namespace: str, instance: str) -> KubernetesCluster:
         import kubernetes.client as client
         from kubernetes import config as kconfig
     except ImportError as e:
-        raise K8sClientMissingError(f"--scaler k8s needs the kubernetes client: pip install 'flowserve[k8s]' "
-                                    f"({e})") from e
+        raise K8sClientMissingError(
+            f"--scaler k8s needs the kubernetes client: pip install 'flowserve[k8s]' ({e})"
+        ) from e
     configuration = client.Configuration()
     try:
         # into our own Configuration, not the process-wide default; the token is re-read
         # from its file when it expires (bound tokens rotate)
         kconfig.load_incluster_config(client_configuration=configuration)
     except kconfig.ConfigException as e:
-        raise K8sError(f"no in-cluster Kubernetes credentials for namespace {namespace!r}, instance {instance!r} "
-                       f"(--scaler k8s runs only in a pod whose ServiceAccount token is mounted): {e}") from e
+        raise K8sError(
+            f"no in-cluster Kubernetes credentials for namespace {namespace!r}, instance {instance!r} "
+            f"(--scaler k8s runs only in a pod whose ServiceAccount token is mounted): {e}"
+        ) from e
     api_client = client.ApiClient(configuration)
-    return KubernetesCluster(config=config, apps_api=client.AppsV1Api(api_client),
-                             core_api=client.CoreV1Api(api_client),
-                             networking_api=client.NetworkingV1Api(api_client),
-                             rbac_api=client.RbacAuthorizationV1Api(api_client))
+    return KubernetesCluster(
+        config=config,
+        apps_api=client.AppsV1Api(api_client),
+        core_api=client.CoreV1Api(api_client),
+        networking_api=client.NetworkingV1Api(api_client),
+        rbac_api=client.RbacAuthorizationV1Api(api_client),
+    )
 
 
 def _check_baseline(baseline) -> dict[str, int]:
     if not isinstance(baseline, Mapping):
-        raise K8sConfigTypeError(f"baseline must be a mapping of device to executor count, got "
-                                 f"{type(baseline).__name__} {baseline!r}")
+        raise K8sConfigTypeError(
+            f"baseline must be a mapping of device to executor count, got {type(baseline).__name__} {baseline!r}"
+        )
     for device, n in baseline.items():
         if device not in ("cpu", "gpu"):
             raise K8sConfigError(f"baseline: device must be 'cpu' or 'gpu', got {device!r}")

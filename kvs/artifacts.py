@@ -102,8 +102,9 @@ def fetch(uri, cache_dir=None, *, s3_client=None) -> Path:
     if scheme == "file":
         return _local(_file_uri_path(uri), uri)
     if scheme:
-        raise ArtifactURIError(f"unsupported artifact URI {uri!r}: expected s3://bucket/key, file:///path or a "
-                               f"plain path", uri=uri)
+        raise ArtifactURIError(
+            f"unsupported artifact URI {uri!r}: expected s3://bucket/key, file:///path or a plain path", uri=uri
+        )
     return _local(Path(uri).expanduser(), uri)
 
 
@@ -114,14 +115,15 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
         raise ArtifactURIError(f"not an s3:// URI: {uri!r}", uri=uri)
     bucket, key = parts.netloc, parts.path.lstrip("/")
     if parts.query or parts.fragment:  # "?" and "#" are not part of a key here: refuse, not guess
-        raise ArtifactURIError(f"bad S3 URI {uri!r}: no query or fragment allowed (quote '?' and '#' in keys)",
-                               uri=uri)
+        raise ArtifactURIError(f"bad S3 URI {uri!r}: no query or fragment allowed (quote '?' and '#' in keys)", uri=uri)
     if not _BUCKET.match(bucket) or ".." in bucket:
-        raise ArtifactURIError(f"bad S3 URI {uri!r}: bucket {bucket!r} is not a valid bucket name "
-                               f"(3-63 lowercase letters, digits, '.', '-')", uri=uri)
+        raise ArtifactURIError(
+            f"bad S3 URI {uri!r}: bucket {bucket!r} is not a valid bucket name "
+            f"(3-63 lowercase letters, digits, '.', '-')",
+            uri=uri,
+        )
     if not key or key.endswith("/"):
-        raise ArtifactURIError(f"bad S3 URI {uri!r}: expected s3://bucket/key with a key naming an object",
-                               uri=uri)
+        raise ArtifactURIError(f"bad S3 URI {uri!r}: expected s3://bucket/key with a key naming an object", uri=uri)
     return bucket, unquote(key)
 
 
@@ -149,8 +151,9 @@ def s3_endpoint() -> str | None:
 def _file_uri_path(uri: str) -> Path:
     parts = urlsplit(uri)
     if parts.netloc not in ("", "localhost"):
-        raise ArtifactURIError(f"bad file URI {uri!r}: host {parts.netloc!r} is not local "
-                               f"(use file:///absolute/path)", uri=uri)
+        raise ArtifactURIError(
+            f"bad file URI {uri!r}: host {parts.netloc!r} is not local (use file:///absolute/path)", uri=uri
+        )
     if not parts.path:
         raise ArtifactURIError(f"bad file URI {uri!r}: no path", uri=uri)
     return Path(unquote(parts.path))
@@ -197,21 +200,26 @@ def _classify(e: Exception, uri: str, what: str) -> ArtifactError:
         code = str(err.get("Code", ""))
         status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
         if code in ("404", "NoSuchKey", "NoSuchBucket", "NotFound") or status == 404:
-            return ArtifactNotFoundError(f"artifact {uri!r} not found: no such object or bucket "
-                                         f"({code or status})", uri=uri)
-        if code in ("403", "401", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch") \
-                or status in (401, 403):
-            return ArtifactAccessError(f"{what} {uri!r}: access denied ({code or status}); check the "
-                                       f"credentials and the bucket policy", uri=uri)
+            return ArtifactNotFoundError(
+                f"artifact {uri!r} not found: no such object or bucket ({code or status})", uri=uri
+            )
+        if code in ("403", "401", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch") or status in (
+            401,
+            403,
+        ):
+            return ArtifactAccessError(
+                f"{what} {uri!r}: access denied ({code or status}); check the credentials and the bucket policy",
+                uri=uri,
+            )
         if code == "PreconditionFailed" or status == 412:  # GET IfMatch: a new version since the HEAD
-            return ArtifactUnavailableError(f"artifact {uri!r} changed while it was being fetched; fetch it again",
-                                            uri=uri)
+            return ArtifactUnavailableError(
+                f"artifact {uri!r} changed while it was being fetched; fetch it again", uri=uri
+            )
         if status >= 500 or code in ("SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout"):
             return ArtifactUnavailableError(f"{what} {uri!r}: the store failed ({code or status})", uri=uri)
         return ArtifactError(f"{what} {uri!r} failed: {code or status}: {err.get('Message', e)}", uri=uri)
     if isinstance(e, NoCredentialsError):
-        return ArtifactAccessError(f"{what} {uri!r}: no AWS credentials found (environment, profile or role)",
-                                   uri=uri)
+        return ArtifactAccessError(f"{what} {uri!r}: no AWS credentials found (environment, profile or role)", uri=uri)
     if isinstance(e, BotoCoreError):
         endpoint = s3_endpoint() or "AWS"
         return ArtifactUnavailableError(f"{what} {uri!r}: cannot reach the store at {endpoint}: {e}", uri=uri)
@@ -259,8 +267,9 @@ def _fetch_s3(uri: str, bucket: str, key: str, cache: Path, client) -> Path:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ArtifactError(f"artifact {uri!r}: cannot create the cache directory {str(target.parent)!r}: "
-                            f"{e.strerror or e}", uri=uri) from e
+        raise ArtifactError(
+            f"artifact {uri!r}: cannot create the cache directory {str(target.parent)!r}: {e.strerror or e}", uri=uri
+        ) from e
     with _object_lock(target):
         if target.is_file():  # another thread or process finished it while we waited
             return target
@@ -284,8 +293,9 @@ def _download(client, uri: str, bucket: str, key: str, etag: str, size: int, tar
             os.fsync(f.fileno())
             written = f.tell()
         if size >= 0 and written != size:
-            raise ArtifactUnavailableError(f"artifact {uri!r}: got {written} bytes, expected {size} "
-                                           f"(connection cut?)", uri=uri)
+            raise ArtifactUnavailableError(
+                f"artifact {uri!r}: got {written} bytes, expected {size} (connection cut?)", uri=uri
+            )
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)
     finally:
@@ -294,6 +304,13 @@ def _download(client, uri: str, bucket: str, key: str, etag: str, size: int, tar
 
 
 __all__ = [
-    "ArtifactAccessError", "ArtifactError", "ArtifactNotFoundError", "ArtifactURIError", "ArtifactUnavailableError",
-    "cache_path", "fetch", "parse_s3_uri", "s3_endpoint",
+    "ArtifactAccessError",
+    "ArtifactError",
+    "ArtifactNotFoundError",
+    "ArtifactURIError",
+    "ArtifactUnavailableError",
+    "cache_path",
+    "fetch",
+    "parse_s3_uri",
+    "s3_endpoint",
 ]

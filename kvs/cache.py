@@ -299,9 +299,7 @@ class CachedKVS(KVS):
         if kind == _REDECODE:
             return decode_value(key, obj, trusted, self._signing_key)
         if not trusted:
-            raise SerializationError(
-                f"value of key {key!r} is a trusted pickle; read it with get(..., trusted=True)"
-            )
+            raise SerializationError(f"value of key {key!r} is a trusted pickle; read it with get(..., trusted=True)")
         return obj
 
     def _fetch(self, keys: list[str], default: Any, trusted: bool) -> list[Any]:
@@ -315,6 +313,7 @@ class CachedKVS(KVS):
         entries: list[tuple[int, Any, int] | None] = []
         values: list[Any] = []
         try:
+
             def attempt():
                 # tracked connections while the listener of this read's epoch is up;
                 # otherwise the plain pool (the value will not be cached anyway), so a
@@ -340,9 +339,7 @@ class CachedKVS(KVS):
                         reads.remove(read)
                         if not reads:
                             del self._inflight[key]
-                insertable = (
-                    read.epoch is not None and read.epoch == self._epoch and not read.flushed
-                )
+                insertable = read.epoch is not None and read.epoch == self._epoch and not read.flushed
                 if insertable:
                     for key, entry in zip(keys, entries):
                         if entry is not None and key not in read.dead:
@@ -415,7 +412,7 @@ def _entry(blob: bytes, value: Any) -> tuple[int, Any, int]:
 
 # -- fork safety: reset every live CachedKVS in the child ------------------------------
 
-_live: "weakref.WeakSet[CachedKVS]" = weakref.WeakSet()
+_live: weakref.WeakSet[CachedKVS] = weakref.WeakSet()
 
 
 def _reset_all_after_fork() -> None:

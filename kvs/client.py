@@ -90,8 +90,14 @@ class Retrier:
     injectable for tests.
     """
 
-    def __init__(self, url: str, options: KVSOptions, *, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], Any] = time.sleep):
+    def __init__(
+        self,
+        url: str,
+        options: KVSOptions,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Any] = time.sleep,
+    ):
         self.url = redact_url(url)
         self.options = options
         self._clock, self._sleep = clock, sleep
@@ -104,8 +110,15 @@ class Retrier:
         o = self.options
         backoff = Backoff(o.backoff_base, o.backoff_cap)
         try:
-            return retry(fn, backoff=backoff, retry_if=_reconnecting_may_help, give_up_after=o.retry_timeout,
-                         clock=self._clock, sleep=self._sleep, failed=first)
+            return retry(
+                fn,
+                backoff=backoff,
+                retry_if=_reconnecting_may_help,
+                give_up_after=o.retry_timeout,
+                clock=self._clock,
+                sleep=self._sleep,
+                failed=first,
+            )
         except (AuthenticationError, AuthorizationError) as exc:
             raise KVSError(f"Redis at {self.url} refused the credentials: {exc}") from exc
         except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -123,8 +136,9 @@ class Retrier:
 def _reconnecting_may_help(error: BaseException) -> bool:
     """Connection losses and timeouts heal when the server is back; refused credentials
     (a ConnectionError in redis-py) do not."""
-    return isinstance(error, (redis.ConnectionError, redis.TimeoutError)) and \
-        not isinstance(error, (AuthenticationError, AuthorizationError))
+    return isinstance(error, (redis.ConnectionError, redis.TimeoutError)) and not isinstance(
+        error, (AuthenticationError, AuthorizationError)
+    )
 
 
 class KVS:
@@ -151,8 +165,7 @@ class KVS:
         self._signing_key = signing_key
 
     @classmethod
-    def from_url(cls, url: str, options: KVSOptions | None = None, *, signing_key: bytes | None = None,
-                 **fields: Any):
+    def from_url(cls, url: str, options: KVSOptions | None = None, *, signing_key: bytes | None = None, **fields: Any):
         """Connect lazily to ``url`` (``redis://[:password@]host:port/db``).
 
         ``fields`` override single options, e.g. ``KVS.from_url(url, retry_timeout=1)``.
@@ -188,7 +201,7 @@ class KVS:
     def put(self, key: str, value: Any) -> None:
         """Store ``value`` under ``key`` (encoded; see ``kvs.serialization``).
 
-            >>> store.put("model/version", 3)                      # doctest: +SKIP
+        >>> store.put("model/version", 3)                      # doctest: +SKIP
         """
         key = check_key(key)
         self._set_encoded(key, encode(value), mark=True)
@@ -257,8 +270,10 @@ class KVS:
         server, never from a local cache."""
         if not self._call(lambda: self._redis.exists(DATA_MARKER), "EXISTS"):
             shown = ", ".join(repr(k) for k in list(keys)[:3])
-            raise StoreLostError(f"the KVS at {self.url} lost its data (it restarted empty); "
-                                 f"key(s) {shown} are missing because of that: write the data again, then retry")
+            raise StoreLostError(
+                f"the KVS at {self.url} lost its data (it restarted empty); "
+                f"key(s) {shown} are missing because of that: write the data again, then retry"
+            )
 
     def ping(self) -> bool:
         """True if the server answers (raises ``KVSConnectionError`` otherwise)."""
@@ -311,8 +326,9 @@ def decode_value(key: str, data: bytes, trusted: bool, signing_key: bytes | None
         raise SerializationError(f"value of key {key!r}: {exc}") from None
 
 
-def _value_or_default(key: str, data: bytes | None, default: Any, trusted: bool,
-                      signing_key: bytes | None = None) -> Any:
+def _value_or_default(
+    key: str, data: bytes | None, default: Any, trusted: bool, signing_key: bytes | None = None
+) -> Any:
     if data is None:
         if default is MISSING:
             raise KeyNotFoundError(key)
@@ -328,7 +344,6 @@ def _merge_options(options: KVSOptions | None, fields: dict) -> KVSOptions:
     unknown = sorted(set(fields) - set(KVSOptions.field_names()))
     if unknown:
         raise KVSTypeError(
-            f"unknown KVS option(s) {', '.join(map(repr, unknown))}; "
-            f"known: {', '.join(KVSOptions.field_names())}"
+            f"unknown KVS option(s) {', '.join(map(repr, unknown))}; known: {', '.join(KVSOptions.field_names())}"
         )
     return dataclasses.replace(options or KVSOptions(), **fields)

@@ -62,14 +62,16 @@ class KVSOptions(Config):
     max_connections: int = setting(64, Int(1))
     cache_max_bytes: int = setting(256 * MiB, Int(0, note="0: no local cache"))
     health_check_interval: float = setting(5.0, _SECONDS)
-    client_name: str | None = setting("flowserve", Str("a non-empty string without spaces",
-                                                       lambda v: bool(v) and not any(c.isspace() for c in v),
-                                                       optional=True))
+    client_name: str | None = setting(
+        "flowserve",
+        Str("a non-empty string without spaces", lambda v: bool(v) and not any(c.isspace() for c in v), optional=True),
+    )
 
     def _validate(self) -> None:
         if self.backoff_base > self.backoff_cap:
-            raise self.error(f"KVSOptions.backoff_base must be <= backoff_cap, "
-                             f"got {self.backoff_base!r} > {self.backoff_cap!r}")
+            raise self.error(
+                f"KVSOptions.backoff_base must be <= backoff_cap, got {self.backoff_base!r} > {self.backoff_cap!r}"
+            )
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

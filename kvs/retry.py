@@ -32,11 +32,14 @@ class Backoff:
 
     __slots__ = ("base", "cap", "jitter", "failures", "_random")
 
-    def __init__(self, base: float, cap: float, *, jitter: float = 0.5,
-                 random: Callable[[], float] = random.random):
+    def __init__(self, base: float, cap: float, *, jitter: float = 0.5, random: Callable[[], float] = random.random):
         for name, value in (("base", base), ("cap", cap), ("jitter", jitter)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 \
-                    or value == float("inf"):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not value >= 0
+                or value == float("inf")
+            ):
                 raise KVSValueError(f"Backoff {name} must be a finite number >= 0, got {value!r}")
         if base > cap:
             raise KVSValueError(f"Backoff base must be <= cap, got base={base!r} > cap={cap!r}")
@@ -80,10 +83,17 @@ class _Budget:
         return min(remaining, self.backoff.next())
 
 
-def retry(call: Callable[[], T], *, backoff: Backoff, retry_if: Callable[[BaseException], bool],
-          give_up_after: float | None = None, on_retry: Callable[[BaseException, float], Any] | None = None,
-          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], Any] = time.sleep,
-          failed: BaseException | None = None) -> T:
+def retry(
+    call: Callable[[], T],
+    *,
+    backoff: Backoff,
+    retry_if: Callable[[BaseException], bool],
+    give_up_after: float | None = None,
+    on_retry: Callable[[BaseException, float], Any] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Any] = time.sleep,
+    failed: BaseException | None = None,
+) -> T:
     """``call()``'s result. An error for which ``retry_if(error)`` is true is retried after
     the next backoff delay, until ``give_up_after`` seconds have passed since the first
     failure (None: for ever); then the last error is raised. A delay never runs past that
@@ -107,10 +117,16 @@ def retry(call: Callable[[], T], *, backoff: Backoff, retry_if: Callable[[BaseEx
             error = exc
 
 
-async def retry_async(call: Callable[[], Any], *, backoff: Backoff, retry_if: Callable[[BaseException], bool],
-                      give_up_after: float | None = None,
-                      on_retry: Callable[[BaseException, float], Any] | None = None,
-                      clock: Callable[[], float] = time.monotonic, sleep=asyncio.sleep) -> Any:
+async def retry_async(
+    call: Callable[[], Any],
+    *,
+    backoff: Backoff,
+    retry_if: Callable[[BaseException], bool],
+    give_up_after: float | None = None,
+    on_retry: Callable[[BaseException, float], Any] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep=asyncio.sleep,
+) -> Any:
     """``retry`` for the event loop: ``call()`` may return an awaitable (awaited inside the
     attempt, so its errors are retried too), and the delays are ``await sleep(delay)``."""
     budget = _Budget(backoff, retry_if, give_up_after, clock)

@@ -165,12 +165,15 @@ def decode(data: bytes | bytearray | memoryview, *, trusted: bool = False, signi
         return table_cls.from_arrow(_decode_arrow(view), qid="qid")
     if tag == TAG_SIGNED:
         if not trusted:
-            raise SerializationError("refusing to unpickle a value read from the KVS (a signed pickle): "
-                                     "only with trusted=True")
+            raise SerializationError(
+                "refusing to unpickle a value read from the KVS (a signed pickle): only with trusted=True"
+            )
         return _unpickle(_verified(view, signing_key))
     if tag == TAG_PICKLE and trusted and signing_key is not None:
-        raise SerializationError("refusing an unsigned pickle: this cluster signs what it unpickles "
-                                 "(written by something without the cluster key, or tampered with)")
+        raise SerializationError(
+            "refusing an unsigned pickle: this cluster signs what it unpickles "
+            "(written by something without the cluster key, or tampered with)"
+        )
     if tag == TAG_PICKLE:
         if not trusted:
             raise SerializationError(
@@ -215,8 +218,10 @@ def _verified(view: memoryview, signing_key: bytes | None) -> memoryview:
         raise SerializationError("a signed pickle, but no cluster key to check it with (set FLOWSERVE_CLUSTER_KEY)")
     mac, inner = bytes(view[2:34]), view[34:]
     if len(view) < 36 or not hmac.compare_digest(mac, hmac.digest(signing_key, inner, "sha256")):
-        raise SerializationError("refusing a signed pickle whose signature does not match (tampered with, or "
-                                 "signed with another cluster's key)")
+        raise SerializationError(
+            "refusing a signed pickle whose signature does not match (tampered with, or "
+            "signed with another cluster's key)"
+        )
     if inner[0] != MAGIC or inner[1] != TAG_PICKLE:
         raise SerializationError("a signed value that is not a trusted pickle")
     return inner
@@ -299,10 +304,7 @@ def _decode_array(data, view: memoryview):
     offset = end + (-end % _NP_ALIGN)
     count = math.prod(shape)
     if len(view) - offset != count * dtype.itemsize:
-        raise SerializationError(
-            f"corrupt numpy payload: {len(view) - offset} data bytes for shape "
-            f"{shape} of {dtype}"
-        )
+        raise SerializationError(f"corrupt numpy payload: {len(view) - offset} data bytes for shape {shape} of {dtype}")
     if count == 0 or dtype.itemsize == 0:
         arr = np.zeros(shape, dtype)
         arr.flags.writeable = False

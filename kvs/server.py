@@ -134,9 +134,7 @@ class _Spawner:
             if self._pid != os.getpid():  # first use, or a forked child (thread is gone)
                 self._queue = queue.SimpleQueue()
                 self._pid = os.getpid()
-                threading.Thread(
-                    target=self._serve, args=(self._queue,), name="flowserve-spawner", daemon=True
-                ).start()
+                threading.Thread(target=self._serve, args=(self._queue,), name="flowserve-spawner", daemon=True).start()
             requests = self._queue
         future: Future = Future()
         requests.put((future, args, kwargs))
@@ -147,9 +145,7 @@ class _Spawner:
         while True:
             future, args, kwargs = requests.get()
             try:
-                future.set_result(
-                    subprocess.Popen(args, preexec_fn=_pdeathsig_preexec(), **kwargs)
-                )
+                future.set_result(subprocess.Popen(args, preexec_fn=_pdeathsig_preexec(), **kwargs))
             except BaseException as exc:  # hand every failure back to the caller
                 future.set_exception(exc)
 
@@ -292,7 +288,7 @@ class RedisServer:
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def start(self) -> "RedisServer":
+    def start(self) -> RedisServer:
         """Start the server and wait until it answers PING; no-op if running.
 
         Raises ``ServerStartError`` with the server's log tail if it does not come up
@@ -318,9 +314,7 @@ class RedisServer:
                 return self
             except _PortInUse:
                 if attempt == attempts - 1:
-                    raise ServerStartError(
-                        f"port {self._port} is in use\n{self._log_tail()}"
-                    ) from None
+                    raise ServerStartError(f"port {self._port} is in use\n{self._log_tail()}") from None
         return self  # unreachable
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -335,7 +329,7 @@ class RedisServer:
             self._finalizer.detach()
             self._finalizer = None
 
-    def restart(self, timeout: float = 10.0) -> "RedisServer":
+    def restart(self, timeout: float = 10.0) -> RedisServer:
         """Stop and start again on the same port and directory (so clients can
         reconnect, and with ``appendonly`` the data survives)."""
         self._stop_process(timeout)
@@ -348,7 +342,7 @@ class RedisServer:
             self._proc.kill()
             self._proc.wait()
 
-    def __enter__(self) -> "RedisServer":
+    def __enter__(self) -> RedisServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

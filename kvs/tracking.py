@@ -48,9 +48,7 @@ class Tracker:
 
     def __init__(self, pool: redis.ConnectionPool, handler: Any, options: KVSOptions):
         self._connection_class = pool.connection_class
-        self._kwargs = {
-            k: v for k, v in pool.connection_kwargs.items() if not k.startswith(_POOL_ONLY)
-        }
+        self._kwargs = {k: v for k, v in pool.connection_kwargs.items() if not k.startswith(_POOL_ONLY)}
         self._handler = weakref.ref(handler)
         self._options = options
         self._lock = threading.Lock()
@@ -65,9 +63,7 @@ class Tracker:
         self.ready = threading.Event()
 
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._run, name="flowserve-kvs-invalidations", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name="flowserve-kvs-invalidations", daemon=True)
         self._thread.start()
 
     def current(self) -> tuple[int, int]:
@@ -207,11 +203,7 @@ class _TrackingMixin:
         self._tracking_epoch = epoch
 
     def send_packed_command(self, command, check_health: bool = True):
-        if (
-            self._sock is not None
-            and not self._handshake
-            and self._tracking_epoch != self._tracker.epoch
-        ):
+        if self._sock is not None and not self._handshake and self._tracking_epoch != self._tracker.epoch:
             # registered with a listener that is gone: its invalidations would be lost
             self.disconnect()
         super().send_packed_command(command, check_health=check_health)

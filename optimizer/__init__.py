@@ -52,6 +52,15 @@ def optimize(flow, rules=None, options=None) -> Plan:
 
 
 __all__ = [
-    "DEFAULT_RULES", "INPUT", "BatchConfig", "ChooseOp", "OptimizerOptions", "Plan",
-    "PlanError", "PlanNode", "PlanTypeError", "Stage", "optimize",
+    "DEFAULT_RULES",
+    "INPUT",
+    "BatchConfig",
+    "ChooseOp",
+    "OptimizerOptions",
+    "Plan",
+    "PlanError",
+    "PlanNode",
+    "PlanTypeError",
+    "Stage",
+    "optimize",
 ]

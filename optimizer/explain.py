@@ -77,8 +77,12 @@ def _stage(i: int, s: Stage, placed: int | None = None) -> list[str]:
     out.append(_field("device", s.device))
     out.append(_field("replicas", _replicas(s, placed)))
     if s.wait == "first_valid":
-        out.append(_field("wait", f"first valid of {len(s.inputs)} alternatives "
-                                  f"(argument order locally, first to arrive deployed)"))
+        out.append(
+            _field(
+                "wait",
+                f"first valid of {len(s.inputs)} alternatives (argument order locally, first to arrive deployed)",
+            )
+        )
     else:
         out.append(_field("wait", "all inputs"))
     if s.batch is None:
@@ -87,8 +91,9 @@ def _stage(i: int, s: Stage, placed: int | None = None) -> list[str]:
         wait = f"waiting at most {s.batch.max_wait_ms:g} ms" if s.batch.max_wait_ms else "the queued ones, no wait"
         out.append(_field("batching", f"up to {s.batch.max_batch_size} requests, {wait}"))
     if s.continuation is not None:
-        out.append(_field("continuation", f"route rows by key column {s.continuation!r} "
-                                          f"to an executor that caches the key"))
+        out.append(
+            _field("continuation", f"route rows by key column {s.continuation!r} to an executor that caches the key")
+        )
     return out
 
 

@@ -1,7 +1,7 @@
 """``OptimizerOptions``: every optimizer switch in one frozen, validated object.
 
-    from optimizer import OptimizerOptions, optimize
-    plan = optimize(flow, options=OptimizerOptions(competitive_replicas=5))
+from optimizer import OptimizerOptions, optimize
+plan = optimize(flow, options=OptimizerOptions(competitive_replicas=5))
 """
 
 from __future__ import annotations
@@ -58,7 +58,9 @@ def check_rules(rules) -> tuple[str, ...]:
     """``rules`` as a tuple of known rule names; an OptimizerConfigError (a PlanError) quoting
     the bad value if not."""
     if isinstance(rules, (str, bytes)) or not isinstance(rules, (list, tuple)):
-        raise OptimizerConfigTypeError(f"rules must be a list of rule names such as {list(DEFAULT_RULES)}, got {rules!r}")
+        raise OptimizerConfigTypeError(
+            f"rules must be a list of rule names such as {list(DEFAULT_RULES)}, got {rules!r}"
+        )
     for r in rules:
         if not isinstance(r, str):
             raise OptimizerConfigTypeError(f"rules must be rule names (str), got {r!r} in {list(rules)!r}")

@@ -65,7 +65,9 @@ class Plan:
                 raise PlanError(f"plan {self.flow_name!r}: stage {s.name!r} is listed under {key!r}")
             for i in s.inputs:
                 if i not in seen:
-                    raise PlanError(f"plan {self.flow_name!r}: stage {s.name!r} reads {i!r}, which is not an earlier stage")
+                    raise PlanError(
+                        f"plan {self.flow_name!r}: stage {s.name!r} reads {i!r}, which is not an earlier stage"
+                    )
             for n in s.nodes:
                 if n.name in node_names:
                     raise PlanError(f"plan {self.flow_name!r}: operator {n.name!r} appears in two places")
@@ -81,10 +83,10 @@ class Plan:
         return (Plan, (self.flow_name, dict(self.stages), self.sink, schema, self.rules))
 
     @classmethod
-    def from_flow(cls, flow) -> "Plan":
+    def from_flow(cls, flow) -> Plan:
         """One stage per operator: the unoptimized plan that benchmarks compare against.
 
-            Plan.from_flow(flow).stages.keys()   # the flow's node names, in creation order
+        Plan.from_flow(flow).stages.keys()   # the flow's node names, in creation order
         """
         from flow.flow import Flow
         from flow.reference import needed_nodes
@@ -104,10 +106,10 @@ class Plan:
             stage_of[node.id] = node.name
         return cls(flow.name, stages, stage_of[sink.id], flow.schema)
 
-    def replace_stages(self, stages: Mapping[str, Stage], sink: str | None = None) -> "Plan":
+    def replace_stages(self, stages: Mapping[str, Stage], sink: str | None = None) -> Plan:
         return Plan(self.flow_name, stages, sink or self.sink, self.input_schema, self.rules)
 
-    def with_rules(self, rules: Sequence[str]) -> "Plan":
+    def with_rules(self, rules: Sequence[str]) -> Plan:
         """The same plan, recording that ``rules`` were applied to it."""
         return Plan(self.flow_name, self.stages, self.sink, self.input_schema, tuple(rules))
 
@@ -120,7 +122,7 @@ class Plan:
                 out[i].append(s.name)
         return out
 
-    def substitute(self, old: str, new: Sequence[Stage], drop: Sequence[str] = ()) -> "Plan":
+    def substitute(self, old: str, new: Sequence[Stage], drop: Sequence[str] = ()) -> Plan:
         """Replace stage ``old`` by the stages ``new`` (in order; the last one produces what
         ``old`` produced, so readers of ``old`` now read it) and remove the stages ``drop``.
 

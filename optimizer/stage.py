@@ -135,14 +135,15 @@ class _BoundChoose(BoundOperator):
             reasons = "; ".join(str(e) for e in inputs)
             qid = next((getattr(e, "qid", None) for e in inputs if getattr(e, "qid", None) is not None), None)
             raise NoValidResultError(
-                f"operator {self.name!r}: no alternative gave a valid result ({reasons})",
-                operator=self.name, qid=qid)
+                f"operator {self.name!r}: no alternative gave a valid result ({reasons})", operator=self.name, qid=qid
+            )
         return choose_first_valid(self.op.anyof, self.name, template, list(inputs))
 
     def accepts(self, table: Table) -> np.ndarray:
         """Which rows of one alternative's output are valid (the runtime's first-valid test)."""
-        return np.fromiter((is_valid(self.op.anyof, self.name, table, i) for i in range(len(table))),
-                           dtype=bool, count=len(table))
+        return np.fromiter(
+            (is_valid(self.op.anyof, self.name, table, i) for i in range(len(table))), dtype=bool, count=len(table)
+        )
 
 
 def stage_name(nodes: Sequence[PlanNode]) -> str:
@@ -178,30 +179,40 @@ class Stage:
             if not _is_int(v) or v < 1:
                 raise PlanError(f"stage {self.name!r}: {attr} must be an int >= 1, got {v!r}")
         if self.competitive > self.replicas:
-            raise PlanError(f"stage {self.name!r}: competitive={self.competitive} needs at least as many "
-                            f"replicas, got replicas={self.replicas}")
+            raise PlanError(
+                f"stage {self.name!r}: competitive={self.competitive} needs at least as many "
+                f"replicas, got replicas={self.replicas}"
+            )
         if self.batch is not None and not isinstance(self.batch, BatchConfig):
             raise PlanError(f"stage {self.name!r}: batch must be a BatchConfig or None, got {self.batch!r}")
         self._check_nodes()
         if self.batch is not None and not self.rowwise:
             bad = next(n.name for n in self.nodes if not n.op.rowwise)
-            raise PlanError(f"stage {self.name!r}: cannot batch, operator {bad!r} mixes rows of different "
-                            f"queries (merging requests would change their answers)")
+            raise PlanError(
+                f"stage {self.name!r}: cannot batch, operator {bad!r} mixes rows of different "
+                f"queries (merging requests would change their answers)"
+            )
         if self.wait == "first_valid" and not isinstance(self.nodes[0].op, ChooseOp):
             raise PlanError(f"stage {self.name!r}: wait='first_valid' needs a ChooseOp head")
         if self.continuation is not None:
             head = self.nodes[0].op
             if getattr(head, "kind", None) != "lookup" or getattr(head, "column", None) != self.continuation:
-                raise PlanError(f"stage {self.name!r}: continuation={self.continuation!r} needs a head "
-                                f"lookup(column={self.continuation!r})")
+                raise PlanError(
+                    f"stage {self.name!r}: continuation={self.continuation!r} needs a head "
+                    f"lookup(column={self.continuation!r})"
+                )
             bad = [n.name for n in self.nodes[1:] if not n.op.rowwise]
             if bad:
-                raise PlanError(f"stage {self.name!r}: a continuation stage runs per key group; operator "
-                                f"{bad[0]!r} mixes rows and cannot be part of it")
+                raise PlanError(
+                    f"stage {self.name!r}: a continuation stage runs per key group; operator "
+                    f"{bad[0]!r} mixes rows and cannot be part of it"
+                )
             if not self.chain:
                 # its key groups' outputs merge back by row position (optimizer.positions)
-                raise PlanError(f"stage {self.name!r}: a continuation stage runs per key group and must be a "
-                                f"chain of operators that each read the one before")
+                raise PlanError(
+                    f"stage {self.name!r}: a continuation stage runs per key group and must be a "
+                    f"chain of operators that each read the one before"
+                )
 
     def _check_nodes(self) -> None:
         """Nodes are in topological order; ``@k`` names the stage's k-th input. A stage is a
@@ -216,12 +227,16 @@ class Stage:
             if node.op.kind == "source":
                 raise PlanError(f"stage {self.name!r}: the source is not an operator; use INPUT")
             if len(node.inputs) != node.op.arity:
-                raise PlanError(f"stage {self.name!r}: node {node.name!r} ({node.op.kind}) takes "
-                                f"{node.op.arity} input(s), got {node.inputs}")
+                raise PlanError(
+                    f"stage {self.name!r}: node {node.name!r} ({node.op.kind}) takes "
+                    f"{node.op.arity} input(s), got {node.inputs}"
+                )
             for i in node.inputs:
                 if i not in seen and i not in want:
-                    raise PlanError(f"stage {self.name!r}: node {node.name!r} reads {i!r}, which is neither an "
-                                    f"earlier node of the stage nor one of its inputs {sorted(want)}")
+                    raise PlanError(
+                        f"stage {self.name!r}: node {node.name!r} reads {i!r}, which is neither an "
+                        f"earlier node of the stage nor one of its inputs {sorted(want)}"
+                    )
                 used.add(i)
             seen.add(node.name)
         if want - used:
@@ -248,5 +263,5 @@ class Stage:
         """True if requests may be merged into one batch without changing any answer."""
         return all(op.rowwise for op in self.ops)
 
-    def with_(self, **changes) -> "Stage":
+    def with_(self, **changes) -> Stage:
         return replace(self, **changes)

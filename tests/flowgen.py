@@ -45,12 +45,12 @@ from hypothesis import strategies as st
 
 from flow import Flow, Table
 
-KEYS = ("ka", "kb", "kc", "kd")      # per-row lookup keys; the store holds all of them
-ABSENT_KEY = "kz"                     # appears only in nullable key columns (missing="null")
+KEYS = ("ka", "kb", "kc", "kd")  # per-row lookup keys; the store holds all of them
+ABSENT_KEY = "kz"  # appears only in nullable key columns (missing="null")
 FIXED = {"cfg_int": 7, "cfg_float": 0.25, "cfg_str": "hello", "cfg_vec": np.array([1.0, 2.0])}
 FIXED_KIND = {"cfg_int": "int", "cfg_float": "float", "cfg_str": "str", "cfg_vec": "tensor"}
 NUMERIC = ("int", "float")
-MAX_MULT = 24                         # cap on rows per qid, so joins cannot explode
+MAX_MULT = 24  # cap on rows per qid, so joins cannot explode
 
 
 # -- operator functions: small picklable callables with readable reprs ----------------------
@@ -277,7 +277,7 @@ class BatchFlaky(BatchAlt):
         self.limit = limit
 
     def __call__(self, table):
-        for v in (table[self.src] if self.src else []):
+        for v in table[self.src] if self.src else []:
             if _num(v) is not None and v > self.limit:
                 raise ValueError(f"flaky alternative: {v} > {self.limit}")
         return super().__call__(table)
@@ -330,8 +330,8 @@ class _Random(_Choices):
 
 @dataclass
 class Col:
-    kind: str          # int, float, str, key (a str column holding lookup keys), tensor, null
-    nullable: bool     # may hold None (or, for key columns, ABSENT_KEY)
+    kind: str  # int, float, str, key (a str column holding lookup keys), tensor, null
+    nullable: bool  # may hold None (or, for key columns, ABSENT_KEY)
 
 
 @dataclass
@@ -341,8 +341,8 @@ class _G:
     node: object
     cols: dict
     var: str
-    rows: int          # upper bound on its rows
-    mult: int          # upper bound on rows per qid
+    rows: int  # upper bound on its rows
+    mult: int  # upper bound on rows per qid
     consumers: int = 0
 
 
@@ -366,8 +366,7 @@ class FlowCase:
     def __repr__(self) -> str:
         rows = "\n".join(f"  qid {q}: {r}" for q, r in zip(self.qids, self.rows))
         reqs = [list(t.qid.tolist()) for t in self.requests]
-        return (f"FlowCase(\n{self.script}\nrows:\n{rows}\nrequests (qids): {reqs}\n"
-                f"store: {self.store})")
+        return f"FlowCase(\n{self.script}\nrows:\n{rows}\nrequests (qids): {reqs}\nstore: {self.store})"
 
 
 class _Builder:
@@ -389,9 +388,13 @@ class _Builder:
     def add(self, node, cols, inputs, code, rows=None, mult=None) -> _G:
         for g in inputs:
             g.consumers += 1
-        g = _G(node, dict(cols), f"n{len(self.nodes)}",
-               rows if rows is not None else inputs[0].rows,
-               mult if mult is not None else max(g.mult for g in inputs))
+        g = _G(
+            node,
+            dict(cols),
+            f"n{len(self.nodes)}",
+            rows if rows is not None else inputs[0].rows,
+            mult if mult is not None else max(g.mult for g in inputs),
+        )
         self.lines.append(f"{g.var} = {code}")
         self.nodes.append(g)
         return g
@@ -408,8 +411,9 @@ class _Builder:
     def op_map(self, g: _G) -> _G:
         c = self.c
         nums = self.cols_of(g, NUMERIC)
-        variant = c.choice(["row", "multi", "col", "class", "init", "batching", "batching_col",
-                            "key", "vec", "sumvec", "qid_class"])
+        variant = c.choice(
+            ["row", "multi", "col", "class", "init", "batching", "batching_col", "key", "vec", "sumvec", "qid_class"]
+        )
         flags = {}
         if c.chance(20):
             flags["gpu"] = True
@@ -522,8 +526,12 @@ class _Builder:
             return None
         self.features.add("filter")
         node = g.node.filter(pred, batching=batching)
-        return self.add(node, {n: Col(col.kind, col.nullable) for n, col in g.cols.items()}, [g],
-                        f"{g.var}.filter({pred!r}{', batching=True' if batching else ''})")
+        return self.add(
+            node,
+            {n: Col(col.kind, col.nullable) for n, col in g.cols.items()},
+            [g],
+            f"{g.var}.filter({pred!r}{', batching=True' if batching else ''})",
+        )
 
     def op_agg(self, g: _G) -> _G | None:
         c = self.c
@@ -563,8 +571,11 @@ class _Builder:
         c = self.c
         right = self.pick_node()
         how = c.choice(["inner", "left", "outer"])
-        shared = [n for n in self.cols_of(left, ("int", "key", "str")) if n in right.cols
-                  and right.cols[n].kind == left.cols[n].kind]
+        shared = [
+            n
+            for n in self.cols_of(left, ("int", "key", "str"))
+            if n in right.cols and right.cols[n].kind == left.cols[n].kind
+        ]
         on = "qid"
         if shared and self.column_joins < 1 and c.chance(30):
             on = c.choice(shared)
@@ -596,14 +607,24 @@ class _Builder:
                 cols[n + suffix if n in clash else n] = Col(col.kind, col.nullable or how != "inner")
         node = left.node.join(right.node, on=on, how=how, suffixes=("", suffix))
         self.features.update(("join", f"join.{how}"))
-        return self.add(node, cols, [left, right],
-                        f"{left.var}.join({right.var}, on={on!r}, how={how!r}, suffixes=('', {suffix!r}))",
-                        rows=rows, mult=mult)
+        return self.add(
+            node,
+            cols,
+            [left, right],
+            f"{left.var}.join({right.var}, on={on!r}, how={how!r}, suffixes=('', {suffix!r}))",
+            rows=rows,
+            mult=mult,
+        )
 
     def op_union(self, g: _G) -> _G | None:
         c = self.c
-        same = [h for h in self.nodes if h.cols.keys() == g.cols.keys() and h is not self.nodes[0]
-                and all(h.cols[n].kind == g.cols[n].kind for n in g.cols)]
+        same = [
+            h
+            for h in self.nodes
+            if h.cols.keys() == g.cols.keys()
+            and h is not self.nodes[0]
+            and all(h.cols[n].kind == g.cols[n].kind for n in g.cols)
+        ]
         if not same or c.chance(40):
             other = self.op_filter(g)
             if other is None:
@@ -617,12 +638,12 @@ class _Builder:
         mult = g.mult + sum(o.mult for o in others)
         if mult > MAX_MULT:
             return None
-        cols = {n: Col(col.kind, col.nullable or any(o.cols[n].nullable for o in others))
-                for n, col in g.cols.items()}
+        cols = {n: Col(col.kind, col.nullable or any(o.cols[n].nullable for o in others)) for n, col in g.cols.items()}
         node = g.node.union(*[o.node for o in others])
         self.features.add("union")
-        return self.add(node, cols, [g, *others], f"{g.var}.union({', '.join(o.var for o in others)})",
-                        rows=rows, mult=mult)
+        return self.add(
+            node, cols, [g, *others], f"{g.var}.union({', '.join(o.var for o in others)})", rows=rows, mult=mult
+        )
 
     def op_lookup(self, g: _G) -> _G:
         c = self.c
@@ -671,14 +692,22 @@ class _Builder:
                 return self.op_map(g)
             fn, key, names = KeyOf(src), f, [f]
             cols = {f: Col("key", g.cols[src].nullable)}
-        mapped = self.add(g.node.map(fn, names=names, high_variance=True), cols, [g],
-                          f"{g.var}.map({fn!r}, names={names}, high_variance=True)")
+        mapped = self.add(
+            g.node.map(fn, names=names, high_variance=True),
+            cols,
+            [g],
+            f"{g.var}.map({fn!r}, names={names}, high_variance=True)",
+        )
         out = self.name()
         missing = "null" if cols[key].nullable else "error"
         node = mapped.node.lookup(column=key, name=out, missing=missing)
         self.features.update(("map.high_variance", "lookup", "lookup.dynamic", "race.lookup"))
-        return self.add(node, {**cols, out: Col("int", missing == "null")}, [mapped],
-                        f"{mapped.var}.lookup(column={key!r}, name={out!r}, missing={missing!r})")
+        return self.add(
+            node,
+            {**cols, out: Col("int", missing == "null")},
+            [mapped],
+            f"{mapped.var}.lookup(column={key!r}, name={out!r}, missing={missing!r})",
+        )
 
     def op_anyof(self, g: _G) -> _G:
         c = self.c
@@ -710,16 +739,17 @@ class _Builder:
             self.features.add("anyof.batching")
         if gpu:
             self.features.add("anyof.gpu")
-        code = (f"{g.var}.anyof({', '.join(map(repr, alts))}, names={[val, conf]}, valid={valid!r}"
-                f"{', batching=True' if batching else ''}{', gpu=True' if gpu else ''})")
+        code = (
+            f"{g.var}.anyof({', '.join(map(repr, alts))}, names={[val, conf]}, valid={valid!r}"
+            f"{', batching=True' if batching else ''}{', gpu=True' if gpu else ''})"
+        )
         return self.add(node, {val: Col("float", False), conf: Col("float", False)}, [g], code)
 
     # -- the whole case --------------------------------------------------------------------------
 
     def inputs(self, max_rows: int):
         c = self.c
-        cols = {"i0": Col("int", c.chance(30)), "f0": Col("float", c.chance(30)),
-                "s0": Col("key", c.chance(30))}
+        cols = {"i0": Col("int", c.chance(30)), "f0": Col("float", c.chance(30)), "s0": Col("key", c.chance(30))}
         if c.chance(30):
             cols["i1"] = Col("int", c.chance(30))
         if c.chance(40):
@@ -756,8 +786,7 @@ class _Builder:
         flow = Flow("gen", schema=schema)
         self.lines.append(f"n0 = Flow('gen', schema={schema!r})")
         self.nodes.append(_G(flow.source, cols, "n0", max(len(rows), 1), 1))
-        ops = [self.op_map, self.op_filter, self.op_agg, self.op_join, self.op_union, self.op_lookup,
-               self.op_anyof]
+        ops = [self.op_map, self.op_filter, self.op_agg, self.op_join, self.op_union, self.op_lookup, self.op_anyof]
         for _ in range(c.integer(min(2, max_ops), max_ops)):
             op = self.op_race_lookup if self.race_lookups and c.chance(self.race_lookups) else c.choice(ops)
             g = self.pick_node()
@@ -774,13 +803,14 @@ class _Builder:
         cuts = sorted(set(c.integer(1, n - 1) for _ in range(k - 1))) if n > 1 else []
         bounds = [0, *cuts, n]
         requests = tuple(
-            Table.from_pylist(rows[a:b], qid=list(qids[a:b]), schema=schema) if b > a
+            Table.from_pylist(rows[a:b], qid=list(qids[a:b]), schema=schema)
+            if b > a
             else Table.from_pylist([], schema=schema)
-            for a, b in zip(bounds, bounds[1:]))
+            for a, b in zip(bounds, bounds[1:])
+        )
         store = {k_: c.integer(-5, 5) for k_ in KEYS}
         store.update(FIXED)
-        return FlowCase(flow, tuple(rows), qids, requests, store, "\n".join(self.lines),
-                        frozenset(self.features))
+        return FlowCase(flow, tuple(rows), qids, requests, store, "\n".join(self.lines), frozenset(self.features))
 
     def merge_sinks(self) -> None:
         c = self.c
@@ -789,12 +819,21 @@ class _Builder:
             if len(dangling) <= 1:
                 return
             a, b = dangling[-1], dangling[-2]
-            if a.cols.keys() == b.cols.keys() and all(a.cols[n].kind == b.cols[n].kind for n in a.cols) \
-                    and c.chance(50):
+            if (
+                a.cols.keys() == b.cols.keys()
+                and all(a.cols[n].kind == b.cols[n].kind for n in a.cols)
+                and c.chance(50)
+            ):
                 cols = {n: Col(col.kind, col.nullable or b.cols[n].nullable) for n, col in a.cols.items()}
                 self.features.add("union")
-                self.add(a.node.union(b.node), cols, [a, b], f"{a.var}.union({b.var})",
-                         rows=a.rows + b.rows, mult=a.mult + b.mult)
+                self.add(
+                    a.node.union(b.node),
+                    cols,
+                    [a, b],
+                    f"{a.var}.union({b.var})",
+                    rows=a.rows + b.rows,
+                    mult=a.mult + b.mult,
+                )
                 continue
             for g in (a, b):
                 if g.mult > 4:  # keep the joins below small: reduce to one row per group first
@@ -809,20 +848,32 @@ class _Builder:
                 for n, col in b.cols.items():
                     cols[n + suffix if n in clash else n] = Col(col.kind, col.nullable or how != "inner")
                 self.features.update(("join", f"join.{how}", "join.qid"))
-                self.add(a.node.join(b.node, how=how, suffixes=("", suffix)), cols, [a, b],
-                         f"{a.var}.join({b.var}, how={how!r}, suffixes=('', {suffix!r}))",
-                         rows=a.rows * b.mult + b.rows, mult=a.mult * b.mult)
+                self.add(
+                    a.node.join(b.node, how=how, suffixes=("", suffix)),
+                    cols,
+                    [a, b],
+                    f"{a.var}.join({b.var}, how={how!r}, suffixes=('', {suffix!r}))",
+                    rows=a.rows * b.mult + b.rows,
+                    mult=a.mult * b.mult,
+                )
 
     def op_agg_count(self, g: _G) -> _G:
         out = self.name()
         self.features.update(("agg", "agg.count"))
-        return self.add(g.node.agg("count", name=out), {out: Col("int", False)}, [g],
-                        f"{g.var}.agg('count', name={out!r})", rows=1, mult=1)
+        return self.add(
+            g.node.agg("count", name=out),
+            {out: Col("int", False)},
+            [g],
+            f"{g.var}.agg('count', name={out!r})",
+            rows=1,
+            mult=1,
+        )
 
 
 @st.composite
-def flows_and_inputs(draw, max_ops: int = 8, max_rows: int = 6, max_requests: int = 3,
-                     race_lookups: int = 0) -> FlowCase:
+def flows_and_inputs(
+    draw, max_ops: int = 8, max_rows: int = 6, max_requests: int = 3, race_lookups: int = 0
+) -> FlowCase:
     """Hypothesis strategy of FlowCases: a valid flow of up to ``max_ops`` random operators
     (plus the joins/unions that merge its branches), up to ``max_rows`` input rows split
     into up to ``max_requests`` requests, and the KVS contents its lookups read.
@@ -831,8 +882,9 @@ def flows_and_inputs(draw, max_ops: int = 8, max_rows: int = 6, max_requests: in
     return _Builder(_Draws(draw), race_lookups).build(max_ops, max_rows, max_requests)
 
 
-def random_case(seed: int, max_ops: int = 8, max_rows: int = 6, max_requests: int = 3,
-                race_lookups: int = 0) -> FlowCase:
+def random_case(
+    seed: int, max_ops: int = 8, max_rows: int = 6, max_requests: int = 3, race_lookups: int = 0
+) -> FlowCase:
     """The same generator driven by ``random.Random(seed)`` (for loops and benchmarks)."""
     return _Builder(_Random(random.Random(seed)), race_lookups).build(max_ops, max_rows, max_requests)
 
@@ -872,8 +924,9 @@ def ordered_rows(table: Table) -> list[tuple]:
     return [(q, *(_canon(col.cell(i)) for col in cols)) for i, q in enumerate(table.qid.tolist())]
 
 
-def assert_same_rows(actual: Table, expected: Table, context: str = "", column_order: bool = True,
-                     ordered: bool = False) -> None:
+def assert_same_rows(
+    actual: Table, expected: Table, context: str = "", column_order: bool = True, ordered: bool = False
+) -> None:
     """Assert the same columns and, per qid, the same rows in any order (see module docs);
     ``ordered=True``: also the same rows in the same order, row by row."""
     a_cols = actual.columns if column_order else tuple(sorted(actual.columns))
@@ -887,11 +940,13 @@ def assert_same_rows(actual: Table, expected: Table, context: str = "", column_o
         q = diff[0]
         raise AssertionError(
             f"{context}rows differ for {len(diff)} qid(s) {diff[:8]}; first, qid {q}:\n"
-            f"  actual:   {a.get(q)}\n  expected: {e.get(q)}")
+            f"  actual:   {a.get(q)}\n  expected: {e.get(q)}"
+        )
     if ordered:
         a_rows, e_rows = ordered_rows(actual), ordered_rows(expected)
         if a_rows != e_rows:
             i = next(i for i, (x, y) in enumerate(zip(a_rows, e_rows)) if x != y)
             raise AssertionError(
                 f"{context}the same rows in another order; first difference at row {i}:\n"
-                f"  actual:   {a_rows[i]}\n  expected: {e_rows[i]}")
+                f"  actual:   {a_rows[i]}\n  expected: {e_rows[i]}"
+            )

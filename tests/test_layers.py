@@ -63,8 +63,12 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def test_packages_import_only_the_layers_below():
-    wrong = sorted(f"{a} -> {b}" for a, deps in import_graph().items() for b in deps
-                   if b.split(".")[0] != a.split(".")[0] and b.split(".")[0] not in LAYERS[a.split(".")[0]])
+    wrong = sorted(
+        f"{a} -> {b}"
+        for a, deps in import_graph().items()
+        for b in deps
+        if b.split(".")[0] != a.split(".")[0] and b.split(".")[0] not in LAYERS[a.split(".")[0]]
+    )
     assert wrong == [], "imports against the layers (docs/architecture.md):\n" + "\n".join(wrong)
 
 

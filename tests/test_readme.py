@@ -54,7 +54,10 @@ def test_every_python_snippet_runs_as_written(index, tmp_path):
     # FLOWSERVE_HOME: never the user's `flowserve up` cluster; TMPDIR: the embedded cluster's files are ours
     env = dict(os.environ, FLOWSERVE_HOME=str(tmp_path / "home"), TMPDIR=str(tmp_path), FLOWSERVE_QUIET="1")
     r = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, f"README snippet {index} failed:\n{python_snippets()[index]}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
-    leftover = subprocess.run(["pgrep", "-f", f"executors.(daemon|executor).*{tmp_path}"], capture_output=True,
-                              text=True).stdout.split()
+    assert r.returncode == 0, (
+        f"README snippet {index} failed:\n{python_snippets()[index]}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    )
+    leftover = subprocess.run(
+        ["pgrep", "-f", f"executors.(daemon|executor).*{tmp_path}"], capture_output=True, text=True
+    ).stdout.split()
     assert not leftover, "the snippet left a cluster running"

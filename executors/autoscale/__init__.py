@@ -26,5 +26,15 @@ from executors.autoscale.policy import (
     simulate,
 )
 
-__all__ = ["Autoscaler", "AutoscalingConfig", "AutoscalingError", "AutoscalingTypeError", "AutoscalingValueError",
-           "ScalingDecision", "SimulationResult", "StageMetrics", "StageStatus", "simulate"]
+__all__ = [
+    "Autoscaler",
+    "AutoscalingConfig",
+    "AutoscalingError",
+    "AutoscalingTypeError",
+    "AutoscalingValueError",
+    "ScalingDecision",
+    "SimulationResult",
+    "StageMetrics",
+    "StageStatus",
+    "simulate",
+]

@@ -117,8 +117,9 @@ class AutoscalingConfig(Config):
     def _validate(self) -> None:
         f = "AutoscalingConfig"
         if self.max_replicas < self.min_replicas:
-            raise self.error(f"{f}.max_replicas must be >= min_replicas ({self.min_replicas}), "
-                             f"got {self.max_replicas!r}")
+            raise self.error(
+                f"{f}.max_replicas must be >= min_replicas ({self.min_replicas}), got {self.max_replicas!r}"
+            )
         if self.target_utilisation is None and self.target_queue_per_replica is None:
             raise self.error(f"{f} needs target_utilisation or target_queue_per_replica, got both None")
 
@@ -141,5 +142,10 @@ def check_int(v, name: str, minimum: int) -> None:
 
 def check_number(v, name: str, what: str, ok) -> None:
     """``v`` must be a finite int or float (not a bool) with ``ok(v)`` true."""
-    check_value(v, name, Check(what, lambda x: math.isfinite(x) and ok(x), types=(int, float)),
-                error=AutoscalingValueError, type_error=AutoscalingTypeError)
+    check_value(
+        v,
+        name,
+        Check(what, lambda x: math.isfinite(x) and ok(x), types=(int, float)),
+        error=AutoscalingValueError,
+        type_error=AutoscalingTypeError,
+    )

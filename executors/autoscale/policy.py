@@ -126,8 +126,7 @@ class StageMetrics:
         check_int(self.replicas, f"{f}.replicas", 0)
         check_number(self.queue_length, f"{f}.queue_length", "a number >= 0", lambda v: v >= 0)
         if self.utilisation is not None:
-            check_number(self.utilisation, f"{f}.utilisation", "a number in [0, 1] or None",
-                         lambda v: 0 <= v <= 1)
+            check_number(self.utilisation, f"{f}.utilisation", "a number in [0, 1] or None", lambda v: 0 <= v <= 1)
         check_int(self.inflight, f"{f}.inflight", 0)
         check_int(self.draining, f"{f}.draining", 0)
         if self.device not in DEVICES:
@@ -171,8 +170,9 @@ class ScalingDecision:
         return max(0, self.from_replicas - self.to_replicas)
 
     def __str__(self) -> str:
-        return (f"stage {self.stage!r} ({self.device}): {self.from_replicas} -> {self.to_replicas} replicas, "
-                f"{self.reason}")
+        return (
+            f"stage {self.stage!r} ({self.device}): {self.from_replicas} -> {self.to_replicas} replicas, {self.reason}"
+        )
 
 
 @dataclass(frozen=True)
@@ -231,11 +231,17 @@ class Autoscaler:
                        for d in a.decide(now): apply(d)
     """
 
-    def __init__(self, configs: Mapping[str, AutoscalingConfig], *, capacity: Mapping[str, int] | None = None,
-                 stale_after_s: float | None = 10.0):
+    def __init__(
+        self,
+        configs: Mapping[str, AutoscalingConfig],
+        *,
+        capacity: Mapping[str, int] | None = None,
+        stale_after_s: float | None = 10.0,
+    ):
         if not isinstance(configs, Mapping):
-            raise AutoscalingTypeError(f"Autoscaler configs must be a dict of stage -> AutoscalingConfig, "
-                                       f"got {configs!r}")
+            raise AutoscalingTypeError(
+                f"Autoscaler configs must be a dict of stage -> AutoscalingConfig, got {configs!r}"
+            )
         for stage, cfg in configs.items():
             if not isinstance(stage, str) or not stage:
                 raise AutoscalingTypeError(f"Autoscaler configs: a stage name must be a non-empty str, got {stage!r}")
@@ -243,12 +249,14 @@ class Autoscaler:
                 raise AutoscalingTypeError(f"Autoscaler configs[{stage!r}] must be an AutoscalingConfig, got {cfg!r}")
         if capacity is not None:
             if not isinstance(capacity, Mapping):
-                raise AutoscalingTypeError(f"Autoscaler capacity must be a dict of device class -> int or None, "
-                                           f"got {capacity!r}")
+                raise AutoscalingTypeError(
+                    f"Autoscaler capacity must be a dict of device class -> int or None, got {capacity!r}"
+                )
             for device, n in capacity.items():
                 if device not in DEVICES:
-                    raise AutoscalingValueError(f"Autoscaler capacity: device class must be one of {DEVICES}, "
-                                                f"got {device!r}")
+                    raise AutoscalingValueError(
+                        f"Autoscaler capacity: device class must be one of {DEVICES}, got {device!r}"
+                    )
                 check_int(n, f"Autoscaler capacity[{device!r}]", 1)
         if stale_after_s is not None:
             check_number(stale_after_s, "Autoscaler stale_after_s", "a number > 0 or None", lambda v: v > 0)
@@ -273,8 +281,9 @@ class Autoscaler:
         if not isinstance(metrics, StageMetrics):
             raise AutoscalingTypeError(f"Autoscaler.observe({stage!r}) needs a StageMetrics, got {metrics!r}")
         if st.times and metrics.time <= st.times[-1]:
-            raise AutoscalingValueError(f"StageMetrics.time of stage {stage!r} must increase: got {metrics.time!r} "
-                                        f"after {st.times[-1]!r}")
+            raise AutoscalingValueError(
+                f"StageMetrics.time of stage {stage!r} must increase: got {metrics.time!r} after {st.times[-1]!r}"
+            )
         if st.device is not None and metrics.device != st.device:
             st.reset()  # moved to the other class: its history says nothing about this one
         if st.device is None:
@@ -320,9 +329,16 @@ class Autoscaler:
         out = {}
         for name, st in sorted(self._stages.items()):
             last = st.needs[-1] if st.needs else None
-            out[name] = StageStatus(name, st.device, st.target, last.metrics.replicas if last else None,
-                                    last.metrics.draining if last else 0, last.up if last else None, st.reason,
-                                    st.last_change)
+            out[name] = StageStatus(
+                name,
+                st.device,
+                st.target,
+                last.metrics.replicas if last else None,
+                last.metrics.draining if last else 0,
+                last.up if last else None,
+                st.reason,
+                st.last_change,
+            )
         return out
 
     # -- internals -----------------------------------------------------------------------------
@@ -330,8 +346,9 @@ class Autoscaler:
     def _stage(self, stage: str) -> _Stage:
         st = self._stages.get(stage)
         if st is None:
-            raise AutoscalingValueError(f"no AutoscalingConfig for stage {stage!r}; configured stages: "
-                                        f"{sorted(self._stages)}")
+            raise AutoscalingValueError(
+                f"no AutoscalingConfig for stage {stage!r}; configured stages: {sorted(self._stages)}"
+            )
         return st
 
     def _clamped(self, st: _Stage) -> bool:
@@ -379,15 +396,24 @@ class Autoscaler:
                 st.reason = f"holding at max_replicas {hi} (need {need})"
                 return None
             if since_change < cfg.upscale_cooldown_s - _EPS:
-                st.reason = (f"holding: need {need}, scale-up cooldown ({since_change:g} s of "
-                             f"{cfg.upscale_cooldown_s:g} s since the last change)")
+                st.reason = (
+                    f"holding: need {need}, scale-up cooldown ({since_change:g} s of "
+                    f"{cfg.upscale_cooldown_s:g} s since the last change)"
+                )
                 return None
             step = max(math.ceil(cur * cfg.max_step_up - _EPS), cur + 1)
             to = min(need, hi, step)
-            notes = "".join([f"; limited to x{cfg.max_step_up:g} per step" if to == step < min(need, hi) else "",
-                             f"; max_replicas {hi}" if to == hi < need else ""])
-            return to, need, (f"scale up: need {need} for {cfg.upscale_delay_s:g} s "
-                              f"({_describe(cfg, last.metrics)}){notes}")
+            notes = "".join(
+                [
+                    f"; limited to x{cfg.max_step_up:g} per step" if to == step < min(need, hi) else "",
+                    f"; max_replicas {hi}" if to == hi < need else "",
+                ]
+            )
+            return (
+                to,
+                need,
+                (f"scale up: need {need} for {cfg.upscale_delay_s:g} s ({_describe(cfg, last.metrics)}){notes}"),
+            )
         down_win = self._window(st, now, cfg.downscale_delay_s)
         if down_win is not None and all(n.down < cur for n in down_win):
             need = max(n.down for n in down_win)
@@ -396,16 +422,26 @@ class Autoscaler:
                 st.reason = f"holding at min_replicas {lo} (need {need})"
                 return None
             if last.metrics.draining > 0:
-                st.reason = (f"holding: need {need}, waiting for {last.metrics.draining} draining "
-                             "replica(s) to finish their in-flight requests")
+                st.reason = (
+                    f"holding: need {need}, waiting for {last.metrics.draining} draining "
+                    "replica(s) to finish their in-flight requests"
+                )
                 return None
             if since_change < cfg.downscale_cooldown_s - _EPS:
-                st.reason = (f"holding: need {need}, scale-down cooldown ({since_change:g} s of "
-                             f"{cfg.downscale_cooldown_s:g} s since the last change)")
+                st.reason = (
+                    f"holding: need {need}, scale-down cooldown ({since_change:g} s of "
+                    f"{cfg.downscale_cooldown_s:g} s since the last change)"
+                )
                 return None
             note = f"; min_replicas {lo}" if to == lo > need else ""
-            return to, need, (f"scale down: need at most {need} for {cfg.downscale_delay_s:g} s "
-                              f"({_describe(cfg, last.metrics)}){note}; {_drain_note(cur - to)}")
+            return (
+                to,
+                need,
+                (
+                    f"scale down: need at most {need} for {cfg.downscale_delay_s:g} s "
+                    f"({_describe(cfg, last.metrics)}){note}; {_drain_note(cur - to)}"
+                ),
+            )
         if last.up > cur:
             st.reason = f"holding: need {last.up} > {cur}, waiting for it to last {cfg.upscale_delay_s:g} s"
         elif last.down < cur and cur > lo:
@@ -427,8 +463,10 @@ class Autoscaler:
             if cap is not None:
                 free = cap - used[st.device]
                 if free <= 0:
-                    st.reason = (f"holding: {reason.removeprefix('scale up: ')}; waiting for {st.device} capacity "
-                                 f"({used[st.device]} of {cap} replicas in use)")
+                    st.reason = (
+                        f"holding: {reason.removeprefix('scale up: ')}; waiting for {st.device} capacity "
+                        f"({used[st.device]} of {cap} replicas in use)"
+                    )
                     continue
                 if to > st.target + free:
                     to = st.target + free
@@ -474,8 +512,10 @@ def _replicas(cfg: AutoscalingConfig, load: float, busy: float | None, queue: fl
 def _describe(cfg: AutoscalingConfig, m: StageMetrics) -> str:
     parts = []
     if cfg.target_utilisation is not None:
-        parts.append(f"{m.arrival_rate:g} req/s x {m.service_time_ms:g} ms = {m.load:.2f} busy replicas, "
-                     f"target utilisation {cfg.target_utilisation:g}")
+        parts.append(
+            f"{m.arrival_rate:g} req/s x {m.service_time_ms:g} ms = {m.load:.2f} busy replicas, "
+            f"target utilisation {cfg.target_utilisation:g}"
+        )
         if m.utilisation is not None:
             parts.append(f"measured utilisation {m.utilisation:.2f} of {m.replicas}")
     if cfg.target_queue_per_replica is not None:
@@ -486,8 +526,7 @@ def _describe(cfg: AutoscalingConfig, m: StageMetrics) -> str:
 
 
 def _drain_note(k: int) -> str:
-    return (f"drain {k} replica(s) first: stop routing to them, remove each once its in-flight "
-            "count is 0")
+    return f"drain {k} replica(s) first: stop routing to them, remove each once its in-flight count is 0"
 
 
 # -- replaying a recorded trace ------------------------------------------------------------
@@ -543,8 +582,9 @@ def simulate(autoscaler: Autoscaler, trace) -> SimulationResult:
         t, stage, metrics = item
         check_number(t, f"simulate trace[{i}] t", "a finite number (seconds)", lambda v: True)
         if steps and t < steps[-1][0]:
-            raise AutoscalingValueError(f"simulate trace times must not decrease: trace[{i}] has t={t!r} "
-                                        f"after {steps[-1][0]!r}")
+            raise AutoscalingValueError(
+                f"simulate trace times must not decrease: trace[{i}] has t={t!r} after {steps[-1][0]!r}"
+            )
         if not steps or t != steps[-1][0]:
             steps.append((t, []))
         steps[-1][1].append((stage, metrics))

@@ -58,7 +58,7 @@ def cut(plan: Plan, name: str, at: Sequence[int]) -> Plan:
     bounds = [0, *cuts, len(stage.nodes)]
     pieces: list[Stage] = []
     for j in range(len(bounds) - 1):
-        nodes = list(stage.nodes[bounds[j]:bounds[j + 1]])
+        nodes = list(stage.nodes[bounds[j] : bounds[j + 1]])
         if j > 0:
             nodes[0] = replace(nodes[0], inputs=("@0",))
         pieces.append(_piece(stage, nodes, first=j == 0, upstream=pieces[-1].name if pieces else None))

@@ -14,9 +14,9 @@ operators share a stage (fusion itself never merges a batching stage with a mixi
 
 from __future__ import annotations
 
+from optimizer.options import OptimizerOptions
 from optimizer.plan import Plan, Stage
 from optimizer.rules.base import wants_batching
-from optimizer.options import OptimizerOptions
 
 NAME = "batching"
 

@@ -17,9 +17,9 @@
 
 from __future__ import annotations
 
+from optimizer.options import OptimizerOptions
 from optimizer.plan import ChooseOp, Plan, PlanNode, Stage
 from optimizer.rules.base import cut, cut_between, rewrite_each, wants_batching
-from optimizer.options import OptimizerOptions
 
 NAME = "competition"
 
@@ -50,8 +50,11 @@ def compete(plan: Plan, name: str, options) -> Plan:
     k = options.competitive_replicas
     plan = cut_between(plan, name, lambda a, b: a.high_variance != b.high_variance)
     for s in list(plan.stages.values()):
-        if all(n.op.high_variance for n in s.nodes) and s.competitive != k and any(
-                n.name == s.nodes[0].name for n in stage.nodes):
+        if (
+            all(n.op.high_variance for n in s.nodes)
+            and s.competitive != k
+            and any(n.name == s.nodes[0].name for n in stage.nodes)
+        ):
             plan = plan.substitute(s.name, [s.with_(competitive=k, replicas=max(s.replicas, k))])
     return plan
 
@@ -65,11 +68,15 @@ def expand_anyof(plan: Plan, name: str) -> Plan:
     for i in range(len(op.alternatives)):
         alt_name = f"{node.name}[{i}]"
         alt_node = PlanNode(alt_name, op.alternative(i), ("@0",))
-        alts.append(Stage(
-            name=alt_name, nodes=(alt_node,), inputs=stage.inputs,
-            device="gpu" if stage.device == "gpu" and alt_node.op.gpu else "cpu",
-            batch=stage.batch if stage.batch is not None and wants_batching([alt_node]) else None,
-        ))
+        alts.append(
+            Stage(
+                name=alt_name,
+                nodes=(alt_node,),
+                inputs=stage.inputs,
+                device="gpu" if stage.device == "gpu" and alt_node.op.gpu else "cpu",
+                batch=stage.batch if stage.batch is not None and wants_batching([alt_node]) else None,
+            )
+        )
     choose = Stage(
         name=node.name,
         nodes=(PlanNode(node.name, ChooseOp(anyof=op), tuple(f"@{j}" for j in range(len(alts)))),),

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from optimizer.options import OptimizerOptions
 from optimizer.plan import INPUT, Plan, Stage, stage_name
 from optimizer.rules.base import wants_batching
-from optimizer.options import OptimizerOptions
 
 NAME = "fusion"
 
@@ -107,9 +107,17 @@ def _fuse_chains(plan: Plan, options) -> Plan:
 
 def _plain(stage: Stage) -> bool:
     """A stage no other rule marks or cuts: no racing, key routing, choice or device split."""
-    return (stage.wait == "all" and stage.competitive == 1 and stage.continuation is None
-            and not any(n.op.high_variance or n.op.kind in ("anyof", "choose")
-                        or (n.op.kind == "lookup" and getattr(n.op, "dynamic", False)) for n in stage.nodes))
+    return (
+        stage.wait == "all"
+        and stage.competitive == 1
+        and stage.continuation is None
+        and not any(
+            n.op.high_variance
+            or n.op.kind in ("anyof", "choose")
+            or (n.op.kind == "lookup" and getattr(n.op, "dynamic", False))
+            for n in stage.nodes
+        )
+    )
 
 
 def region(plan: Plan, tail: Stage, options) -> list[str]:

@@ -46,8 +46,11 @@ def continue_at(plan: Plan, name: str) -> Plan:
     plan = cut(plan, name, _cuts(stage))
     for s in list(plan.stages.values()):
         head = s.nodes[0].op
-        if is_dynamic_lookup(head) and s.continuation != head.column and any(
-                n.name == s.nodes[0].name for n in stage.nodes):
+        if (
+            is_dynamic_lookup(head)
+            and s.continuation != head.column
+            and any(n.name == s.nodes[0].name for n in stage.nodes)
+        ):
             plan = plan.substitute(s.name, [s.with_(continuation=head.column)])
     return plan
 

@@ -16,9 +16,9 @@ goes to the GPU.
 
 from __future__ import annotations
 
+from optimizer.options import OptimizerOptions
 from optimizer.plan import Plan, Stage
 from optimizer.rules.base import cut_between, op_device, rewrite_each
-from optimizer.options import OptimizerOptions
 
 NAME = "placement"
 

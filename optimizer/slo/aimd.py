@@ -32,9 +32,19 @@ from optimizer.slo.errors import SLOError, SLOTypeError
 class AIMDBatcher:
     """The allowed batch size and delay window of one stage replica."""
 
-    def __init__(self, budget_ms: float, *, step: int = 1, decrease: float = 0.9, min_batch: int = 1,
-                 max_batch: int = 256, start: int = 1, max_delay_ms: float | None = None,
-                 rate_window_ms: float = 1000.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        budget_ms: float,
+        *,
+        step: int = 1,
+        decrease: float = 0.9,
+        min_batch: int = 1,
+        max_batch: int = 256,
+        start: int = 1,
+        max_delay_ms: float | None = None,
+        rate_window_ms: float = 1000.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.budget_ms = positive_number("AIMDBatcher.budget_ms", budget_ms)
         self.step = positive_int("AIMDBatcher.step", step)
         self.decrease = positive_number("AIMDBatcher.decrease", decrease)
@@ -45,8 +55,11 @@ class AIMDBatcher:
         self.size = positive_int("AIMDBatcher.start", start, minimum=self.min_batch)
         if self.size > self.max_batch:
             raise SLOError(f"AIMDBatcher.start ({start!r}) exceeds max_batch ({max_batch!r})")
-        self.max_delay_ms = (self.budget_ms if max_delay_ms is None
-                             else positive_number("AIMDBatcher.max_delay_ms", max_delay_ms, allow_zero=True))
+        self.max_delay_ms = (
+            self.budget_ms
+            if max_delay_ms is None
+            else positive_number("AIMDBatcher.max_delay_ms", max_delay_ms, allow_zero=True)
+        )
         self.rate_window_ms = positive_number("AIMDBatcher.rate_window_ms", rate_window_ms)
         if not callable(clock):
             raise SLOTypeError(f"clock must be a callable returning seconds, got {clock!r:.80}")

@@ -28,7 +28,9 @@ class ArrivalEnvelope:
 
     def __init__(self, windows_ms: Sequence[float] = WINDOWS_MS):
         if isinstance(windows_ms, (str, bytes)) or not isinstance(windows_ms, Sequence) or not windows_ms:
-            raise SLOTypeError(f"windows_ms must be a non-empty sequence of window lengths in ms, got {windows_ms!r:.80}")
+            raise SLOTypeError(
+                f"windows_ms must be a non-empty sequence of window lengths in ms, got {windows_ms!r:.80}"
+            )
         self.windows_ms = tuple(sorted({positive_number("window length (ms)", w) for w in windows_ms}))
         self._events = {w: deque() for w in self.windows_ms}  # (t, n) within the window
         self._count = dict.fromkeys(self.windows_ms, 0)

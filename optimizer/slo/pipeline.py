@@ -88,15 +88,18 @@ class SimStage:
         if not self.inputs:
             raise SLOError(f"stage {self.name!r}: needs at least one input (INPUT for the request)")
         if not callable(self.service):
-            raise SLOTypeError(f"stage {self.name!r}: service must be a callable (batch, rng) -> ms, "
-                               f"got {self.service!r:.80}")
+            raise SLOTypeError(
+                f"stage {self.name!r}: service must be a callable (batch, rng) -> ms, got {self.service!r:.80}"
+            )
         positive_int(f"stage {self.name!r}: replicas", self.replicas)
         positive_int(f"stage {self.name!r}: max_batch", self.max_batch)
         positive_int(f"stage {self.name!r}: competitive", self.competitive)
         positive_number(f"stage {self.name!r}: max_wait_ms", self.max_wait_ms, allow_zero=True)
         if self.competitive > self.replicas:
-            raise SLOError(f"stage {self.name!r}: competitive={self.competitive} needs as many replicas, "
-                           f"got replicas={self.replicas}")
+            raise SLOError(
+                f"stage {self.name!r}: competitive={self.competitive} needs as many replicas, "
+                f"got replicas={self.replicas}"
+            )
         if self.wait not in WAITS:
             raise SLOError(f"stage {self.name!r}: wait={self.wait!r}; expected one of {WAITS}")
 
@@ -165,8 +168,8 @@ class StageShape:
 class Shape:
     """A plan's stages as the planner sees them, in topological order, and its sink.
 
-        Shape.chain("pre", "model", "post")      # a hand-made three-stage chain
-        Shape.from_plan(optimize(flow))          # a real plan's stages
+    Shape.chain("pre", "model", "post")      # a hand-made three-stage chain
+    Shape.from_plan(optimize(flow))          # a real plan's stages
     """
 
     stages: tuple[StageShape, ...]
@@ -175,8 +178,13 @@ class Shape:
     def __post_init__(self):
         object.__setattr__(self, "stages", tuple(self.stages))
         # building a pipeline validates the graph; the service is a placeholder
-        SimPipeline(tuple(SimStage(s.name, s.inputs, fixed(0.0), replicas=s.competitive,
-                                   competitive=s.competitive, wait=s.wait) for s in self.stages), self.sink)
+        SimPipeline(
+            tuple(
+                SimStage(s.name, s.inputs, fixed(0.0), replicas=s.competitive, competitive=s.competitive, wait=s.wait)
+                for s in self.stages
+            ),
+            self.sink,
+        )
 
     @classmethod
     def chain(cls, *names: str, batchable: bool = True) -> Shape:
@@ -190,12 +198,19 @@ class Shape:
     def from_plan(cls, plan: Plan) -> Shape:
         if not isinstance(plan, Plan):
             raise SLOTypeError(f"expected an optimizer Plan, got {type(plan).__name__}")
-        return cls(tuple(StageShape(s.name, s.inputs, s.batch is not None, s.competitive,
-                                    "first" if s.wait == "first_valid" else "all")
-                         for s in plan.stages.values()), plan.sink)
+        return cls(
+            tuple(
+                StageShape(
+                    s.name, s.inputs, s.batch is not None, s.competitive, "first" if s.wait == "first_valid" else "all"
+                )
+                for s in plan.stages.values()
+            ),
+            plan.sink,
+        )
 
-    def pipeline(self, profile: Profile, configs: Mapping[str, StageConfig], hop_ms: float = 0.0,
-                 routing: str = "least_loaded") -> SimPipeline:
+    def pipeline(
+        self, profile: Profile, configs: Mapping[str, StageConfig], hop_ms: float = 0.0, routing: str = "least_loaded"
+    ) -> SimPipeline:
         """The stages with each one's configuration and service times drawn from ``profile``.
 
         Every request is assumed to pass every stage (a filter that drops rows makes the
@@ -207,15 +222,26 @@ class Shape:
         for s in self.stages:
             cfg = configs[s.name]
             if cfg.batch_size > 1 and not s.batchable:
-                raise SLOError(f"stage {s.name!r} cannot batch (an operator mixes rows of different queries), "
-                               f"got batch_size={cfg.batch_size}")
-            out.append(SimStage(s.name, s.inputs, profile_service(profile, s.name, cfg.executor_class),
-                                replicas=cfg.replicas, max_batch=cfg.batch_size, competitive=s.competitive,
-                                wait=s.wait))
+                raise SLOError(
+                    f"stage {s.name!r} cannot batch (an operator mixes rows of different queries), "
+                    f"got batch_size={cfg.batch_size}"
+                )
+            out.append(
+                SimStage(
+                    s.name,
+                    s.inputs,
+                    profile_service(profile, s.name, cfg.executor_class),
+                    replicas=cfg.replicas,
+                    max_batch=cfg.batch_size,
+                    competitive=s.competitive,
+                    wait=s.wait,
+                )
+            )
         return SimPipeline(tuple(out), self.sink, hop_ms, routing)
 
 
-def pipeline_from_plan(plan: Plan, profile: Profile, configs: Mapping[str, StageConfig],
-                       hop_ms: float = 0.0, routing: str = "least_loaded") -> SimPipeline:
+def pipeline_from_plan(
+    plan: Plan, profile: Profile, configs: Mapping[str, StageConfig], hop_ms: float = 0.0, routing: str = "least_loaded"
+) -> SimPipeline:
     """``Shape.from_plan(plan).pipeline(...)``: the plan's stages, configured and profiled."""
     return Shape.from_plan(plan).pipeline(profile, configs, hop_ms, routing)

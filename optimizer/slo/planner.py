@@ -55,10 +55,14 @@ class PlannerOptions:
 
     def __post_init__(self):
         if not isinstance(self.prices, Mapping) or not self.prices:
-            raise SLOTypeError(f"PlannerOptions.prices must be a non-empty {{class: price}} mapping, "
-                               f"got {self.prices!r:.80}")
-        object.__setattr__(self, "prices", {name("executor class", c): positive_number(f"price of {c!r}", p)
-                                            for c, p in self.prices.items()})
+            raise SLOTypeError(
+                f"PlannerOptions.prices must be a non-empty {{class: price}} mapping, got {self.prices!r:.80}"
+            )
+        object.__setattr__(
+            self,
+            "prices",
+            {name("executor class", c): positive_number(f"price of {c!r}", p) for c, p in self.prices.items()},
+        )
         positive_number("PlannerOptions.hop_ms", self.hop_ms, allow_zero=True)
         if self.routing not in ROUTINGS:
             raise SLOError(f"PlannerOptions.routing={self.routing!r}; expected one of {ROUTINGS}")
@@ -93,13 +97,17 @@ class SLOPlan:
         return {n: s.config for n, s in self.stages.items()}
 
     def explain(self) -> str:
-        head = (f"SLO {self.slo.describe()}: simulated tail {self.tail_ms:.1f} ms, p50 {self.p50_ms:.1f} ms, "
-                f"cost {self.cost_per_s:g}/s")
+        head = (
+            f"SLO {self.slo.describe()}: simulated tail {self.tail_ms:.1f} ms, p50 {self.p50_ms:.1f} ms, "
+            f"cost {self.cost_per_s:g}/s"
+        )
         lines = [head]
         for n, s in self.stages.items():
             c = s.config
-            lines.append(f"  {n}: {c.executor_class} x{c.replicas}, batch {c.batch_size}, budget "
-                         f"{s.budget_ms:.1f} ms, utilisation {s.utilisation:.2f} -- {s.reason}")
+            lines.append(
+                f"  {n}: {c.executor_class} x{c.replicas}, batch {c.batch_size}, budget "
+                f"{s.budget_ms:.1f} ms, utilisation {s.utilisation:.2f} -- {s.reason}"
+            )
         return "\n".join(lines)
 
 
@@ -113,8 +121,10 @@ class _Search:
         for s in shape.stages:
             priced = [c for c in profile.classes(s.name) if c in options.prices]
             if not priced:
-                raise SLOError(f"stage {s.name!r} was profiled on {sorted(profile.classes(s.name))} but only "
-                               f"{sorted(options.prices)} have a price; price one of them")
+                raise SLOError(
+                    f"stage {s.name!r} was profiled on {sorted(profile.classes(s.name))} but only "
+                    f"{sorted(options.prices)} have a price; price one of them"
+                )
             self.classes[s.name] = sorted(priced, key=lambda c: (options.prices[c], c))
 
     def batches(self, stage, cls) -> list[int]:
@@ -145,8 +155,11 @@ class _Search:
 def _with(configs, stage, **changes):
     out = dict(configs)
     c = out[stage]
-    out[stage] = StageConfig(changes.get("batch_size", c.batch_size), changes.get("replicas", c.replicas),
-                             changes.get("executor_class", c.executor_class))
+    out[stage] = StageConfig(
+        changes.get("batch_size", c.batch_size),
+        changes.get("replicas", c.replicas),
+        changes.get("executor_class", c.executor_class),
+    )
     return out
 
 
@@ -165,21 +178,26 @@ def _check_feasible(search: _Search) -> None:
     """InferLine's first test: even with every stage at batch 1 on its fastest class and no
     queueing, the critical path must fit in the SLO; else name the stage that cannot."""
     shape, slo, q = search.shape, search.slo, search.slo.percentile
-    fastest = {s.name: min(search.profile.latency(s.name, c, 1, q) for c in search.classes[s.name])
-               for s in shape.stages}
+    fastest = {
+        s.name: min(search.profile.latency(s.name, c, 1, q) for c in search.classes[s.name]) for s in shape.stages
+    }
     hop = search.opt.hop_ms
     alone = [(fastest[n] + 2 * hop, n) for n in fastest if fastest[n] + 2 * hop > slo.p99_ms]
     if alone:
         ms, stage = max(alone)
         raise InfeasibleSLOError(
             f"stage {stage!r} cannot meet the SLO ({slo.describe()}): its fastest run (batch 1 on "
-            f"{search.classes[stage]}) alone takes {ms:.1f} ms at p{q:g} with hops", stage=stage)
+            f"{search.classes[stage]}) alone takes {ms:.1f} ms at p{q:g} with hops",
+            stage=stage,
+        )
     total, path = _critical_path(shape, fastest, hop)
     if total > slo.p99_ms:
         stage = max(path, key=lambda n: fastest[n])
         raise InfeasibleSLOError(
             f"the path {' -> '.join(path)} takes {total:.1f} ms at p{q:g} even unloaded on the fastest classes, "
-            f"over the SLO ({slo.describe()}); its slowest stage is {stage!r}", stage=stage)
+            f"over the SLO ({slo.describe()}); its slowest stage is {stage!r}",
+            stage=stage,
+        )
 
 
 def _grow_moves(search, configs):
@@ -215,8 +233,7 @@ def _shrink_moves(search, configs):
                 trial = _with(configs, s.name, executor_class=cls, replicas=r, batch_size=1)
                 if search.cost_rate(trial) >= now:
                     break
-                fits = [t for b in search.batches(s.name, cls)
-                        if search.meets(t := _with(trial, s.name, batch_size=b))]
+                fits = [t for b in search.batches(s.name, cls) if search.meets(t := _with(trial, s.name, batch_size=b))]
                 if fits:
                     yield fits[0]
                     break
@@ -314,7 +331,9 @@ def _no_gain(search, configs):
         f"no configuration within the limits meets the SLO ({search.slo.describe()}): the simulated tail is "
         f"{tail:.1f} ms and stage {stage!r} ({c.executor_class} x{c.replicas}, batch {c.batch_size}, utilisation "
         f"{result.stages[stage].utilisation:.2f}) is the bottleneck; raise max_replicas "
-        f"({search.opt.max_replicas}) or max_batch ({search.opt.max_batch}), or relax the SLO", stage=stage)
+        f"({search.opt.max_replicas}) or max_batch ({search.opt.max_batch}), or relax the SLO",
+        stage=stage,
+    )
 
 
 def _result(search, start, met, configs) -> SLOPlan:
@@ -323,8 +342,10 @@ def _result(search, start, met, configs) -> SLOPlan:
     _, tail, p50, result = search.evaluate(configs)
     q = search.slo.percentile
     # each stage at the batch size it ran in the simulation (queues rarely fill the cap)
-    own = {n: search.profile.latency(n, c.executor_class, max(1, round(result.stages[n].mean_batch)), q)
-           for n, c in configs.items()}
+    own = {
+        n: search.profile.latency(n, c.executor_class, max(1, round(result.stages[n].mean_batch)), q)
+        for n, c in configs.items()
+    }
     path_ms, _ = _critical_path(search.shape, own, 0.0)
     stages = {}
     for s in search.shape.stages:

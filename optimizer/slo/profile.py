@@ -65,14 +65,18 @@ def _freeze(stages) -> Mapping:
         for cls, batches in classes.items():
             name(f"profile of stage {stage!r}: executor class", cls)
             if not isinstance(batches, Mapping) or not batches:
-                raise SLOError(f"profile of stage {stage!r} on {cls!r}: needs {{batch: [ms, ...]}}, got {batches!r:.120}")
+                raise SLOError(
+                    f"profile of stage {stage!r} on {cls!r}: needs {{batch: [ms, ...]}}, got {batches!r:.120}"
+                )
             per_batch = {}
             for b, samples in batches.items():
                 where = f"profile of stage {stage!r} on {cls!r}"
                 b = positive_int(f"{where}: batch size", b)
                 if isinstance(samples, (int, float)) or not samples:
                     raise SLOError(f"{where} batch {b}: needs a non-empty list of latencies in ms, got {samples!r:.80}")
-                per_batch[b] = tuple(positive_number(f"{where} batch {b}: latency", s, allow_zero=True) for s in samples)
+                per_batch[b] = tuple(
+                    positive_number(f"{where} batch {b}: latency", s, allow_zero=True) for s in samples
+                )
             per_class[cls] = MappingProxyType(dict(sorted(per_batch.items())))
         out[stage] = MappingProxyType(per_class)
     return MappingProxyType(out)
@@ -97,8 +101,10 @@ class Profile:
         if stage not in self.stages:
             raise SLOError(f"no profile for stage {stage!r}; profiled stages: {sorted(self.stages)}")
         if cls not in self.stages[stage]:
-            raise SLOError(f"stage {stage!r} was not profiled on executor class {cls!r}; "
-                           f"profiled classes: {sorted(self.stages[stage])}")
+            raise SLOError(
+                f"stage {stage!r} was not profiled on executor class {cls!r}; "
+                f"profiled classes: {sorted(self.stages[stage])}"
+            )
         return self.stages[stage][cls]
 
     def classes(self, stage: str) -> tuple[str, ...]:

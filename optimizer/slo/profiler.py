@@ -32,10 +32,17 @@ def default_batch_sizes(max_batch: int) -> tuple[int, ...]:
     return tuple(sorted(sizes))
 
 
-def measure_batches(run: Callable, samples: Sequence, *, batch_sizes: Sequence[int] | None = None,
-                    max_batch: int = 32, warmup: int = 2, repeats: int = 10,
-                    make_batch: Callable[[list], object] = list,
-                    clock: Callable[[], float] = time.perf_counter) -> dict[int, tuple[float, ...]]:
+def measure_batches(
+    run: Callable,
+    samples: Sequence,
+    *,
+    batch_sizes: Sequence[int] | None = None,
+    max_batch: int = 32,
+    warmup: int = 2,
+    repeats: int = 10,
+    make_batch: Callable[[list], object] = list,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[int, tuple[float, ...]]:
     """Milliseconds per ``run(batch)`` call, ``repeats`` calls per batch size after
     ``warmup`` untimed ones (caches, lazy loading, JIT). Batches cycle through ``samples``
     so that every sample is used and a batch larger than the samples repeats them.

@@ -118,8 +118,11 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
             (entry if i == INPUT else index[i].consumers).append(s.index)
     index[pipe.sink].sink = True
 
-    events = [(t + hop, req * len(entry) + j, _ARRIVE, si, req)
-              for req, t in enumerate(arrivals.tolist()) for j, si in enumerate(entry)]
+    events = [
+        (t + hop, req * len(entry) + j, _ARRIVE, si, req)
+        for req, t in enumerate(arrivals.tolist())
+        for j, si in enumerate(entry)
+    ]
     heapq.heapify(events)
     seq = len(events)
     finish = np.full(len(arrivals), np.nan)
@@ -164,7 +167,7 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
             st.next = (st.next + st.k) % n
         else:  # least loaded; ties go round the replicas so that none is favoured
             order = sorted(range(n), key=lambda r: (st.load[r], (r - st.next) % n))
-            targets = order[:st.k]
+            targets = order[: st.k]
             st.next = (targets[-1] + 1) % n
         for r in targets:
             st.queues[r].append((req, now))
@@ -215,6 +218,10 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
 
     latencies = finish - arrivals
     span_ms = max(float(np.max(finish) - arrivals[0]), 1e-9)
-    stats = {s.spec.name: StageStats(s.batches, s.rows / max(s.batches, 1), s.wait_ms / max(s.rows, 1),
-                                     s.busy_ms / (len(s.busy) * span_ms)) for s in stages}
+    stats = {
+        s.spec.name: StageStats(
+            s.batches, s.rows / max(s.batches, 1), s.wait_ms / max(s.rows, 1), s.busy_ms / (len(s.busy) * span_ms)
+        )
+        for s in stages
+    }
     return SimResult(latencies, len(arrivals) / span_ms * 1000.0, stats)

@@ -1,8 +1,8 @@
 """``SLO``: the latency objective a flow is served under.
 
-    SLO(p99_ms=50)                        # 99% of requests answered within 50 ms
-    SLO(p99_ms=50, p50_ms=20)             # and half of them within 20 ms
-    SLO(p99_ms=200, percentile=99.9)      # the bound applies to the 99.9th percentile
+SLO(p99_ms=50)                        # 99% of requests answered within 50 ms
+SLO(p99_ms=50, p50_ms=20)             # and half of them within 20 ms
+SLO(p99_ms=200, percentile=99.9)      # the bound applies to the 99.9th percentile
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Arrival traces: sorted request timestamps in milliseconds, for the simulator and planner.
 
-    poisson(rate_rps=200, n=5000, seed=1)                     # open-loop Poisson arrivals
-    bursty(rate_rps=100, duration_s=60, bursts=[(20, 30, 4)])  # 4x the rate from 20 s to 30 s
+poisson(rate_rps=200, n=5000, seed=1)                     # open-loop Poisson arrivals
+bursty(rate_rps=100, duration_s=60, bursts=[(20, 30, 4)])  # 4x the rate from 20 s to 30 s
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ def check_trace(trace) -> np.ndarray:
         raise SLOError(f"arrival timestamps must be finite and >= 0, got {trace!r:.80}")
     if np.any(np.diff(t) < 0):
         i = int(np.argmax(np.diff(t) < 0))
-        raise SLOError(f"arrival timestamps must be sorted: {float(t[i])!r} comes before {float(t[i + 1])!r} "
-                       f"(index {i + 1})")
+        raise SLOError(
+            f"arrival timestamps must be sorted: {float(t[i])!r} comes before {float(t[i + 1])!r} (index {i + 1})"
+        )
     return t
 
 
@@ -43,8 +44,9 @@ def poisson(rate_rps: float, n: int, seed: int = 0) -> np.ndarray:
     return np.cumsum(gaps)
 
 
-def bursty(rate_rps: float, duration_s: float, bursts: Sequence[tuple[float, float, float]] = (),
-           seed: int = 0) -> np.ndarray:
+def bursty(
+    rate_rps: float, duration_s: float, bursts: Sequence[tuple[float, float, float]] = (), seed: int = 0
+) -> np.ndarray:
     """Poisson arrivals over ``duration_s`` whose rate is multiplied by ``k`` between
     ``start_s`` and ``end_s`` for each ``(start_s, end_s, k)`` in ``bursts`` (thinning a
     Poisson process at the peak rate gives exact piecewise-constant rates)."""

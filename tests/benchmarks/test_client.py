@@ -25,8 +25,11 @@ class _Echo(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(b"0\r\n\r\n")
             return
-        out = body[::-1] if self.path == "/reverse" else json.dumps(
-            {"path": self.path, "type": self.headers["content-type"], "n": len(body)}).encode()
+        out = (
+            body[::-1]
+            if self.path == "/reverse"
+            else json.dumps({"path": self.path, "type": self.headers["content-type"], "n": len(body)}).encode()
+        )
         self.send_response(201 if self.path == "/created" else 200)
         self.send_header("content-length", str(len(out)))
         self.send_header("x-connection", str(self.client_address[1]))  # our port: one per connection

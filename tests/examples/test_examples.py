@@ -17,8 +17,14 @@ EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.py") if p.name != 
 def test_example_runs(script, tmp_path):
     # TMPDIR: the embedded cluster's directory (and so its processes' command lines) is ours
     env = dict(os.environ, FLOWSERVE_HOME=str(tmp_path), FLOWSERVE_EXAMPLE_SMALL="1", TMPDIR=str(tmp_path))
-    r = subprocess.run([sys.executable, str(ROOT / "examples" / script)], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=240)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / script)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "over HTTP" in r.stdout
     assert not _processes_under(tmp_path), "the example left a cluster running"

@@ -58,8 +58,9 @@ class CacheWarmer:
     def warm(self, keys, on: str | None = None) -> str:
         """Read ``keys`` into the cache of executor ``on`` (default: any); returns its id."""
         on = on or next(iter(self.anchors))
-        (where,) = set(_executors(self.http.post(self.reader.url, json={"k": self.anchors[on],
-                                                                          "keys_": ",".join(keys)})))
+        (where,) = set(
+            _executors(self.http.post(self.reader.url, json={"k": self.anchors[on], "keys_": ",".join(keys)}))
+        )
         assert where == on, f"the anchor of {on} was routed to {where}"
         return where
 

@@ -36,17 +36,44 @@ class Procs:
         return proc
 
     def executor(self, id_: str) -> subprocess.Popen:
-        return self._start(id_, [sys.executable, "-m", "executors.executor", "--id", id_,
-                                 "--address", f"tcp://127.0.0.1:{free_port()}", "--threads", "2",
-                                 "--heartbeat-s", str(HEARTBEAT_S)],
-                           env={"FLOWSERVE_KVS_URL": self.redis_url})  # the URL from the environment, as in a pod
+        return self._start(
+            id_,
+            [
+                sys.executable,
+                "-m",
+                "executors.executor",
+                "--id",
+                id_,
+                "--address",
+                f"tcp://127.0.0.1:{free_port()}",
+                "--threads",
+                "2",
+                "--heartbeat-s",
+                str(HEARTBEAT_S),
+            ],
+            env={"FLOWSERVE_KVS_URL": self.redis_url},
+        )  # the URL from the environment, as in a pod
 
     def gateway(self, name: str, *extra: str) -> str:
         port = free_port()
-        self._start(name, [sys.executable, "-m", "executors.standalone", "--port", str(port),
-                           "--address", f"tcp://127.0.0.1:{free_port()}", "--membership", "kvs", "--poll-s", "0.1",
-                           *extra],
-                    env={"FLOWSERVE_ADMIN_TOKEN": self.admin_token, "FLOWSERVE_KVS_URL": self.redis_url})
+        self._start(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "executors.standalone",
+                "--port",
+                str(port),
+                "--address",
+                f"tcp://127.0.0.1:{free_port()}",
+                "--membership",
+                "kvs",
+                "--poll-s",
+                "0.1",
+                *extra,
+            ],
+            env={"FLOWSERVE_ADMIN_TOKEN": self.admin_token, "FLOWSERVE_KVS_URL": self.redis_url},
+        )
         return f"http://127.0.0.1:{port}"
 
     def stop(self) -> None:

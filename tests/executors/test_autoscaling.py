@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 
-
 from executors.autoscale import AutoscalingConfig
 from executors.cluster import LocalCluster
 from executors.config import ClusterConfig
@@ -25,8 +24,15 @@ def replicas(c: LocalCluster, flow: str) -> dict[str, int]:
 
 
 def test_load_step_scales_the_hot_stage_only_then_back():
-    policy = AutoscalingConfig(min_replicas=1, max_replicas=3, upscale_delay_s=0.5, upscale_cooldown_s=0.5,
-                               downscale_delay_s=2.0, downscale_cooldown_s=1.0, smoothing_window_s=0.5)
+    policy = AutoscalingConfig(
+        min_replicas=1,
+        max_replicas=3,
+        upscale_delay_s=0.5,
+        upscale_cooldown_s=0.5,
+        downscale_delay_s=2.0,
+        downscale_cooldown_s=1.0,
+        smoothing_window_s=0.5,
+    )
     with LocalCluster(ClusterConfig(executors=3, threads=4, autoscaling=policy)) as c:
         f = Flow("hotcold")
         f.map(lambda r: r.x + 1, names=["x"]).map(busy, names=["y"])
@@ -49,6 +55,8 @@ def test_load_step_scales_the_hot_stage_only_then_back():
         hot_status = next(s for s in status if s["name"] == hot)["autoscaling"]
         assert hot_status["target"] == 1 and hot_status["last_decision"]
         metrics = c.http.get("/metrics").text
-        assert f'flowserve_scaling_decisions_total{{direction="up",flow="{f.name}",stage="{hot}"}}' in metrics \
+        assert (
+            f'flowserve_scaling_decisions_total{{direction="up",flow="{f.name}",stage="{hot}"}}' in metrics
             or f'flowserve_scaling_decisions_total{{flow="{f.name}",stage="{hot}",direction="up"}}' in metrics
+        )
         assert d.invoke({"x": 1})["y"].tolist() == [2]

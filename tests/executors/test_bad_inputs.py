@@ -57,8 +57,9 @@ def two_of_three(row):
 @pytest.fixture(scope="module")
 def c():
     with LocalCluster(ClusterConfig(executors=1, request_timeout_s=20, max_body_bytes=1 << 20)) as cluster:
-        typed = Flow("typed", schema={"x": int, "f": float, "s": str, "b": bytes,
-                                      "img": ColumnType.tensor(np.uint8, (2, 2))})
+        typed = Flow(
+            "typed", schema={"x": int, "f": float, "s": str, "b": bytes, "img": ColumnType.tensor(np.uint8, (2, 2))}
+        )
         typed.map(plus_one, names=["y"])
         cluster.deploy(typed)
         free = Flow("free")
@@ -68,8 +69,13 @@ def c():
         looks.lookup(column="k", name="v", missing="null")
         cluster.deploy(looks)
         cluster.kvs.put("emb/1", 7)
-        for fn, names in ((surrogate, ["s"]), (nan_tensor, ["t"]), (exits, ["y"]), (raises, ["y"]),
-                          (two_of_three, ["a", "b"])):
+        for fn, names in (
+            (surrogate, ["s"]),
+            (nan_tensor, ["t"]),
+            (exits, ["y"]),
+            (raises, ["y"]),
+            (two_of_three, ["a", "b"]),
+        ):
             f = Flow(fn.__name__.replace("_", "-"))
             f.map(fn, names=names)
             cluster.deploy(f)
@@ -118,8 +124,13 @@ CASES = [
     ("str for int", "typed", bad(x="1"), 400, "'x'"),
     ("float for int", "typed", bad(x=1.5), 400, "'x'"),
     ("bool for int", "typed", bad(x=True), 400, "'x'"),
-    ("int beyond int64", "typed", RAW(b'{"x": 123456789012345678901234567890, "f": 0.5, "s": "a", "b": "aGk=", '
-                                      b'"img": [[1, 2], [3, 4]]}'), 400, "'x'"),
+    (
+        "int beyond int64",
+        "typed",
+        RAW(b'{"x": 123456789012345678901234567890, "f": 0.5, "s": "a", "b": "aGk=", "img": [[1, 2], [3, 4]]}'),
+        400,
+        "'x'",
+    ),
     ("str for float", "typed", bad(f="0.5"), 400, "'f'"),
     ("int for str", "typed", bad(s=1), 400, "'s'"),
     ("bytes not base64", "typed", bad(b="***"), 400, "'b'"),
@@ -147,21 +158,55 @@ CASES = [
     ("body over the limit", "typed", RAW(b"[" + b'{"x": 1},' * 200_000 + b"{}]"), 413, "limit"),
     # -- Arrow ---------------------------------------------------------------------------------
     ("arrow garbage", "typed", RAW(b"\x00garbage", "application/vnd.apache.arrow.stream"), 400, "Arrow"),
-    ("arrow truncated", "free", RAW(_arrow(pa.table({"x": [1, 2]}))[:40], "application/vnd.apache.arrow.stream"),
-     400, "Arrow"),
-    ("arrow qid column", "free", RAW(_arrow(pa.table({"x": [1], "qid": [3]})), "application/vnd.apache.arrow.stream"),
-     400, "'qid'"),
-    ("arrow reserved column", "free",
-     RAW(_arrow(pa.table({"x": [1], "#pos": [3]})), "application/vnd.apache.arrow.stream"), 400, "'#pos'"),
-    ("arrow wrong type", "typed", RAW(_arrow(pa.table({"x": ["a"], "f": [0.5], "s": ["a"], "b": [b"h"],
-                                                        "img": [[1, 2, 3, 4]]})),
-                                      "application/vnd.apache.arrow.stream"), 400, "'x'"),
+    (
+        "arrow truncated",
+        "free",
+        RAW(_arrow(pa.table({"x": [1, 2]}))[:40], "application/vnd.apache.arrow.stream"),
+        400,
+        "Arrow",
+    ),
+    (
+        "arrow qid column",
+        "free",
+        RAW(_arrow(pa.table({"x": [1], "qid": [3]})), "application/vnd.apache.arrow.stream"),
+        400,
+        "'qid'",
+    ),
+    (
+        "arrow reserved column",
+        "free",
+        RAW(_arrow(pa.table({"x": [1], "#pos": [3]})), "application/vnd.apache.arrow.stream"),
+        400,
+        "'#pos'",
+    ),
+    (
+        "arrow wrong type",
+        "typed",
+        RAW(
+            _arrow(pa.table({"x": ["a"], "f": [0.5], "s": ["a"], "b": [b"h"], "img": [[1, 2, 3, 4]]})),
+            "application/vnd.apache.arrow.stream",
+        ),
+        400,
+        "'x'",
+    ),
     ("arrow empty body", "free", RAW(b"", "application/vnd.apache.arrow.stream"), 400, "Arrow"),
-    ("arrow tensor of the wrong shape", "typed", RAW(_arrow(pa.table({"x": [1], "f": [0.5], "s": ["a"], "b": [b"h"],
-                                                                      "img": [[1, 2, 3, 4]], "z": [1]})),
-                                                     "application/vnd.apache.arrow.stream"), 400, "'img'"),
-    ("arrow missing column", "typed", RAW(_arrow(pa.table({"x": [1]})), "application/vnd.apache.arrow.stream"),
-     400, "'f'"),
+    (
+        "arrow tensor of the wrong shape",
+        "typed",
+        RAW(
+            _arrow(pa.table({"x": [1], "f": [0.5], "s": ["a"], "b": [b"h"], "img": [[1, 2, 3, 4]], "z": [1]})),
+            "application/vnd.apache.arrow.stream",
+        ),
+        400,
+        "'img'",
+    ),
+    (
+        "arrow missing column",
+        "typed",
+        RAW(_arrow(pa.table({"x": [1]})), "application/vnd.apache.arrow.stream"),
+        400,
+        "'f'",
+    ),
     # -- flow names ----------------------------------------------------------------------------
     ("unknown flow", "no-such-flow", J({"x": 1}), 404, "no-such-flow"),
     ("long flow name", "n" * 5000, J({"x": 1}), 404, "UnknownFlow"),
@@ -193,8 +238,16 @@ CASES = [
     ("GET a flow path with a body", "typed", {"method": "PUT", **J(GOOD)}, 405, "MethodNotAllowed"),
 ]
 
-GOOD_REQUEST = {"typed": J(GOOD), "free": J({"x": 1}), "looks": J({"k": "emb/1"}), "surrogate": J({"x": 1}), "nan-tensor": J({"x": 1}),
-                "exits": J({"x": 1}), "raises": J({"x": 1}), "two-of-three": J({"x": 1})}
+GOOD_REQUEST = {
+    "typed": J(GOOD),
+    "free": J({"x": 1}),
+    "looks": J({"k": "emb/1"}),
+    "surrogate": J({"x": 1}),
+    "nan-tensor": J({"x": 1}),
+    "exits": J({"x": 1}),
+    "raises": J({"x": 1}),
+    "two-of-three": J({"x": 1}),
+}
 
 
 def test_the_corpus_is_large():
@@ -220,7 +273,9 @@ def test_bad_input_gets_a_prompt_named_error_and_the_next_request_succeeds(c, ca
 
 
 def test_unencodable_json_answers_are_fine_as_arrow(c):
-    r = httpx.post(f"{c.url}/flows/nan-tensor", json={"x": 1}, headers={"Accept": "application/vnd.apache.arrow.stream"})
+    r = httpx.post(
+        f"{c.url}/flows/nan-tensor", json={"x": 1}, headers={"Accept": "application/vnd.apache.arrow.stream"}
+    )
     assert r.status_code == 200
     from flow.table import Table
 

@@ -45,6 +45,7 @@ def test_cluster_config_round_trips_the_window():
 
 def test_executor_cli_refuses_a_bad_window(capsys):
     with pytest.raises(SystemExit):
-        executor_main(["--id", "e", "--address", "ipc:///tmp/unused", "--kvs", "redis://127.0.0.1:1",
-                       "--busy-poll-ms", "5000"])
+        executor_main(
+            ["--id", "e", "--address", "ipc:///tmp/unused", "--kvs", "redis://127.0.0.1:1", "--busy-poll-ms", "5000"]
+        )
     assert "--busy-poll-ms must be in 0..1000" in capsys.readouterr().err

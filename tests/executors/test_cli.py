@@ -12,8 +12,13 @@ import pytest
 
 
 def flowserve(*args, home, check=True):
-    r = subprocess.run([sys.executable, "-m", "flowserve.cli", "--dir", str(home), *args],
-                       capture_output=True, text=True, timeout=120, env={"FLOWSERVE_QUIET": "1", **__import__("os").environ})
+    r = subprocess.run(
+        [sys.executable, "-m", "flowserve.cli", "--dir", str(home), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"FLOWSERVE_QUIET": "1", **__import__("os").environ},
+    )
     if check and r.returncode != 0:
         raise AssertionError(f"flowserve {' '.join(args)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
     return r
@@ -34,7 +39,8 @@ def test_up_deploy_invoke_status_down(home, tmp_path):
     assert "already running" in again.stdout
 
     script = tmp_path / "myflow.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         from flow import Flow
 
         def triple(row):
@@ -42,7 +48,8 @@ def test_up_deploy_invoke_status_down(home, tmp_path):
 
         flow = Flow("tripler", schema={"x": int})
         flow.map(triple, names=["y"])
-    """))
+    """)
+    )
     deployed = flowserve("deploy", str(script), home=home)
     assert "deployed tripler at http://127.0.0.1:" in deployed.stdout
 
@@ -97,8 +104,9 @@ def test_every_example_deploys_with_the_cli_and_answers(home, tmp_path):
 
     import httpx
 
-    examples = sorted(p for p in (Path(__file__).resolve().parents[2] / "examples").glob("*.py")
-                      if p.name != "models.py")
+    examples = sorted(
+        p for p in (Path(__file__).resolve().parents[2] / "examples").glob("*.py") if p.name != "models.py"
+    )
     os.environ["FLOWSERVE_EXAMPLE_SMALL"] = "1"  # quick training in setup(); inherited by the CLI
     flowserve("up", "--port", "0", "--executors", "2", home=home)
     url = json.loads((home / "cluster.json").read_text())["url"]
@@ -153,14 +161,16 @@ def test_down_is_idempotent(home):
 
 def test_flows_come_back_after_down_and_up(home, tmp_path):
     script = tmp_path / "doubler.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import flowserve as fs
 
         def flows():
             f = fs.Flow("doubler", schema={"x": int})
             f.map(lambda r: r.x * 2, names=["y"])
             return f
-    """))
+    """)
+    )
     flowserve("up", "--port", "0", "--executors", "1", home=home)
     flowserve("deploy", str(script), home=home)
     flowserve("down", home=home)
@@ -173,29 +183,55 @@ def test_flows_come_back_after_down_and_up(home, tmp_path):
     assert "Traceback" not in log, log[-2000:]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["up", "--executors", "0"], "error: ClusterConfig.executors must be an int >= 1, got 0"),
-    (["up", "--port", "70000"], "error: ClusterConfig.port must be an int in 0..65535 (0: a free port), got 70000"),
-    (["up", "--autoscale", "--max-replicas", "0"], "error: AutoscalingConfig.max_replicas must be an int >= 1, got 0"),
-    (["up", "--token", "short"], "error: ClusterConfig.token must be None or a string of at least 8 characters, "
-                                 "got a string of 5 characters"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["up", "--executors", "0"], "error: ClusterConfig.executors must be an int >= 1, got 0"),
+        (["up", "--port", "70000"], "error: ClusterConfig.port must be an int in 0..65535 (0: a free port), got 70000"),
+        (
+            ["up", "--autoscale", "--max-replicas", "0"],
+            "error: AutoscalingConfig.max_replicas must be an int >= 1, got 0",
+        ),
+        (
+            ["up", "--token", "short"],
+            "error: ClusterConfig.token must be None or a string of at least 8 characters, "
+            "got a string of 5 characters",
+        ),
+    ],
+)
 def test_bad_flags_say_error_and_exit_2_without_a_traceback(home, args, message):
     r = flowserve(*args, home=home, check=False)
     assert r.returncode == 2 and r.stderr.strip() == message, r.stderr
     assert "Traceback" not in r.stderr and not (home / "cluster.json").exists()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--autoscale", "{bad"], "error: Expecting property name"),
-    (["--autoscale", '{"max_replica": 2}'], "error: AutoscalingConfig: unknown field(s) ['max_replica']; known: ["),
-    (["--autoscale", '{"max_replicas": 0}'], "error: AutoscalingConfig.max_replicas must be an int >= 1, got 0"),
-    (["--config", "[1]"], "error: ClusterConfig.from_json needs a dict, got [1]"),
-    (["--config", '{"executors": 0}'], "error: ClusterConfig.executors must be an int >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--autoscale", "{bad"], "error: Expecting property name"),
+        (["--autoscale", '{"max_replica": 2}'], "error: AutoscalingConfig: unknown field(s) ['max_replica']; known: ["),
+        (["--autoscale", '{"max_replicas": 0}'], "error: AutoscalingConfig.max_replicas must be an int >= 1, got 0"),
+        (["--config", "[1]"], "error: ClusterConfig.from_json needs a dict, got [1]"),
+        (["--config", '{"executors": 0}'], "error: ClusterConfig.executors must be an int >= 1, got 0"),
+    ],
+)
 def test_standalone_gateway_bad_config_json_exits_2_without_a_traceback(args, message):
     env = {**__import__("os").environ, "FLOWSERVE_ADMIN_TOKEN": "a" * 32}
-    r = subprocess.run([sys.executable, "-m", "executors.standalone", "--kvs", "redis://127.0.0.1:1",
-                        "--address", "tcp://127.0.0.1:1", *args], capture_output=True, text=True, timeout=60, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "executors.standalone",
+            "--kvs",
+            "redis://127.0.0.1:1",
+            "--address",
+            "tcp://127.0.0.1:1",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert "Traceback" not in r.stderr

@@ -18,10 +18,10 @@ from __future__ import annotations
 import pytest
 
 from executors.errors import InvocationError
-from optimizer import DEFAULT_RULES
 from flow.exceptions import OperatorError
-from tests.executors.conftest import unique
+from optimizer import DEFAULT_RULES
 from tests.executors.caches import CacheWarmer
+from tests.executors.conftest import unique
 from tests.flowgen import KEYS, assert_same_rows, random_case
 
 N_FLOWS = 60
@@ -55,8 +55,9 @@ def test_deployed_flows_match_flow_run(cluster, optimize):
                 errors += 1
                 continue
             expected = flow.run(case.table.with_qid(answer.input_qids), kvs=case.store)
-            assert_same_rows(answer.table, expected, f"seed {1000 + seed}, optimize={optimize}:\n{case.script}\n",
-                             ordered=True)
+            assert_same_rows(
+                answer.table, expected, f"seed {1000 + seed}, optimize={optimize}:\n{case.script}\n", ordered=True
+            )
             checked += 1
         finally:
             cluster.kvs.delete(*case.store)
@@ -79,8 +80,9 @@ def test_racing_stages_feeding_lookups_match_flow_run_with_uneven_caches(cluster
         d = cluster.deploy(flow)
         try:
             stages = d.plan.stages
-            racing += any(i in stages and stages[i].competitive > 1
-                          for s in stages.values() if s.continuation for i in s.inputs)
+            racing += any(
+                i in stages and stages[i].competitive > 1 for s in stages.values() if s.continuation for i in s.inputs
+            )
             answer = d.call(case.table)
             expected = flow.run(case.table.with_qid(answer.input_qids), kvs=case.store)
             assert_same_rows(answer.table, expected, f"seed {2000 + seed}:\n{case.script}\n", ordered=True)

@@ -33,25 +33,28 @@ from flow.exceptions import (
 from kvs.exceptions import KVSConnectionError, StoreLostError
 
 
-@pytest.mark.parametrize("error, status", [
-    (SchemaError("bad column"), 400),
-    (BadRequestError("not JSON"), 400),
-    (RowRejectedError("no", operator="op"), 422),
-    (NoValidResultError("none", operator="op"), 422),
-    (LookupKeyError("k", operator="op"), 422),
-    (OperatorFailedError("raised", operator="op"), 500),
-    (OperatorOutputError("arity", operator="op"), 500),
-    (OperatorCrashedError("poison"), 500),
-    (DeployError("build failed"), 500),
-    (DeployConflictError("lost", version=1, winner=2), 409),
-    (NoExecutorError("none alive"), 503),
-    (FlowUnavailableError("retired"), 503),
-    (KVSConnectionError("down", url="redis://kvs"), 503),
-    (StoreLostError("lost"), 503),
-    (DeadlineExceededError("late"), 504),
-    (OperatorTimeoutError("slow", operator="op"), 504),
-    (RuntimeError("a bug"), 500),
-])
+@pytest.mark.parametrize(
+    "error, status",
+    [
+        (SchemaError("bad column"), 400),
+        (BadRequestError("not JSON"), 400),
+        (RowRejectedError("no", operator="op"), 422),
+        (NoValidResultError("none", operator="op"), 422),
+        (LookupKeyError("k", operator="op"), 422),
+        (OperatorFailedError("raised", operator="op"), 500),
+        (OperatorOutputError("arity", operator="op"), 500),
+        (OperatorCrashedError("poison"), 500),
+        (DeployError("build failed"), 500),
+        (DeployConflictError("lost", version=1, winner=2), 409),
+        (NoExecutorError("none alive"), 503),
+        (FlowUnavailableError("retired"), 503),
+        (KVSConnectionError("down", url="redis://kvs"), 503),
+        (StoreLostError("lost"), 503),
+        (DeadlineExceededError("late"), 504),
+        (OperatorTimeoutError("slow", operator="op"), 504),
+        (RuntimeError("a bug"), 500),
+    ],
+)
 def test_each_exception_has_its_status_and_its_body(error, status):
     got, body = http_error_for(error)
     assert got == status == status_for(error)

@@ -84,8 +84,9 @@ def sleepy(row):
 
 @pytest.fixture
 def cluster():
-    c = LocalCluster(ClusterConfig(executors=2, threads=2, request_timeout_s=10, stuck_grace_s=GRACE_S,
-                                   max_retries=3)).start()
+    c = LocalCluster(
+        ClusterConfig(executors=2, threads=2, request_timeout_s=10, stuck_grace_s=GRACE_S, max_retries=3)
+    ).start()
     yield c
     c.stop()
 
@@ -106,8 +107,14 @@ def bystanders(url: str, clients: int = 3):
                 t0 = time.monotonic()
                 r = http.post(url, json={"x": x})
                 with lock:
-                    seen["answers"].append((x, r.status_code, time.monotonic() - t0,
-                                            r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text))
+                    seen["answers"].append(
+                        (
+                            x,
+                            r.status_code,
+                            time.monotonic() - t0,
+                            r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text,
+                        )
+                    )
 
     threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
     for t in threads:
@@ -162,8 +169,9 @@ def _assert_all_answered(answers, plus=1):
 def one_executor():
     """One executor: the warmed stage and the hung requests meet on the same IO thread (the
     gateway may send every request of an idle cluster to one executor of two)."""
-    c = LocalCluster(ClusterConfig(executors=1, threads=2, request_timeout_s=10, stuck_grace_s=GRACE_S,
-                                   max_retries=3)).start()
+    c = LocalCluster(
+        ClusterConfig(executors=1, threads=2, request_timeout_s=10, stuck_grace_s=GRACE_S, max_retries=3)
+    ).start()
     yield c
     c.stop()
 
@@ -190,8 +198,7 @@ def test_hung_operator_on_the_io_thread_is_contained(one_executor):
             assert status == 504 and body["operator"] == "hang", body
             assert seconds < 5, seconds
         # the hung threads stay stuck: past the grace period the executors are recycled
-        wait_until("the stuck executors to be recycled", lambda: sum(_health(c)["recycled"].values()) >= 1,
-                   timeout=30)
+        wait_until("the stuck executors to be recycled", lambda: sum(_health(c)["recycled"].values()) >= 1, timeout=30)
         wait_until("the executor back", lambda: _health(c)["executors"] == 1, timeout=30)
     _assert_all_answered(seen["answers"])
     # other flows kept answering within seconds throughout (a stall would be the request deadline)
@@ -214,10 +221,8 @@ def test_hung_operator_on_the_pool_is_contained(cluster):
             assert seconds < 5, seconds
         health = _health(c)
         assert health["stuck"] and all("slow_hang" in s["operators"] for s in health["stuck"]), health
-        wait_until("the stuck executors to be recycled", lambda: sum(_health(c)["recycled"].values()) >= 2,
-                   timeout=30)
-        wait_until("both executors back", lambda: _health(c)["executors"] == 2 and not _health(c)["stuck"],
-                   timeout=30)
+        wait_until("the stuck executors to be recycled", lambda: sum(_health(c)["recycled"].values()) >= 2, timeout=30)
+        wait_until("both executors back", lambda: _health(c)["executors"] == 2 and not _health(c)["stuck"], timeout=30)
     _assert_all_answered(seen["answers"])
     assert max(s for _, _, s, _ in seen["answers"]) < 5
 
@@ -270,8 +275,9 @@ def test_an_operator_holding_the_interpreter_gets_its_executor_killed(cluster):
         wait_until("bystander load", lambda: len(seen["answers"]) >= 20, timeout=30)
         r = httpx.post(d.url, json={"x": -1}, headers={"X-Request-Timeout": "1"}, timeout=60)
         assert r.status_code == 504, r.text
-        wait_until("the executor to be killed and replaced", lambda: sum(_health(c)["crashed"].values()) == 1,
-                   timeout=30)
+        wait_until(
+            "the executor to be killed and replaced", lambda: sum(_health(c)["crashed"].values()) == 1, timeout=30
+        )
         wait_until("both executors back", lambda: _health(c)["executors"] == 2, timeout=30)
         n = len(seen["answers"])
         wait_until("bystanders answered again", lambda: len(seen["answers"]) >= n + 10, timeout=30)

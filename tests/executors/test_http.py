@@ -16,7 +16,7 @@ from tests.executors.conftest import unique
 
 
 def rows_by_qid(rows):
-    return sorted((tuple(sorted((k, v) for k, v in r.items() if k != "qid")) for r in rows))
+    return sorted(tuple(sorted((k, v) for k, v in r.items() if k != "qid")) for r in rows)
 
 
 def same_answers(deployed: Table, reference: Table):
@@ -82,8 +82,9 @@ def test_every_operator_matches_run(cluster):
     looked = both.lookup("scale", name="scale").lookup(column="k", name="kv", missing="null")
     scored = looked.map(lambda r: (r.k, r.v * r.scale + (0 if r.kv is None else r.kv)), names=["k", "score"])
     joined = scored.join(base, how="left")
-    best = joined.anyof(lambda r: r.score if r.score > 10 else -1, lambda r: r.score + 100,
-                        names=["pick"], valid=lambda r: r.pick >= 0)
+    best = joined.anyof(
+        lambda r: r.score if r.score > 10 else -1, lambda r: r.score + 100, names=["pick"], valid=lambda r: r.pick >= 0
+    )
     final = best.join(joined).map(lambda r: (r.k, r.pick), names=["k", "pick"])
     final.groupby("k").agg("sum", "pick")
     cluster.kvs.put("scale", 3)
@@ -95,8 +96,9 @@ def test_every_operator_matches_run(cluster):
         d = cluster.deploy(f, optimize=optimize)
         got = d.invoke(rows)
         # agg gives each group the smallest qid of its rows: qids differ, answers do not
-        assert sorted(zip(got["k"].tolist(), got["sum_pick"].tolist())) == \
-            sorted(zip(expected["k"].tolist(), expected["sum_pick"].tolist()))
+        assert sorted(zip(got["k"].tolist(), got["sum_pick"].tolist())) == sorted(
+            zip(expected["k"].tolist(), expected["sum_pick"].tolist())
+        )
 
 
 def rejecting(row):
@@ -121,8 +123,9 @@ def test_error_codes(cluster, http):
     assert r.status_code == 400 and "'x'" in r.json()["message"]
     r = http.post(cluster.url + "/flows/no-such-flow", json={"x": 1})
     assert r.status_code == 404
-    r = http.post(d.url, content=b"[" + b"{\"x\": 1}," * 200_000 + b"{\"x\": 1}]",
-                  headers={"Content-Type": "application/json"})
+    r = http.post(
+        d.url, content=b"[" + b'{"x": 1},' * 200_000 + b'{"x": 1}]', headers={"Content-Type": "application/json"}
+    )
     assert r.status_code == 413
     r = http.post(d.url, json={"x": -1})
     assert r.status_code == 422
@@ -181,7 +184,16 @@ def test_listing_describe_health_metrics_openapi(cluster, http):
     assert f'flowserve_stage_latency_ms_count{{flow="{f.name}",stage="double"}}' in metrics
     spec = http.get(cluster.url + "/openapi.json").json()
     assert f"/flows/{f.name}" in spec["paths"]
-    assert set(spec["paths"][f"/flows/{f.name}"]["post"]["responses"]) >= {"200", "400", "404", "413", "422", "500", "503", "504"}
+    assert set(spec["paths"][f"/flows/{f.name}"]["post"]["responses"]) >= {
+        "200",
+        "400",
+        "404",
+        "413",
+        "422",
+        "500",
+        "503",
+        "504",
+    }
 
 
 def test_metrics_trace_listing_and_openapi_agree(cluster, http):

@@ -22,8 +22,15 @@ from flow import Flow
 
 @pytest.fixture(scope="module")
 def c():
-    config = ClusterConfig(executors=1, max_header_bytes=16 * 1024, max_headers=20, header_timeout_s=1.0,
-                           body_timeout_s=1.0, max_connections=40, max_rows=100)
+    config = ClusterConfig(
+        executors=1,
+        max_header_bytes=16 * 1024,
+        max_headers=20,
+        header_timeout_s=1.0,
+        body_timeout_s=1.0,
+        max_connections=40,
+        max_rows=100,
+    )
     with LocalCluster(config) as cluster:
         f = Flow("edge", schema={"x": int})
         f.map(lambda r: r.x + 1, names=["y"])
@@ -112,7 +119,7 @@ def test_a_header_flood_is_refused_before_it_is_kept(c):
 def test_too_many_headers(c):
     s = _sock(c)
     head = b"POST /flows/edge HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(30))
-    s.sendall(head + b"content-type: application/json\r\ncontent-length: 8\r\n\r\n{\"x\": 1}")
+    s.sendall(head + b'content-type: application/json\r\ncontent-length: 8\r\n\r\n{"x": 1}')
     status, _, body = _answer(s)
     s.close()
     assert status == 431 and "more than 20 request headers" in body["message"]
@@ -123,8 +130,10 @@ def test_a_slow_head_and_a_stalled_body_get_408(c):
         slow = _sock(c)
         slow.sendall(b"POST /flows/edge HTTP/1.1\r\nHo")  # and nothing more
         stalled = _sock(c)
-        stalled.sendall(b"POST /flows/edge HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
-                        b"content-length: 100\r\n\r\n{\"x\":")
+        stalled.sendall(
+            b"POST /flows/edge HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+            b'content-length: 100\r\n\r\n{"x":'
+        )
         t0 = time.monotonic()
         s1, _, b1 = _answer(slow)
         s2, _, b2 = _answer(stalled)
@@ -168,8 +177,10 @@ def test_a_large_body_in_the_same_packets_as_its_head_is_not_a_large_head(c):
     rows = [{"x": i} for i in range(100)]
     body = json.dumps(rows).encode() + b" " * 300_000  # JSON allows trailing whitespace
     s = _sock(c)
-    s.sendall(b"POST /flows/edge HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
-              b"content-length: %d\r\n\r\n" % len(body) + body)
+    s.sendall(
+        b"POST /flows/edge HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % len(body) + body
+    )
     status, _, answer = _answer(s)
     s.close()
     assert status == 200 and len(answer["rows"]) == 100

@@ -14,14 +14,19 @@ from flow.types import ColumnType
 
 
 def test_results_as_json_rows_with_missing_values_as_null():
-    t = Table.from_pylist([
-        {"f": 1.5, "b": b"xy", "ok": True, "s": "é", "t": np.array([[1, 3], [4, 2]], dtype=np.float16)},
-        {"f": float("nan"), "b": b"", "ok": False, "s": "a", "t": np.zeros((2, 2), dtype=np.float16)},
-    ], qid=np.array([1, 2]))
-    assert json.loads(json_rows(t)) == {"rows": [
-        {"qid": 1, "f": 1.5, "b": "eHk=", "ok": True, "s": "é", "t": [[1.0, 3.0], [4.0, 2.0]]},
-        {"qid": 2, "f": None, "b": "", "ok": False, "s": "a", "t": [[0.0, 0.0], [0.0, 0.0]]},
-    ]}
+    t = Table.from_pylist(
+        [
+            {"f": 1.5, "b": b"xy", "ok": True, "s": "é", "t": np.array([[1, 3], [4, 2]], dtype=np.float16)},
+            {"f": float("nan"), "b": b"", "ok": False, "s": "a", "t": np.zeros((2, 2), dtype=np.float16)},
+        ],
+        qid=np.array([1, 2]),
+    )
+    assert json.loads(json_rows(t)) == {
+        "rows": [
+            {"qid": 1, "f": 1.5, "b": "eHk=", "ok": True, "s": "é", "t": [[1.0, 3.0], [4.0, 2.0]]},
+            {"qid": 2, "f": None, "b": "", "ok": False, "s": "a", "t": [[0.0, 0.0], [0.0, 0.0]]},
+        ]
+    }
 
 
 def test_nan_inside_a_tensor_is_a_value_json_cannot_carry():
@@ -37,7 +42,9 @@ def test_a_tensor_cell_that_is_not_contiguous_is_written_whole():
 
 def test_bodies_are_parsed_and_converted_by_the_schema():
     schema = {"img": ColumnType.tensor(np.uint8, (2, 2)), "x": ColumnType("float")}
-    rows = parse_body(b'[{"img": [[1, 2], [3, 4]], "x": 1}, {"img": [[0, 0], [0, 0]], "x": 2.5}]', "application/json", schema)
+    rows = parse_body(
+        b'[{"img": [[1, 2], [3, 4]], "x": 1}, {"img": [[0, 0], [0, 0]], "x": 2.5}]', "application/json", schema
+    )
     assert rows[0]["img"].dtype == np.uint8 and rows[0]["img"].tolist() == [[1, 2], [3, 4]]
     assert rows[0]["x"] == 1.0 and isinstance(rows[0]["x"], float)
 
@@ -89,13 +96,24 @@ def small_pieces(monkeypatch):
     return codec
 
 
-PIECE_SCHEMA = {"x": ColumnType.parse(float, "x"), "s": ColumnType.parse(str, "s"),
-                "img": ColumnType.tensor("uint8", (2, 2)), "b": ColumnType.parse(bytes, "b")}
+PIECE_SCHEMA = {
+    "x": ColumnType.parse(float, "x"),
+    "s": ColumnType.parse(str, "s"),
+    "img": ColumnType.tensor("uint8", (2, 2)),
+    "b": ColumnType.parse(bytes, "b"),
+}
 
 
 def _piece_rows(n):
-    return [{"x": i if i % 3 else i + 0.5, "s": "},{" * (i % 4) + ('"}, {' if i % 10 == 0 else ""), "img": [[i % 256, 1], [2, 3]],
-             "b": "aGk="} for i in range(n)]
+    return [
+        {
+            "x": i if i % 3 else i + 0.5,
+            "s": "},{" * (i % 4) + ('"}, {' if i % 10 == 0 else ""),
+            "img": [[i % 256, 1], [2, 3]],
+            "b": "aGk=",
+        }
+        for i in range(n)
+    ]
 
 
 def _whole(body, schema):
@@ -139,9 +157,9 @@ def test_a_body_that_does_not_split_cleanly_is_judged_whole(small_pieces):
 
 
 def test_a_big_answer_written_in_pieces_is_the_whole_answer(small_pieces):
-    table = Table.from_pylist([{"x": float(i), "s": "a\"}," * (i % 3)} for i in range(50)])
+    table = Table.from_pylist([{"x": float(i), "s": 'a"},' * (i % 3)} for i in range(50)])
     small_pieces.JSON_CHUNK_ROWS = 1 << 30
     whole = json_rows(table)
     small_pieces.JSON_CHUNK_ROWS = 7
     assert bytes(json_rows(table)) == bytes(whole)
-    assert json.loads(bytes(json_rows(table)))["rows"][4] == {"qid": 4, "x": 4.0, "s": "a\"},"}
+    assert json.loads(bytes(json_rows(table)))["rows"][4] == {"qid": 4, "x": 4.0, "s": 'a"},'}

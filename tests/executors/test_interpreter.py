@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from executors.interpreter import Interpreter, run_many, run_plan
+from executors.stage_runner import BoundStage
 from flow import Flow, NoValidResultError, OperatorFailedError, SchemaError, Table
 from flow.exceptions import LookupKeyError
 from optimizer import BatchConfig, OptimizerOptions, PlanError, optimize
-from executors.interpreter import Interpreter, run_many, run_plan
 from tests.flowgen import assert_same_rows
 from tests.optimizer import examples as ex
-from executors.stage_runner import BoundStage
 
 RULE_LISTS = [[], ["fusion"], ["competition"], None]
 
@@ -41,7 +41,7 @@ def test_batching_stages_merge_requests_up_to_the_batch_size():
     result = Interpreter(plan).run_many(reqs)
     assert result.stats.calls["resnet"] == [2, 2, 1]
     assert result.stats.calls["inception"] == [2, 2, 1]
-    assert result.stats.calls["preprocess"] == [1] * 5          # not a batching stage
+    assert result.stats.calls["preprocess"] == [1] * 5  # not a batching stage
     assert result.stats.batches == {"preprocess": 0, "resnet": 2, "inception": 2, "join+pick_best": 0}
     for req, got in zip(reqs, result.tables()):
         assert got.equals(flow.run(req))
@@ -56,12 +56,18 @@ def test_without_the_batching_rule_nothing_merges():
 def test_requests_with_other_columns_are_not_merged():
     flow = Flow("free")  # no schema: each request brings its own columns
     flow.map(lambda t: t["x"] * 2, names=["y"], batching=True)
-    reqs = [Table.from_pylist([{"x": 1}], qid=[0]), Table.from_pylist([{"x": 2, "z": 0}], qid=[1]),
-            Table.from_pylist([{"x": 3}], qid=[2])]
+    reqs = [
+        Table.from_pylist([{"x": 1}], qid=[0]),
+        Table.from_pylist([{"x": 2, "z": 0}], qid=[1]),
+        Table.from_pylist([{"x": 3}], qid=[2]),
+    ]
     result = run_many(optimize(flow), reqs)
     assert sorted(result.stats.calls["lambda"]) == [1, 2]
-    assert [t.to_pylist() for t in result.tables()] == [[{"qid": 0, "y": 2}], [{"qid": 1, "y": 4}],
-                                                        [{"qid": 2, "y": 6}]]
+    assert [t.to_pylist() for t in result.tables()] == [
+        [{"qid": 0, "y": 2}],
+        [{"qid": 1, "y": 4}],
+        [{"qid": 2, "y": 6}],
+    ]
 
 
 class Picky:
@@ -124,6 +130,7 @@ def test_a_competitive_stage_runs_once_locally():
 def always(v, conf):
     def alt(row):
         return v, conf
+
     alt.__name__ = f"alt{v}"
     return alt
 
@@ -207,4 +214,4 @@ def test_route_by_key_runs_a_continuation_stage_once_per_key():
     routed = Interpreter(plan, route_by_key=True).run(rows, kvs=store)
     assert sorted(sizes) == [1, 1, 2]
     assert_same_rows(routed, flow.run(rows, kvs=store), ordered=True)
-    assert routed.qid.tolist() == [0, 1, 2, 3]   # run grouped by key, merged back in row order
+    assert routed.qid.tolist() == [0, 1, 2, 3]  # run grouped by key, merged back in row order

@@ -27,7 +27,6 @@ from tests.executors.processes import ADMIN, Procs, health, steady_load, wait_un
 from tests.flowgen import assert_same_rows
 
 
-
 @pytest.fixture
 def procs(redis_server, tmp_path):
     with KVS.from_url(redis_server.url) as store:
@@ -152,22 +151,44 @@ def test_absence_waits_out_the_grace_period():
     assert a.gone({"x", "y"}, {"y"}, now=12.0) == ["x"]
 
 
-@pytest.mark.parametrize("cmd, env, message", [
-    (["executors.standalone", "--address", "tcp://127.0.0.1:1", "--kvs", "redis://127.0.0.1:1/0"], {},
-     "FLOWSERVE_ADMIN_TOKEN"),
-    (["executors.standalone", "--address", "tcp://127.0.0.1:1"], {"FLOWSERVE_ADMIN_TOKEN": "t"}, "--kvs"),
-    (["executors.standalone", "--address", "tcp://127.0.0.1:1", "--kvs", "redis://x/0", "--autoscale", '{"nope": 1}'],
-     {"FLOWSERVE_ADMIN_TOKEN": "t"}, "nope"),
-    (["executors.executor", "--id", "e", "--address", "tcp://127.0.0.1:1"], {}, "--kvs"),
-    (["k8s.gateway", "--address", "tcp://127.0.0.1:1", "--kvs", "redis://x/0", "--scaler", "k8s"],
-     {"FLOWSERVE_ADMIN_TOKEN": "t", "POD_NAMESPACE": ""}, "--k8s-namespace"),
-    (["executors.standalone", "--address", "tcp://127.0.0.1:1", "--kvs", "redis://x/0", "--scaler", "k8s"],
-     {"FLOWSERVE_ADMIN_TOKEN": "t"}, "--scaler"),
-])
+@pytest.mark.parametrize(
+    "cmd, env, message",
+    [
+        (
+            ["executors.standalone", "--address", "tcp://127.0.0.1:1", "--kvs", "redis://127.0.0.1:1/0"],
+            {},
+            "FLOWSERVE_ADMIN_TOKEN",
+        ),
+        (["executors.standalone", "--address", "tcp://127.0.0.1:1"], {"FLOWSERVE_ADMIN_TOKEN": "t"}, "--kvs"),
+        (
+            [
+                "executors.standalone",
+                "--address",
+                "tcp://127.0.0.1:1",
+                "--kvs",
+                "redis://x/0",
+                "--autoscale",
+                '{"nope": 1}',
+            ],
+            {"FLOWSERVE_ADMIN_TOKEN": "t"},
+            "nope",
+        ),
+        (["executors.executor", "--id", "e", "--address", "tcp://127.0.0.1:1"], {}, "--kvs"),
+        (
+            ["k8s.gateway", "--address", "tcp://127.0.0.1:1", "--kvs", "redis://x/0", "--scaler", "k8s"],
+            {"FLOWSERVE_ADMIN_TOKEN": "t", "POD_NAMESPACE": ""},
+            "--k8s-namespace",
+        ),
+        (
+            ["executors.standalone", "--address", "tcp://127.0.0.1:1", "--kvs", "redis://x/0", "--scaler", "k8s"],
+            {"FLOWSERVE_ADMIN_TOKEN": "t"},
+            "--scaler",
+        ),
+    ],
+)
 def test_entry_points_refuse_incomplete_settings(cmd, env, message):
     clean = {k: v for k, v in os.environ.items() if k not in ("FLOWSERVE_ADMIN_TOKEN", "FLOWSERVE_KVS_URL")}
-    r = subprocess.run([sys.executable, "-m", *cmd], capture_output=True, text=True, timeout=60,
-                       env=dict(clean, **env))
+    r = subprocess.run([sys.executable, "-m", *cmd], capture_output=True, text=True, timeout=60, env=dict(clean, **env))
     assert r.returncode == 2, r.stderr
     assert message in r.stderr
     assert "Traceback" not in r.stderr
@@ -183,8 +204,7 @@ def test_a_gateway_started_before_the_kvs_waits_for_it(tmp_path):
         gw = procs.gateway("early-gateway")
         procs.executor("late-e0")
         log = tmp_path / "early-gateway.log"
-        wait_until("the gateway to wait for the KVS",
-                   lambda: log.exists() and "waiting for the KVS" in log.read_text())
+        wait_until("the gateway to wait for the KVS", lambda: log.exists() and "waiting for the KVS" in log.read_text())
         # neither can reach the KVS yet: the gateway does not answer, nothing crashed
         assert health(gw) == {}
         assert all(p.poll() is None for p in procs.procs)
@@ -204,8 +224,15 @@ def test_a_standalone_gateway_autoscales_the_hot_stage_across_registered_executo
     from executors.autoscale import AutoscalingConfig
     from tests.executors.test_autoscaling import busy
 
-    policy = AutoscalingConfig(min_replicas=1, max_replicas=3, upscale_delay_s=0.5, upscale_cooldown_s=0.5,
-                               downscale_delay_s=2.0, downscale_cooldown_s=1.0, smoothing_window_s=0.5)
+    policy = AutoscalingConfig(
+        min_replicas=1,
+        max_replicas=3,
+        upscale_delay_s=0.5,
+        upscale_cooldown_s=0.5,
+        downscale_delay_s=2.0,
+        downscale_cooldown_s=1.0,
+        smoothing_window_s=0.5,
+    )
     for i in range(3):
         procs.executor(f"as{i}")
     gw = procs.gateway("gw-autoscale", "--autoscale", json.dumps(policy.to_json()))

@@ -14,8 +14,23 @@ import pytest
 
 from executors.dispatcher import RequestFailed
 from executors.errors import DeadlineExceededError, NoExecutorError, OperatorCrashedError, status_for
-from executors.messages import (MESSAGES, Failure, Load, Loaded, Message, MessageError, Ping, Pong, Recycling,
-                                Result, StageInput, Stuck, Unload, Unstuck, decode)
+from executors.messages import (
+    MESSAGES,
+    Failure,
+    Load,
+    Loaded,
+    Message,
+    MessageError,
+    Ping,
+    Pong,
+    Recycling,
+    Result,
+    StageInput,
+    Stuck,
+    Unload,
+    Unstuck,
+    decode,
+)
 from executors.wire import WireError
 from flow.table import Table
 from tests.flowgen import assert_same_rows
@@ -24,12 +39,28 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def table() -> Table:
-    return Table.from_pylist([{"x": 1.5, "s": "héllo", "t": np.ones((2, 3), np.float32)},
-                              {"x": None, "s": None, "t": None}], qid=np.array([7, 8]))
+    return Table.from_pylist(
+        [{"x": 1.5, "s": "héllo", "t": np.ones((2, 3), np.float32)}, {"x": None, "s": None, "t": None}],
+        qid=np.array([7, 8]),
+    )
 
 
-RUN = StageInput(12, 1, "cascade", 3, "fast", "__input__", {"fast": ["ipc:///tmp/e0"], "slow": ["ipc:///tmp/e1"]},
-                 "ipc:///tmp/gw", 1.8e9, [["pre", "e0", 0.25, 2]], [[0, 2]], copy=1, solo=True, table=table())
+RUN = StageInput(
+    12,
+    1,
+    "cascade",
+    3,
+    "fast",
+    "__input__",
+    {"fast": ["ipc:///tmp/e0"], "slow": ["ipc:///tmp/e1"]},
+    "ipc:///tmp/gw",
+    1.8e9,
+    [["pre", "e0", 0.25, 2]],
+    [[0, 2]],
+    copy=1,
+    solo=True,
+    table=table(),
+)
 
 EVERY = [
     Ping("ipc:///tmp/gw", "ping-1"),
@@ -42,8 +73,9 @@ EVERY = [
     RUN,
     StageInput(12, 0, "cascade", 3, "pick", "slow", {"pick": ["ipc:///tmp/e0"]}, "ipc:///tmp/gw"),  # no table
     Result(12, 1, [[1, 2]], [["pick", "e0", 0.1, 1]], table()),
-    Failure(12, 1, 422, "NoValidResultError", "operator 'pick': no alternative gave a valid result",
-            operator="pick", qid=7),
+    Failure(
+        12, 1, 422, "NoValidResultError", "operator 'pick': no alternative gave a valid result", operator="pick", qid=7
+    ),
     Failure(12, 1, 500, "ZeroDivisionError", "stage 'a' raised ZeroDivisionError: division by zero"),
     Stuck("e0", "cascade", "slow", "BigNet", 1.8e9),
     Unstuck("e0", "cascade", "slow", "BigNet"),
@@ -90,12 +122,29 @@ def test_messages_are_frozen():
 
 def test_a_run_message_keeps_the_short_keys_and_leaves_defaults_off():
     h = json.loads(bytes(RUN.to("slow", "fast", (), 0, None).encode()[0]))
-    assert h == {"type": "run", "req": 12, "att": 1, "flow": "cascade", "ver": 3, "stage": "slow", "from": "fast",
-                 "routes": RUN.routes, "gw": "ipc:///tmp/gw", "dl": 1.8e9, "trace": [["pre", "e0", 0.25, 2]]}
+    assert h == {
+        "type": "run",
+        "req": 12,
+        "att": 1,
+        "flow": "cascade",
+        "ver": 3,
+        "stage": "slow",
+        "from": "fast",
+        "routes": RUN.routes,
+        "gw": "ipc:///tmp/gw",
+        "dl": 1.8e9,
+        "trace": [["pre", "e0", 0.25, 2]],
+    }
 
 
-@pytest.mark.parametrize("msg", [RUN, StageInput(1, 0, "f", 1, "s", "__input__", {}, "gw"),
-                                 StageInput(1, 0, "f", 1, "s", "__input__", {}, "gw", deadline=5)])
+@pytest.mark.parametrize(
+    "msg",
+    [
+        RUN,
+        StageInput(1, 0, "f", 1, "s", "__input__", {}, "gw"),
+        StageInput(1, 0, "f", 1, "s", "__input__", {}, "gw", deadline=5),
+    ],
+)
 def test_the_hot_path_run_codec_agrees_with_the_generic_one(msg):
     assert msg.header() == Message.header(msg)
     h, tables = msg.header(), msg.tables() or {}
@@ -104,10 +153,22 @@ def test_the_hot_path_run_codec_agrees_with_the_generic_one(msg):
 
 def test_to_gives_the_same_request_for_another_stage():
     nxt = RUN.to("slow", "fast", ((1, 2),), 0, None, trace=[["fast", "e0", 1.0, 1]])
-    assert (nxt.req, nxt.attempt, nxt.flow, nxt.version, nxt.routes, nxt.gateway, nxt.deadline) == \
-        (RUN.req, RUN.attempt, RUN.flow, RUN.version, RUN.routes, RUN.gateway, RUN.deadline)
-    assert (nxt.stage, nxt.source, nxt.path, nxt.table, nxt.trace) == ("slow", "fast", ((1, 2),), None,
-                                                                       [["fast", "e0", 1.0, 1]])
+    assert (nxt.req, nxt.attempt, nxt.flow, nxt.version, nxt.routes, nxt.gateway, nxt.deadline) == (
+        RUN.req,
+        RUN.attempt,
+        RUN.flow,
+        RUN.version,
+        RUN.routes,
+        RUN.gateway,
+        RUN.deadline,
+    )
+    assert (nxt.stage, nxt.source, nxt.path, nxt.table, nxt.trace) == (
+        "slow",
+        "fast",
+        ((1, 2),),
+        None,
+        [["fast", "e0", 1.0, 1]],
+    )
     assert not nxt.solo  # the gateway marks the inputs it sends (a retry after a crash), and only those
 
 
@@ -127,24 +188,27 @@ def frames_with(msg: Message, **changes) -> list:
     return [json.dumps(h).encode()] + frames[1:]
 
 
-@pytest.mark.parametrize("frames, error", [
-    ([b'{"req": 1}'], "message without a 'type'"),
-    ([b'{"type": "bogus"}'], "unknown message type 'bogus' (expected one of ping, pong, load"),
-    ([b'{"type": 7}'], "unknown message type 7"),
-    (frames_with(RUN, req=...), "'run' message: field 'req' is missing"),
-    (frames_with(RUN, att="1"), "'run' message: field 'att' must be an integer, got '1'"),
-    (frames_with(RUN, ver=True), "'run' message: field 'ver' must be an integer, got True"),
-    (frames_with(RUN, routes=["ipc:///tmp/e0"]), "'run' message: field 'routes' must be an object, got ['ipc"),
-    (frames_with(RUN, dl="soon"), "'run' message: field 'dl' must be a number or null, got 'soon'"),
-    (frames_with(RUN, path="0:2"), "'run' message: field 'path' must be a list"),
-    (frames_with(RUN, solo=1), "'run' message: field 'solo' must be a boolean, got 1"),
-    (frames_with(RUN, gw="x" * 200), None),  # long values are fine
-    ([json.dumps({"type": "result", "req": 1, "att": 0}).encode()], "'result' message: its table 't' is missing"),
-    (frames_with(Ping("gw", "t"), token=None), "'ping' message: field 'token' must be a string, got None"),
-    (frames_with(Loaded("e0", "f", 1, "t"), error=3), "'loaded' message: field 'error' must be a string or null"),
-    (frames_with(Failure(1, 0, 500, "E", "m"), status="500"), "'error' message: field 'status' must be an integer"),
-    (frames_with(Stuck("e0", "f", "s", "op", 1.0), since=...), "'stuck' message: field 'since' is missing"),
-])
+@pytest.mark.parametrize(
+    "frames, error",
+    [
+        ([b'{"req": 1}'], "message without a 'type'"),
+        ([b'{"type": "bogus"}'], "unknown message type 'bogus' (expected one of ping, pong, load"),
+        ([b'{"type": 7}'], "unknown message type 7"),
+        (frames_with(RUN, req=...), "'run' message: field 'req' is missing"),
+        (frames_with(RUN, att="1"), "'run' message: field 'att' must be an integer, got '1'"),
+        (frames_with(RUN, ver=True), "'run' message: field 'ver' must be an integer, got True"),
+        (frames_with(RUN, routes=["ipc:///tmp/e0"]), "'run' message: field 'routes' must be an object, got ['ipc"),
+        (frames_with(RUN, dl="soon"), "'run' message: field 'dl' must be a number or null, got 'soon'"),
+        (frames_with(RUN, path="0:2"), "'run' message: field 'path' must be a list"),
+        (frames_with(RUN, solo=1), "'run' message: field 'solo' must be a boolean, got 1"),
+        (frames_with(RUN, gw="x" * 200), None),  # long values are fine
+        ([json.dumps({"type": "result", "req": 1, "att": 0}).encode()], "'result' message: its table 't' is missing"),
+        (frames_with(Ping("gw", "t"), token=None), "'ping' message: field 'token' must be a string, got None"),
+        (frames_with(Loaded("e0", "f", 1, "t"), error=3), "'loaded' message: field 'error' must be a string or null"),
+        (frames_with(Failure(1, 0, 500, "E", "m"), status="500"), "'error' message: field 'status' must be an integer"),
+        (frames_with(Stuck("e0", "f", "s", "op", 1.0), since=...), "'stuck' message: field 'since' is missing"),
+    ],
+)
 def test_malformed_messages_are_message_errors_naming_what_is_wrong(frames, error):
     if error is None:
         assert decode(frames).gateway == "x" * 200
@@ -167,11 +231,14 @@ def test_a_header_that_is_not_a_json_object_is_a_wire_error():
         decode([b"[]"])
 
 
-@pytest.mark.parametrize("error, status", [
-    (NoExecutorError("flow 'f': no live executor hosts stage 'a'"), 503),
-    (DeadlineExceededError("flow 'f': no answer within 1 s"), 504),
-    (OperatorCrashedError("flow 'f': operator 'boom' crashed its executor", operator="boom", qid=9), 500),
-])
+@pytest.mark.parametrize(
+    "error, status",
+    [
+        (NoExecutorError("flow 'f': no live executor hosts stage 'a'"), 503),
+        (DeadlineExceededError("flow 'f': no answer within 1 s"), 504),
+        (OperatorCrashedError("flow 'f': operator 'boom' crashed its executor", operator="boom", qid=9), 500),
+    ],
+)
 def test_the_dispatchers_errors_take_their_status_from_status_for(error, status):
     failed = RequestFailed.of(error)
     assert failed.status == status == status_for(error)
@@ -184,8 +251,7 @@ def test_the_dispatchers_errors_take_their_status_from_status_for(error, status)
 SHORT_KEYS = {"att", "ver", "dl", "gw", "req", "invalid"}
 
 
-@pytest.mark.parametrize("module", ["dispatcher", "executor", "watchdog", "batcher", "gateway", "daemon",
-                                    "standalone"])
+@pytest.mark.parametrize("module", ["dispatcher", "executor", "watchdog", "batcher", "gateway", "daemon", "standalone"])
 def test_no_other_module_spells_the_wire_keys(module):
     tree = ast.parse((ROOT / "executors" / f"{module}.py").read_text())
     spelled = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in SHORT_KEYS}

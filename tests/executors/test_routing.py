@@ -7,20 +7,19 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from executors.cluster import LocalCluster
 from executors.config import ClusterConfig
-import pytest
-
 from executors.routing import complete, deliveries, keeps_rows, merge, rendezvous
+from executors.stage_runner import BoundStage
 from flow import Flow, optimize
 from flow.table import Table
-from optimizer import positions
-from optimizer.plan import PlanError
 from kvs.cache import ENTRY_OVERHEAD
 from kvs.serialization import encode
+from optimizer import positions
+from optimizer.plan import PlanError
 from tests.executors.conftest import unique
-from executors.stage_runner import BoundStage
 
 ADDRESSES = ["ipc:///a", "ipc:///b", "ipc:///c"]
 
@@ -59,8 +58,9 @@ def test_rows_whose_key_the_sender_holds_stay_with_the_sender():
     assert complete([d.path for d in sent])
     # a sender that is not a replica of the stage never keeps rows
     sent = deliveries(table, _continuation_stage(), ADDRESSES, here="ipc:///elsewhere", holds=held.__contains__)
-    assert {d.address: d.table.column("k").to_list() for d in sent} == \
-        {a: ks for a, ks in _owner_groups(keys).items() if ks}
+    assert {d.address: d.table.column("k").to_list() for d in sent} == {
+        a: ks for a, ks in _owner_groups(keys).items() if ks
+    }
 
 
 def _keyed(n: int, qids=None) -> Table:
@@ -175,8 +175,9 @@ def _deploy_two_lookups(cluster, name):
     """``two``: lookup(k1) -> lookup(k2), two continuations; ``warm``: lookup(k1), then
     operator code reads the keys listed in k2 on k1's executor."""
     two = Flow(name, schema={"k1": str, "k2": str})
-    two.lookup(column="k1", name="v1").map(second_key, names=["key2"]) \
-        .lookup(column="key2", name="v2").map(total, names=["total"])
+    two.lookup(column="k1", name="v1").map(second_key, names=["key2"]).lookup(column="key2", name="v2").map(
+        total, names=["total"]
+    )
     d = cluster.deploy(two)
     assert [s.continuation for s in d.plan.stages.values()] == ["k1", "key2"]
     warm = Flow(name + "-warm", schema={"k1": str, "k2": str})

@@ -81,8 +81,9 @@ def test_per_row_lookups_with_different_keys(cluster):
     assert cont and cont[0].continuation == "user"
     rows = [{"user": f"user:{i}"} for i in (3, 7, 1, 11, 3, 0)]
     got = d.invoke(rows)
-    assert sorted(zip(got["user"].tolist(), got["total"].tolist())) == \
-        sorted((r["user"], 4.0 * int(r["user"].split(":")[1])) for r in rows)
+    assert sorted(zip(got["user"].tolist(), got["total"].tolist())) == sorted(
+        (r["user"], 4.0 * int(r["user"].split(":")[1])) for r in rows
+    )
 
 
 def batched_sum(table):

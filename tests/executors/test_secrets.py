@@ -39,13 +39,15 @@ def test_no_secret_in_any_cluster_process_arguments():
         password = unquote(urlsplit(c.state["kvs_url"]).password or "")
         assert password and c.state["admin_token"]
         cmdlines = _cluster_cmdlines(c)
-        kinds = {k for k in ("executors.daemon", "executors.executor", "redis-server")
-                 if any(k in line for line in cmdlines.values())}
+        kinds = {
+            k
+            for k in ("executors.daemon", "executors.executor", "redis-server")
+            if any(k in line for line in cmdlines.values())
+        }
         assert kinds == {"executors.daemon", "executors.executor", "redis-server"}, cmdlines
         assert len(cmdlines) >= 4, cmdlines  # daemon, 2 executors, the KVS server
         for pid, line in cmdlines.items():
-            for name, secret in (("KVS password", password), ("admin token", c.state["admin_token"]),
-                                 ("token", token)):
+            for name, secret in (("KVS password", password), ("admin token", c.state["admin_token"]), ("token", token)):
                 assert secret not in line, f"the {name} is on process {pid}'s command line: {line}"
         # the state file with them is this user's only
         assert (c.dir / "cluster.json").stat().st_mode & 0o077 == 0

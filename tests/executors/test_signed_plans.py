@@ -73,9 +73,11 @@ def test_a_crafted_plan_in_the_store_runs_nothing(tmp_path):
         # a restarted executor reads the plan again from the store
         os.kill(_executor_pids(c)[0], signal.SIGKILL)
         logs = c.dir / "logs"
-        wait_until("the restarted executor to refuse the plan",
-                   lambda: any("unsigned pickle" in p.read_text(errors="replace") for p in logs.glob("*.log")),
-                   timeout=60)
+        wait_until(
+            "the restarted executor to refuse the plan",
+            lambda: any("unsigned pickle" in p.read_text(errors="replace") for p in logs.glob("*.log")),
+            timeout=60,
+        )
         assert not pwned.exists(), "the crafted plan ran"
         for x in range(20):  # the cluster keeps serving the flow it deployed
             assert httpx.post(d.url, json={"x": x}, timeout=30).json()["rows"][0]["y"] == x + 1

@@ -48,9 +48,9 @@ def test_racing_copies_feeding_a_key_routed_lookup_give_flow_runs_rows(cluster, 
         expected = f.run(Table.from_pylist(rows, qid=range(start, start + len(rows))), kvs=store)
         got = r.json()["rows"]
         assert len(got) == 16, f"request {i}: {len(got)} rows"
-        assert [(row["qid"], row["k"], row["k_value"]) for row in got] == \
-            [(q, k, v.tolist()) for q, k, v in zip(expected.qid.tolist(), expected["k"], expected["k_value"])], \
-            f"request {i}"
+        assert [(row["qid"], row["k"], row["k_value"]) for row in got] == [
+            (q, k, v.tolist()) for q, k, v in zip(expected.qid.tolist(), expected["k"], expected["k_value"])
+        ], f"request {i}"
 
 
 def shifted(row):
@@ -70,9 +70,9 @@ def test_a_large_request_keeps_its_row_order_through_per_row_lookups(cluster, ht
     keys = _keyed_store(cluster, name, 40)
     CacheWarmer(cluster, http).warm(keys[::3])
     f = Flow(name, schema={"k": str, "x": int})
-    f.map(shifted, names=["k", "x"]).lookup(column="k", name="v") \
-        .filter(lambda r: r.x % 7 != 3).map(next_key, names=["k", "x", "s", "k2"]) \
-        .lookup(column="k2", name="v2").map(lambda r: (r.k, r.x, r.s + float(r.v2[0])), names=["k", "x", "s"])
+    f.map(shifted, names=["k", "x"]).lookup(column="k", name="v").filter(lambda r: r.x % 7 != 3).map(
+        next_key, names=["k", "x", "s", "k2"]
+    ).lookup(column="k2", name="v2").map(lambda r: (r.k, r.x, r.s + float(r.v2[0])), names=["k", "x", "s"])
     d = cluster.deploy(f)
     assert [s.continuation for s in d.plan.stages.values()] == [None, "k", "k2"]
     rng = np.random.default_rng(7)
@@ -121,11 +121,13 @@ def test_an_empty_json_list_is_a_request_of_no_rows(cluster, http):
     name = unique("empty")
     keys = _keyed_store(cluster, name, 4)
     with_schema = Flow(name, schema={"k": str, "x": float})
-    with_schema.map(lambda r: r.x * 2, names=["y"], high_variance=True).join(with_schema) \
-        .lookup(column="k", name="v").map(lambda r: float(r.v.sum()) + r.y, names=["s"], batching=False)
+    with_schema.map(lambda r: r.x * 2, names=["y"], high_variance=True).join(with_schema).lookup(
+        column="k", name="v"
+    ).map(lambda r: float(r.v.sum()) + r.y, names=["s"], batching=False)
     no_schema = Flow(name + "-free")
-    no_schema.map(lambda t: t["x"] * 2, names=["y"], batching=True) \
-        .anyof(lambda r: (r.y, 0.5), lambda r: (r.y, 0.95), names=["v", "conf"], valid=lambda r: r.conf > 0.9)
+    no_schema.map(lambda t: t["x"] * 2, names=["y"], batching=True).anyof(
+        lambda r: (r.y, 0.5), lambda r: (r.y, 0.95), names=["v", "conf"], valid=lambda r: r.conf > 0.9
+    )
     for f in (with_schema, no_schema):
         d = cluster.deploy(f)
         spec = http.get(f"{cluster.url}/openapi.json").json()
@@ -135,9 +137,13 @@ def test_an_empty_json_list_is_a_request_of_no_rows(cluster, http):
         r = http.post(d.url, json=[])
         assert r.status_code == 200, r.text
         assert r.json() == {"rows": []} == {"rows": expected.to_pylist()}
-        r = http.post(d.url, content=_arrow_body(Table.from_pylist([], schema=f.schema).to_arrow().drop_columns(["qid"]))
-                      if f.schema else _arrow_body(pa.table({})),
-                      headers={"Content-Type": ARROW, "Accept": ARROW})
+        r = http.post(
+            d.url,
+            content=_arrow_body(Table.from_pylist([], schema=f.schema).to_arrow().drop_columns(["qid"]))
+            if f.schema
+            else _arrow_body(pa.table({})),
+            headers={"Content-Type": ARROW, "Accept": ARROW},
+        )
         assert r.status_code == 200, r.text
         got = pa.ipc.open_stream(r.content).read_all()
         assert got.num_rows == 0
@@ -173,8 +179,9 @@ def test_empty_requests_batched_with_others_and_split_by_key(cluster):
     name = unique("empty-mix")
     keys = _keyed_store(cluster, name, 6)
     f = Flow(name, schema={"k": str, "x": float})
-    f.map(tripled, names=["x"], batching=True).join(f.map(key_of, names=["k"])) \
-        .lookup(column="k", name="v").map(tripled, names=["y"], batching=True)
+    f.map(tripled, names=["x"], batching=True).join(f.map(key_of, names=["k"])).lookup(column="k", name="v").map(
+        tripled, names=["y"], batching=True
+    )
     d = cluster.deploy(f, options=OptimizerOptions(batch=BatchConfig(max_batch_size=16, max_wait_ms=20.0)))
     assert sum(s.batch is not None for s in d.plan.stages.values()) >= 2
     requests = [[] if i % 2 else [{"k": keys[(i + j) % 6], "x": float(j)} for j in range(i)] for i in range(12)]
@@ -192,8 +199,9 @@ def test_empty_requests_batched_with_others_and_split_by_key(cluster):
     store = {k: cluster.kvs.get(k) for k in keys}
     assert sorted(answers) == list(range(len(requests)))
     first = next(s.name for s in d.plan.stages.values() if s.batch is not None)
-    assert _metric(cluster, f'flowserve_stage_batch_size_sum{{flow="{name}",stage="{first}"}}') > \
-        _metric(cluster, f'flowserve_stage_batch_size_count{{flow="{name}",stage="{first}"}}'), "no batch merged"
+    assert _metric(cluster, f'flowserve_stage_batch_size_sum{{flow="{name}",stage="{first}"}}') > _metric(
+        cluster, f'flowserve_stage_batch_size_count{{flow="{name}",stage="{first}"}}'
+    ), "no batch merged"
     for i, answer in answers.items():
         expected = f.run(Table.from_pylist(requests[i], qid=answer.input_qids, schema=f.schema), kvs=store)
         assert answer.table.qid.tolist() == expected.qid.tolist(), i

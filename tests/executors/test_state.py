@@ -111,15 +111,23 @@ def test_redeploys_and_undeploy_give_the_models_memory_back():
             d = c.deploy(f)
             assert post(d, {"x": 1.0}).json()["rows"][0]["y"] == 1.0 + i  # the new code answers
             # the old version is released once idle: each executor holds one model, not i + 1
-            wait_until(f"redeploy {i}: executors back to one model",
-                       lambda: all(rss_mb(p) < ceiling[p] for p in cold), timeout=30)
+            wait_until(
+                f"redeploy {i}: executors back to one model",
+                lambda: all(rss_mb(p) < ceiling[p] for p in cold),
+                timeout=30,
+            )
             seen.append(rss_all(c))
         d.undeploy()
-        wait_until("undeploy: executors back to a fresh executor's size",
-                   lambda: all(rss_mb(p) <= 1.10 * cold[p] for p in cold), timeout=30)
+        wait_until(
+            "undeploy: executors back to a fresh executor's size",
+            lambda: all(rss_mb(p) <= 1.10 * cold[p] for p in cold),
+            timeout=30,
+        )
         after = rss_all(c)
-        print(f"RSS MB fresh {cold}; peak while redeploying {max(max(s.values()) for s in seen):.0f}; "
-              f"after undeploy {after}")
+        print(
+            f"RSS MB fresh {cold}; peak while redeploying {max(max(s.values()) for s in seen):.0f}; "
+            f"after undeploy {after}"
+        )
         assert executor_pids(c) == sorted(cold)  # the same processes: memory was freed, not restarted
 
 
@@ -219,8 +227,10 @@ def test_a_kvs_that_restarts_empty_loses_no_flow_and_reuses_no_version():
 
         restart_kvs(c)  # persistence off: the store comes back empty
         # the gateway notices (its marker is gone) and re-publishes what it serves
-        wait_until("the flows to be re-published",
-                   lambda: registered(c, name) == d_old.version and registered(c, looked.name) == d_looked.version)
+        wait_until(
+            "the flows to be re-published",
+            lambda: registered(c, name) == d_old.version and registered(c, looked.name) == d_looked.version,
+        )
 
         # redeploying changed code under the same name serves the new code, every time
         new = Flow(name, schema={"x": float})
@@ -238,9 +248,11 @@ def test_a_kvs_that_restarts_empty_loses_no_flow_and_reuses_no_version():
 
         # restarted executors rebuild every flow from what was re-published
         kill_executors(c)
-        wait_until("every flow to answer from the restarted executors",
-                   lambda: post(d_new, {"x": 1.0}).status_code == 200 and post(d_looked, {"k": "vec"}).status_code == 503,
-                   timeout=60)
+        wait_until(
+            "every flow to answer from the restarted executors",
+            lambda: post(d_new, {"x": 1.0}).status_code == 200 and post(d_looked, {"k": "vec"}).status_code == 503,
+            timeout=60,
+        )
         assert [r.json()["rows"][0]["y"] for r in answers(d_new, [{"x": 2.0}] * 10)] == [102.0] * 10
         c.kvs.put("vec", np.full(3, 2.0))  # data written again: lookups answer, missing keys are 422 again
         assert post(d_looked, {"k": "vec"}).json()["rows"][0]["s"] == 6.0
@@ -274,8 +286,10 @@ def test_concurrent_deploys_of_one_name_agree_on_the_newest(rounds):
         _race_deploys(c, rounds)
         # what the losers built, and the replaced versions, were released: one model each
         try:
-            wait_until("the executors to hold the winner's model only",
-                       lambda: all(rss_mb(p) < mb + 1.6 * MODEL_BYTES / 2**20 for p, mb in cold.items()))
+            wait_until(
+                "the executors to hold the winner's model only",
+                lambda: all(rss_mb(p) < mb + 1.6 * MODEL_BYTES / 2**20 for p, mb in cold.items()),
+            )
         except AssertionError:
             raise AssertionError(f"RSS MB before {cold}, now {rss_all(c)}") from None
 
@@ -286,14 +300,14 @@ def _race_deploys(cluster: LocalCluster, rounds: int) -> None:
         outcomes: dict[int, object] = {}
         barrier = threading.Barrier(4)
 
-        def deploy(i: int):
+        def deploy(i: int, barrier=barrier, outcomes=outcomes):
             f = Flow(name, schema={"x": float})
             f.map(model_class(float(i)), names=["y"], batching=True)  # code i answers x + i
             barrier.wait()
             try:
                 outcomes[i] = cluster.deploy(f)
             except DeployConflictError as e:
-                outcomes[i] = e
+                outcomes[i] = e  # noqa: B023  (the except clause's own e)
 
         threads = [threading.Thread(target=deploy, args=(i,)) for i in range(4)]
         for t in threads:
@@ -310,12 +324,16 @@ def _race_deploys(cluster: LocalCluster, rounds: int) -> None:
         assert served(cluster, name) == registered(cluster, name) == version
         d = outcomes[winner]
         assert {post(d, {"x": 0.0}).json()["rows"][0]["y"] for _ in range(6)} == {float(winner)}
-        for i, e in lost.items():  # each loser was told which version beat it
+        for _i, e in lost.items():  # each loser was told which version beat it
             assert e.version < e.winner and f"v{e.version}" in str(e) and f"v{e.winner}" in str(e)
         assert all(e.version < version for e in lost.values())
     # asking again for the served version (a client retrying its deploy) is not a conflict
-    r = httpx.post(f"{cluster.url}/admin/deploy", json={"flow": name, "version": version},
-                   headers={"Authorization": f"Bearer {cluster.state['admin_token']}"}, timeout=60)
+    r = httpx.post(
+        f"{cluster.url}/admin/deploy",
+        json={"flow": name, "version": version},
+        headers={"Authorization": f"Bearer {cluster.state['admin_token']}"},
+        timeout=60,
+    )
     assert r.status_code == 200 and served(cluster, name) == registered(cluster, name) == version, r.text
     assert {post(d, {"x": 0.0}).json()["rows"][0]["y"] for _ in range(3)} == {float(winner)}
 
@@ -346,8 +364,10 @@ def test_standalone_gateway_releases_old_versions_and_republishes_a_lost_store(t
                 f.map(model_class(float(i)), names=["y"], batching=True)
                 d = client.deploy(f)
                 assert post(d, {"x": 1.0}).json()["rows"][0]["y"] == 1.0 + i
-                wait_until(f"redeploy {i}: one model per executor",
-                           lambda: all(rss_mb(p) < mb + 1.6 * MODEL_BYTES / 2**20 for p, mb in cold.items()))
+                wait_until(
+                    f"redeploy {i}: one model per executor",
+                    lambda: all(rss_mb(p) < mb + 1.6 * MODEL_BYTES / 2**20 for p, mb in cold.items()),
+                )
             looked = Flow(unique("looked"))
             looked.lookup(column="k", name="v").map(lambda r: float(r.v.sum()), names=["s"])
             d_looked = client.deploy(looked)
@@ -356,19 +376,26 @@ def test_standalone_gateway_releases_old_versions_and_republishes_a_lost_store(t
 
             server.kill()
             server.restart()  # empty: no persistence
-            wait_until("the gateway to re-publish its flows",
-                       lambda: registered(client, "big") == d.version and registered(client, looked.name) == d_looked.version)
+            wait_until(
+                "the gateway to re-publish its flows",
+                lambda: registered(client, "big") == d.version and registered(client, looked.name) == d_looked.version,
+            )
             e0.send_signal(signal.SIGKILL)
             e0.wait()
             procs.executor("e0")  # the pod restarts under its name, with a new address
-            wait_until("a restarted executor to serve the flows again",
-                       lambda: all(post(d, {"x": 1.0}).status_code == 200 for _ in range(6)), timeout=60)
+            wait_until(
+                "a restarted executor to serve the flows again",
+                lambda: all(post(d, {"x": 1.0}).status_code == 200 for _ in range(6)),
+                timeout=60,
+            )
             assert post(d, {"x": 2.0}).json()["rows"][0]["y"] == 5.0
             r = post(d_looked, {"k": "vec"})
             assert r.status_code == 503 and r.json()["error"] == "StoreLostError", r.text
 
             client.undeploy("big")
-            wait_until("undeploy: the surviving executor back to its size", lambda: rss_mb(e1.pid) <= 1.10 * cold[e1.pid])
+            wait_until(
+                "undeploy: the surviving executor back to its size", lambda: rss_mb(e1.pid) <= 1.10 * cold[e1.pid]
+            )
         finally:
             client.close()
             procs.stop()

@@ -108,7 +108,7 @@ def test_a_message_split_into_single_bytes_is_reassembled(tmp_path):
 
         def trickle():  # every boundary falls mid-read
             for i in range(0, len(stream), 97):
-                client.sendall(stream[i:i + 97])
+                client.sendall(stream[i : i + 97])
 
         sender = threading.Thread(target=trickle)
         sender.start()
@@ -120,11 +120,14 @@ def test_a_message_split_into_single_bytes_is_reassembled(tmp_path):
         listener.close()
 
 
-@pytest.mark.parametrize("head", [
-    struct.pack("<I", 0),
-    struct.pack("<I", MAX_FRAMES + 1),
-    struct.pack("<IQ", 1, 1 << 40),
-])
+@pytest.mark.parametrize(
+    "head",
+    [
+        struct.pack("<I", 0),
+        struct.pack("<I", MAX_FRAMES + 1),
+        struct.pack("<IQ", 1, 1 << 40),
+    ],
+)
 def test_a_peer_that_breaks_the_framing_is_refused(tmp_path, head):
     address = f"ipc://{tmp_path}/h"
     listener = listen(address)

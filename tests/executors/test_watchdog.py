@@ -21,8 +21,13 @@ class Calls:
         self.overdue, self.long_io, self.stuck = [], [], []
 
     def watchdog(self, grace_s=60.0, io_handoff_s=60.0) -> Watchdog:
-        return Watchdog(lambda r, due, why: self.overdue.append((r, due, why)), self.long_io.append,
-                        self.stuck.append, grace_s=grace_s, io_handoff_s=io_handoff_s)
+        return Watchdog(
+            lambda r, due, why: self.overdue.append((r, due, why)),
+            self.long_io.append,
+            self.stuck.append,
+            grace_s=grace_s,
+            io_handoff_s=io_handoff_s,
+        )
 
 
 def test_a_run_within_its_deadline_is_left_alone():

@@ -62,30 +62,41 @@ class Pool(Config):
 def test_defaults_and_frozen():
     p = Pool()
     assert (p.size, p.timeout_s, p.ratio, p.mode, p.name, p.verbose, p.tags, p.inner) == (
-        4, 5.0, 0.5, "fast", None, False, (), Inner(1))
+        4,
+        5.0,
+        0.5,
+        "fast",
+        None,
+        False,
+        (),
+        Inner(1),
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.size = 5
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({"size": 0}, PoolError, "Pool.size must be an int in 1..64, got 0"),
-    ({"size": 2.0}, PoolTypeError, "Pool.size must be an int in 1..64, got 2.0"),
-    ({"size": True}, PoolTypeError, "Pool.size must be an int in 1..64, got True"),
-    ({"size": "4"}, PoolTypeError, "Pool.size must be an int in 1..64, got '4'"),
-    ({"timeout_s": 0}, PoolError, "Pool.timeout_s must be a number > 0 (seconds), got 0"),
-    ({"timeout_s": math.inf}, PoolError, "Pool.timeout_s must be a number > 0 (seconds), got inf"),
-    ({"timeout_s": math.nan}, PoolError, "Pool.timeout_s must be a number > 0 (seconds), got nan"),
-    ({"timeout_s": None}, PoolTypeError, "Pool.timeout_s must be a number > 0 (seconds), got None"),
-    ({"ratio": 1.5}, PoolError, "Pool.ratio must be a number in (0, 1] or None, got 1.5"),
-    ({"mode": "slow"}, PoolError, "Pool.mode must be one of ('fast', 'safe'), got 'slow'"),
-    ({"name": ""}, PoolError, "Pool.name must be a non-empty string or None, got ''"),
-    ({"name": 3}, PoolTypeError, "Pool.name must be a non-empty string or None, got 3"),
-    ({"verbose": "yes"}, PoolTypeError, "Pool.verbose must be a bool, got 'yes'"),
-    ({"inner": 3}, PoolTypeError, "Pool.inner must be an Inner or a mapping of its fields, got 3"),
-    ({"inner": {"depth": 10}}, PoolError, "Pool.inner: Inner.depth must be an int in 0..9, got 10"),
-    ({"inner": {"depth": "1"}}, PoolTypeError, "Pool.inner: Inner.depth must be an int in 0..9, got '1'"),
-    ({"mode": "safe", "size": 9}, PoolError, "Pool.size must be <= 8 in mode 'safe', got 9"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"size": 0}, PoolError, "Pool.size must be an int in 1..64, got 0"),
+        ({"size": 2.0}, PoolTypeError, "Pool.size must be an int in 1..64, got 2.0"),
+        ({"size": True}, PoolTypeError, "Pool.size must be an int in 1..64, got True"),
+        ({"size": "4"}, PoolTypeError, "Pool.size must be an int in 1..64, got '4'"),
+        ({"timeout_s": 0}, PoolError, "Pool.timeout_s must be a number > 0 (seconds), got 0"),
+        ({"timeout_s": math.inf}, PoolError, "Pool.timeout_s must be a number > 0 (seconds), got inf"),
+        ({"timeout_s": math.nan}, PoolError, "Pool.timeout_s must be a number > 0 (seconds), got nan"),
+        ({"timeout_s": None}, PoolTypeError, "Pool.timeout_s must be a number > 0 (seconds), got None"),
+        ({"ratio": 1.5}, PoolError, "Pool.ratio must be a number in (0, 1] or None, got 1.5"),
+        ({"mode": "slow"}, PoolError, "Pool.mode must be one of ('fast', 'safe'), got 'slow'"),
+        ({"name": ""}, PoolError, "Pool.name must be a non-empty string or None, got ''"),
+        ({"name": 3}, PoolTypeError, "Pool.name must be a non-empty string or None, got 3"),
+        ({"verbose": "yes"}, PoolTypeError, "Pool.verbose must be a bool, got 'yes'"),
+        ({"inner": 3}, PoolTypeError, "Pool.inner must be an Inner or a mapping of its fields, got 3"),
+        ({"inner": {"depth": 10}}, PoolError, "Pool.inner: Inner.depth must be an int in 0..9, got 10"),
+        ({"inner": {"depth": "1"}}, PoolTypeError, "Pool.inner: Inner.depth must be an int in 0..9, got '1'"),
+        ({"mode": "safe", "size": 9}, PoolError, "Pool.size must be <= 8 in mode 'safe', got 9"),
+    ],
+)
 def test_bad_values_name_the_field_and_quote_the_value(kwargs, error, message):
     with pytest.raises(ConfigError) as info:
         Pool(**kwargs)
@@ -109,8 +120,16 @@ def test_replace_validates_again():
 def test_json_round_trip():
     p = Pool(size=8, ratio=None, name="n", verbose=True, tags=("a", "b"), inner=Inner(3))
     doc = p.to_json()
-    assert doc == {"size": 8, "timeout_s": 5.0, "ratio": None, "mode": "fast", "name": "n", "verbose": True,
-                   "tags": ["a", "b"], "inner": {"depth": 3}}
+    assert doc == {
+        "size": 8,
+        "timeout_s": 5.0,
+        "ratio": None,
+        "mode": "fast",
+        "name": "n",
+        "verbose": True,
+        "tags": ["a", "b"],
+        "inner": {"depth": 3},
+    }
     assert Pool.from_json(json.loads(json.dumps(doc))) == p
     assert Pool.from_json({}) == Pool()  # missing keys default
 
@@ -118,8 +137,10 @@ def test_json_round_trip():
 def test_from_json_refuses_unknown_keys_naming_them_and_the_known_ones():
     with pytest.raises(PoolError) as info:
         Pool.from_json({"sise": 3, "size": 2})
-    assert str(info.value) == ("Pool: unknown field(s) ['sise']; known: ['inner', 'mode', 'name', 'ratio', "
-                               "'size', 'tags', 'timeout_s', 'verbose']")
+    assert str(info.value) == (
+        "Pool: unknown field(s) ['sise']; known: ['inner', 'mode', 'name', 'ratio', "
+        "'size', 'tags', 'timeout_s', 'verbose']"
+    )
     with pytest.raises(PoolTypeError, match=r"Pool.from_json needs a dict, got \[1\]"):
         Pool.from_json([1])
     with pytest.raises(PoolError, match=r"Pool.inner: Inner: unknown field\(s\) \['deep'\]"):
@@ -139,24 +160,71 @@ def test_check_value_outside_a_config():
 # -- every config of the project follows the idiom ----------------------------------------------
 
 CONFIGS = [
-    ("executors.config", "ClusterConfig", {"executors": 3, "autoscaling": {"max_replicas": 3}, "dir": "/tmp/x"},
-     "executors", "executors.config", "ClusterConfigError"),
-    ("executors.autoscale", "AutoscalingConfig", {"min_replicas": 0, "target_queue_per_replica": None},
-     "max_replicas", "executors.autoscale.config", "AutoscalingConfigError"),
-    ("kvs.options", "KVSOptions", {"retry_timeout": 0, "client_name": None},
-     "max_connections", "kvs.options", "KVSOptionsError"),
-    ("optimizer.plan", "BatchConfig", {"max_batch_size": 4, "max_wait_ms": 1.5},
-     "max_batch_size", "optimizer.plan", "OptimizerConfigError"),
-    ("optimizer.options", "OptimizerOptions", {"rules": ["fusion"], "batch": {"max_batch_size": 2}},
-     "competitive_replicas", "optimizer.plan", "OptimizerConfigError"),
-    ("k8s.config", "KubeConfig", {"namespace": "ml", "image_pull_secrets": ["reg"], "env": {"A": "1"},
-                                  "gpu_node_selector": {"gpu": "a100"}, "autoscaling": {"max_replicas": 2},
-                                  "gateway_resources": {"cpu": "1", "memory": "1Gi"},
-                                  "gpu_tolerations": [{"key": "gpu", "effect": "NoExecute", "toleration_seconds": 5}]},
-     "cpu_executors", "k8s.exceptions", "K8sConfigError"),
+    (
+        "executors.config",
+        "ClusterConfig",
+        {"executors": 3, "autoscaling": {"max_replicas": 3}, "dir": "/tmp/x"},
+        "executors",
+        "executors.config",
+        "ClusterConfigError",
+    ),
+    (
+        "executors.autoscale",
+        "AutoscalingConfig",
+        {"min_replicas": 0, "target_queue_per_replica": None},
+        "max_replicas",
+        "executors.autoscale.config",
+        "AutoscalingConfigError",
+    ),
+    (
+        "kvs.options",
+        "KVSOptions",
+        {"retry_timeout": 0, "client_name": None},
+        "max_connections",
+        "kvs.options",
+        "KVSOptionsError",
+    ),
+    (
+        "optimizer.plan",
+        "BatchConfig",
+        {"max_batch_size": 4, "max_wait_ms": 1.5},
+        "max_batch_size",
+        "optimizer.plan",
+        "OptimizerConfigError",
+    ),
+    (
+        "optimizer.options",
+        "OptimizerOptions",
+        {"rules": ["fusion"], "batch": {"max_batch_size": 2}},
+        "competitive_replicas",
+        "optimizer.plan",
+        "OptimizerConfigError",
+    ),
+    (
+        "k8s.config",
+        "KubeConfig",
+        {
+            "namespace": "ml",
+            "image_pull_secrets": ["reg"],
+            "env": {"A": "1"},
+            "gpu_node_selector": {"gpu": "a100"},
+            "autoscaling": {"max_replicas": 2},
+            "gateway_resources": {"cpu": "1", "memory": "1Gi"},
+            "gpu_tolerations": [{"key": "gpu", "effect": "NoExecute", "toleration_seconds": 5}],
+        },
+        "cpu_executors",
+        "k8s.exceptions",
+        "K8sConfigError",
+    ),
     ("k8s.config", "Resources", {"cpu": "2", "memory_limit": "1Gi"}, None, "k8s.exceptions", "K8sConfigError"),
-    ("k8s.config", "Toleration", {"key": "a", "operator": "Equal", "value": "b"}, None,
-     "k8s.exceptions", "K8sConfigError"),
+    (
+        "k8s.config",
+        "Toleration",
+        {"key": "a", "operator": "Equal", "value": "b"},
+        None,
+        "k8s.exceptions",
+        "K8sConfigError",
+    ),
 ]
 
 
@@ -164,10 +232,10 @@ def _load(module, name):
     return getattr(importlib.import_module(module), name)
 
 
-@pytest.mark.parametrize("module, name, fields, int_field, error_module, error_name", CONFIGS,
-                         ids=[c[1] for c in CONFIGS])
-def test_every_config_round_trips_and_refuses_unknown_keys(module, name, fields, int_field, error_module,
-                                                            error_name):
+@pytest.mark.parametrize(
+    "module, name, fields, int_field, error_module, error_name", CONFIGS, ids=[c[1] for c in CONFIGS]
+)
+def test_every_config_round_trips_and_refuses_unknown_keys(module, name, fields, int_field, error_module, error_name):
     cls, error = _load(module, name), _load(error_module, error_name)
     assert issubclass(cls, Config) and issubclass(error, ConfigError)
     config = cls.from_json(fields)

@@ -29,24 +29,27 @@ from flow import (
 )
 
 
-@pytest.mark.parametrize("exc, parents", [
-    (FlowDefinitionError, (FlowError,)),
-    (FlowTypeError, (FlowDefinitionError, TypeError)),
-    (FlowValueError, (FlowDefinitionError, ValueError)),
-    (UnknownColumnError, (FlowValueError,)),
-    (SinkError, (FlowValueError,)),
-    (ForeignNodeError, (FlowDefinitionError,)),
-    (DataError, (FlowError,)),
-    (SchemaError, (DataError, ValueError)),
-    (DataTypeError, (DataError, TypeError)),
-    (OperatorError, (FlowError,)),
-    (OperatorFailedError, (OperatorError,)),
-    (OperatorOutputError, (OperatorError,)),
-    (RowRejectedError, (OperatorError,)),
-    (NoValidResultError, (OperatorError,)),
-    (LookupKeyError, (OperatorError, KeyError)),
-    (RetryableError, (FlowError,)),
-])
+@pytest.mark.parametrize(
+    "exc, parents",
+    [
+        (FlowDefinitionError, (FlowError,)),
+        (FlowTypeError, (FlowDefinitionError, TypeError)),
+        (FlowValueError, (FlowDefinitionError, ValueError)),
+        (UnknownColumnError, (FlowValueError,)),
+        (SinkError, (FlowValueError,)),
+        (ForeignNodeError, (FlowDefinitionError,)),
+        (DataError, (FlowError,)),
+        (SchemaError, (DataError, ValueError)),
+        (DataTypeError, (DataError, TypeError)),
+        (OperatorError, (FlowError,)),
+        (OperatorFailedError, (OperatorError,)),
+        (OperatorOutputError, (OperatorError,)),
+        (RowRejectedError, (OperatorError,)),
+        (NoValidResultError, (OperatorError,)),
+        (LookupKeyError, (OperatorError, KeyError)),
+        (RetryableError, (FlowError,)),
+    ],
+)
 def test_tree(exc, parents):
     for p in parents:
         assert issubclass(exc, p)
@@ -60,8 +63,9 @@ def test_groups_do_not_overlap():
     assert not issubclass(RejectRow, FlowError)  # users raise it; the runtime turns it into RowRejectedError
 
 
-@pytest.mark.parametrize("cls", [OperatorFailedError, OperatorOutputError, RowRejectedError, NoValidResultError,
-                                 LookupKeyError])
+@pytest.mark.parametrize(
+    "cls", [OperatorFailedError, OperatorOutputError, RowRejectedError, NoValidResultError, LookupKeyError]
+)
 def test_operator_errors_carry_operator_and_qid_across_pickling(cls):
     e = cls("operator 'net' failed", operator="net", qid=42)
     assert (e.operator, e.qid) == ("net", 42)
@@ -70,8 +74,10 @@ def test_operator_errors_carry_operator_and_qid_across_pickling(cls):
 
 
 def test_lookup_key_error_message_is_not_quoted():
-    assert str(LookupKeyError("operator 'lookup(k)': key 'k' is not in the store")) == \
-        "operator 'lookup(k)': key 'k' is not in the store"
+    assert (
+        str(LookupKeyError("operator 'lookup(k)': key 'k' is not in the store"))
+        == "operator 'lookup(k)': key 'k' is not in the store"
+    )
 
 
 def test_everything_is_exported():

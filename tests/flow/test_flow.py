@@ -10,7 +10,6 @@ import pyarrow as pa
 import pytest
 
 from flow import (
-    LookupKeyError,
     ColumnType,
     DataTypeError,
     Flow,
@@ -19,6 +18,7 @@ from flow import (
     FlowValueError,
     ForeignNodeError,
     GroupedNode,
+    LookupKeyError,
     Node,
     SchemaError,
     SinkError,
@@ -72,7 +72,8 @@ def test_operator_objects_record_their_arguments():
     j = flow.join(flow.map(lambda r: r.k, names=["k"]), on="k", how="left")
     assert j.op == JoinOp(on=("k",), how="left", suffixes=("", "_right"))
     assert flow.lookup(column="k", name="kv", missing="null").op == LookupOp(
-        key=None, column="k", name="kv", missing="null")
+        key=None, column="k", name="kv", missing="null"
+    )
     assert flow.union(flow.filter(lambda r: True)).op == UnionOp(arity=2)
 
 
@@ -116,16 +117,19 @@ def schema_flow():
     return Flow("v", schema={"x": int, "s": str, "t": ColumnType.tensor(np.float32, (2,))})
 
 
-@pytest.mark.parametrize("build, match", [
-    (lambda f: f.join(f.map(ident, names=["x"]), on="zz"), "operator join: on 'zz' is not a column of 'source'"),
-    (lambda f: f.join(f.map(ident, names=["y"]), on="x"), r"operator join: on \(right side\) 'x' is not a column"),
-    (lambda f: f.groupby("zz"), "operator groupby: column 'zz' is not a column of 'source'"),
-    (lambda f: f.agg("sum", "zz"), "operator agg sum: column 'zz' is not a column"),
-    (lambda f: f.groupby("x").agg("max", "zz"), "operator agg max by x: column 'zz'"),
-    (lambda f: f.lookup(column="zz"), r"operator lookup\(zz\): column 'zz' is not a column"),
-    (lambda f: f.map(ident, names=["y"], col="zz"), "operator map 'ident': col 'zz' is not a column"),
-    (lambda f: f.map(ident, names=["y"]).groupby("x"), "operator groupby: column 'x' is not a column of 'ident'"),
-])
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (lambda f: f.join(f.map(ident, names=["x"]), on="zz"), "operator join: on 'zz' is not a column of 'source'"),
+        (lambda f: f.join(f.map(ident, names=["y"]), on="x"), r"operator join: on \(right side\) 'x' is not a column"),
+        (lambda f: f.groupby("zz"), "operator groupby: column 'zz' is not a column of 'source'"),
+        (lambda f: f.agg("sum", "zz"), "operator agg sum: column 'zz' is not a column"),
+        (lambda f: f.groupby("x").agg("max", "zz"), "operator agg max by x: column 'zz'"),
+        (lambda f: f.lookup(column="zz"), r"operator lookup\(zz\): column 'zz' is not a column"),
+        (lambda f: f.map(ident, names=["y"], col="zz"), "operator map 'ident': col 'zz' is not a column"),
+        (lambda f: f.map(ident, names=["y"]).groupby("x"), "operator groupby: column 'x' is not a column of 'ident'"),
+    ],
+)
 def test_unknown_columns_are_errors_when_the_schema_is_known(build, match):
     with pytest.raises(UnknownColumnError, match=match) as e:
         build(schema_flow())
@@ -144,55 +148,79 @@ def test_unknown_columns_are_run_time_errors_without_a_schema():
         flow.run([{"x": 1}])
 
 
-@pytest.mark.parametrize("build, exc, match", [
-    (lambda f: f.map(3, names=["y"]), FlowTypeError, "operator map: expected a function or class, got int 3"),
-    (lambda f: f.filter("x > 1"), FlowTypeError, "operator filter: expected a function or class, got str"),
-    (lambda f: f.anyof(ident, None, names=["y"]), FlowTypeError, "operator anyof: expected a function"),
-    (lambda f: f.anyof(ident, ident, names=["y"], valid=1), FlowTypeError, r"operator anyof\(ident,ident\) valid"),
-    (lambda f: f.map(ident, names=["y"], init=3), FlowTypeError, "operator map 'ident' init: expected a function"),
-    (lambda f: f.map(lambda a, b: a, names=["y"]), FlowTypeError,
-     "operator map 'lambda': fn 'lambda' must take 1 positional argument"),
-    (lambda f: f.map(ident, names=["y"], init=lambda: 1), FlowTypeError, "fn 'ident' must take 2 positional"),
-    (lambda f: f.map(lambda s, r: 1, names=["y"], init=lambda cfg: 1), FlowTypeError, "init 'lambda' must take 0"),
-    (lambda f: f.map(type("NoCall", (), {}), names=["y"]), FlowTypeError, "class 'NoCall' has no __call__"),
-    (lambda f: f.map(type("NeedsArg", (), {"__init__": lambda self, w: None, "__call__": lambda self, r: 1}),
-                     names=["y"]), FlowTypeError, "class 'NeedsArg' must be constructible without arguments"),
-    (lambda f: f.map(type("TwoArgs", (), {"__call__": lambda self, a, b: 1}), names=["y"]), FlowTypeError,
-     r"TwoArgs.__call__ must take 1 argument"),
-    (lambda f: f.filter(lambda: True), FlowTypeError, "operator filter 'lambda': pred 'lambda' must take 1"),
-    (lambda f: f.map(type("C", (), {"__call__": lambda self, r: 1}), names=["y"], init=lambda: 1), FlowTypeError,
-     "init= goes with a function, not a class"),
-    (lambda f: f.map(ident, names=["y"], gpu="yes"), FlowTypeError, "operator map 'ident': gpu= must be a bool"),
-    (lambda f: f.filter(ident, batching=1), FlowTypeError, "operator filter 'ident': batching= must be a bool"),
-    (lambda f: f.anyof(ident, ident, names=["y"], gpu=None), FlowTypeError, "gpu= must be a bool"),
-    (lambda f: f.map(ident, names=["y"], col=1), FlowTypeError, "col= must be a column name"),
-    (lambda f: f.map(lambda r: 1), FlowValueError, "operator map 'lambda': pass names="),
-    (lambda f: f.map(ident, names=[]), FlowValueError, "operator map 'ident': names= is empty"),
-    (lambda f: f.map(ident, names=["a", "a"]), FlowValueError, "duplicate column name 'a'"),
-    (lambda f: f.map(ident, names=["qid"]), FlowValueError, "'qid' is reserved"),
-    (lambda f: f.map(ident, names=["not valid"]), FlowValueError, "column name 'not valid' is not a valid identifier"),
-    (lambda f: f.map(ident, names=["class"]), FlowValueError, "is not a valid identifier"),
-    (lambda f: f.agg("median", "x"), FlowValueError, "operator agg median: unknown aggregate 'median'"),
-    (lambda f: f.agg("sum"), FlowValueError, "operator agg sum: sum needs a column"),
-    (lambda f: f.agg("sum", 3), FlowTypeError, "operator agg sum: column must be a str"),
-    (lambda f: f.groupby(["x"]), FlowTypeError, "operator groupby: column must be a str"),
-    (lambda f: f.groupby("x").agg("count", name="x"), FlowValueError, "output name 'x' is the group column"),
-    (lambda f: f.join(f, how="cross"), FlowValueError, "operator join: how='cross'"),
-    (lambda f: f.join(f, on=3), FlowTypeError, "operator join: on= must be a column name"),
-    (lambda f: f.join(f, on=["qid", "x"]), FlowValueError, "operator join: join on qid alone"),
-    (lambda f: f.join(f, suffixes=("_a", "_a")), FlowValueError, "operator join: suffixes must be two different"),
-    (lambda f: f.join(f.map(lambda r: (1, 2), names=["x_right", "x"])), FlowValueError,
-     "operator join: suffixes .* give duplicate columns"),
-    (lambda f: f.join(3), FlowTypeError, "operator join: expected a node of flow 'v', got int"),
-    (lambda f: f.union(), FlowValueError, "operator union: needs at least one other node"),
-    (lambda f: f.union(f.map(ident, names=["y"])), FlowValueError, "operator union: columns differ"),
-    (lambda f: f.lookup(), FlowValueError, "operator lookup: pass either key="),
-    (lambda f: f.lookup("k", column="x"), FlowValueError, "operator lookup: pass either key="),
-    (lambda f: f.lookup(3), FlowTypeError, "operator lookup: key must be a str"),
-    (lambda f: f.lookup("k", missing="skip"), FlowValueError, "operator lookup: missing='skip'"),
-    (lambda f: f.lookup("k", name="x"), FlowValueError, r"operator lookup\(k\): output column 'x' already exists"),
-    (lambda f: f.anyof(ident, names=["y"]), FlowValueError, "operator anyof: needs at least two alternatives"),
-])
+@pytest.mark.parametrize(
+    "build, exc, match",
+    [
+        (lambda f: f.map(3, names=["y"]), FlowTypeError, "operator map: expected a function or class, got int 3"),
+        (lambda f: f.filter("x > 1"), FlowTypeError, "operator filter: expected a function or class, got str"),
+        (lambda f: f.anyof(ident, None, names=["y"]), FlowTypeError, "operator anyof: expected a function"),
+        (lambda f: f.anyof(ident, ident, names=["y"], valid=1), FlowTypeError, r"operator anyof\(ident,ident\) valid"),
+        (lambda f: f.map(ident, names=["y"], init=3), FlowTypeError, "operator map 'ident' init: expected a function"),
+        (
+            lambda f: f.map(lambda a, b: a, names=["y"]),
+            FlowTypeError,
+            "operator map 'lambda': fn 'lambda' must take 1 positional argument",
+        ),
+        (lambda f: f.map(ident, names=["y"], init=lambda: 1), FlowTypeError, "fn 'ident' must take 2 positional"),
+        (lambda f: f.map(lambda s, r: 1, names=["y"], init=lambda cfg: 1), FlowTypeError, "init 'lambda' must take 0"),
+        (lambda f: f.map(type("NoCall", (), {}), names=["y"]), FlowTypeError, "class 'NoCall' has no __call__"),
+        (
+            lambda f: f.map(
+                type("NeedsArg", (), {"__init__": lambda self, w: None, "__call__": lambda self, r: 1}), names=["y"]
+            ),
+            FlowTypeError,
+            "class 'NeedsArg' must be constructible without arguments",
+        ),
+        (
+            lambda f: f.map(type("TwoArgs", (), {"__call__": lambda self, a, b: 1}), names=["y"]),
+            FlowTypeError,
+            r"TwoArgs.__call__ must take 1 argument",
+        ),
+        (lambda f: f.filter(lambda: True), FlowTypeError, "operator filter 'lambda': pred 'lambda' must take 1"),
+        (
+            lambda f: f.map(type("C", (), {"__call__": lambda self, r: 1}), names=["y"], init=lambda: 1),
+            FlowTypeError,
+            "init= goes with a function, not a class",
+        ),
+        (lambda f: f.map(ident, names=["y"], gpu="yes"), FlowTypeError, "operator map 'ident': gpu= must be a bool"),
+        (lambda f: f.filter(ident, batching=1), FlowTypeError, "operator filter 'ident': batching= must be a bool"),
+        (lambda f: f.anyof(ident, ident, names=["y"], gpu=None), FlowTypeError, "gpu= must be a bool"),
+        (lambda f: f.map(ident, names=["y"], col=1), FlowTypeError, "col= must be a column name"),
+        (lambda f: f.map(lambda r: 1), FlowValueError, "operator map 'lambda': pass names="),
+        (lambda f: f.map(ident, names=[]), FlowValueError, "operator map 'ident': names= is empty"),
+        (lambda f: f.map(ident, names=["a", "a"]), FlowValueError, "duplicate column name 'a'"),
+        (lambda f: f.map(ident, names=["qid"]), FlowValueError, "'qid' is reserved"),
+        (
+            lambda f: f.map(ident, names=["not valid"]),
+            FlowValueError,
+            "column name 'not valid' is not a valid identifier",
+        ),
+        (lambda f: f.map(ident, names=["class"]), FlowValueError, "is not a valid identifier"),
+        (lambda f: f.agg("median", "x"), FlowValueError, "operator agg median: unknown aggregate 'median'"),
+        (lambda f: f.agg("sum"), FlowValueError, "operator agg sum: sum needs a column"),
+        (lambda f: f.agg("sum", 3), FlowTypeError, "operator agg sum: column must be a str"),
+        (lambda f: f.groupby(["x"]), FlowTypeError, "operator groupby: column must be a str"),
+        (lambda f: f.groupby("x").agg("count", name="x"), FlowValueError, "output name 'x' is the group column"),
+        (lambda f: f.join(f, how="cross"), FlowValueError, "operator join: how='cross'"),
+        (lambda f: f.join(f, on=3), FlowTypeError, "operator join: on= must be a column name"),
+        (lambda f: f.join(f, on=["qid", "x"]), FlowValueError, "operator join: join on qid alone"),
+        (lambda f: f.join(f, suffixes=("_a", "_a")), FlowValueError, "operator join: suffixes must be two different"),
+        (
+            lambda f: f.join(f.map(lambda r: (1, 2), names=["x_right", "x"])),
+            FlowValueError,
+            "operator join: suffixes .* give duplicate columns",
+        ),
+        (lambda f: f.join(3), FlowTypeError, "operator join: expected a node of flow 'v', got int"),
+        (lambda f: f.union(), FlowValueError, "operator union: needs at least one other node"),
+        (lambda f: f.union(f.map(ident, names=["y"])), FlowValueError, "operator union: columns differ"),
+        (lambda f: f.lookup(), FlowValueError, "operator lookup: pass either key="),
+        (lambda f: f.lookup("k", column="x"), FlowValueError, "operator lookup: pass either key="),
+        (lambda f: f.lookup(3), FlowTypeError, "operator lookup: key must be a str"),
+        (lambda f: f.lookup("k", missing="skip"), FlowValueError, "operator lookup: missing='skip'"),
+        (lambda f: f.lookup("k", name="x"), FlowValueError, r"operator lookup\(k\): output column 'x' already exists"),
+        (lambda f: f.anyof(ident, names=["y"]), FlowValueError, "operator anyof: needs at least two alternatives"),
+    ],
+)
 def test_bad_definitions_raise_flow_errors_naming_the_operator(build, exc, match):
     with pytest.raises(exc, match=match) as e:
         build(schema_flow())
@@ -264,13 +292,16 @@ def test_sink_rules():
 # -- run inputs -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("data", [
-    [{"x": 1, "s": "a"}, {"x": 2, "s": "b"}],
-    {"x": [1, 2], "s": ["a", "b"]},
-    pd.DataFrame({"x": [1, 2], "s": ["a", "b"]}),
-    pa.table({"x": [1, 2], "s": ["a", "b"]}),
-    Table.from_pylist([{"x": 1, "s": "a"}, {"x": 2, "s": "b"}]),
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        [{"x": 1, "s": "a"}, {"x": 2, "s": "b"}],
+        {"x": [1, 2], "s": ["a", "b"]},
+        pd.DataFrame({"x": [1, 2], "s": ["a", "b"]}),
+        pa.table({"x": [1, 2], "s": ["a", "b"]}),
+        Table.from_pylist([{"x": 1, "s": "a"}, {"x": 2, "s": "b"}]),
+    ],
+)
 def test_run_accepts_every_input_form_and_returns_a_table(data):
     flow = Flow("in", schema=SCHEMA)
     flow.map(lambda r: f"{r.s}{r.x}", names=["y"])

@@ -104,23 +104,29 @@ def test_map_none_results_are_missing_values():
     assert run(lambda f: f.map(lambda r: None, names=["y"])).schema == {"y": ColumnType("null")}
 
 
-@pytest.mark.parametrize("fn, match", [
-    (lambda r: (r.x,), r"operator 'lambda' returned 1 values; expected a tuple of 2 values for \['a', 'b'\]"),
-    (lambda r: r.x, "operator 'lambda' returned int; expected a tuple of 2 values"),
-])
+@pytest.mark.parametrize(
+    "fn, match",
+    [
+        (lambda r: (r.x,), r"operator 'lambda' returned 1 values; expected a tuple of 2 values for \['a', 'b'\]"),
+        (lambda r: r.x, "operator 'lambda' returned int; expected a tuple of 2 values"),
+    ],
+)
 def test_map_wrong_arity_names_the_operator(fn, match):
     with pytest.raises(OperatorOutputError, match=match) as e:
         run(lambda f: f.map(fn, names=["a", "b"]))
     assert e.value.operator == "lambda" and e.value.qid == 0
 
 
-@pytest.mark.parametrize("fn, match", [
-    (lambda r: object(), "operator 'lambda': column 'y': unsupported value type object"),
-    (lambda r: 1 if r.x == 1 else "a", "operator 'lambda': column 'y': mixed value types"),
-    (lambda r: True if r.x == 1 else 1, "operator 'lambda': column 'y': mixed value types"),
-    (lambda r: np.ones(r.x), "operator 'lambda': column 'y': ragged tensor column"),
-    (lambda r: 2**64, "operator 'lambda': column 'y': .* does not fit in int64"),
-])
+@pytest.mark.parametrize(
+    "fn, match",
+    [
+        (lambda r: object(), "operator 'lambda': column 'y': unsupported value type object"),
+        (lambda r: 1 if r.x == 1 else "a", "operator 'lambda': column 'y': mixed value types"),
+        (lambda r: True if r.x == 1 else 1, "operator 'lambda': column 'y': mixed value types"),
+        (lambda r: np.ones(r.x), "operator 'lambda': column 'y': ragged tensor column"),
+        (lambda r: 2**64, "operator 'lambda': column 'y': .* does not fit in int64"),
+    ],
+)
 def test_map_wrong_output_types_name_the_operator_and_column(fn, match):
     with pytest.raises(OperatorOutputError, match=match):
         run(lambda f: f.map(fn, names=["y"]))
@@ -180,13 +186,16 @@ def test_batching_map_gets_the_table_and_returns_columns():
     assert out["y"].tolist() == [2, 4, 6] and out.schema["v"] == ColumnType.tensor(np.int64, (2,))
 
 
-@pytest.mark.parametrize("result", [
-    lambda t: {"y": t["x"] + 1},
-    lambda t: Table.from_dict({"y": t["x"] + 1, "extra": t["x"]}),
-    lambda t: pd.DataFrame({"y": t["x"] + 1}),
-    lambda t: [2, 3, 4],
-    lambda t: pd.Series([2, 3, 4]),
-])
+@pytest.mark.parametrize(
+    "result",
+    [
+        lambda t: {"y": t["x"] + 1},
+        lambda t: Table.from_dict({"y": t["x"] + 1, "extra": t["x"]}),
+        lambda t: pd.DataFrame({"y": t["x"] + 1}),
+        lambda t: [2, 3, 4],
+        lambda t: pd.Series([2, 3, 4]),
+    ],
+)
 def test_batching_map_result_forms(result):
     out = run(lambda f: f.map(result, names=["y"], batching=True))
     assert out.to_pylist() == [{"qid": 0, "y": 2}, {"qid": 1, "y": 3}, {"qid": 2, "y": 4}]
@@ -197,13 +206,16 @@ def test_batching_map_with_col_gets_the_column_array():
     assert out["y"].tolist() == [10, 20, 30]
 
 
-@pytest.mark.parametrize("result, match", [
-    (lambda t: [1], "returned 1 rows for column 'y'; the input had 3"),
-    (lambda t: 5, "returned a int for column 'y'; expected one value per input row"),
-    (lambda t: {"z": [1, 2, 3]}, r"returned a dict without columns \['y'\]"),
-    (lambda t: Table.from_dict({"z": [1, 2, 3]}), r"returned a Table without columns \['y'\]"),
-    (lambda t: ([1, 2, 3],), "returned 1 columns; expected 2"),
-])
+@pytest.mark.parametrize(
+    "result, match",
+    [
+        (lambda t: [1], "returned 1 rows for column 'y'; the input had 3"),
+        (lambda t: 5, "returned a int for column 'y'; expected one value per input row"),
+        (lambda t: {"z": [1, 2, 3]}, r"returned a dict without columns \['y'\]"),
+        (lambda t: Table.from_dict({"z": [1, 2, 3]}), r"returned a Table without columns \['y'\]"),
+        (lambda t: ([1, 2, 3],), "returned 1 columns; expected 2"),
+    ],
+)
 def test_batching_map_wrong_results_name_the_operator(result, match):
     names = ["y", "w"] if "expected 2" in match else ["y"]
     with pytest.raises(OperatorOutputError, match=f"operator 'lambda'.*{match}"):
@@ -233,7 +245,7 @@ def test_filter_accepts_numpy_bools_and_rejects_truthy_values():
     assert len(run(lambda f: f.filter(lambda r: np.bool_(r.x > 1)))) == 2
     for bad in (lambda r: r.x, lambda r: None, lambda r: "yes"):
         with pytest.raises(OperatorOutputError, match="filter 'lambda' returned .*must return a bool") as e:
-            run(lambda f: f.filter(bad))
+            run(lambda f, bad=bad: f.filter(bad))
         assert e.value.qid == 0
 
 
@@ -246,20 +258,28 @@ def test_batching_filter():
 
 # -- groupby / agg ------------------------------------------------------------------------------------
 
-G = [{"g": "b", "v": 1.0, "i": 1}, {"g": "a", "v": None, "i": 2}, {"g": "b", "v": 3.0, "i": None},
-     {"g": None, "v": 10.0, "i": 10}, {"g": "a", "v": 5.0, "i": 4}]
+G = [
+    {"g": "b", "v": 1.0, "i": 1},
+    {"g": "a", "v": None, "i": 2},
+    {"g": "b", "v": 3.0, "i": None},
+    {"g": None, "v": 10.0, "i": 10},
+    {"g": "a", "v": 5.0, "i": 4},
+]
 
 
-@pytest.mark.parametrize("fn, col, expected", [
-    ("count", None, [2, 2]),
-    ("count", "v", [1, 2]),
-    ("sum", "v", [5.0, 4.0]),
-    ("sum", "i", [6, 1]),
-    ("min", "v", [5.0, 1.0]),
-    ("max", "i", [4, 1]),
-    ("mean", "v", [5.0, 2.0]),
-    ("mean", "i", [3.0, 1.0]),
-])
+@pytest.mark.parametrize(
+    "fn, col, expected",
+    [
+        ("count", None, [2, 2]),
+        ("count", "v", [1, 2]),
+        ("sum", "v", [5.0, 4.0]),
+        ("sum", "i", [6, 1]),
+        ("min", "v", [5.0, 1.0]),
+        ("max", "i", [4, 1]),
+        ("mean", "v", [5.0, 2.0]),
+        ("mean", "i", [3.0, 1.0]),
+    ],
+)
 def test_groupby_agg(fn, col, expected):
     out = run(lambda f: f.groupby("g").agg(fn, col), data=G)
     name = fn if col is None else f"{fn}_{col}"
@@ -271,8 +291,12 @@ def test_groupby_agg(fn, col, expected):
 
 def test_agg_output_types_do_not_depend_on_the_data():
     def kinds(data):
-        return {fn: run(lambda f: f.groupby("g").agg(fn, "i", name="out"), data=data,
-                        schema={"g": str, "i": int}).schema["out"].kind for fn in ("count", "sum", "min", "mean")}
+        return {
+            fn: run(lambda f, fn=fn: f.groupby("g").agg(fn, "i", name="out"), data=data, schema={"g": str, "i": int})
+            .schema["out"]
+            .kind
+            for fn in ("count", "sum", "min", "mean")
+        }
 
     full = kinds([{"g": "a", "i": 1}])
     assert full == {"count": "int", "sum": "int", "min": "int", "mean": "float"}
@@ -285,7 +309,7 @@ def test_agg_of_missing_values():
     out = run(lambda f: f.groupby("g").agg("sum", "v"), data=data, schema={"g": int, "v": float})
     assert out["sum_v"].tolist() == [0.0]  # like pandas: the sum of nothing is 0
     for fn in ("min", "max", "mean"):
-        out = run(lambda f: f.groupby("g").agg(fn, "v"), data=data, schema={"g": int, "v": float})
+        out = run(lambda f, fn=fn: f.groupby("g").agg(fn, "v"), data=data, schema={"g": int, "v": float})
         assert out.to_pylist() == [{"qid": 0, "g": 1, f"{fn}_v": None}]
 
 
@@ -329,8 +353,11 @@ def test_agg_of_tensors_is_elementwise():
 def test_agg_errors_name_the_operator():
     with pytest.raises(DataTypeError, match="operator 'sum_s': cannot sum the str column 's'"):
         run(lambda f: f.agg("sum", "s"))
-    with pytest.raises(DataTypeError, match=r"operator 'sum_x': the sum of column 'x' \(18446744073709551614\) "
-                                            "does not fit in int64"):
+    with pytest.raises(
+        DataTypeError,
+        match=r"operator 'sum_x': the sum of column 'x' \(18446744073709551614\) "
+        "does not fit in int64",
+    ):
         run(lambda f: f.agg("sum", "x"), data=[{"x": 2**63 - 1}, {"x": 2**63 - 1}])
     near = run(lambda f: f.agg("sum", "x"), data=[{"x": 2**62}, {"x": 2**62 - 1}, {"x": -5}])
     assert near["sum_x"].tolist() == [2**63 - 6]
@@ -365,13 +392,23 @@ def test_inner_join_on_a_key_with_duplicates():
     out = joined("inner")
     assert out.columns == ("k", "a", "b")
     assert [(r["qid"], r["k"], r["a"], r["b"]) for r in out.to_pylist()] == [
-        (0, 1, "l1", "r1"), (0, 1, "l1", "r3"), (3, 1, "l4", "r1"), (3, 1, "l4", "r3")]
+        (0, 1, "l1", "r1"),
+        (0, 1, "l1", "r3"),
+        (3, 1, "l4", "r1"),
+        (3, 1, "l4", "r3"),
+    ]
 
 
 def test_left_join_keeps_unmatched_left_rows_in_order():
     out = joined("left")
     assert [(r["a"], r["b"]) for r in out.to_pylist()] == [
-        ("l1", "r1"), ("l1", "r3"), ("l2", None), ("l3", None), ("l4", "r1"), ("l4", "r3")]
+        ("l1", "r1"),
+        ("l1", "r3"),
+        ("l2", None),
+        ("l3", None),
+        ("l4", "r1"),
+        ("l4", "r3"),
+    ]
 
 
 def test_outer_join_appends_unmatched_right_rows_with_their_key_and_qid():
@@ -414,7 +451,8 @@ def test_join_custom_suffixes_and_column_order_matches_build_time():
 def test_join_on_several_keys():
     flow = Flow("m", schema={"a": int, "b": str})
     flow.map(lambda r: (r.a, r.b, 1), names=["a", "b", "x"]).join(
-        flow.filter(lambda r: r.a > 1).map(lambda r: (r.a, r.b, 2), names=["a", "b", "y"]), on=["a", "b"])
+        flow.filter(lambda r: r.a > 1).map(lambda r: (r.a, r.b, 2), names=["a", "b", "y"]), on=["a", "b"]
+    )
     out = flow.run([{"a": 1, "b": "p"}, {"a": 2, "b": "q"}, {"a": 2, "b": None}])
     assert out.to_pylist() == [{"qid": 1, "a": 2, "b": "q", "x": 1, "y": 2}]
 
@@ -441,8 +479,7 @@ def test_join_tables_directly_and_its_errors():
     with pytest.raises(SchemaError, match="operator 'join': right input has no column 'k'"):
         join_tables(left, Table.from_dict({"a": [1]}), ("k",), "inner", ("", "_r"))
     with pytest.raises(SchemaError, match="output column 'k_r' appears twice"):
-        join_tables(Table.from_dict({"k": [1], "k_r": [1]}), Table.from_dict({"k": [1]}), ("qid",), "inner",
-                    ("", "_r"))
+        join_tables(Table.from_dict({"k": [1], "k_r": [1]}), Table.from_dict({"k": [1]}), ("qid",), "inner", ("", "_r"))
 
 
 def test_join_of_empty_inputs():
@@ -513,6 +550,7 @@ def test_lookup_of_one_row_shares_a_read_only_stored_array():
         s = v.map(lambda x: float(x.sum()), names=["s"], col="v")
         b = v.map(lambda xs: xs * 2, names=["d"], col="v", batching=True)
         return s.join(b).join(v)
+
     out = run(total, data=[{"u": "k"}], kvs=store)
     assert out.to_pylist()[0]["s"] == 6.0 and out["d"].tolist() == [[0.0, 2.0, 4.0, 6.0]]
     assert np.shares_memory(out["v"], vec)  # still shared after the joins
@@ -582,8 +620,11 @@ def large(r):
 
 def test_anyof_takes_the_first_valid_in_argument_order():
     out = run(lambda f: f.anyof(small, medium, large, names=["y", "conf"], valid=lambda r: r.conf > 0.85))
-    assert out.to_pylist() == [{"qid": 0, "y": 100, "conf": 0.9}, {"qid": 1, "y": 20, "conf": 0.95},
-                               {"qid": 2, "y": 30, "conf": 0.95}]
+    assert out.to_pylist() == [
+        {"qid": 0, "y": 100, "conf": 0.9},
+        {"qid": 1, "y": 20, "conf": 0.95},
+        {"qid": 2, "y": 30, "conf": 0.95},
+    ]
     out = run(lambda f: f.anyof(large, small, names=["y", "conf"]))  # no valid=: the first alternative
     assert out["y"].tolist() == [1000, 2000, 3000]
 
@@ -615,15 +656,22 @@ def test_anyof_no_valid_result_is_a_clear_error():
     def broken(r):
         raise RuntimeError("gpu lost")
 
-    with pytest.raises(NoValidResultError, match="no alternative gave a valid result for 1 of 3 rows "
-                                                 r"\(small: result not valid; medium: result not valid\)") as e:
+    with pytest.raises(
+        NoValidResultError,
+        match="no alternative gave a valid result for 1 of 3 rows "
+        r"\(small: result not valid; medium: result not valid\)",
+    ) as e:
         run(lambda f: f.anyof(small, medium, names=["y", "conf"], valid=lambda r: r.conf > 0.92))
     assert e.value.qid == 0 and e.value.operator == "anyof(small,medium)"
     with pytest.raises(NoValidResultError, match="broken: operator 'broken' raised RuntimeError: gpu lost"):
         run(lambda f: f.anyof(broken, broken, names=["y"]))
     with pytest.raises(NoValidResultError):  # every alternative failed: an error even on no rows
-        choose_first_valid(AnyOfOp(alternatives=(small, medium), names=("y",)), "any", Table.empty(),
-                           [RuntimeError("a"), RuntimeError("b")])
+        choose_first_valid(
+            AnyOfOp(alternatives=(small, medium), names=("y",)),
+            "any",
+            Table.empty(),
+            [RuntimeError("a"), RuntimeError("b")],
+        )
 
 
 def test_anyof_valid_errors_and_result_types():
@@ -636,8 +684,9 @@ def test_anyof_valid_errors_and_result_types():
 
 
 def test_anyof_batching_and_empty():
-    out = run(lambda f: f.anyof(lambda t: t["x"], lambda t: t["x"] * 10, names=["y"], batching=True,
-                                valid=lambda r: r.y > 1))
+    out = run(
+        lambda f: f.anyof(lambda t: t["x"], lambda t: t["x"] * 10, names=["y"], batching=True, valid=lambda r: r.y > 1)
+    )
     assert out["y"].tolist() == [10, 2, 3]
     out = run(lambda f: f.anyof(small, medium, names=["y", "conf"]), data=[], schema={"x": int})
     assert len(out) == 0 and out.columns == ("y", "conf")

@@ -19,15 +19,15 @@ from hypothesis import strategies as st
 
 from flow import Flow, Table
 
-SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 SCHEMA = {"side": int, "k": int, "v": float, "s": str}
 
 keys = st.one_of(st.none(), st.integers(0, 3))
 floats = st.one_of(st.none(), st.just(float("nan")), st.sampled_from([-2.5, 0.0, 1.0, 3.25, 1e6]))
 strs = st.one_of(st.none(), st.sampled_from(["a", "b", "", "ä"]))
-rows_st = st.lists(st.fixed_dictionaries({"side": st.integers(0, 1), "k": keys, "v": floats, "s": strs}),
-                   min_size=0, max_size=25)
+rows_st = st.lists(
+    st.fixed_dictionaries({"side": st.integers(0, 1), "k": keys, "v": floats, "s": strs}), min_size=0, max_size=25
+)
 
 
 def to_table(rows) -> Table:
@@ -35,13 +35,15 @@ def to_table(rows) -> Table:
 
 
 def to_df(rows) -> pd.DataFrame:
-    return pd.DataFrame({
-        "qid": np.arange(len(rows), dtype=np.int64),
-        "side": pd.array([r["side"] for r in rows], dtype="Int64"),
-        "k": pd.array([r["k"] for r in rows], dtype="Int64"),
-        "v": np.array([np.nan if r["v"] is None else r["v"] for r in rows], dtype=float),
-        "s": pd.Series([r["s"] for r in rows], dtype=object),
-    })
+    return pd.DataFrame(
+        {
+            "qid": np.arange(len(rows), dtype=np.int64),
+            "side": pd.array([r["side"] for r in rows], dtype="Int64"),
+            "k": pd.array([r["k"] for r in rows], dtype="Int64"),
+            "v": np.array([np.nan if r["v"] is None else r["v"] for r in rows], dtype=float),
+            "s": pd.Series([r["s"] for r in rows], dtype=object),
+        }
+    )
 
 
 def norm(v):
@@ -82,8 +84,7 @@ def test_map_matches_pandas(rows):
     flow.map(f, names=["y", "t"])
     out = flow.run(to_table(rows))
     df = to_df(rows)
-    exp = pd.DataFrame({"qid": df.qid, "y": df.v * 2 + df.k.fillna(0).astype(float),
-                        "t": df.s.fillna("") + "!"})
+    exp = pd.DataFrame({"qid": df.qid, "y": df.v * 2 + df.k.fillna(0).astype(float), "t": df.s.fillna("") + "!"})
     assert out.columns == ("y", "t")
     assert ours(out, ["qid", "y", "t"]) == records(exp, ["qid", "y", "t"])
 
@@ -171,11 +172,14 @@ def pandas_join(left, right, on, how):
         left["k"] = left.k.astype("int64")
         right["k"] = right.k.astype("int64")
         m = left.merge(right, on="k", how=how, suffixes=("", "_r"))
-        out = pd.DataFrame({
-            "qid": m.qid.where(m.qid.notna(), m.qid_r),
-            "k": [None if pd.isna(x) or x < 0 else int(x) for x in m.k],
-            "v": m.v, "s": m.s,
-        })
+        out = pd.DataFrame(
+            {
+                "qid": m.qid.where(m.qid.notna(), m.qid_r),
+                "k": [None if pd.isna(x) or x < 0 else int(x) for x in m.k],
+                "v": m.v,
+                "s": m.s,
+            }
+        )
         return out
     m = left.merge(right, on="qid", how=how, suffixes=("", "_right"))
     m["k"] = [None if pd.isna(x) else int(x) for x in m.k]
@@ -233,14 +237,20 @@ def test_union_matches_pandas_concat(rows):
 # -- round trips --------------------------------------------------------------------------------
 
 tensor_st = st.one_of(st.none(), st.lists(st.floats(-10, 10, allow_nan=False), min_size=2, max_size=2))
-any_rows_st = st.lists(st.fixed_dictionaries({
-    "i": st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)),
-    "f": st.one_of(st.none(), st.floats(allow_nan=False)),
-    "b": st.one_of(st.none(), st.booleans()),
-    "s": st.one_of(st.none(), st.text(max_size=5)),
-    "y": st.one_of(st.none(), st.binary(max_size=5)),
-    "t": tensor_st,
-}), min_size=0, max_size=12)
+any_rows_st = st.lists(
+    st.fixed_dictionaries(
+        {
+            "i": st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)),
+            "f": st.one_of(st.none(), st.floats(allow_nan=False)),
+            "b": st.one_of(st.none(), st.booleans()),
+            "s": st.one_of(st.none(), st.text(max_size=5)),
+            "y": st.one_of(st.none(), st.binary(max_size=5)),
+            "t": tensor_st,
+        }
+    ),
+    min_size=0,
+    max_size=12,
+)
 ANY_SCHEMA = {"i": int, "f": float, "b": bool, "s": str, "y": bytes, "t": "tensor"}
 
 
@@ -248,8 +258,7 @@ def any_table(rows):
     from flow import ColumnType
 
     schema = dict(ANY_SCHEMA, t=ColumnType.tensor(np.float64, (2,)))
-    return Table.from_pylist([dict(r, t=None if r["t"] is None else np.array(r["t"])) for r in rows],
-                             schema=schema)
+    return Table.from_pylist([dict(r, t=None if r["t"] is None else np.array(r["t"])) for r in rows], schema=schema)
 
 
 @SETTINGS
@@ -286,8 +295,7 @@ def test_concat_then_split_by_qid_round_trips(rows, parts):
 @SETTINGS
 @given(rows_st, st.integers(0, 3))
 def test_anyof_matches_first_valid_computed_directly(rows, threshold):
-    alternatives = [lambda r: (r.k, "a"), lambda r: (None if r.k is None else r.k + 1, "b"),
-                    lambda r: (10, "c")]
+    alternatives = [lambda r: (r.k, "a"), lambda r: (None if r.k is None else r.k + 1, "b"), lambda r: (10, "c")]
     flow = Flow("any", schema=SCHEMA)
     flow.anyof(*alternatives, names=["y", "src"], valid=lambda r: r.y is not None and r.y > threshold)
     out = flow.run(to_table(rows))

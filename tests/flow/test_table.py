@@ -15,11 +15,13 @@ T2 = ColumnType.tensor(np.float64, (2,))
 
 def full_table() -> Table:
     """Every kind, with a missing value in every column."""
-    return Table.from_pylist([
-        {"i": 1, "f": 1.5, "b": True, "s": "a", "y": b"x", "t": np.array([1.0, 2.0]), "n": None},
-        {"i": None, "f": None, "b": None, "s": None, "y": None, "t": None, "n": None},
-        {"i": -(2**63), "f": -0.0, "b": False, "s": "", "y": b"", "t": np.array([0.0, -1.0]), "n": None},
-    ])
+    return Table.from_pylist(
+        [
+            {"i": 1, "f": 1.5, "b": True, "s": "a", "y": b"x", "t": np.array([1.0, 2.0]), "n": None},
+            {"i": None, "f": None, "b": None, "s": None, "y": None, "t": None, "n": None},
+            {"i": -(2**63), "f": -0.0, "b": False, "s": "", "y": b"", "t": np.array([0.0, -1.0]), "n": None},
+        ]
+    )
 
 
 # -- constructors -------------------------------------------------------------------------------
@@ -27,8 +29,15 @@ def full_table() -> Table:
 
 def test_from_pylist_infers_schema_and_default_qids():
     t = full_table()
-    assert t.schema == {"i": ColumnType("int"), "f": ColumnType("float"), "b": ColumnType("bool"),
-                        "s": ColumnType("str"), "y": ColumnType("bytes"), "t": T2, "n": ColumnType("null")}
+    assert t.schema == {
+        "i": ColumnType("int"),
+        "f": ColumnType("float"),
+        "b": ColumnType("bool"),
+        "s": ColumnType("str"),
+        "y": ColumnType("bytes"),
+        "t": T2,
+        "n": ColumnType("null"),
+    }
     assert t.qid.tolist() == [0, 1, 2] and t.qid.dtype == np.int64
     assert len(t) == t.num_rows == 3
     assert t.columns == ("i", "f", "b", "s", "y", "t", "n")
@@ -43,15 +52,29 @@ def test_from_dict_with_arrays_and_lists():
 
 
 def test_from_pandas_all_kinds():
-    df = pd.DataFrame({
-        "i": [1, 2], "f": [1.5, np.nan], "b": [True, False], "s": ["a", None],
-        "y": [b"x", None], "t": [np.ones(2), np.zeros(2)],
-        "ni": pd.array([1, None], dtype="Int64"), "nb": pd.array([True, None], dtype="boolean"),
-    })
+    df = pd.DataFrame(
+        {
+            "i": [1, 2],
+            "f": [1.5, np.nan],
+            "b": [True, False],
+            "s": ["a", None],
+            "y": [b"x", None],
+            "t": [np.ones(2), np.zeros(2)],
+            "ni": pd.array([1, None], dtype="Int64"),
+            "nb": pd.array([True, None], dtype="boolean"),
+        }
+    )
     t = Table.from_pandas(df)
     assert {n: str(c) for n, c in t.schema.items()} == {
-        "i": "int", "f": "float", "b": "bool", "s": "str", "y": "bytes", "t": "tensor[float64, (2,)]",
-        "ni": "int", "nb": "bool"}
+        "i": "int",
+        "f": "float",
+        "b": "bool",
+        "s": "str",
+        "y": "bytes",
+        "t": "tensor[float64, (2,)]",
+        "ni": "int",
+        "nb": "bool",
+    }
     row = t.to_pylist()[1]
     assert row.pop("t").tolist() == [0.0, 0.0]
     assert row == {"qid": 1, "i": 2, "f": None, "b": False, "s": None, "y": None, "ni": None, "nb": None}
@@ -65,14 +88,27 @@ def test_from_pandas_uses_qid_column_only_when_asked():
 
 
 def test_from_arrow_all_kinds_with_nulls():
-    at = pa.table({
-        "i": pa.array([1, None], pa.int32()), "f": pa.array([1.5, None]), "b": pa.array([None, True]),
-        "s": pa.array(["a", None]), "y": pa.array([b"x", None]), "l": pa.array([[1, 2], None]),
-        "n": pa.nulls(2),
-    })
+    at = pa.table(
+        {
+            "i": pa.array([1, None], pa.int32()),
+            "f": pa.array([1.5, None]),
+            "b": pa.array([None, True]),
+            "s": pa.array(["a", None]),
+            "y": pa.array([b"x", None]),
+            "l": pa.array([[1, 2], None]),
+            "n": pa.nulls(2),
+        }
+    )
     t = Table.from_arrow(at)
     assert {n: str(c) for n, c in t.schema.items()} == {
-        "i": "int", "f": "float", "b": "bool", "s": "str", "y": "bytes", "l": "tensor[int64, (2,)]", "n": "null"}
+        "i": "int",
+        "f": "float",
+        "b": "bool",
+        "s": "str",
+        "y": "bytes",
+        "l": "tensor[int64, (2,)]",
+        "n": "null",
+    }
     assert [r["i"] for r in t.to_pylist()] == [1, None]
     assert t.row(1).l is None and t.row(0).l.tolist() == [1, 2]
 
@@ -87,10 +123,20 @@ def test_from_arrow_record_batch_and_chunked_columns():
 def test_from_arrow_nan_is_missing_and_empty_keeps_types():
     t = Table.from_arrow(pa.table({"f": pa.array([np.nan, 1.0])}))
     assert t.to_pylist(qid=False) == [{"f": None}, {"f": 1.0}]
-    empty = pa.table({"s": pa.array([], pa.string()), "y": pa.array([], pa.binary()),
-                      "i": pa.array([], pa.int64()), "b": pa.array([], pa.bool_())})
+    empty = pa.table(
+        {
+            "s": pa.array([], pa.string()),
+            "y": pa.array([], pa.binary()),
+            "i": pa.array([], pa.int64()),
+            "b": pa.array([], pa.bool_()),
+        }
+    )
     assert {n: c.kind for n, c in Table.from_arrow(empty).schema.items()} == {
-        "s": "str", "y": "bytes", "i": "int", "b": "bool"}
+        "s": "str",
+        "y": "bytes",
+        "i": "int",
+        "b": "bool",
+    }
     all_null = pa.table({"f": pa.array([None], pa.float64()), "s": pa.array([None], pa.string())})
     assert {n: c.kind for n, c in Table.from_arrow(all_null).schema.items()} == {"f": "float", "s": "str"}
 
@@ -119,32 +165,46 @@ def test_empty_tables():
 # -- schema checks on construction name the column ------------------------------------------------
 
 
-@pytest.mark.parametrize("make, exc, match", [
-    (lambda: Table.from_pylist([{"t": np.zeros(2)}, {"t": np.zeros(3)}]), DataTypeError, "column 't': ragged"),
-    (lambda: Table.from_pylist([{"a": 1}, {"a": "x"}]), DataTypeError, "column 'a': mixed"),
-    (lambda: Table.from_pylist([{"a": 1}], schema={"a": str}), DataTypeError, "column 'a': expected str"),
-    (lambda: Table.from_pylist([{"qid": 1}]), SchemaError, "column 'qid' is reserved"),
-    (lambda: Table.from_dict({"qid": [1]}), SchemaError, "column 'qid' is reserved"),
-    (lambda: Table.from_pandas(pd.DataFrame([[1, 2]], columns=["a", "a"])), SchemaError, "duplicate column name 'a'"),
-    (lambda: Table.from_arrow(pa.Table.from_arrays([pa.array([1]), pa.array([2])], names=["a", "a"])),
-     SchemaError, "duplicate column name 'a'"),
-    (lambda: Table.from_dict({"a": [1, 2], "b": [1]}), SchemaError, "column 'b' has 1 rows"),
-    (lambda: Table.from_dict({"a": "xy"}), DataTypeError, "column 'a': expected a sequence"),
-    (lambda: Table.from_dict({"": [1]}), SchemaError, "non-empty strings"),
-    (lambda: Table.from_dict({1: [1]}), SchemaError, "non-empty strings"),
-    (lambda: Table.from_dict([1]), DataTypeError, "mapping"),
-    (lambda: Table.from_pylist([{"a": 1}, {"b": 1}]), SchemaError, r"row 1 has different columns than row 0: \['a', 'b'\]"),
-    (lambda: Table.from_pylist([3]), DataTypeError, "row 0: expected a mapping"),
-    (lambda: Table.from_pandas([1]), DataTypeError, "expects a DataFrame"),
-    (lambda: Table.from_arrow([1]), DataTypeError, "expects a pyarrow Table"),
-    (lambda: Table.from_pandas(pd.DataFrame({"d": pd.to_datetime(["2020-01-01"])})), DataTypeError, "column 'd'"),
-    (lambda: Table.from_arrow(pa.table({"d": pa.array([1], pa.timestamp("s"))})), DataTypeError, "column 'd'"),
-    (lambda: Table.from_pylist([{"x": 2**64}]), DataTypeError, "column 'x': 18446744073709551616 does not fit"),
-    (lambda: Table.from_dict({"x": [1]}, qid=["a"]), DataTypeError, "query ids must be integers"),
-    (lambda: Table.from_dict({"x": [1]}, qid=[1, 2]), SchemaError, "expected 1 query ids"),
-    (lambda: Table.from_dict({"x": [1]}, qid="nope"), SchemaError, "qid='nope' names no column"),
-    (lambda: Table.empty({"x": object}), DataTypeError, "column 'x'"),
-])
+@pytest.mark.parametrize(
+    "make, exc, match",
+    [
+        (lambda: Table.from_pylist([{"t": np.zeros(2)}, {"t": np.zeros(3)}]), DataTypeError, "column 't': ragged"),
+        (lambda: Table.from_pylist([{"a": 1}, {"a": "x"}]), DataTypeError, "column 'a': mixed"),
+        (lambda: Table.from_pylist([{"a": 1}], schema={"a": str}), DataTypeError, "column 'a': expected str"),
+        (lambda: Table.from_pylist([{"qid": 1}]), SchemaError, "column 'qid' is reserved"),
+        (lambda: Table.from_dict({"qid": [1]}), SchemaError, "column 'qid' is reserved"),
+        (
+            lambda: Table.from_pandas(pd.DataFrame([[1, 2]], columns=["a", "a"])),
+            SchemaError,
+            "duplicate column name 'a'",
+        ),
+        (
+            lambda: Table.from_arrow(pa.Table.from_arrays([pa.array([1]), pa.array([2])], names=["a", "a"])),
+            SchemaError,
+            "duplicate column name 'a'",
+        ),
+        (lambda: Table.from_dict({"a": [1, 2], "b": [1]}), SchemaError, "column 'b' has 1 rows"),
+        (lambda: Table.from_dict({"a": "xy"}), DataTypeError, "column 'a': expected a sequence"),
+        (lambda: Table.from_dict({"": [1]}), SchemaError, "non-empty strings"),
+        (lambda: Table.from_dict({1: [1]}), SchemaError, "non-empty strings"),
+        (lambda: Table.from_dict([1]), DataTypeError, "mapping"),
+        (
+            lambda: Table.from_pylist([{"a": 1}, {"b": 1}]),
+            SchemaError,
+            r"row 1 has different columns than row 0: \['a', 'b'\]",
+        ),
+        (lambda: Table.from_pylist([3]), DataTypeError, "row 0: expected a mapping"),
+        (lambda: Table.from_pandas([1]), DataTypeError, "expects a DataFrame"),
+        (lambda: Table.from_arrow([1]), DataTypeError, "expects a pyarrow Table"),
+        (lambda: Table.from_pandas(pd.DataFrame({"d": pd.to_datetime(["2020-01-01"])})), DataTypeError, "column 'd'"),
+        (lambda: Table.from_arrow(pa.table({"d": pa.array([1], pa.timestamp("s"))})), DataTypeError, "column 'd'"),
+        (lambda: Table.from_pylist([{"x": 2**64}]), DataTypeError, "column 'x': 18446744073709551616 does not fit"),
+        (lambda: Table.from_dict({"x": [1]}, qid=["a"]), DataTypeError, "query ids must be integers"),
+        (lambda: Table.from_dict({"x": [1]}, qid=[1, 2]), SchemaError, "expected 1 query ids"),
+        (lambda: Table.from_dict({"x": [1]}, qid="nope"), SchemaError, "qid='nope' names no column"),
+        (lambda: Table.empty({"x": object}), DataTypeError, "column 'x'"),
+    ],
+)
 def test_construction_errors_name_the_column(make, exc, match):
     with pytest.raises(exc, match=match):
         make()
@@ -182,7 +242,7 @@ def test_row_access_by_attribute_key_and_helpers():
     with pytest.raises(KeyError, match="row has no column 'zz'"):
         r["zz"]
     with pytest.raises(AttributeError, match="row has no column 'zz'"):
-        r.zz
+        r.zz  # noqa: B018  (the attribute read is what raises)
     assert [row.qid for row in t] == [0, 1, 2]
 
 
@@ -224,7 +284,14 @@ def test_to_arrow_types():
     at = full_table().to_arrow()
     assert at.column_names == ["qid", "i", "f", "b", "s", "y", "t", "n"]
     assert [str(at.schema.field(n).type) for n in ("qid", "i", "f", "b", "s", "y", "n")] == [
-        "int64", "int64", "double", "bool", "string", "binary", "null"]
+        "int64",
+        "int64",
+        "double",
+        "bool",
+        "string",
+        "binary",
+        "null",
+    ]
     assert isinstance(at.schema.field("t").type, pa.FixedShapeTensorType)
     assert all(at.column(n).null_count == 1 for n in ("i", "f", "b", "s", "y", "t"))
 
@@ -286,10 +353,18 @@ def test_take_and_filter():
         t.filter([True])
 
 
-@pytest.mark.parametrize("kind_values", [
-    ("int", [1, 2]), ("float", [1.5, 2.5]), ("bool", [True, False]), ("str", ["a", "b"]),
-    ("bytes", [b"a", b"b"]), ("null", [None, None]), ("tensor", [np.ones(2), np.zeros(2)]),
-])
+@pytest.mark.parametrize(
+    "kind_values",
+    [
+        ("int", [1, 2]),
+        ("float", [1.5, 2.5]),
+        ("bool", [True, False]),
+        ("str", ["a", "b"]),
+        ("bytes", [b"a", b"b"]),
+        ("null", [None, None]),
+        ("tensor", [np.ones(2), np.zeros(2)]),
+    ],
+)
 def test_column_take_minus_one_gives_missing_for_every_kind(kind_values):
     kind, values = kind_values
     ctype, arr, valid = __import__("flow.types", fromlist=["build_column"]).build_column(values, "c")

@@ -9,15 +9,25 @@ import pytest
 from flow import ColumnType, DataTypeError
 from flow.types import build_column, unify
 
-
 # -- ColumnType -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spec, kind", [
-    (int, "int"), (float, "float"), (bool, "bool"), (str, "str"), (bytes, "bytes"),
-    ("int", "int"), ("null", "null"), (np.int32, "int"), (np.uint8, "int"), (np.float32, "float"),
-    (np.dtype(bool), "bool"),
-])
+@pytest.mark.parametrize(
+    "spec, kind",
+    [
+        (int, "int"),
+        (float, "float"),
+        (bool, "bool"),
+        (str, "str"),
+        (bytes, "bytes"),
+        ("int", "int"),
+        ("null", "null"),
+        (np.int32, "int"),
+        (np.uint8, "int"),
+        (np.float32, "float"),
+        (np.dtype(bool), "bool"),
+    ],
+)
 def test_parse_accepts_python_types_kind_names_and_dtypes(spec, kind):
     assert ColumnType.parse(spec, "c").kind == kind
 
@@ -55,12 +65,22 @@ def test_fill_values():
 # -- build_column: inference ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("values, kind", [
-    ([1, 2], "int"), ([1.5, 2], "float"), ([True, False], "bool"), (["a", "b"], "str"),
-    ([b"a", bytearray(b"b")], "bytes"), ([None, None], "null"), ([], "null"),
-    ([np.int16(1), 2], "int"), ([np.float32(1.5)], "float"), ([np.bool_(True)], "bool"),
-    ([np.str_("x")], "str"),
-])
+@pytest.mark.parametrize(
+    "values, kind",
+    [
+        ([1, 2], "int"),
+        ([1.5, 2], "float"),
+        ([True, False], "bool"),
+        (["a", "b"], "str"),
+        ([b"a", bytearray(b"b")], "bytes"),
+        ([None, None], "null"),
+        ([], "null"),
+        ([np.int16(1), 2], "int"),
+        ([np.float32(1.5)], "float"),
+        ([np.bool_(True)], "bool"),
+        ([np.str_("x")], "str"),
+    ],
+)
 def test_kind_inference(values, kind):
     ctype, arr, _ = build_column(values, "c")
     assert ctype.kind == kind
@@ -151,12 +171,16 @@ def _readonly_view(a: np.ndarray) -> np.ndarray:
     return view
 
 
-@pytest.mark.parametrize("make", [
-    lambda a: a,  # writable: its owner may change it later
-    _readonly_view,  # read-only, but a view of a writable array
-    lambda a: frozen(np.asfortranarray(a).T).T,  # frozen but Fortran-ordered
-    lambda a: frozen(a.astype(">f4")),  # frozen but not in the column's (native) dtype
-], ids=["writable", "readonly-view-of-writable", "frozen-fortran", "frozen-big-endian"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda a: a,  # writable: its owner may change it later
+        _readonly_view,  # read-only, but a view of a writable array
+        lambda a: frozen(np.asfortranarray(a).T).T,  # frozen but Fortran-ordered
+        lambda a: frozen(a.astype(">f4")),  # frozen but not in the column's (native) dtype
+    ],
+    ids=["writable", "readonly-view-of-writable", "frozen-fortran", "frozen-big-endian"],
+)
 def test_one_row_is_copied_when_sharing_is_not_safe(make):
     base = np.arange(6, dtype=np.float32).reshape(2, 3)
     value = make(base)
@@ -200,8 +224,9 @@ def test_missing_tensor_rows_hold_zeros_and_are_masked():
 def test_tensor_rows_are_promoted_or_converted_to_the_column_dtype():
     ctype, arr, _ = build_column([np.zeros(2, np.float32), np.ones(2, np.int64)], "c")
     assert ctype == ColumnType.tensor(np.float64, (2,)) and arr.dtype == np.float64
-    ctype, arr, _ = build_column([frozen(np.array([1.9, -1.9])), np.array([300.0, 2.0])], "c",
-                                 ColumnType.tensor(np.int16, (2,)))
+    ctype, arr, _ = build_column(
+        [frozen(np.array([1.9, -1.9])), np.array([300.0, 2.0])], "c", ColumnType.tensor(np.int16, (2,))
+    )
     assert arr.dtype == np.int16 and arr.tolist() == [[1, -1], [300, 2]]
     # rows of several dtypes are promoted together first, then cast (as np.stack did): 2**53 + 1
     # goes through float64 on its way to int64
@@ -230,22 +255,25 @@ def test_pandas_series_is_accepted():
 # -- build_column: errors name the column ------------------------------------------------------
 
 
-@pytest.mark.parametrize("values, match", [
-    ([np.zeros(2), np.zeros(3)], "ragged tensor column"),
-    ([[1, 2], [1]], "ragged|different lengths"),
-    ([1, "a"], "mixed value types"),
-    ([True, 1], "mixed value types"),  # bool is not an int
-    ([{"a": 1}], "unsupported value type dict"),
-    ([np.array(1.0)], "0-d arrays are scalars"),
-    ([np.array(["a", "b"])], "must be numeric or bool"),
-    ([2**63], "does not fit in int64"),
-    ([-(2**63) - 1], "does not fit in int64"),
-    (np.array([2**63], dtype=np.uint64), "does not fit in int64"),
-    (np.array(["2020-01-01"], dtype="datetime64[D]"), "unsupported dtype"),
-    (np.float64(1.0), "expected a sequence of values"),
-    (np.array(1.0), "0-d array"),
-    ("abc", "expected a sequence of values"),
-])
+@pytest.mark.parametrize(
+    "values, match",
+    [
+        ([np.zeros(2), np.zeros(3)], "ragged tensor column"),
+        ([[1, 2], [1]], "ragged|different lengths"),
+        ([1, "a"], "mixed value types"),
+        ([True, 1], "mixed value types"),  # bool is not an int
+        ([{"a": 1}], "unsupported value type dict"),
+        ([np.array(1.0)], "0-d arrays are scalars"),
+        ([np.array(["a", "b"])], "must be numeric or bool"),
+        ([2**63], "does not fit in int64"),
+        ([-(2**63) - 1], "does not fit in int64"),
+        (np.array([2**63], dtype=np.uint64), "does not fit in int64"),
+        (np.array(["2020-01-01"], dtype="datetime64[D]"), "unsupported dtype"),
+        (np.float64(1.0), "expected a sequence of values"),
+        (np.array(1.0), "0-d array"),
+        ("abc", "expected a sequence of values"),
+    ],
+)
 def test_bad_values_raise_data_type_error_naming_the_column(values, match):
     with pytest.raises(DataTypeError, match=f"column 'col'.*({match})"):
         build_column(values, "col")
@@ -268,11 +296,22 @@ def test_declared_float_accepts_ints():
     assert ctype.kind == "float" and arr.dtype == np.float64
 
 
-@pytest.mark.parametrize("values, want", [
-    ([True], "int"), ([1], "bool"), ([1.5], "int"), ([1.0], "int"), ([True], "float"),
-    (np.array([True]), "int"), (np.array([1]), "bool"), (np.array([1.5]), "int"),
-    ([1], "str"), (["a"], "bytes"), ([1], "null"),
-])
+@pytest.mark.parametrize(
+    "values, want",
+    [
+        ([True], "int"),
+        ([1], "bool"),
+        ([1.5], "int"),
+        ([1.0], "int"),
+        ([True], "float"),
+        (np.array([True]), "int"),
+        (np.array([1]), "bool"),
+        (np.array([1.5]), "int"),
+        ([1], "str"),
+        (["a"], "bytes"),
+        ([1], "null"),
+    ],
+)
 def test_declared_type_is_strict_about_bool_int_float_and_str(values, want):
     with pytest.raises(DataTypeError, match="column 'c'"):
         build_column(values, "c", ColumnType(want))

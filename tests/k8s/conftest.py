@@ -51,27 +51,64 @@ def configs() -> dict[str, KubeConfig]:
     return {
         "cpu-default": KubeConfig(),
         "gpu": KubeConfig(
-            name="vision", namespace="ml-serving", image="registry.example.com/team/flowserve:0.1.0",
-            gateway_replicas=2, cpu_executors=3, gpu_executors=2, gpus_per_executor=2,
+            name="vision",
+            namespace="ml-serving",
+            image="registry.example.com/team/flowserve:0.1.0",
+            gateway_replicas=2,
+            cpu_executors=3,
+            gpu_executors=2,
+            gpus_per_executor=2,
             gpu_executor_resources=Resources(cpu="4", memory="16Gi", cpu_limit="8", memory_limit="32Gi"),
             gpu_node_selector={"cloud.google.com/gke-accelerator": "nvidia-l4"},
-            gpu_tolerations=[Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"),
-                             {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoExecute",
-                              "tolerationSeconds": 300}],
-            service_type="LoadBalancer", token_secret="vision-api-token", s3_endpoint="http://minio.storage:9000",
-            s3_secret="vision-s3", image_pull_secrets=("regcred",), storage_class="fast-ssd", kvs_storage="20Gi",
-            env={"FLOWSERVE_LOG_LEVEL": "INFO"}),
+            gpu_tolerations=[
+                Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"),
+                {
+                    "key": "dedicated",
+                    "operator": "Equal",
+                    "value": "ml",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 300,
+                },
+            ],
+            service_type="LoadBalancer",
+            token_secret="vision-api-token",
+            s3_endpoint="http://minio.storage:9000",
+            s3_secret="vision-s3",
+            image_pull_secrets=("regcred",),
+            storage_class="fast-ssd",
+            kvs_storage="20Gi",
+            env={"FLOWSERVE_LOG_LEVEL": "INFO"},
+        ),
         "minimal": KubeConfig(
-            name="fs", namespace="default", kvs_storage=None, network_policies=False, cpu_executors=1,
-            gpu_executors=0, image="localhost:5000/flowserve@sha256:" + "a" * 64, version="dev-1",
-            service_type="NodePort", token_secret="fs-token",
-            cpu_executor_resources=Resources(cpu="100m", memory="128Mi")),
+            name="fs",
+            namespace="default",
+            kvs_storage=None,
+            network_policies=False,
+            cpu_executors=1,
+            gpu_executors=0,
+            image="localhost:5000/flowserve@sha256:" + "a" * 64,
+            version="dev-1",
+            service_type="NodePort",
+            token_secret="fs-token",
+            cpu_executor_resources=Resources(cpu="100m", memory="128Mi"),
+        ),
         "autoscaling": KubeConfig(
-            name="scaled", namespace="ml", cpu_executors=2, gpu_executors=1,
-            autoscaling=AutoscalingConfig(min_replicas=1, max_replicas=4, target_utilisation=0.6)),
-        "autoscaling-minimal": KubeConfig.from_dict({
-            "name": "tiny", "namespace": "default", "network_policies": False, "cpu_executors": 0,
-            "gpu_executors": 0, "autoscaling": {"target_utilisation": None, "target_queue_per_replica": 4}}),
+            name="scaled",
+            namespace="ml",
+            cpu_executors=2,
+            gpu_executors=1,
+            autoscaling=AutoscalingConfig(min_replicas=1, max_replicas=4, target_utilisation=0.6),
+        ),
+        "autoscaling-minimal": KubeConfig.from_dict(
+            {
+                "name": "tiny",
+                "namespace": "default",
+                "network_policies": False,
+                "cpu_executors": 0,
+                "gpu_executors": 0,
+                "autoscaling": {"target_utilisation": None, "target_queue_per_replica": 4},
+            }
+        ),
     }
 
 
@@ -95,10 +132,14 @@ def control_plane(tmp_path_factory):
     bindir, why = rc.binaries()
     if bindir is None:
         if rc.env_requires_real():
-            pytest.fail(f"${rc.REQUIRE_ENV} is set but the control plane is not built: {why} "
-                        f"(run scripts/k8s/control-plane.sh build)")
-        pytest.skip(f"no Kubernetes control plane built ({why}); build it with scripts/k8s/control-plane.sh "
-                    f"build, or set ${rc.REQUIRE_ENV}=1 to make this a failure")
+            pytest.fail(
+                f"${rc.REQUIRE_ENV} is set but the control plane is not built: {why} "
+                f"(run scripts/k8s/control-plane.sh build)"
+            )
+        pytest.skip(
+            f"no Kubernetes control plane built ({why}); build it with scripts/k8s/control-plane.sh "
+            f"build, or set ${rc.REQUIRE_ENV}=1 to make this a failure"
+        )
     cp = rc.ControlPlane(tmp_path_factory.mktemp("k8s-control-plane"))
     fakelet = rc.Fakelet(cp.api_client("admin"))
     try:

@@ -27,8 +27,7 @@ SCRIPT = ROOT / "scripts" / "k8s" / "control-plane.sh"
 DOCS = ROOT / "docs" / "kubernetes.md"
 REQUIRE_ENV = "FLOWSERVE_K8S_REQUIRED"  # CI sets it: a missing control plane fails, never skips
 NODE = "fakelet-node"
-NODE_CAPACITY = {"cpu": "64", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "4",
-                 "ephemeral-storage": "100Gi"}
+NODE_CAPACITY = {"cpu": "64", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "4", "ephemeral-storage": "100Gi"}
 DEVELOPER = "developer"  # the non-admin user of the tokens file, bound to the docs' deployer Role
 
 
@@ -85,8 +84,9 @@ class ControlPlane:
         return client.ApiClient(c)
 
     def kubectl(self, *args: str, user: str = "admin", check: bool = True) -> str:
-        r = subprocess.run([str(self.kubectl_bin), "--kubeconfig", self.kubeconfig(user), *args],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [str(self.kubectl_bin), "--kubeconfig", self.kubeconfig(user), *args], capture_output=True, text=True
+        )
         if check and r.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)}: {r.stderr}")
         return r.stdout
@@ -118,16 +118,35 @@ class Fakelet(threading.Thread):
 
         now = _now()
         try:
-            self.v1.create_node(client.V1Node(metadata=client.V1ObjectMeta(
-                name=self.node, labels={"kubernetes.io/hostname": self.node, "kubernetes.io/os": "linux"})))
+            self.v1.create_node(
+                client.V1Node(
+                    metadata=client.V1ObjectMeta(
+                        name=self.node, labels={"kubernetes.io/hostname": self.node, "kubernetes.io/os": "linux"}
+                    )
+                )
+            )
         except client.ApiException as e:
             if e.status != 409:
                 raise
-        self.v1.patch_node_status(self.node, {"status": {
-            "capacity": self.capacity, "allocatable": self.capacity,
-            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                            "lastHeartbeatTime": now, "lastTransitionTime": now}]}})
+        self.v1.patch_node_status(
+            self.node,
+            {
+                "status": {
+                    "capacity": self.capacity,
+                    "allocatable": self.capacity,
+                    "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": "True",
+                            "reason": "KubeletReady",
+                            "lastHeartbeatTime": now,
+                            "lastTransitionTime": now,
+                        }
+                    ],
+                }
+            },
+        )
         # admission taints a new Node not-ready; the node lifecycle controller (not run here:
         # there is no kubelet heartbeat to judge) would lift it once the Node reports Ready
         self.v1.patch_node(self.node, {"spec": {"taints": None}}, _content_type="application/merge-patch+json")
@@ -142,8 +161,12 @@ class Fakelet(threading.Thread):
                 for p in pods.items:
                     self._sync(p)
                 w = watch.Watch()
-                for event in w.stream(self.v1.list_pod_for_all_namespaces, field_selector=selector,
-                                      resource_version=pods.metadata.resource_version, timeout_seconds=1):
+                for event in w.stream(
+                    self.v1.list_pod_for_all_namespaces,
+                    field_selector=selector,
+                    resource_version=pods.metadata.resource_version,
+                    timeout_seconds=1,
+                ):
                     if event["type"] in ("ADDED", "MODIFIED"):
                         self._sync(event["object"])
                     if self.stopping.is_set():
@@ -164,13 +187,36 @@ class Fakelet(threading.Thread):
             if pod.status.phase == "Running" or self.paused.is_set():
                 return
             t = _now()
-            statuses = [{"name": c.name, "ready": True, "restartCount": 0, "image": c.image, "imageID": "",
-                         "started": True, "state": {"running": {"startedAt": t}}} for c in pod.spec.containers]
-            self.v1.patch_namespaced_pod_status(md.name, md.namespace, {"status": {
-                "phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}], "hostIP": "127.0.0.1",
-                "startTime": t, "containerStatuses": statuses,
-                "conditions": [{"type": k, "status": "True", "lastTransitionTime": t}
-                               for k in ("Initialized", "Ready", "ContainersReady", "PodScheduled")]}})
+            statuses = [
+                {
+                    "name": c.name,
+                    "ready": True,
+                    "restartCount": 0,
+                    "image": c.image,
+                    "imageID": "",
+                    "started": True,
+                    "state": {"running": {"startedAt": t}},
+                }
+                for c in pod.spec.containers
+            ]
+            self.v1.patch_namespaced_pod_status(
+                md.name,
+                md.namespace,
+                {
+                    "status": {
+                        "phase": "Running",
+                        "podIP": "127.0.0.1",
+                        "podIPs": [{"ip": "127.0.0.1"}],
+                        "hostIP": "127.0.0.1",
+                        "startTime": t,
+                        "containerStatuses": statuses,
+                        "conditions": [
+                            {"type": k, "status": "True", "lastTransitionTime": t}
+                            for k in ("Initialized", "Ready", "ContainersReady", "PodScheduled")
+                        ],
+                    }
+                },
+            )
         except client.ApiException as e:
             if e.status not in (404, 409):
                 raise

@@ -40,9 +40,16 @@ class Request:
 class _Response:
     def __init__(self, status: int, body):
         self.status = status
-        self.reason = {200: "OK", 201: "Created", 403: "Forbidden", 404: "Not Found", 409: "Conflict",
-                       422: "Unprocessable Entity", 500: "Internal Server Error",
-                       503: "Service Unavailable"}.get(status, "")
+        self.reason = {
+            200: "OK",
+            201: "Created",
+            403: "Forbidden",
+            404: "Not Found",
+            409: "Conflict",
+            422: "Unprocessable Entity",
+            500: "Internal Server Error",
+            503: "Service Unavailable",
+        }.get(status, "")
         self.data = json.dumps(body).encode() if body is not None else b""
         self._headers = {"Content-Type": "application/json"}
 
@@ -55,8 +62,14 @@ class _Response:
 
 def status_body(code: int, message: str, reason: str = "") -> dict:
     """A ``v1 Status`` document, as the API server sends with an error."""
-    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
-            "reason": reason, "code": code}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
 
 
 @dataclass
@@ -66,15 +79,14 @@ class WireRecorder:
     requests: list = field(default_factory=list)
     replies: list = field(default_factory=list)  # (method, path regex, status, body or callable)
 
-    def reply(self, method: str, path_pattern: str, status: int, body=None) -> "WireRecorder":
+    def reply(self, method: str, path_pattern: str, status: int, body=None) -> WireRecorder:
         """Answer requests matching ``method`` and ``path_pattern`` (full match) like this.
         ``body`` may be a callable taking the Request. Later rules win."""
         self.replies.insert(0, (method, re.compile(path_pattern), status, body))
         return self
 
     # the only method the kubernetes REST layer calls on its pool manager
-    def request(self, method, url, body=None, fields=None, preload_content=True, timeout=None, headers=None,
-                **_):
+    def request(self, method, url, body=None, fields=None, preload_content=True, timeout=None, headers=None, **_):
         parts = urlsplit(url)
         query = {k: v[0] if len(v) == 1 else v for k, v in parse_qs(parts.query).items()}
         if fields:
@@ -97,12 +109,26 @@ class WireRecorder:
         return 404, status_body(404, f"{req.path} not found", "NotFound")
 
     def calls(self, method: str | None = None, pattern: str | None = None) -> list[Request]:
-        return [r for r in self.requests if (method is None or r.method == method)
-                and (pattern is None or re.fullmatch(pattern, r.path))]
+        return [
+            r
+            for r in self.requests
+            if (method is None or r.method == method) and (pattern is None or re.fullmatch(pattern, r.path))
+        ]
 
 
-_COLLECTIONS = {"deployments", "statefulsets", "services", "serviceaccounts", "networkpolicies", "configmaps",
-                "secrets", "persistentvolumeclaims", "roles", "rolebindings", "pods"}
+_COLLECTIONS = {
+    "deployments",
+    "statefulsets",
+    "services",
+    "serviceaccounts",
+    "networkpolicies",
+    "configmaps",
+    "secrets",
+    "persistentvolumeclaims",
+    "roles",
+    "rolebindings",
+    "pods",
+}
 
 
 class ApiRecorder:
@@ -133,8 +159,13 @@ def recorded_cluster(config=None, wire: WireRecorder | None = None, cls=None):
     from k8s.backend import KubernetesCluster
 
     wire, apis = recorded_apis(wire)
-    cluster = (cls or KubernetesCluster)(config=config or KubeConfig(), apps_api=apis["apps"], core_api=apis["core"],
-                                         networking_api=apis["networking"], rbac_api=apis["rbac"])
+    cluster = (cls or KubernetesCluster)(
+        config=config or KubeConfig(),
+        apps_api=apis["apps"],
+        core_api=apis["core"],
+        networking_api=apis["networking"],
+        rbac_api=apis["rbac"],
+    )
     return cluster, wire, apis
 
 
@@ -146,7 +177,10 @@ def recorded_apis(wire: WireRecorder | None = None):
     cfg.host = HOST
     api_client = client.ApiClient(cfg)
     api_client.rest_client.pool_manager = wire
-    apis = {"apps": ApiRecorder(client.AppsV1Api(api_client)), "core": ApiRecorder(client.CoreV1Api(api_client)),
-            "networking": ApiRecorder(client.NetworkingV1Api(api_client)),
-            "rbac": ApiRecorder(client.RbacAuthorizationV1Api(api_client))}
+    apis = {
+        "apps": ApiRecorder(client.AppsV1Api(api_client)),
+        "core": ApiRecorder(client.CoreV1Api(api_client)),
+        "networking": ApiRecorder(client.NetworkingV1Api(api_client)),
+        "rbac": ApiRecorder(client.RbacAuthorizationV1Api(api_client)),
+    }
     return wire, apis

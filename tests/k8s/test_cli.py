@@ -27,8 +27,9 @@ def names(docs):
 
 
 def test_render_to_stdout_is_valid_multi_document_yaml(capsys):
-    code, out, err = run(capsys, "render", "--namespace", "ml", "--image", "reg.example.com/flowserve:0.1.0",
-                         "--gpu-executors", "2")
+    code, out, err = run(
+        capsys, "render", "--namespace", "ml", "--image", "reg.example.com/flowserve:0.1.0", "--gpu-executors", "2"
+    )
     assert code == 0, err
     docs = list(yaml.safe_load_all(out))
     assert ("Deployment", "flowserve-executor-gpu") in names(docs)
@@ -53,14 +54,16 @@ def test_render_to_a_file(tmp_path, capsys):
 
 def test_render_from_a_config_file_with_flags_on_top(tmp_path, capsys):
     cfg = tmp_path / "k8s.yaml"
-    cfg.write_text(textwrap.dedent("""\
+    cfg.write_text(
+        textwrap.dedent("""\
         namespace: staging
         service_type: LoadBalancer
         token_secret: api-token
         gpu_executors: 1
         gpu_node_selector: {"nvidia.com/gpu.product": "NVIDIA-L4"}
         gpu_executor_resources: {cpu: "2", memory: 8Gi}
-    """))
+    """)
+    )
     code, out, err = run(capsys, "render", "--config", str(cfg), "--namespace", "prod")
     assert code == 0, err
     docs = list(yaml.safe_load_all(out))
@@ -72,13 +75,18 @@ def test_render_from_a_config_file_with_flags_on_top(tmp_path, capsys):
     (tmp_path / "k8s.json").write_text(json.dumps({"cpu_executors": 3}))
     code, out, _ = run(capsys, "render", "--config", str(tmp_path / "k8s.json"))
     assert code == 0
-    assert next(d for d in yaml.safe_load_all(out)
-                if d["metadata"]["name"] == "flowserve-executor-cpu")["spec"]["replicas"] == 3
+    assert (
+        next(d for d in yaml.safe_load_all(out) if d["metadata"]["name"] == "flowserve-executor-cpu")["spec"][
+            "replicas"
+        ]
+        == 3
+    )
 
 
 def test_render_sizes_gpu_executors_from_a_flow_script(tmp_path, capsys):
     script = tmp_path / "vision.py"
-    script.write_text(textwrap.dedent("""\
+    script.write_text(
+        textwrap.dedent("""\
         import numpy as np
         from flow import Flow
 
@@ -90,7 +98,8 @@ def test_render_sizes_gpu_executors_from_a_flow_script(tmp_path, capsys):
 
         flow = Flow("vision", schema={"raw": float})
         flow.map(pre, names=["x"]).map(net, names=["y"], batching=True, gpu=True)
-    """))
+    """)
+    )
     code, out, err = run(capsys, "render", "--script", str(script))
     assert code == 0, err
     gpu = next(d for d in yaml.safe_load_all(out) if d["metadata"]["name"] == "flowserve-executor-gpu")
@@ -98,15 +107,20 @@ def test_render_sizes_gpu_executors_from_a_flow_script(tmp_path, capsys):
     assert gpu["metadata"]["annotations"]["flowserve.io/gpu-stages"] == "vision/net"
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--image", "flowserve:latest"], "KubeConfig.image must not use the 'latest' tag"),
-    (["--namespace", "Prod"], "KubeConfig.namespace must be a string: a DNS label"),
-    (["--gpu-executors", "-2"], "KubeConfig.gpu_executors must be None (decide from the plan) or an int in 0..1000, "
-                                "got -2"),
-    (["--config", "/nonexistent/k8s.yaml"], "--config '/nonexistent/k8s.yaml': cannot read it"),
-    (["--script", "/nonexistent/flow.py"], "--script '/nonexistent/flow.py': no such file"),
-    (["--out", "/nonexistent/dir/x.yaml"], "--out '/nonexistent/dir/x.yaml': cannot write it"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--image", "flowserve:latest"], "KubeConfig.image must not use the 'latest' tag"),
+        (["--namespace", "Prod"], "KubeConfig.namespace must be a string: a DNS label"),
+        (
+            ["--gpu-executors", "-2"],
+            "KubeConfig.gpu_executors must be None (decide from the plan) or an int in 0..1000, got -2",
+        ),
+        (["--config", "/nonexistent/k8s.yaml"], "--config '/nonexistent/k8s.yaml': cannot read it"),
+        (["--script", "/nonexistent/flow.py"], "--script '/nonexistent/flow.py': no such file"),
+        (["--out", "/nonexistent/dir/x.yaml"], "--out '/nonexistent/dir/x.yaml': cannot write it"),
+    ],
+)
 def test_bad_values_exit_2_quoting_the_value(capsys, argv, message):
     code, out, err = run(capsys, "render", *argv)
     assert code == 2
@@ -138,12 +152,14 @@ def test_wires_into_the_flowserve_parser(capsys):
 
 
 def test_runs_as_a_module():
-    r = subprocess.run([sys.executable, "-m", "k8s.cli", "render", "--namespace", "ml"], capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "k8s.cli", "render", "--namespace", "ml"], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     assert len(list(yaml.safe_load_all(r.stdout))) == 9
-    r = subprocess.run([sys.executable, "-m", "k8s.cli", "render", "--help"], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "k8s.cli", "render", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0 and "--gpu-executors N" in r.stdout and "Secrets are referenced" in r.stdout
 
 
@@ -153,8 +169,11 @@ def test_autoscaling_from_a_config_file(tmp_path, capsys):
     code, out, err = run(capsys, "render", "--config", str(cfg))
     assert code == 0, err
     docs = list(yaml.safe_load_all(out))
-    assert names(docs)[:3] == [("ServiceAccount", "flowserve"), ("Role", "flowserve-autoscaler"),
-                               ("RoleBinding", "flowserve-autoscaler")]
+    assert names(docs)[:3] == [
+        ("ServiceAccount", "flowserve"),
+        ("Role", "flowserve-autoscaler"),
+        ("RoleBinding", "flowserve-autoscaler"),
+    ]
     gw = next(d for d in docs if (d["kind"], d["metadata"]["name"]) == ("Deployment", "flowserve-gateway"))
     args = gw["spec"]["template"]["spec"]["containers"][0]["args"]
     autoscale = json.loads(args[args.index("--autoscale") + 1])

@@ -14,7 +14,12 @@ from k8s import K8sConfigError, K8sConfigTypeError, K8sError, KubeConfig, Resour
 def test_defaults_are_a_small_cpu_cluster():
     c = KubeConfig()
     assert (c.name, c.namespace, c.gateway_replicas, c.cpu_executors, c.gpu_executors) == (
-        "flowserve", "flowserve", 1, 2, None)
+        "flowserve",
+        "flowserve",
+        1,
+        2,
+        None,
+    )
     assert c.image == "flowserve:0.1.0" and c.redis_image == "redis:7.4-alpine"
     assert (c.redis_secret_name, c.admin_secret_name, c.token_secret) == ("flowserve-redis", "flowserve-admin", None)
     assert c.service_type == "ClusterIP" and c.network_policies is True
@@ -23,55 +28,58 @@ def test_defaults_are_a_small_cpu_cluster():
         c.namespace = "other"
 
 
-@pytest.mark.parametrize("field,value,error,quoted", [
-    ("name", "Flow_Serve", K8sConfigError, "'Flow_Serve'"),
-    ("name", "9lives", K8sConfigError, "'9lives'"),
-    ("name", "x" * 41, K8sConfigError, "at most 40 characters"),
-    ("name", 7, K8sConfigTypeError, "7"),
-    ("namespace", "ML", K8sConfigError, "'ML'"),
-    ("image", "flowserve:latest", K8sConfigError, "'flowserve:latest'"),
-    ("image", "flowserve", K8sConfigError, "must pin a tag or digest"),
-    ("image", "flow serve:1", K8sConfigError, "'flow serve:1'"),
-    ("redis_image", "redis:latest", K8sConfigError, "'redis:latest'"),
-    ("image_pull_policy", "Sometimes", K8sConfigError, "'Sometimes'"),
-    ("gateway_replicas", -1, K8sConfigError, "-1"),
-    ("cpu_executors", "2", K8sConfigTypeError, "'2'"),
-    ("cpu_executors", 2.0, K8sConfigTypeError, "2.0"),
-    ("gpu_executors", True, K8sConfigTypeError, "True"),
-    ("gpu_executors", 1001, K8sConfigError, "1001"),
-    ("executor_threads", 0, K8sConfigError, "0"),
-    ("gpus_per_executor", 0, K8sConfigError, "0"),
-    ("service_type", "Ingress", K8sConfigError, "'Ingress'"),
-    ("service_port", 70000, K8sConfigError, "70000"),
-    ("redis_secret", "Bad Secret", K8sConfigError, "'Bad Secret'"),
-    ("token_secret", "", K8sConfigError, "''"),
-    ("kvs_storage", "lots", K8sConfigError, "'lots'"),
-    ("kvs_storage", "0Gi", K8sConfigError, "'0Gi'"),
-    ("artifact_cache_size", 10, K8sConfigTypeError, "10"),
-    ("s3_endpoint", "minio:9000", K8sConfigError, "'minio:9000'"),
-    ("version", "not a label!", K8sConfigError, "'not a label!'"),
-    ("network_policies", "yes", K8sConfigTypeError, "'yes'"),
-    ("gpu_node_selector", {"gpu": "a b"}, K8sConfigError, "'a b'"),
-    ("gpu_node_selector", ["gpu"], K8sConfigTypeError, "['gpu']"),
-    ("gpu_tolerations", {"key": "x"}, K8sConfigTypeError, "{'key': 'x'}"),
-    ("gpu_tolerations", [{"key": "x", "operator": "Sometimes"}], K8sConfigError, "'Sometimes'"),
-    ("gpu_tolerations", [{"key": "x", "colour": "red"}], K8sConfigError, "['colour']"),
-    ("env", {"FLOWSERVE_KVS_URL": "redis://x"}, K8sConfigError, "'FLOWSERVE_KVS_URL'"),
-    ("env", {"1BAD": "x"}, K8sConfigError, "'1BAD'"),
-    ("env", {"LEVEL": 3}, K8sConfigTypeError, "3"),
-    ("gateway_resources", {"cpu": "1"}, K8sConfigTypeError, "{'cpu': '1'}"),
-    ("image_pull_secrets", ("ok", "Not OK"), K8sConfigError, "'Not OK'"),
-    ("autoscaling", {"max_replicas": 0}, K8sConfigError, "got 0"),
-    ("autoscaling", {"min_replicas": "1"}, K8sConfigTypeError, "'1'"),
-    ("autoscaling", {"colour": "red"}, K8sConfigError, "['colour']"),
-    ("autoscaling", 3, K8sConfigTypeError, "int 3"),
-    ("gateway_url", "localhost:8080", K8sConfigError, "'localhost:8080'"),
-    ("gateway_url", "ftp://gw", K8sConfigError, "'ftp://gw'"),
-    ("gateway_url", 8080, K8sConfigTypeError, "8080"),
-    ("kvs_url", "http://localhost:6379", K8sConfigError, "'http://localhost:6379'"),
-    ("kvs_url", "redis://localhost:99999/0", K8sConfigError, "'redis://localhost:99999/0'"),
-    ("kvs_url", 6379, K8sConfigTypeError, "int 6379"),
-])
+@pytest.mark.parametrize(
+    "field,value,error,quoted",
+    [
+        ("name", "Flow_Serve", K8sConfigError, "'Flow_Serve'"),
+        ("name", "9lives", K8sConfigError, "'9lives'"),
+        ("name", "x" * 41, K8sConfigError, "at most 40 characters"),
+        ("name", 7, K8sConfigTypeError, "7"),
+        ("namespace", "ML", K8sConfigError, "'ML'"),
+        ("image", "flowserve:latest", K8sConfigError, "'flowserve:latest'"),
+        ("image", "flowserve", K8sConfigError, "must pin a tag or digest"),
+        ("image", "flow serve:1", K8sConfigError, "'flow serve:1'"),
+        ("redis_image", "redis:latest", K8sConfigError, "'redis:latest'"),
+        ("image_pull_policy", "Sometimes", K8sConfigError, "'Sometimes'"),
+        ("gateway_replicas", -1, K8sConfigError, "-1"),
+        ("cpu_executors", "2", K8sConfigTypeError, "'2'"),
+        ("cpu_executors", 2.0, K8sConfigTypeError, "2.0"),
+        ("gpu_executors", True, K8sConfigTypeError, "True"),
+        ("gpu_executors", 1001, K8sConfigError, "1001"),
+        ("executor_threads", 0, K8sConfigError, "0"),
+        ("gpus_per_executor", 0, K8sConfigError, "0"),
+        ("service_type", "Ingress", K8sConfigError, "'Ingress'"),
+        ("service_port", 70000, K8sConfigError, "70000"),
+        ("redis_secret", "Bad Secret", K8sConfigError, "'Bad Secret'"),
+        ("token_secret", "", K8sConfigError, "''"),
+        ("kvs_storage", "lots", K8sConfigError, "'lots'"),
+        ("kvs_storage", "0Gi", K8sConfigError, "'0Gi'"),
+        ("artifact_cache_size", 10, K8sConfigTypeError, "10"),
+        ("s3_endpoint", "minio:9000", K8sConfigError, "'minio:9000'"),
+        ("version", "not a label!", K8sConfigError, "'not a label!'"),
+        ("network_policies", "yes", K8sConfigTypeError, "'yes'"),
+        ("gpu_node_selector", {"gpu": "a b"}, K8sConfigError, "'a b'"),
+        ("gpu_node_selector", ["gpu"], K8sConfigTypeError, "['gpu']"),
+        ("gpu_tolerations", {"key": "x"}, K8sConfigTypeError, "{'key': 'x'}"),
+        ("gpu_tolerations", [{"key": "x", "operator": "Sometimes"}], K8sConfigError, "'Sometimes'"),
+        ("gpu_tolerations", [{"key": "x", "colour": "red"}], K8sConfigError, "['colour']"),
+        ("env", {"FLOWSERVE_KVS_URL": "redis://x"}, K8sConfigError, "'FLOWSERVE_KVS_URL'"),
+        ("env", {"1BAD": "x"}, K8sConfigError, "'1BAD'"),
+        ("env", {"LEVEL": 3}, K8sConfigTypeError, "3"),
+        ("gateway_resources", {"cpu": "1"}, K8sConfigTypeError, "{'cpu': '1'}"),
+        ("image_pull_secrets", ("ok", "Not OK"), K8sConfigError, "'Not OK'"),
+        ("autoscaling", {"max_replicas": 0}, K8sConfigError, "got 0"),
+        ("autoscaling", {"min_replicas": "1"}, K8sConfigTypeError, "'1'"),
+        ("autoscaling", {"colour": "red"}, K8sConfigError, "['colour']"),
+        ("autoscaling", 3, K8sConfigTypeError, "int 3"),
+        ("gateway_url", "localhost:8080", K8sConfigError, "'localhost:8080'"),
+        ("gateway_url", "ftp://gw", K8sConfigError, "'ftp://gw'"),
+        ("gateway_url", 8080, K8sConfigTypeError, "8080"),
+        ("kvs_url", "http://localhost:6379", K8sConfigError, "'http://localhost:6379'"),
+        ("kvs_url", "redis://localhost:99999/0", K8sConfigError, "'redis://localhost:99999/0'"),
+        ("kvs_url", 6379, K8sConfigTypeError, "int 6379"),
+    ],
+)
 def test_bad_values_raise_naming_the_field_and_quoting_the_value(field, value, error, quoted):
     with pytest.raises(error) as info:
         KubeConfig(**{field: value})
@@ -119,22 +127,31 @@ def test_ports_must_differ():
         KubeConfig(gateway_port=5555)
 
 
-@pytest.mark.parametrize("image", [
-    "flowserve:0.1.0", "registry.example.com/team/flowserve:0.1.0", "localhost:5000/flowserve:dev",
-    "ghcr.io/org/flow-serve:1.0.0-rc.1", "flowserve@sha256:" + "c" * 64,
-    "reg.example.com:443/a/b:1@sha256:" + "d" * 64,
-])
+@pytest.mark.parametrize(
+    "image",
+    [
+        "flowserve:0.1.0",
+        "registry.example.com/team/flowserve:0.1.0",
+        "localhost:5000/flowserve:dev",
+        "ghcr.io/org/flow-serve:1.0.0-rc.1",
+        "flowserve@sha256:" + "c" * 64,
+        "reg.example.com:443/a/b:1@sha256:" + "d" * 64,
+    ],
+)
 def test_good_image_references(image):
     assert KubeConfig(image=image).image == image
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"cpu": "2", "cpu_limit": "1"}, r"cpu_limit='1' is below the request cpu='2'"),
-    ({"memory": "2Gi", "memory_limit": "1500Mi"}, r"memory_limit='1500Mi' is below the request memory='2Gi'"),
-    ({"cpu": "half"}, r"Resources.cpu: 'half' is not a Kubernetes quantity"),
-    ({"memory": "-1Gi"}, r"'-1Gi' is not a Kubernetes quantity"),
-    ({"memory": 512}, r"Resources.memory must be a quantity string .* got int 512"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"cpu": "2", "cpu_limit": "1"}, r"cpu_limit='1' is below the request cpu='2'"),
+        ({"memory": "2Gi", "memory_limit": "1500Mi"}, r"memory_limit='1500Mi' is below the request memory='2Gi'"),
+        ({"cpu": "half"}, r"Resources.cpu: 'half' is not a Kubernetes quantity"),
+        ({"memory": "-1Gi"}, r"'-1Gi' is not a Kubernetes quantity"),
+        ({"memory": 512}, r"Resources.memory must be a quantity string .* got int 512"),
+    ],
+)
 def test_bad_resources(kwargs, match):
     with pytest.raises(K8sConfigError, match=match):
         Resources(**kwargs)
@@ -157,9 +174,9 @@ def test_parse_quantity():
 
 
 def test_toleration_rules():
-    assert Toleration.from_dict({"key": "a", "operator": "Equal", "value": "b", "effect": "NoExecute",
-                                 "tolerationSeconds": 5}).to_k8s() == {
-        "key": "a", "operator": "Equal", "value": "b", "effect": "NoExecute", "tolerationSeconds": 5}
+    assert Toleration.from_dict(
+        {"key": "a", "operator": "Equal", "value": "b", "effect": "NoExecute", "tolerationSeconds": 5}
+    ).to_k8s() == {"key": "a", "operator": "Equal", "value": "b", "effect": "NoExecute", "tolerationSeconds": 5}
     assert Toleration().to_k8s() == {"operator": "Exists"}  # tolerate every taint
     with pytest.raises(K8sConfigError, match="takes no value, got value='b'"):
         Toleration(key="a", operator="Exists", value="b")
@@ -170,16 +187,23 @@ def test_toleration_rules():
 
 
 def test_from_dict_builds_nested_objects_and_rejects_unknown_fields():
-    c = KubeConfig.from_dict({"namespace": "ml", "gpu_executors": 1,
-                              "gpu_executor_resources": {"cpu": "2", "memory": "8Gi"},
-                              "gpu_tolerations": [{"key": "gpu", "operator": "Exists"}],
-                              "image_pull_secrets": ["regcred"]})
+    c = KubeConfig.from_dict(
+        {
+            "namespace": "ml",
+            "gpu_executors": 1,
+            "gpu_executor_resources": {"cpu": "2", "memory": "8Gi"},
+            "gpu_tolerations": [{"key": "gpu", "operator": "Exists"}],
+            "image_pull_secrets": ["regcred"],
+        }
+    )
     assert c.gpu_executor_resources == Resources(cpu="2", memory="8Gi")
     assert c.gpu_tolerations == (Toleration(key="gpu"),)
     assert c.image_pull_secrets == ("regcred",)
     with pytest.raises(K8sConfigError, match=r"unknown field\(s\) \['replicas'\]"):
         KubeConfig.from_dict({"replicas": 3})
-    with pytest.raises(K8sConfigError, match=r"gateway_resources: Resources: unknown field\(s\) \['gpu'\]; known: \['cpu', "):
+    with pytest.raises(
+        K8sConfigError, match=r"gateway_resources: Resources: unknown field\(s\) \['gpu'\]; known: \['cpu', "
+    ):
         KubeConfig.from_dict({"gateway_resources": {"gpu": 1}})
 
 

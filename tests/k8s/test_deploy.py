@@ -68,20 +68,30 @@ def deploying(control_plane, k8s_namespace):
 
     def make(config: KubeConfig | None = None, token: str | None = None, cls=RecordingCluster):
         config = (config or KubeConfig(kvs_storage=None)).replace(namespace=k8s_namespace)
-        secrets = [(config.redis_secret_name, "password", PASSWORD), (config.admin_secret_name, "token", ADMIN),
-                   (config.cluster_key_secret_name, "key", CLUSTER_KEY)]
+        secrets = [
+            (config.redis_secret_name, "password", PASSWORD),
+            (config.admin_secret_name, "token", ADMIN),
+            (config.cluster_key_secret_name, "key", CLUSTER_KEY),
+        ]
         if token is not None:
             secrets.append((config.token_secret, "token", token))
         for name, key, value in secrets:
             try:
-                admin_core.create_namespaced_secret(k8s_namespace, {"metadata": {"name": name},
-                                                                    "stringData": {key: value}})
+                admin_core.create_namespaced_secret(
+                    k8s_namespace, {"metadata": {"name": name}, "stringData": {key: value}}
+                )
             except client.ApiException as e:
                 if e.status != 409:
                     raise
         api = control_plane.api_client("developer")
-        return cls(config=config, apps_api=client.AppsV1Api(api), core_api=client.CoreV1Api(api),
-                   networking_api=client.NetworkingV1Api(api), rbac_api=client.RbacAuthorizationV1Api(api))
+        return cls(
+            config=config,
+            apps_api=client.AppsV1Api(api),
+            core_api=client.CoreV1Api(api),
+            networking_api=client.NetworkingV1Api(api),
+            rbac_api=client.RbacAuthorizationV1Api(api),
+        )
+
     make.namespace = k8s_namespace
     make.admin_apps = client.AppsV1Api(control_plane.api_client("admin"))
     return make
@@ -111,12 +121,17 @@ def test_deploy_applies_waits_then_deploys_through_the_runtime_client(cpu_flow, 
     assert made.kwargs == {
         "url": f"http://flowserve-gateway.{ns}.svc.cluster.local:80",
         "kvs_url": f"redis://:p%40ss%2Fword@flowserve-kvs.{ns}.svc.cluster.local:6379/0",
-        "admin_token": ADMIN, "token": None}
+        "admin_token": ADMIN,
+        "token": None,
+    }
     assert made.cluster_key == CLUSTER_KEY  # from its Secret: the client signs the plan with it
     assert made.deploys == [(cpu_flow, True, None, None)]
     # the client was built only once every workload had rolled out
     assert {c: s["rolled_out"] for c, s in made.status["components"].items()} == {
-        "kvs": True, "gateway": True, "executor-cpu": True}
+        "kvs": True,
+        "gateway": True,
+        "executor-cpu": True,
+    }
     dep = deploying.admin_apps.read_namespaced_deployment("flowserve-executor-cpu", ns)
     assert dep.metadata.annotations[A_FLOWS] == "scorer"
 
@@ -128,9 +143,11 @@ def test_deploy_renders_for_the_plan_and_waits_for_the_gpu_executors(gpu_flow, d
     with pytest.raises(K8sNotReadyError) as info:
         cluster.deploy(gpu_flow, wait_s=3)
     msg = str(info.value)
-    assert msg.startswith(f"flowserve in namespace {ns} not ready after 3 s: executor-gpu: 0/1 ready, "
-                          f"1 updated (see kubectl -n {ns} get pods -l app.kubernetes.io/name=flowserve,"
-                          "app.kubernetes.io/instance=flowserve")
+    assert msg.startswith(
+        f"flowserve in namespace {ns} not ready after 3 s: executor-gpu: 0/1 ready, "
+        f"1 updated (see kubectl -n {ns} get pods -l app.kubernetes.io/name=flowserve,"
+        "app.kubernetes.io/instance=flowserve"
+    )
     assert "gateway" not in msg.split("(see")[0]  # only what is short is named
     gpu = deploying.admin_apps.read_namespaced_deployment("flowserve-executor-gpu", ns)
     assert gpu.metadata.annotations["flowserve.io/gpu-stages"] == "ensemble/net"
@@ -150,14 +167,19 @@ def test_addresses_from_the_call_or_the_config_get_the_password_from_the_secret(
     cluster = deploying()
     cluster.deploy(cpu_flow, gateway_url="http://localhost:8080/", kvs_url="redis://localhost:6379/0", wait_s=60)
     assert (cluster.made[0].kwargs["url"], cluster.made[0].kwargs["kvs_url"]) == (
-        "http://localhost:8080", "redis://:p%40ss%2Fword@localhost:6379/0")
+        "http://localhost:8080",
+        "redis://:p%40ss%2Fword@localhost:6379/0",
+    )
 
-    cfg = KubeConfig(kvs_storage=None, gateway_url="https://gw.example.com",
-                     kvs_url="rediss://default@kvs.example.com:6380/1")
+    cfg = KubeConfig(
+        kvs_storage=None, gateway_url="https://gw.example.com", kvs_url="rediss://default@kvs.example.com:6380/1"
+    )
     cluster = deploying(cfg)
     cluster.deploy(cpu_flow, wait_s=60)
     assert (cluster.made[0].kwargs["url"], cluster.made[0].kwargs["kvs_url"]) == (
-        "https://gw.example.com", "rediss://default:p%40ss%2Fword@kvs.example.com:6380/1")
+        "https://gw.example.com",
+        "rediss://default:p%40ss%2Fword@kvs.example.com:6380/1",
+    )
     # a KVS URL that carries a password is used as given
     cluster.deploy(cpu_flow, kvs_url="redis://:other@localhost:6379/0", wait_s=60)
     assert cluster.made[-1].kwargs["kvs_url"] == "redis://:other@localhost:6379/0"
@@ -248,8 +270,13 @@ def test_the_runtime_client_is_built_from_executors_cluster(monkeypatch):
     monkeypatch.setattr(executors.cluster, "ClusterClient", Recorded, raising=False)
     made = KubernetesCluster()._cluster_client("http://gw:80", "redis://:pw@kvs:6379/0", "adm", None, "ab" * 16)
     assert isinstance(made, Recorded)
-    assert made.kwargs == {"url": "http://gw:80", "kvs_url": "redis://:pw@kvs:6379/0", "admin_token": "adm",
-                           "token": None, "cluster_key": "ab" * 16}
+    assert made.kwargs == {
+        "url": "http://gw:80",
+        "kvs_url": "redis://:pw@kvs:6379/0",
+        "admin_token": "adm",
+        "token": None,
+        "cluster_key": "ab" * 16,
+    }
 
 
 def test_wait_ready_alone_waits_for_what_exists(deploying):

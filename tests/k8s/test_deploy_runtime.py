@@ -38,8 +38,12 @@ def test_flow_deploy_on_kubernetes_runs_on_the_pods_runtime(control_plane, k8s_n
     deployer.apply()
     deployer.wait_ready(wait_s=60)
     core = client.CoreV1Api(control_plane.api_client("admin"))
-    pods = sorted(p.metadata.name for p in core.list_namespaced_pod(
-        k8s_namespace, label_selector="app.kubernetes.io/component=executor-cpu").items)
+    pods = sorted(
+        p.metadata.name
+        for p in core.list_namespaced_pod(
+            k8s_namespace, label_selector="app.kubernetes.io/component=executor-cpu"
+        ).items
+    )
     assert len(pods) == 2
 
     password = deployer.read_secret("flowserve-redis", "password")  # what the pods get from the Secret
@@ -47,8 +51,12 @@ def test_flow_deploy_on_kubernetes_runs_on_the_pods_runtime(control_plane, k8s_n
     key = deployer.read_secret("flowserve-cluster-key", "key")  # plans are signed with it
     kvs = RedisServer(dir=tmp_path / "redis", appendonly=False, password=password)
     kvs.start()
-    procs = Procs(f"redis://:{quote(password, safe='')}@127.0.0.1:{kvs.port}/0", tmp_path, admin_token=admin,
-                  env={"FLOWSERVE_CLUSTER_KEY": key})
+    procs = Procs(
+        f"redis://:{quote(password, safe='')}@127.0.0.1:{kvs.port}/0",
+        tmp_path,
+        admin_token=admin,
+        env={"FLOWSERVE_CLUSTER_KEY": key},
+    )
     try:
         for pod in pods:
             procs.executor(pod)
@@ -56,8 +64,9 @@ def test_flow_deploy_on_kubernetes_runs_on_the_pods_runtime(control_plane, k8s_n
         wait_until("the gateway to find the executors", lambda: health(gateway).get("executors") == 2, timeout=90)
 
         # the password and the admin token come from the Secrets, not from the caller
-        cluster = cluster_as(control_plane, "developer",
-                             base.replace(gateway_url=gateway, kvs_url=f"redis://127.0.0.1:{kvs.port}/0"))
+        cluster = cluster_as(
+            control_plane, "developer", base.replace(gateway_url=gateway, kvs_url=f"redis://127.0.0.1:{kvs.port}/0")
+        )
         flow = Flow("k8s-double", schema={"x": float})
         flow.map(double, names=["y"])
         d = flow.deploy(cluster=cluster)
@@ -68,10 +77,14 @@ def test_flow_deploy_on_kubernetes_runs_on_the_pods_runtime(control_plane, k8s_n
         assert {e for s in described["stages"] for e in s["executors"]} == set(pods)
         # deploy re-applied the plan's manifests: the executors now name the flow they serve
         dep = client.AppsV1Api(control_plane.api_client("admin")).read_namespaced_deployment(
-            "flowserve-executor-cpu", k8s_namespace)
+            "flowserve-executor-cpu", k8s_namespace
+        )
         assert dep.metadata.annotations["flowserve.io/flows"] == "k8s-double"
         assert {c: s["ready"] for c, s in cluster.status()["components"].items()} == {
-            "kvs": 1, "gateway": 1, "executor-cpu": 2}
+            "kvs": 1,
+            "gateway": 1,
+            "executor-cpu": 2,
+        }
         cluster.close()
     finally:
         procs.stop()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from k8s.config import KubeConfig
 from k8s.manifests import APP_UID, ARTIFACT_CACHE
@@ -114,8 +114,9 @@ def test_copies_every_package_setuptools_installs(instructions):
 
 
 def test_dockerignore_keeps_the_sources_and_drops_the_rest(instructions):
-    patterns = [p.strip() for p in (ROOT / ".dockerignore").read_text().splitlines()
-                if p.strip() and not p.startswith("#")]
+    patterns = [
+        p.strip() for p in (ROOT / ".dockerignore").read_text().splitlines() if p.strip() and not p.startswith("#")
+    ]
 
     def ignored(path: str) -> bool:
         return any(fnmatch.fnmatch(path, p) or fnmatch.fnmatch(path, p.lstrip("*/")) for p in patterns)

@@ -15,17 +15,23 @@ import warnings
 
 import pytest
 
+from executors.autoscale import AutoscalingConfig
 from k8s import KubeConfig, render, to_yaml
 from k8s.exceptions import K8sConfigTypeError
-from executors.autoscale import AutoscalingConfig
 from k8s.manifests import A_BASELINE, A_FLOWS, A_GPU_STAGES, SCALABLE, executor_args, gateway_args, selector
 from tests.k8s.conftest import K8S_VERSIONS, configs
 
 yaml = pytest.importorskip("yaml")
 kv = pytest.importorskip("kubernetes_validate")
 
-RECOMMENDED = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",
-               "app.kubernetes.io/part-of", "app.kubernetes.io/managed-by", "app.kubernetes.io/version")
+RECOMMENDED = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/part-of",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/version",
+)
 
 
 def _render(name: str, plan=None) -> list[dict]:
@@ -37,6 +43,7 @@ def _render(name: str, plan=None) -> list[dict]:
 @pytest.fixture
 def nonetwork(monkeypatch):
     """Any attempt to open a network connection fails the test."""
+
     def refuse(*args, **kwargs):
         raise AssertionError(f"network access attempted: {args!r}")
 
@@ -112,10 +119,13 @@ def test_default_config_renders_cpu_only_cluster():
     kinds = [(m["kind"], m["metadata"]["name"]) for m in manifests]
     assert kinds == [
         ("ServiceAccount", "flowserve"),
-        ("NetworkPolicy", "flowserve-kvs"), ("NetworkPolicy", "flowserve-executors"),
+        ("NetworkPolicy", "flowserve-kvs"),
+        ("NetworkPolicy", "flowserve-executors"),
         ("NetworkPolicy", "flowserve-gateway"),
-        ("Service", "flowserve-kvs"), ("StatefulSet", "flowserve-kvs"),
-        ("Service", "flowserve-gateway"), ("Deployment", "flowserve-gateway"),
+        ("Service", "flowserve-kvs"),
+        ("StatefulSet", "flowserve-kvs"),
+        ("Service", "flowserve-gateway"),
+        ("Deployment", "flowserve-gateway"),
         ("Deployment", "flowserve-executor-cpu"),
     ]
     assert all(m["metadata"]["namespace"] == "flowserve" for m in manifests)
@@ -186,8 +196,10 @@ def test_limits_are_set_everywhere(name):
 
 def test_limits_default_to_the_requests():
     ex = containers(named(_render("minimal"), "fs-executor-cpu"))[0]
-    assert ex["resources"] == {"requests": {"cpu": "100m", "memory": "128Mi"},
-                               "limits": {"cpu": "100m", "memory": "128Mi"}}
+    assert ex["resources"] == {
+        "requests": {"cpu": "100m", "memory": "128Mi"},
+        "limits": {"cpu": "100m", "memory": "128Mi"},
+    }
 
 
 @pytest.mark.parametrize("name", sorted(configs()))
@@ -217,8 +229,11 @@ def test_secrets_are_referenced_never_inlined(name):
                 if re.search(r"PASSWORD|TOKEN|AUTH|SECRET|KEY", e["name"]):
                     assert "value" not in e, e  # only ever from a secretKeyRef
                     refs.add((e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"]))
-    expected = {(cfg.redis_secret_name, "password"), (cfg.admin_secret_name, "token"),
-                (cfg.cluster_key_secret_name, "key")}
+    expected = {
+        (cfg.redis_secret_name, "password"),
+        (cfg.admin_secret_name, "token"),
+        (cfg.cluster_key_secret_name, "key"),
+    }
     if cfg.token_secret:
         expected.add((cfg.token_secret, "token"))
     assert refs == expected
@@ -264,8 +279,7 @@ def test_gateway_is_probed_on_healthz_and_exposed_by_its_service():
     assert env["FLOWSERVE_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "vision-admin", "key": "token"}
     svc = named(by_kind(manifests, "Service"), "vision-gateway")
     assert svc["spec"]["type"] == "LoadBalancer"
-    assert svc["spec"]["ports"] == [{"name": "http", "port": cfg.service_port, "targetPort": "http",
-                                     "protocol": "TCP"}]
+    assert svc["spec"]["ports"] == [{"name": "http", "port": cfg.service_port, "targetPort": "http", "protocol": "TCP"}]
     assert svc["spec"]["selector"] == selector(cfg, "gateway")
 
 
@@ -306,7 +320,9 @@ def test_gpu_executors_request_gpus_and_carry_node_placement():
     # a surge pod would wait for a free GPU: GPU executors roll one at a time instead
     assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
     assert named(manifests, "vision-executor-cpu")["spec"]["strategy"]["rollingUpdate"] == {
-        "maxSurge": 1, "maxUnavailable": 0}
+        "maxSurge": 1,
+        "maxUnavailable": 0,
+    }
     assert ex["envFrom"] == [{"secretRef": {"name": cfg.s3_secret}}]
     env = {e["name"]: e.get("value") for e in ex["env"]}
     assert env["FLOWSERVE_S3_ENDPOINT"] == "http://minio.storage:9000"
@@ -345,8 +361,13 @@ def test_an_exposed_gateway_without_a_token_warns():
 def testnetwork_policies_admit_only_the_instance_pods():
     manifests = _render("cpu-default")
     pols = {m["metadata"]["name"]: m["spec"] for m in by_kind(manifests, "NetworkPolicy")}
-    peers = [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "flowserve",
-                                              "app.kubernetes.io/instance": "flowserve"}}}]
+    peers = [
+        {
+            "podSelector": {
+                "matchLabels": {"app.kubernetes.io/name": "flowserve", "app.kubernetes.io/instance": "flowserve"}
+            }
+        }
+    ]
     assert pols["flowserve-kvs"]["ingress"] == [{"from": peers, "ports": [{"protocol": "TCP", "port": 6379}]}]
     assert pols["flowserve-executors"]["ingress"] == [{"from": peers, "ports": [{"protocol": "TCP", "port": 5555}]}]
     assert pols["flowserve-gateway"]["ingress"][0] == {"ports": [{"protocol": "TCP", "port": 8000}]}
@@ -384,11 +405,18 @@ def test_autoscaling_gateway_runs_the_k8s_scaler_with_the_config_as_json():
     cfg = configs()["autoscaling"]
     (gw,) = containers(named(_render("autoscaling"), "scaled-gateway", "Deployment"))
     args = gw["args"]
-    base = ["--host", "0.0.0.0", "--port", "8000", "--address", "tcp://$(POD_IP):5556",
-            "--membership", "kvs"]
-    assert args[:len(base)] == base
-    assert args[len(base):] == ["--autoscale", args[len(base) + 1], "--scaler", "k8s",
-                                "--k8s-namespace", "ml", "--k8s-instance", "scaled"]
+    base = ["--host", "0.0.0.0", "--port", "8000", "--address", "tcp://$(POD_IP):5556", "--membership", "kvs"]
+    assert args[: len(base)] == base
+    assert args[len(base) :] == [
+        "--autoscale",
+        args[len(base) + 1],
+        "--scaler",
+        "k8s",
+        "--k8s-namespace",
+        "ml",
+        "--k8s-instance",
+        "scaled",
+    ]
     doc = json.loads(args[len(base) + 1])
     assert doc == dataclasses.asdict(cfg.autoscaling)
     assert doc["max_replicas"] == 4 and doc["target_utilisation"] == 0.6
@@ -405,24 +433,32 @@ def test_autoscaling_from_plain_data_renders_the_same_json():
 def test_autoscaling_renders_a_role_limited_to_scaling_the_executors():
     manifests = _render("autoscaling")
     assert [(m["kind"], m["metadata"]["name"]) for m in manifests[:3]] == [
-        ("ServiceAccount", "scaled"), ("Role", "scaled-autoscaler"), ("RoleBinding", "scaled-autoscaler")]
+        ("ServiceAccount", "scaled"),
+        ("Role", "scaled-autoscaler"),
+        ("RoleBinding", "scaled-autoscaler"),
+    ]
     (role,) = by_kind(manifests, "Role")
     (binding,) = by_kind(manifests, "RoleBinding")
     executors = ["scaled-executor-cpu", "scaled-executor-gpu"]
     assert role["rules"] == [
         {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": executors, "verbs": ["get"]},
-        {"apiGroups": ["apps"], "resources": ["deployments/scale"], "resourceNames": executors,
-         "verbs": ["get", "patch", "update"]},
+        {
+            "apiGroups": ["apps"],
+            "resources": ["deployments/scale"],
+            "resourceNames": executors,
+            "verbs": ["get", "patch", "update"],
+        },
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch"]},
     ]
     assert role["metadata"]["namespace"] == "ml"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "scaled", "namespace": "ml"}]
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": "scaled-autoscaler"}
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "scaled-autoscaler"}
     # the ServiceAccount still mounts no token by default: the gateway pod opts in alone
     assert manifests[0]["automountServiceAccountToken"] is False
-    assert named(manifests, "scaled-gateway", "Deployment")["spec"]["template"]["spec"][
-        "automountServiceAccountToken"] is True
+    assert (
+        named(manifests, "scaled-gateway", "Deployment")["spec"]["template"]["spec"]["automountServiceAccountToken"]
+        is True
+    )
 
 
 def test_autoscaling_annotates_the_executors_with_their_baseline(gpu_plan):
@@ -432,7 +468,10 @@ def test_autoscaling_annotates_the_executors_with_their_baseline(gpu_plan):
     # the GPU count a plan decides is the GPU baseline
     from_plan = render(KubeConfig(autoscaling={}), gpu_plan)
     assert named(from_plan, "flowserve-executor-gpu")["metadata"]["annotations"] == {
-        A_FLOWS: "ensemble", A_GPU_STAGES: "ensemble/net", A_BASELINE: "1"}
+        A_FLOWS: "ensemble",
+        A_GPU_STAGES: "ensemble/net",
+        A_BASELINE: "1",
+    }
 
 
 def _without_autoscaling(manifests: list[dict]) -> list[dict]:
@@ -445,7 +484,7 @@ def _without_autoscaling(manifests: list[dict]) -> list[dict]:
             del m["metadata"]["annotations"]
         for c in containers(m):
             if "--autoscale" in c["args"]:
-                del c["args"][c["args"].index("--autoscale"):]
+                del c["args"][c["args"].index("--autoscale") :]
     return out
 
 

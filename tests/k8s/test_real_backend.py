@@ -27,17 +27,28 @@ class Fast(KubernetesCluster):
 def cluster_as(cp, user: str, config: KubeConfig) -> KubernetesCluster:
     """A KubernetesCluster talking to the real API server with ``user``'s token."""
     api = cp.api_client(user)
-    return Fast(config=config, apps_api=client.AppsV1Api(api), core_api=client.CoreV1Api(api),
-                networking_api=client.NetworkingV1Api(api), rbac_api=client.RbacAuthorizationV1Api(api))
+    return Fast(
+        config=config,
+        apps_api=client.AppsV1Api(api),
+        core_api=client.CoreV1Api(api),
+        networking_api=client.NetworkingV1Api(api),
+        rbac_api=client.RbacAuthorizationV1Api(api),
+    )
 
 
 def live_objects(cp, namespace: str, instance: str = "flowserve") -> set[tuple[str, str]]:
     """(kind, name) of every object of ``instance`` in ``namespace``, read as admin."""
-    out = cp.kubectl("-n", namespace, "get",
-                     "deployments,statefulsets,services,networkpolicies,roles,rolebindings,serviceaccounts,"
-                     "secrets,persistentvolumeclaims,configmaps",
-                     "-l", f"{INSTANCE}={instance}", "-o",
-                     "jsonpath={range .items[*]}{.kind} {.metadata.name}{'\\n'}{end}")
+    out = cp.kubectl(
+        "-n",
+        namespace,
+        "get",
+        "deployments,statefulsets,services,networkpolicies,roles,rolebindings,serviceaccounts,"
+        "secrets,persistentvolumeclaims,configmaps",
+        "-l",
+        f"{INSTANCE}={instance}",
+        "-o",
+        "jsonpath={range .items[*]}{.kind} {.metadata.name}{'\\n'}{end}",
+    )
     return {tuple(line.split()) for line in out.splitlines() if line.strip()}
 
 
@@ -87,8 +98,12 @@ def test_the_server_rejects_a_broken_manifest_naming_the_object_and_field(contro
 
 
 def test_deployer_applies_waits_scales_and_reapplies_keeping_replicas(control_plane, k8s_namespace):
-    cfg = config(k8s_namespace, cpu_executors=2, gpu_executors=1,
-                 autoscaling=AutoscalingConfig(max_replicas=6, target_utilisation=0.6))
+    cfg = config(
+        k8s_namespace,
+        cpu_executors=2,
+        gpu_executors=1,
+        autoscaling=AutoscalingConfig(max_replicas=6, target_utilisation=0.6),
+    )
     cluster = cluster_as(control_plane, "developer", cfg)
     assert sorted(cluster.ensure_secrets()) == ["flowserve-admin", "flowserve-cluster-key", "flowserve-redis"]
     assert cluster.ensure_secrets() == []
@@ -99,12 +114,23 @@ def test_deployer_applies_waits_scales_and_reapplies_keeping_replicas(control_pl
     assert {r["action"] for r in results} == {"created"}
     status = cluster.wait_ready(wait_s=60)  # the real controllers roll out, the scheduler binds
     assert {c: (s["ready"], s["replicas"]) for c, s in status["components"].items()} == {
-        "kvs": (1, 1), "gateway": (1, 1), "executor-cpu": (2, 2), "executor-gpu": (1, 1)}
+        "kvs": (1, 1),
+        "gateway": (1, 1),
+        "executor-cpu": (2, 2),
+        "executor-gpu": (1, 1),
+    }
     assert status["gateway"]["type"] == "ClusterIP" and status["gateway"]["cluster_ip"].startswith("10.0.0.")
     # the real scheduler honoured the GPU request against the node's capacity
-    gpu_pods = control_plane.kubectl("-n", k8s_namespace, "get", "pods", "-l",
-                                     "app.kubernetes.io/component=executor-gpu", "-o",
-                                     "jsonpath={.items[*].spec.nodeName}")
+    gpu_pods = control_plane.kubectl(
+        "-n",
+        k8s_namespace,
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/component=executor-gpu",
+        "-o",
+        "jsonpath={.items[*].spec.nodeName}",
+    )
     assert gpu_pods == rc.NODE
 
     assert cluster.scale("executor-cpu", 3) == 3
@@ -129,7 +155,8 @@ def test_deployer_applies_waits_scales_and_reapplies_keeping_replicas(control_pl
     actions = {(r["kind"], r["name"]): r["action"] for r in cluster.apply(changed)}
     assert actions[("Deployment", "flowserve-gateway")] == "configured"
     dep = client.AppsV1Api(control_plane.api_client("admin")).read_namespaced_deployment(
-        "flowserve-gateway", k8s_namespace)
+        "flowserve-gateway", k8s_namespace
+    )
     assert dep.spec.template.spec.containers[0].image.endswith(":0.2.0")
     assert "flowserve" in {f.manager for f in dep.metadata.managed_fields if f.operation == "Apply"}
     cluster.wait_ready(wait_s=60)
@@ -144,14 +171,20 @@ def test_reapplying_keeps_what_the_server_assigned(control_plane, k8s_namespace)
     assert before.spec.ports[0].node_port and before.spec.cluster_ip
     results = cluster.apply()
     after = core.read_namespaced_service("flowserve-gateway", k8s_namespace)
-    assert (after.spec.cluster_ip, after.spec.ports[0].node_port) == (before.spec.cluster_ip,
-                                                                      before.spec.ports[0].node_port)
+    assert (after.spec.cluster_ip, after.spec.ports[0].node_port) == (
+        before.spec.cluster_ip,
+        before.spec.ports[0].node_port,
+    )
     assert {r["action"] for r in results} == {"unchanged"}  # a no-op apply writes nothing
 
 
 def test_wait_ready_names_what_the_scheduler_cannot_place(control_plane, k8s_namespace):
-    cfg = config(k8s_namespace, cpu_executors=1, gpu_executors=1,
-                 gpu_node_selector={"cloud.google.com/gke-accelerator": "nvidia-h100"})  # no such node
+    cfg = config(
+        k8s_namespace,
+        cpu_executors=1,
+        gpu_executors=1,
+        gpu_node_selector={"cloud.google.com/gke-accelerator": "nvidia-h100"},
+    )  # no such node
     cluster = cluster_as(control_plane, "developer", cfg)
     cluster.ensure_secrets()
     cluster.apply()
@@ -169,20 +202,30 @@ def test_reapplying_without_gpu_executors_or_autoscaling_prunes_them(control_pla
     cluster.ensure_secrets()
     cluster.apply(render(cfg))
     before = live_objects(control_plane, k8s_namespace)
-    assert {("Deployment", "flowserve-executor-gpu"), ("Role", "flowserve-autoscaler"),
-            ("RoleBinding", "flowserve-autoscaler")} <= before
+    assert {
+        ("Deployment", "flowserve-executor-gpu"),
+        ("Role", "flowserve-autoscaler"),
+        ("RoleBinding", "flowserve-autoscaler"),
+    } <= before
 
     smaller = cfg.replace(gpu_executors=0, autoscaling=None, network_policies=False)
     results = cluster.apply(render(smaller))
     pruned = {(r["kind"], r["name"]) for r in results if r["action"] == "pruned"}
-    assert pruned == {("Deployment", "flowserve-executor-gpu"), ("Role", "flowserve-autoscaler"),
-                      ("RoleBinding", "flowserve-autoscaler"), ("NetworkPolicy", "flowserve-kvs"),
-                      ("NetworkPolicy", "flowserve-executors"), ("NetworkPolicy", "flowserve-gateway")}
-    rc.wait_for("the pruned objects to be gone",
-                lambda: live_objects(control_plane, k8s_namespace) == (before - pruned), timeout=30)
+    assert pruned == {
+        ("Deployment", "flowserve-executor-gpu"),
+        ("Role", "flowserve-autoscaler"),
+        ("RoleBinding", "flowserve-autoscaler"),
+        ("NetworkPolicy", "flowserve-kvs"),
+        ("NetworkPolicy", "flowserve-executors"),
+        ("NetworkPolicy", "flowserve-gateway"),
+    }
+    rc.wait_for(
+        "the pruned objects to be gone",
+        lambda: live_objects(control_plane, k8s_namespace) == (before - pruned),
+        timeout=30,
+    )
     # the Secrets are never pruned (they are not rendered, and hold the data's password)
-    assert {("Secret", "flowserve-redis"), ("Secret", "flowserve-admin")} <= live_objects(control_plane,
-                                                                                         k8s_namespace)
+    assert {("Secret", "flowserve-redis"), ("Secret", "flowserve-admin")} <= live_objects(control_plane, k8s_namespace)
     # another instance in the same namespace is left alone
     other = config(k8s_namespace, name="other")
     cluster_as(control_plane, "developer", other).apply(render(other))
@@ -204,27 +247,44 @@ def test_delete_as_the_deployer_removes_everything_and_keeps_data_by_default(con
     admin_core = client.CoreV1Api(control_plane.api_client("admin"))
     # a volume for the KVS's claim (no provisioner here): pre-bound to that claim
     pv = f"pv-{k8s_namespace}"
-    admin_core.create_persistent_volume({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": f"/tmp/{pv}"},
-                 "claimRef": {"namespace": k8s_namespace, "name": "data-flowserve-kvs-0"}}})
+    admin_core.create_persistent_volume(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": pv},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "hostPath": {"path": f"/tmp/{pv}"},
+                "claimRef": {"namespace": k8s_namespace, "name": "data-flowserve-kvs-0"},
+            },
+        }
+    )
     try:
-        cfg = KubeConfig(namespace=k8s_namespace, image=IMAGE, gpu_executors=1,
-                         autoscaling=AutoscalingConfig(max_replicas=4))
+        cfg = KubeConfig(
+            namespace=k8s_namespace, image=IMAGE, gpu_executors=1, autoscaling=AutoscalingConfig(max_replicas=4)
+        )
         cluster = cluster_as(control_plane, "developer", cfg)
         cluster.ensure_secrets()
         cluster.apply()
         cluster.wait_ready(wait_s=60)  # the KVS pod ran: its claim is bound
-        data = {("Secret", "flowserve-redis"), ("Secret", "flowserve-admin"), ("Secret", "flowserve-cluster-key"),
-                ("PersistentVolumeClaim", "data-flowserve-kvs-0")}
+        data = {
+            ("Secret", "flowserve-redis"),
+            ("Secret", "flowserve-admin"),
+            ("Secret", "flowserve-cluster-key"),
+            ("PersistentVolumeClaim", "data-flowserve-kvs-0"),
+        }
         assert data <= live_objects(control_plane, k8s_namespace)
 
         deleted = cluster.delete()
         assert {(d["kind"], d["name"]) for d in deleted} == rendered(render(cfg))
-        rc.wait_for("only the data to be left", lambda: live_objects(control_plane, k8s_namespace) == data,
-                    timeout=60)
-        rc.wait_for("the pods to be gone", lambda: not control_plane.kubectl(
-            "-n", k8s_namespace, "get", "pods", "-o", "name"), timeout=60)
+        rc.wait_for("only the data to be left", lambda: live_objects(control_plane, k8s_namespace) == data, timeout=60)
+        rc.wait_for(
+            "the pods to be gone",
+            lambda: not control_plane.kubectl("-n", k8s_namespace, "get", "pods", "-o", "name"),
+            timeout=60,
+        )
 
         deleted = cluster.delete(keep_data=False)  # as the deployer: no 403 half way
         assert {(d["kind"], d["name"]) for d in deleted} == data

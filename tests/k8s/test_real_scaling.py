@@ -39,8 +39,9 @@ class PodDispatcher:
         self.executors = {p: Info(p, d) for d in ("cpu", "gpu") for p in self.ready_pods(d)}
 
     def ready_pods(self, device: str) -> list[str]:
-        pods = self.core.list_namespaced_pod(self.namespace,
-                                             label_selector=f"app.kubernetes.io/component=executor-{device}").items
+        pods = self.core.list_namespaced_pod(
+            self.namespace, label_selector=f"app.kubernetes.io/component=executor-{device}"
+        ).items
         ready = [p for p in pods if p.metadata.deletion_timestamp is None and p.status.phase == "Running"]
         return [p.metadata.name for p in sorted(ready, key=lambda p: p.metadata.creation_timestamp)]
 
@@ -64,8 +65,11 @@ def incluster_as_service_account(control_plane, monkeypatch, tmp_path):
 
     def use(namespace: str, sa: str = "flowserve"):
         core = client.CoreV1Api(control_plane.api_client("admin"))
-        name = rc.wait_for(f"the token of ServiceAccount {namespace}/{sa}", lambda: next(iter(
-            core.read_namespaced_service_account(sa, namespace).secrets or []), None), timeout=30).name
+        name = rc.wait_for(
+            f"the token of ServiceAccount {namespace}/{sa}",
+            lambda: next(iter(core.read_namespaced_service_account(sa, namespace).secrets or []), None),
+            timeout=30,
+        ).name
         token = base64.b64decode(core.read_namespaced_secret(name, namespace).data["token"])
         (tmp_path / "token").write_bytes(token)
         monkeypatch.setattr(incluster, "SERVICE_TOKEN_FILENAME", str(tmp_path / "token"))
@@ -73,13 +77,21 @@ def incluster_as_service_account(control_plane, monkeypatch, tmp_path):
         host, port = control_plane.url.removeprefix("https://").split(":")
         monkeypatch.setenv("KUBERNETES_SERVICE_HOST", host)
         monkeypatch.setenv("KUBERNETES_SERVICE_PORT", port)
+
     return use
 
 
-def test_the_autoscaler_adds_and_removes_executors_under_its_role(control_plane, k8s_namespace,
-                                                                  incluster_as_service_account):
-    cfg = KubeConfig(namespace=k8s_namespace, image=IMAGE, kvs_storage=None, cpu_executors=2, gpu_executors=1,
-                     autoscaling=AutoscalingConfig(max_replicas=6))
+def test_the_autoscaler_adds_and_removes_executors_under_its_role(
+    control_plane, k8s_namespace, incluster_as_service_account
+):
+    cfg = KubeConfig(
+        namespace=k8s_namespace,
+        image=IMAGE,
+        kvs_storage=None,
+        cpu_executors=2,
+        gpu_executors=1,
+        autoscaling=AutoscalingConfig(max_replicas=6),
+    )
     deployer = cluster_as(control_plane, "developer", cfg)
     deployer.ensure_secrets()
     deployer.apply()
@@ -111,11 +123,12 @@ def test_the_autoscaler_adds_and_removes_executors_under_its_role(control_plane,
     assert core.read_namespaced_pod(left[0], k8s_namespace).metadata.annotations[DELETION_COST] == "-1000"
 
     # and nothing more: the Role is least privilege
-    for what, call, verb in [("scale the gateway", lambda: backend.cluster.scale("gateway", 3), "patch"),
-                             ("read a Secret", lambda: backend.cluster.read_secret("flowserve-redis", "password"),
-                              "read"),
-                             ("list the workloads", backend.cluster.status, "list"),
-                             ("apply", backend.cluster.apply, "read")]:
+    for what, call, verb in [
+        ("scale the gateway", lambda: backend.cluster.scale("gateway", 3), "patch"),
+        ("read a Secret", lambda: backend.cluster.read_secret("flowserve-redis", "password"), "read"),
+        ("list the workloads", backend.cluster.status, "list"),
+        ("apply", backend.cluster.apply, "read"),
+    ]:
         with pytest.raises(K8sForbiddenError) as e:
             call()
         assert e.value.verb == verb, what

@@ -61,8 +61,10 @@ class StandInDispatcher:
         self.waits.append((device, set(known), timeout))
 
         def new():
-            return next((i.id for i in self.executors.values()
-                         if i.device == device and i.alive and i.id not in known), None)
+            return next(
+                (i.id for i in self.executors.values() if i.device == device and i.alive and i.id not in known), None
+            )
+
         try:
             async with self._registered:
                 await asyncio.wait_for(self._registered.wait_for(lambda: new() is not None), timeout)
@@ -87,15 +89,19 @@ class Replicas:
         return wire
 
     def _doc(self, device: str) -> dict:
-        return {"kind": "Scale", "apiVersion": "autoscaling/v1",
-                "metadata": {"name": f"flowserve-executor-{device}", "namespace": NS},
-                "spec": {"replicas": self.replicas[device]}}
+        return {
+            "kind": "Scale",
+            "apiVersion": "autoscaling/v1",
+            "metadata": {"name": f"flowserve-executor-{device}", "namespace": NS},
+            "spec": {"replicas": self.replicas[device]},
+        }
 
     def _read(self, device: str):
         def answer(req):
             with self.lock:
                 self.threads.add(threading.get_ident())
                 return self._doc(device)
+
         return answer
 
     def _patch(self, device: str):
@@ -104,6 +110,7 @@ class Replicas:
                 self.threads.add(threading.get_ident())
                 self.replicas[device] = req.body["spec"]["replicas"]
                 return self._doc(device)
+
         return answer
 
 
@@ -128,8 +135,12 @@ def test_a_new_executor_that_does_not_register_in_time_is_scaled_back(caplog):
     b, wire = backend(d, replicas, wait_s=0.05)
     with caplog.at_level(logging.WARNING, logger="flowserve.k8s.scaling"):
         assert asyncio.run(b.add_executor("cpu")) is None
-    assert trace(wire) == [("GET", CPU_SCALE, None), ("PATCH", CPU_SCALE, {"spec": {"replicas": 3}}),
-                           ("GET", CPU_SCALE, None), ("PATCH", CPU_SCALE, {"spec": {"replicas": 2}})]
+    assert trace(wire) == [
+        ("GET", CPU_SCALE, None),
+        ("PATCH", CPU_SCALE, {"spec": {"replicas": 3}}),
+        ("GET", CPU_SCALE, None),
+        ("PATCH", CPU_SCALE, {"spec": {"replicas": 2}}),
+    ]
     assert replicas.replicas == {"cpu": 2}
     assert "no new cpu executor registered within 0.05s: scaling executor-cpu back down" in caplog.text
 
@@ -185,8 +196,9 @@ def test_add_executor_rejects_an_unknown_device_before_calling():
 
 def test_removing_a_pod_that_is_gone_scales_nothing_down():
     d = StandInDispatcher(Info("cpu-a"), Info("cpu-gone"))
-    wire = WireRecorder().reply("PATCH", f"{CORE}/pods/cpu-gone", 404,
-                                status_body(404, 'pods "cpu-gone" not found', "NotFound"))
+    wire = WireRecorder().reply(
+        "PATCH", f"{CORE}/pods/cpu-gone", 404, status_body(404, 'pods "cpu-gone" not found', "NotFound")
+    )
     b, wire = backend(d, Replicas(cpu=2), baseline={"cpu": 1}, wire=wire)
     with pytest.raises(K8sNotFoundError, match="patch Pod flowserve/cpu-gone failed: 404"):
         asyncio.run(b.remove_executor("cpu-gone"))
@@ -212,8 +224,15 @@ def test_a_refused_scale_down_is_raised():
 
 
 def test_removable_lists_live_executors_beyond_the_baseline_newest_first():
-    d = StandInDispatcher(Info("cpu-1"), Info("gpu-1", "gpu"), Info("cpu-2"), Info("cpu-dead", alive=False),
-                          Info("cpu-3"), Info("cpu-4"), Info("gpu-2", "gpu"))
+    d = StandInDispatcher(
+        Info("cpu-1"),
+        Info("gpu-1", "gpu"),
+        Info("cpu-2"),
+        Info("cpu-dead", alive=False),
+        Info("cpu-3"),
+        Info("cpu-4"),
+        Info("gpu-2", "gpu"),
+    )
     b, wire = backend(d, baseline={"cpu": 2, "gpu": 1})
     assert b.removable() == ["cpu-4", "cpu-3", "gpu-2"]
     assert backend(d, baseline={"cpu": 4, "gpu": 2})[0].removable() == []
@@ -224,12 +243,15 @@ def test_removable_lists_live_executors_beyond_the_baseline_newest_first():
 # -- construction -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("baseline,error,match", [
-    ([2], K8sConfigTypeError, r"baseline must be a mapping of device to executor count, got list \[2\]"),
-    ({"tpu": 1}, K8sConfigError, r"device must be 'cpu' or 'gpu', got 'tpu'"),
-    ({"cpu": -1}, K8sConfigError, r"baseline\['cpu'\] must be an int >= 0, got -1"),
-    ({"cpu": "2"}, K8sConfigTypeError, r"baseline\['cpu'\] must be an int >= 0, got str '2'"),
-])
+@pytest.mark.parametrize(
+    "baseline,error,match",
+    [
+        ([2], K8sConfigTypeError, r"baseline must be a mapping of device to executor count, got list \[2\]"),
+        ({"tpu": 1}, K8sConfigError, r"device must be 'cpu' or 'gpu', got 'tpu'"),
+        ({"cpu": -1}, K8sConfigError, r"baseline\['cpu'\] must be an int >= 0, got -1"),
+        ({"cpu": "2"}, K8sConfigTypeError, r"baseline\['cpu'\] must be an int >= 0, got str '2'"),
+    ],
+)
 def test_bad_baselines(baseline, error, match):
     with pytest.raises(error, match=match):
         backend(StandInDispatcher(), baseline=baseline)
@@ -248,5 +270,3 @@ def test_outside_a_pod_there_are_no_incluster_credentials(monkeypatch):
         KubernetesExecutors.from_incluster("ml", "vision", StandInDispatcher(), {"cpu": 1})
     with pytest.raises(K8sConfigError, match="namespace must be .*got 'Bad NS'"):
         incluster_cluster("Bad NS", "vision")
-
-

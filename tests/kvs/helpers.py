@@ -70,9 +70,7 @@ class InvalidationRecorder:
     def wait_for_key(self, key: str, timeout: float = 5.0) -> bool:
         """Wait until ``key`` was invalidated (or everything was flushed)."""
         with self._cond:
-            return self._cond.wait_for(
-                lambda: any(e is None or key in e for e in self.events), timeout
-            )
+            return self._cond.wait_for(lambda: any(e is None or key in e for e in self.events), timeout)
 
     def wait_for_flush(self, timeout: float = 5.0) -> bool:
         with self._cond:

@@ -18,7 +18,6 @@ import pytest
 
 from flow.exceptions import FlowError, RetryableError
 from kvs import KVSError
-from kvs.exceptions import KVSTypeError
 from kvs.artifacts import (
     ArtifactAccessError,
     ArtifactError,
@@ -30,6 +29,7 @@ from kvs.artifacts import (
     parse_s3_uri,
     s3_endpoint,
 )
+from kvs.exceptions import KVSTypeError
 
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
@@ -37,9 +37,14 @@ from botocore.config import Config  # noqa: E402
 from botocore.exceptions import ClientError  # noqa: E402
 
 BUCKET = "models"
-AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-           "AWS_EC2_METADATA_DISABLED": "true"}
+AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
 
 
 @pytest.fixture(scope="module")
@@ -152,13 +157,23 @@ def test_concurrent_threads_share_one_download(endpoint, s3, tmp_path):
 def test_concurrent_processes_share_one_download(endpoint, s3, tmp_path):
     data = os.urandom(1 << 20)
     uri = put(s3, "shared.pt", data)
-    code = ("import sys, kvs.artifacts as a\n"
-            "c = a._default_client(); n = [0]\n"
-            "c.meta.events.register('before-call.s3.GetObject', lambda **k: n.__setitem__(0, n[0] + 1))\n"
-            "print(a.fetch(sys.argv[1], sys.argv[2]), n[0])\n")
+    code = (
+        "import sys, kvs.artifacts as a\n"
+        "c = a._default_client(); n = [0]\n"
+        "c.meta.events.register('before-call.s3.GetObject', lambda **k: n.__setitem__(0, n[0] + 1))\n"
+        "print(a.fetch(sys.argv[1], sys.argv[2]), n[0])\n"
+    )
     env = dict(os.environ)
-    procs = [subprocess.Popen([sys.executable, "-c", code, uri, str(tmp_path)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, uri, str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(3)
+    ]
     outs = [p.communicate(timeout=60) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     results = [o[0].split() for o in outs]
@@ -196,8 +211,9 @@ def test_missing_objects_and_buckets(endpoint, tmp_path):
 
 
 def test_unreachable_store_is_retryable(endpoint, tmp_path):
-    dead = boto3.client("s3", endpoint_url="http://127.0.0.1:9",
-                        config=Config(retries={"max_attempts": 1}, connect_timeout=1))
+    dead = boto3.client(
+        "s3", endpoint_url="http://127.0.0.1:9", config=Config(retries={"max_attempts": 1}, connect_timeout=1)
+    )
     with pytest.raises(ArtifactUnavailableError, match=r"HEAD 's3://models/x': cannot reach the store") as info:
         fetch(f"s3://{BUCKET}/x", tmp_path, s3_client=dead)
     assert isinstance(info.value, RetryableError)
@@ -247,18 +263,21 @@ def test_local_paths_and_file_uris_pass_through(tmp_path):
         fetch((tmp_path / "missing.pt").as_uri())
 
 
-@pytest.mark.parametrize("uri,match", [
-    ("", "artifact URI is empty"),
-    ("s3://", r"bad S3 URI 's3://'"),
-    ("s3://models", r"expected s3://bucket/key"),
-    ("s3://models/", r"expected s3://bucket/key"),
-    ("s3://models/dir/", r"expected s3://bucket/key"),
-    ("s3://Bad_Bucket/k", r"bucket 'Bad_Bucket' is not a valid bucket name"),
-    ("s3://models/k?versionId=3", r"no query or fragment"),
-    ("gs://models/k", r"unsupported artifact URI 'gs://models/k'"),
-    ("https://example.com/model.pt", r"unsupported artifact URI 'https://example.com/model.pt'"),
-    ("file://otherhost/model.pt", r"host 'otherhost' is not local"),
-])
+@pytest.mark.parametrize(
+    "uri,match",
+    [
+        ("", "artifact URI is empty"),
+        ("s3://", r"bad S3 URI 's3://'"),
+        ("s3://models", r"expected s3://bucket/key"),
+        ("s3://models/", r"expected s3://bucket/key"),
+        ("s3://models/dir/", r"expected s3://bucket/key"),
+        ("s3://Bad_Bucket/k", r"bucket 'Bad_Bucket' is not a valid bucket name"),
+        ("s3://models/k?versionId=3", r"no query or fragment"),
+        ("gs://models/k", r"unsupported artifact URI 'gs://models/k'"),
+        ("https://example.com/model.pt", r"unsupported artifact URI 'https://example.com/model.pt'"),
+        ("file://otherhost/model.pt", r"host 'otherhost' is not local"),
+    ],
+)
 def test_bad_uris_are_value_errors_quoting_the_uri(uri, match):
     with pytest.raises(ArtifactURIError, match=match) as info:
         fetch(uri)
@@ -284,8 +303,9 @@ def test_store_answers_are_classified():
     from kvs.artifacts import _classify
 
     def err(code, status):
-        return ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}},
-                           "GetObject")
+        return ClientError(
+            {"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject"
+        )
 
     assert type(_classify(err("AccessDenied", 403), "s3://m/k", "GET")) is ArtifactAccessError
     assert type(_classify(err("SlowDown", 503), "s3://m/k", "GET")) is ArtifactUnavailableError

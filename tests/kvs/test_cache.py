@@ -49,8 +49,7 @@ def test_second_read_is_a_hit(cached_kvs, other):
 def test_hit_needs_no_server(tmp_path):
     """A hit does not touch the network: it still answers while the server is frozen."""
     with RedisServer(dir=tmp_path) as server:
-        store = CachedKVS.from_url(server.url, health_check_interval=30, retry_timeout=0.2,
-                                   socket_timeout=0.2)
+        store = CachedKVS.from_url(server.url, health_check_interval=30, retry_timeout=0.2, socket_timeout=0.2)
         store.put("k", np.ones(1000))
         store.get("k")
         os.kill(server.pid, signal.SIGSTOP)

@@ -26,9 +26,18 @@ from tests.kvs.helpers import run_in_fork
 
 def test_put_get_every_type(kvs):
     values = {
-        "none": None, "bool": True, "int": 7, "float": 2.5, "str": "héllo", "bytes": b"\x00\x01",
-        "empty": b"", "list": [1, "a", None], "dict": {"a": {"b": [1.5]}}, "ref": KVSRef("other"),
-        "arr0d": np.array(3.0), "arr_empty": np.zeros((0, 4), np.int32),
+        "none": None,
+        "bool": True,
+        "int": 7,
+        "float": 2.5,
+        "str": "héllo",
+        "bytes": b"\x00\x01",
+        "empty": b"",
+        "list": [1, "a", None],
+        "dict": {"a": {"b": [1.5]}},
+        "ref": KVSRef("other"),
+        "arr0d": np.array(3.0),
+        "arr_empty": np.zeros((0, 4), np.int32),
     }
     for key, value in values.items():
         kvs.put(key, value)
@@ -145,10 +154,19 @@ def test_option_defaults_are_documented_values():
 
 @pytest.mark.parametrize(
     "field, value",
-    [("socket_timeout", -1), ("socket_timeout", 0), ("connect_timeout", float("nan")),
-     ("retry_timeout", -0.5), ("retry_timeout", float("inf")), ("max_connections", 0),
-     ("cache_max_bytes", -5), ("backoff_base", 0), ("health_check_interval", -2),
-     ("client_name", "has space"), ("client_name", "")],
+    [
+        ("socket_timeout", -1),
+        ("socket_timeout", 0),
+        ("connect_timeout", float("nan")),
+        ("retry_timeout", -0.5),
+        ("retry_timeout", float("inf")),
+        ("max_connections", 0),
+        ("cache_max_bytes", -5),
+        ("backoff_base", 0),
+        ("health_check_interval", -2),
+        ("client_name", "has space"),
+        ("client_name", ""),
+    ],
 )
 def test_bad_option_values_raise_value_error_quoting_the_value(field, value):
     with pytest.raises(ValueError, match=field) as info:
@@ -159,8 +177,13 @@ def test_bad_option_values_raise_value_error_quoting_the_value(field, value):
 
 @pytest.mark.parametrize(
     "field, value",
-    [("socket_timeout", "5"), ("max_connections", 2.5), ("cache_max_bytes", True),
-     ("retry_timeout", None), ("client_name", 3)],
+    [
+        ("socket_timeout", "5"),
+        ("max_connections", 2.5),
+        ("cache_max_bytes", True),
+        ("retry_timeout", None),
+        ("client_name", 3),
+    ],
 )
 def test_wrong_option_types_raise_type_error_quoting_the_value(field, value):
     with pytest.raises(TypeError, match=field) as info:

@@ -40,6 +40,7 @@ def failing(times: int, error=ConnectionError, result="ok"):
         if len(calls) <= times:
             raise error(f"failure {len(calls)}")
         return result
+
     call.calls = calls
     return call
 
@@ -67,13 +68,16 @@ def test_a_long_outage_does_not_overflow():
     assert delay == 5.0
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"base": -1, "cap": 1}, "Backoff base must be a finite number >= 0, got -1"),
-    ({"base": 1, "cap": float("inf")}, "Backoff cap must be a finite number >= 0, got inf"),
-    ({"base": 2, "cap": 1}, "Backoff base must be <= cap, got base=2 > cap=1"),
-    ({"base": 1, "cap": 2, "jitter": 1.5}, "Backoff jitter must be <= 1, got 1.5"),
-    ({"base": "1", "cap": 2}, "Backoff base must be a finite number >= 0, got '1'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"base": -1, "cap": 1}, "Backoff base must be a finite number >= 0, got -1"),
+        ({"base": 1, "cap": float("inf")}, "Backoff cap must be a finite number >= 0, got inf"),
+        ({"base": 2, "cap": 1}, "Backoff base must be <= cap, got base=2 > cap=1"),
+        ({"base": 1, "cap": 2, "jitter": 1.5}, "Backoff jitter must be <= 1, got 1.5"),
+        ({"base": "1", "cap": 2}, "Backoff base must be a finite number >= 0, got '1'"),
+    ],
+)
 def test_bad_settings_are_named(kwargs, message):
     with pytest.raises(KVSValueError, match=message.replace("(", r"\(")):
         Backoff(**kwargs)
@@ -82,8 +86,14 @@ def test_bad_settings_are_named(kwargs, message):
 def test_retry_sleeps_the_schedule_until_the_call_succeeds():
     t, told = FakeTime(), []
     call = failing(3)
-    result = retry(call, backoff=Backoff(0.1, 1.0, jitter=0), retry_if=lambda e: True,
-                   on_retry=lambda e, d: told.append((str(e), d)), clock=t.clock, sleep=t.sleep)
+    result = retry(
+        call,
+        backoff=Backoff(0.1, 1.0, jitter=0),
+        retry_if=lambda e: True,
+        on_retry=lambda e, d: told.append((str(e), d)),
+        clock=t.clock,
+        sleep=t.sleep,
+    )
     assert result == "ok" and len(call.calls) == 4
     assert t.slept == [0.1, 0.2, 0.4]
     assert told == [("failure 1", 0.1), ("failure 2", 0.2), ("failure 3", 0.4)]
@@ -93,8 +103,13 @@ def test_errors_that_will_not_heal_are_raised_at_once():
     t = FakeTime()
     call = failing(1, error=ValueError)
     with pytest.raises(ValueError, match="failure 1"):
-        retry(call, backoff=Backoff(0.1, 1.0), retry_if=lambda e: isinstance(e, ConnectionError),
-              clock=t.clock, sleep=t.sleep)
+        retry(
+            call,
+            backoff=Backoff(0.1, 1.0),
+            retry_if=lambda e: isinstance(e, ConnectionError),
+            clock=t.clock,
+            sleep=t.sleep,
+        )
     assert t.slept == [] and len(call.calls) == 1
 
 
@@ -102,8 +117,14 @@ def test_retry_gives_up_at_the_deadline_with_a_last_attempt_made_at_it():
     t = FakeTime()
     call = failing(100)
     with pytest.raises(ConnectionError, match="failure 5"):
-        retry(call, backoff=Backoff(0.1, 1.0, jitter=0), retry_if=lambda e: True, give_up_after=1.0,
-              clock=t.clock, sleep=t.sleep)
+        retry(
+            call,
+            backoff=Backoff(0.1, 1.0, jitter=0),
+            retry_if=lambda e: True,
+            give_up_after=1.0,
+            clock=t.clock,
+            sleep=t.sleep,
+        )
     # 0.1 + 0.2 + 0.4, then the 0.8 delay is cut to the 0.3 s left: attempt 5 at the deadline
     assert t.slept == pytest.approx([0.1, 0.2, 0.4, 0.3])
     assert t.now == pytest.approx(101.0)
@@ -119,8 +140,11 @@ def test_retry_async_retries_what_the_awaitable_raises():
             raise ConnectionError("not yet")
         return 42
 
-    result = asyncio.run(retry_async(call, backoff=Backoff(0.2, 5.0, jitter=0), retry_if=lambda e: True,
-                                     clock=t.clock, sleep=t.async_sleep))
+    result = asyncio.run(
+        retry_async(
+            call, backoff=Backoff(0.2, 5.0, jitter=0), retry_if=lambda e: True, clock=t.clock, sleep=t.async_sleep
+        )
+    )
     assert result == 42 and t.slept == [0.2, 0.4]
     assert asyncio.run(retry_async(lambda: "plain", backoff=Backoff(0.2, 5.0), retry_if=lambda e: True)) == "plain"
 
@@ -149,8 +173,17 @@ def test_the_kvs_client_never_retries_refused_credentials():
 def test_a_callers_own_failed_attempt_starts_the_schedule():
     t = FakeTime()
     call = failing(1)
-    assert retry(call, backoff=Backoff(0.1, 1.0, jitter=0), retry_if=lambda e: True, clock=t.clock, sleep=t.sleep,
-                 failed=ConnectionError("first")) == "ok"
+    assert (
+        retry(
+            call,
+            backoff=Backoff(0.1, 1.0, jitter=0),
+            retry_if=lambda e: True,
+            clock=t.clock,
+            sleep=t.sleep,
+            failed=ConnectionError("first"),
+        )
+        == "ok"
+    )
     assert t.slept == [0.1, 0.2] and len(call.calls) == 2
     with pytest.raises(ValueError, match="not retryable"):
         retry(call, backoff=Backoff(0.1, 1.0), retry_if=lambda e: False, failed=ValueError("not retryable"))

@@ -32,8 +32,26 @@ def assert_same_array(a: np.ndarray, b: np.ndarray) -> None:
 
 @pytest.mark.parametrize(
     "value",
-    [None, True, False, 0, -1, 2**70, 3.5, -0.0, float("inf"), "", "héllo ✓", "a\0b",
-     b"", b"\x00\xff" * 1000, [], {}, [1, "a", None, 2.5, [True]], {"k": {"nested": [1, {"x": None}]}}],
+    [
+        None,
+        True,
+        False,
+        0,
+        -1,
+        2**70,
+        3.5,
+        -0.0,
+        float("inf"),
+        "",
+        "héllo ✓",
+        "a\0b",
+        b"",
+        b"\x00\xff" * 1000,
+        [],
+        {},
+        [1, "a", None, 2.5, [True]],
+        {"k": {"nested": [1, {"x": None}]}},
+    ],
     ids=repr,
 )
 def test_roundtrip_plain_values(value):
@@ -63,9 +81,30 @@ def test_every_value_carries_the_header():
 
 # -- numpy -----------------------------------------------------------------------------
 
-DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
-          "float16", "float32", "float64", "longdouble", "complex64", "complex128",
-          "datetime64[ns]", "timedelta64[s]", "S5", "U3", "V4", ">i4", ">f8"]
+DTYPES = [
+    "bool",
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "longdouble",
+    "complex64",
+    "complex128",
+    "datetime64[ns]",
+    "timedelta64[s]",
+    "S5",
+    "U3",
+    "V4",
+    ">i4",
+    ">f8",
+]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -120,12 +159,21 @@ def test_numpy_scalars_roundtrip_as_scalars():
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)  # same examples on every CI run
-@given(hnp.arrays(
-    dtype=st.one_of(hnp.integer_dtypes(), hnp.unsigned_integer_dtypes(), hnp.floating_dtypes(),
-                    hnp.complex_number_dtypes(), hnp.boolean_dtypes(), hnp.datetime64_dtypes(),
-                    hnp.byte_string_dtypes(), hnp.unicode_string_dtypes()),
-    shape=hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5),
-))
+@given(
+    hnp.arrays(
+        dtype=st.one_of(
+            hnp.integer_dtypes(),
+            hnp.unsigned_integer_dtypes(),
+            hnp.floating_dtypes(),
+            hnp.complex_number_dtypes(),
+            hnp.boolean_dtypes(),
+            hnp.datetime64_dtypes(),
+            hnp.byte_string_dtypes(),
+            hnp.unicode_string_dtypes(),
+        ),
+        shape=hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5),
+    )
+)
 def test_array_roundtrip_property(arr):
     out = roundtrip(arr)
     assert out.dtype == arr.dtype and out.shape == arr.shape
@@ -164,9 +212,17 @@ class Custom:
 
 @pytest.mark.parametrize(
     "value, name",
-    [(object(), "object"), (Custom(), "Custom"), ((1, 2), "tuple"), ({1, 2}, "set"),
-     (lambda x: x, "function"), (np.array([1, "a"], dtype=object), "object"),
-     ([1, (2, 3)], "tuple"), ({"a": np.int64(1)}, "numpy.int64"), ({1: "int key"}, "int")],
+    [
+        (object(), "object"),
+        (Custom(), "Custom"),
+        ((1, 2), "tuple"),
+        ({1, 2}, "set"),
+        (lambda x: x, "function"),
+        (np.array([1, "a"], dtype=object), "object"),
+        ([1, (2, 3)], "tuple"),
+        ({"a": np.int64(1)}, "numpy.int64"),
+        ({1: "int key"}, "int"),
+    ],
     ids=lambda v: type(v).__name__,
 )
 def test_refuses_unsupported_values_naming_the_type(value, name):
@@ -219,7 +275,7 @@ def test_forged_object_dtype_header_is_refused():
     # as PyObject pointers would crash the process
     data = bytearray(encode(np.zeros(2, dtype=np.int64)))
     pos = data.index(b"<i8")
-    data[pos:pos + 3] = b"|O\0"
+    data[pos : pos + 3] = b"|O\0"
     data[4] = 2  # dtype text length
     with pytest.raises(SerializationError):
         decode(bytes(data))
@@ -227,8 +283,17 @@ def test_forged_object_dtype_header_is_refused():
 
 @pytest.mark.parametrize(
     "data",
-    [b"", b"\xf5", b"plain text", b"\xf5Z", b"\xf5N\x00", b"\xf5J{bad json",
-     encode(np.arange(10))[:-3], encode(np.arange(10)) + b"extra", b"\xf5A\x00\x01\x02"],
+    [
+        b"",
+        b"\xf5",
+        b"plain text",
+        b"\xf5Z",
+        b"\xf5N\x00",
+        b"\xf5J{bad json",
+        encode(np.arange(10))[:-3],
+        encode(np.arange(10)) + b"extra",
+        b"\xf5A\x00\x01\x02",
+    ],
     ids=repr,
 )
 def test_corrupt_or_foreign_data_is_refused(data):

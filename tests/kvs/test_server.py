@@ -106,8 +106,13 @@ def test_server_dies_with_its_parent_process(tmp_path):
         print(server.pid, flush=True)
         time.sleep(60)
     """)
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         redis_pid = int(child.stdout.readline())
         assert pid_alive(redis_pid)
@@ -142,8 +147,14 @@ def test_die_with_parent_false_outlives_the_parent(tmp_path):
         print(server.pid, flush=True)
         import os; os._exit(0)   # no cleanup: like `flowserve up` returning to the shell
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=30,
+    )
     redis_pid = int(out.stdout.split()[0])
     try:
         assert pid_alive(redis_pid)
@@ -181,8 +192,9 @@ def test_binary_lookup_env_override(monkeypatch, tmp_path):
     assert os.access(find_server_binary(), os.X_OK)
 
 
-@pytest.mark.parametrize("kwargs, quoted", [({"port": 70000}, "70000"), ({"port": "6379"}, "'6379'"),
-                                             ({"startup_timeout": 0}, "0")])
+@pytest.mark.parametrize(
+    "kwargs, quoted", [({"port": 70000}, "70000"), ({"port": "6379"}, "'6379'"), ({"startup_timeout": 0}, "0")]
+)
 def test_bad_arguments_quote_the_value(kwargs, quoted):
     with pytest.raises(ValueError, match=quoted):
         RedisServer(**kwargs)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 
-from optimizer import DEFAULT_RULES, optimize
 from executors.interpreter import Interpreter
+from optimizer import DEFAULT_RULES, optimize
 from tests.flowgen import assert_same_rows, flows_and_inputs
 
 RULE_LISTS = {
@@ -27,8 +27,12 @@ RULE_LISTS = {
     "fusion-first": ["fusion", "batching", "placement", "locality", "competition"],
 }
 
-SETTINGS = dict(deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = dict(
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 def check_plan_matches_reference(case, rules) -> Interpreter:
@@ -38,7 +42,8 @@ def check_plan_matches_reference(case, rules) -> Interpreter:
     got = interp.run(case.table, kvs=case.store)
     assert got.equals(expected), (
         f"rules {rules}: plan result differs from flow.run\nplan:\n{plan.explain()}\n"
-        f"got:      {got.to_pylist()}\nexpected: {expected.to_pylist()}")
+        f"got:      {got.to_pylist()}\nexpected: {expected.to_pylist()}"
+    )
     routed = Interpreter(plan, route_by_key=True).run(case.table, kvs=case.store)
     # key groups merge back by row position: flow.run's order, row by row
     assert_same_rows(routed, expected, f"rules {rules}, rows routed by key: ", ordered=True)

@@ -11,14 +11,43 @@ from flow import Table
 from tests.flowgen import FlowCase, assert_same_rows, canonical_rows, random_case
 
 EVERY_VARIANT = {
-    "map", "map.row", "map.multi", "map.col", "map.class", "map.init", "map.batching", "map.gpu",
-    "map.high_variance", "map.keep", "map.key", "map.tensor",
-    "filter", "filter.batching",
-    "agg", "groupby.agg", "agg.count", "agg.sum", "agg.min", "agg.max", "agg.mean",
-    "join", "join.inner", "join.left", "join.outer", "join.qid", "join.on_column",
+    "map",
+    "map.row",
+    "map.multi",
+    "map.col",
+    "map.class",
+    "map.init",
+    "map.batching",
+    "map.gpu",
+    "map.high_variance",
+    "map.keep",
+    "map.key",
+    "map.tensor",
+    "filter",
+    "filter.batching",
+    "agg",
+    "groupby.agg",
+    "agg.count",
+    "agg.sum",
+    "agg.min",
+    "agg.max",
+    "agg.mean",
+    "join",
+    "join.inner",
+    "join.left",
+    "join.outer",
+    "join.qid",
+    "join.on_column",
     "union",
-    "lookup", "lookup.fixed", "lookup.dynamic", "lookup.missing_null",
-    "anyof", "anyof.valid", "anyof.batching", "anyof.gpu", "anyof.failing",
+    "lookup",
+    "lookup.fixed",
+    "lookup.dynamic",
+    "lookup.missing_null",
+    "anyof",
+    "anyof.valid",
+    "anyof.batching",
+    "anyof.gpu",
+    "anyof.failing",
 }
 
 CASES = [random_case(seed) for seed in range(200)]
@@ -90,10 +119,10 @@ def test_assert_same_rows_checks_columns():
 
 
 def test_assert_same_rows_is_loose_only_where_merging_changes_types():
-    assert_same_rows(t([{"x": 1}], [0]), t([{"x": 1.0}], [0]))               # int widened to float
+    assert_same_rows(t([{"x": 1}], [0]), t([{"x": 1.0}], [0]))  # int widened to float
     assert_same_rows(t([{"x": None}, {"x": 2.0}], [0, 1]), t([{"x": float("nan")}, {"x": 2.0}], [0, 1]))
     with pytest.raises(AssertionError):
-        assert_same_rows(t([{"x": "1"}], [0]), t([{"x": 1}], [0]))             # str is not int
+        assert_same_rows(t([{"x": "1"}], [0]), t([{"x": 1}], [0]))  # str is not int
     v = np.array([1.0, 2.0])
     assert canonical_rows(t([{"v": v}], [0])) == canonical_rows(t([{"v": v.copy()}], [0]))
     with pytest.raises(AssertionError):
@@ -107,8 +136,9 @@ def test_race_lookups_make_racing_stages_feed_continuations():
 
     def racing_into_lookup(case):
         stages = optimize(case.flow).stages
-        return any(i in stages and stages[i].competitive > 1
-                   for s in stages.values() if s.continuation for i in s.inputs)
+        return any(
+            i in stages and stages[i].competitive > 1 for s in stages.values() if s.continuation for i in s.inputs
+        )
 
     cases = [random_case(seed, race_lookups=50) for seed in range(20)]
     assert sum(racing_into_lookup(c) for c in cases) >= 15

@@ -9,7 +9,7 @@ from optimizer import INPUT, BatchConfig, ChooseOp, OptimizerOptions, Plan, opti
 from optimizer.rules import batching, competition, fusion, locality, placement
 from tests.optimizer import examples as ex
 
-I = INPUT
+REQ = INPUT
 B = BatchConfig()
 
 
@@ -58,8 +58,9 @@ def k(row):
 def chain_flow(**flags_of) -> Flow:
     """x -> f -> g -> h (flags per function name)."""
     flow = Flow("chain", schema={"x": int})
-    flow.map(f, names=["y"], **flags_of.get("f", {})).map(
-        g, names=["y"], **flags_of.get("g", {})).map(h, names=["y"], **flags_of.get("h", {}))
+    flow.map(f, names=["y"], **flags_of.get("f", {})).map(g, names=["y"], **flags_of.get("g", {})).map(
+        h, names=["y"], **flags_of.get("h", {})
+    )
     return flow
 
 
@@ -69,7 +70,7 @@ def chain_flow(**flags_of) -> Flow:
 def test_from_flow_is_one_stage_per_operator_in_creation_order():
     plan = Plan.from_flow(ex.cascade())
     assert layout(plan) == [
-        ("preprocess", (I,), {}),
+        ("preprocess", (REQ,), {}),
         ("small_net", ("preprocess",), {}),
         ("low_confidence", ("small_net",), {}),
         ("big_net", ("low_confidence",), {}),
@@ -85,7 +86,7 @@ def test_from_flow_is_one_stage_per_operator_in_creation_order():
 def test_from_flow_keeps_anyof_as_one_stage():
     plan = Plan.from_flow(ex.competition())
     assert layout(plan) == [
-        ("preprocess", (I,), {}),
+        ("preprocess", (REQ,), {}),
         ("anyof(small,medium,large)", ("preprocess",), {}),
         ("label", ("anyof(small,medium,large)",), {}),
     ]
@@ -97,7 +98,7 @@ def test_from_flow_keeps_anyof_as_one_stage():
 
 def test_fusion_merges_a_linear_chain_with_traceable_names():
     plan = optimize(chain_flow(), rules=["fusion"])
-    assert layout(plan) == [("f+g+h", (I,), {})]
+    assert layout(plan) == [("f+g+h", (REQ,), {})]
     stage = plan.stages["f+g+h"]
     assert [(n.name, n.inputs) for n in stage.nodes] == [("f", ("@0",)), ("g", ("f",)), ("h", ("g",))]
     assert plan.sink == "f+g+h"
@@ -111,10 +112,10 @@ def test_fusion_never_fuses_a_stage_with_several_consumers():
     left.join(right).map(k, names=["z"])
     plan = optimize(flow, rules=["fusion"], options=CHAINS_ONLY)
     assert layout(plan) == [
-        ("f", (I,), {}),               # read by g and h: both need its output
+        ("f", (REQ,), {}),  # read by g and h: both need its output
         ("g", ("f",), {}),
         ("h", ("f",), {}),
-        ("join+k", ("g", "h"), {}),    # the join may head a stage; k fuses after it
+        ("join+k", ("g", "h"), {}),  # the join may head a stage; k fuses after it
     ]
 
 
@@ -124,10 +125,15 @@ def test_fusion_folds_a_fork_join_region_into_one_stage():
     left, right = y.map(g, names=["y"]), y.map(h, names=["y"])
     left.join(right).map(k, names=["z"])
     plan = optimize(flow, rules=["fusion"])
-    assert layout(plan) == [("f+g+h+join+k", (I,), {})]
+    assert layout(plan) == [("f+g+h+join+k", (REQ,), {})]
     stage = plan.stages["f+g+h+join+k"]
     assert [(n.name, n.inputs) for n in stage.nodes] == [
-        ("f", ("@0",)), ("g", ("f",)), ("h", ("f",)), ("join", ("g", "h")), ("k", ("join",))]
+        ("f", ("@0",)),
+        ("g", ("f",)),
+        ("h", ("f",)),
+        ("join", ("g", "h")),
+        ("k", ("join",)),
+    ]
     assert not stage.chain and "(reads 2, 3)" in plan.explain()
 
 
@@ -138,7 +144,7 @@ def test_fork_join_regions_keep_marked_operators_out():
     left.join(right).map(k, names=["z"])
     plan = optimize(flow)
     assert layout(plan) == [
-        ("f", (I,), {}),
+        ("f", (REQ,), {}),
         ("g", ("f",), {"competitive": 3, "replicas": 3}),
         ("h", ("f",), {"device": "gpu"}),
         ("join+k", ("g", "h"), {}),
@@ -150,46 +156,48 @@ def test_fusion_fuses_downstream_of_a_multi_input_head_but_not_into_it():
     a = flow.map(f, names=["y"]).filter(lambda r: r.y > 0)
     b = flow.map(lambda r: r.x, names=["y"])
     a.union(b).map(g, names=["y"])
-    assert layout(optimize(flow, rules=["fusion"])) == [("f+lambda+lambda#2+union+g", (I,), {})]
+    assert layout(optimize(flow, rules=["fusion"])) == [("f+lambda+lambda#2+union+g", (REQ,), {})]
     plan = optimize(flow, rules=["fusion"], options=CHAINS_ONLY)
     assert layout(plan) == [
-        ("f+lambda", (I,), {}),
-        ("lambda#2", (I,), {}),
+        ("f+lambda", (REQ,), {}),
+        ("lambda#2", (REQ,), {}),
         ("union+g", ("f+lambda", "lambda#2"), {}),
     ]
 
 
 def test_fusion_respects_devices_unless_told_otherwise():
     flow = chain_flow(g={"gpu": True})
-    assert layout(optimize(flow, rules=["fusion"])) == [
-        ("f", (I,), {}), ("g", ("f",), {}), ("h", ("g",), {})]
+    assert layout(optimize(flow, rules=["fusion"])) == [("f", (REQ,), {}), ("g", ("f",), {}), ("h", ("g",), {})]
     across = optimize(flow, rules=["fusion", "placement"], options=OptimizerOptions(fuse_across_devices=True))
-    assert layout(across) == [("f+g+h", (I,), {"device": "gpu"})]
+    assert layout(across) == [("f+g+h", (REQ,), {"device": "gpu"})]
 
 
 def test_fusion_merges_neighbouring_gpu_operators():
     flow = chain_flow(g={"gpu": True}, h={"gpu": True})
     assert layout(optimize(flow, rules=["placement", "fusion"])) == [
-        ("f", (I,), {}), ("g+h", ("f",), {"device": "gpu"})]
+        ("f", (REQ,), {}),
+        ("g+h", ("f",), {"device": "gpu"}),
+    ]
 
 
 def test_fusion_keeps_racing_stages_apart_but_races_neighbours_together():
     flow = chain_flow(g={"high_variance": True}, h={"high_variance": True})
     assert layout(optimize(flow, rules=["competition", "fusion"])) == [
-        ("f", (I,), {}),
+        ("f", (REQ,), {}),
         ("g+h", ("f",), {"replicas": 3, "competitive": 3}),
     ]
     # without competition marks there is nothing to keep apart
-    assert layout(optimize(flow, rules=["fusion"])) == [("f+g+h", (I,), {})]
+    assert layout(optimize(flow, rules=["fusion"])) == [("f+g+h", (REQ,), {})]
 
 
 def test_fusion_does_not_take_batching_away():
     flow = Flow("b", schema={"x": int})
     flow.map(f, names=["y"]).map(lambda t: t["y"] * 2, names=["y"], batching=True).agg("sum", "y").map(
-        lambda r: r.sum_y, names=["total"])
+        lambda r: r.sum_y, names=["total"]
+    )
     plan = optimize(flow, rules=["fusion", "batching"])
     assert layout(plan) == [
-        ("f+lambda", (I,), {"batch": B}),       # f rides along in the batch
+        ("f+lambda", (REQ,), {"batch": B}),  # f rides along in the batch
         ("sum_y+lambda#2", ("f+lambda",), {}),  # the agg mixes queries: a stage of its own
     ]
     fused = optimize(flow, rules=["fusion"])
@@ -199,13 +207,13 @@ def test_fusion_does_not_take_batching_away():
 
 def test_fusion_alone_fuses_lookups_both_ways_the_seeds_fusion_only():
     plan = optimize(ex.recommender(), rules=["fusion"])
-    assert layout(plan) == [("parse_user+lookup(user)+top_item+lookup(item)+lookup(bias)+rank", (I,), {})]
+    assert layout(plan) == [("parse_user+lookup(user)+top_item+lookup(item)+lookup(bias)+rank", (REQ,), {})]
 
 
 def test_fusion_after_locality_starts_a_stage_at_each_per_row_lookup():
     plan = optimize(ex.recommender(), rules=["locality", "fusion"])
     assert layout(plan) == [
-        ("parse_user", (I,), {}),
+        ("parse_user", (REQ,), {}),
         ("lookup(user)+top_item", ("parse_user",), {"continuation": "user"}),
         # the fixed-key lookup needs no routing: it fuses like any operator
         ("lookup(item)+lookup(bias)+rank", ("lookup(user)+top_item",), {"continuation": "item"}),
@@ -215,10 +223,11 @@ def test_fusion_after_locality_starts_a_stage_at_each_per_row_lookup():
 def test_fusion_keeps_mixing_operators_out_of_continuation_stages():
     flow = Flow("l", schema={"k": str})
     flow.lookup(column="k", name="v").map(lambda r: r.v + 1, names=["v"]).groupby("v").agg("count").map(
-        lambda r: r.count, names=["n"])
+        lambda r: r.count, names=["n"]
+    )
     plan = optimize(flow, rules=["locality", "fusion"])
     assert layout(plan) == [
-        ("lookup(k)+lambda", (I,), {"continuation": "k"}),
+        ("lookup(k)+lambda", (REQ,), {"continuation": "k"}),
         ("count_by_v+lambda#2", ("lookup(k)+lambda",), {}),
     ]
 
@@ -227,10 +236,10 @@ def test_can_fuse_separates_may_from_does():
     plan = Plan.from_flow(chain_flow())
     a, b = plan.stages["f"], plan.stages["g"]
     assert fusion.can_fuse(plan, a, b, OptimizerOptions())
-    assert not fusion.can_fuse(plan, b, a, OptimizerOptions())   # f does not read g
+    assert not fusion.can_fuse(plan, b, a, OptimizerOptions())  # f does not read g
     fused = fusion.fuse(plan, a, b)
-    assert layout(fused) == [("f+g", (I,), {}), ("h", ("f+g",), {})]
-    assert layout(plan) == [("f", (I,), {}), ("g", ("f",), {}), ("h", ("g",), {})]  # unchanged
+    assert layout(fused) == [("f+g", (REQ,), {}), ("h", ("f+g",), {})]
+    assert layout(plan) == [("f", (REQ,), {}), ("g", ("f",), {}), ("h", ("g",), {})]  # unchanged
 
 
 # -- competition --------------------------------------------------------------------------------------
@@ -239,7 +248,7 @@ def test_can_fuse_separates_may_from_does():
 def test_competition_races_high_variance_stages():
     plan = optimize(ex.cascade(), rules=["competition"])
     assert layout(plan) == [
-        ("preprocess", (I,), {}),
+        ("preprocess", (REQ,), {}),
         ("small_net", ("preprocess",), {}),
         ("low_confidence", ("small_net",), {}),
         ("big_net", ("low_confidence",), {"replicas": 3, "competitive": 3}),
@@ -256,7 +265,7 @@ def test_competition_expands_anyof_into_alternatives_and_a_choose_stage():
     plan = optimize(ex.competition(), rules=["competition"])
     A = "anyof(small,medium,large)"
     assert layout(plan) == [
-        ("preprocess", (I,), {}),
+        ("preprocess", (REQ,), {}),
         (f"{A}[0]", ("preprocess",), {}),
         (f"{A}[1]", ("preprocess",), {}),
         (f"{A}[2]", ("preprocess",), {}),
@@ -278,7 +287,7 @@ def test_competition_cuts_a_fused_stage_around_the_racing_operator():
     assert list(fused.stages) == ["f+g+h"]
     plan = optimize(fused, rules=["competition"])
     assert layout(plan) == [
-        ("f", (I,), {}),
+        ("f", (REQ,), {}),
         ("g", ("f",), {"replicas": 3, "competitive": 3}),
         ("h", ("g",), {}),
     ]
@@ -289,7 +298,7 @@ def test_competition_cuts_an_anyof_out_of_a_fused_stage():
     plan = optimize(ex.competition(), rules=["fusion", "competition"])
     A = "anyof(small,medium,large)"
     assert layout(plan) == [
-        ("preprocess", (I,), {}),
+        ("preprocess", (REQ,), {}),
         (f"{A}[0]", ("preprocess",), {}),
         (f"{A}[1]", ("preprocess",), {}),
         (f"{A}[2]", ("preprocess",), {}),
@@ -313,7 +322,7 @@ def test_can_compete():
 def test_locality_marks_per_row_lookups_only():
     plan = optimize(ex.recommender(), rules=["locality"])
     assert layout(plan) == [
-        ("parse_user", (I,), {}),
+        ("parse_user", (REQ,), {}),
         ("lookup(user)", ("parse_user",), {"continuation": "user"}),
         ("top_item", ("lookup(user)",), {}),
         ("lookup(item)", ("top_item",), {"continuation": "item"}),
@@ -326,7 +335,7 @@ def test_locality_cuts_a_fused_stage_at_each_per_row_lookup():
     fused = optimize(ex.recommender(), rules=["fusion"])
     plan = optimize(fused, rules=["locality"])
     assert layout(plan) == [
-        ("parse_user", (I,), {}),
+        ("parse_user", (REQ,), {}),
         ("lookup(user)+top_item", ("parse_user",), {"continuation": "user"}),
         ("lookup(item)+lookup(bias)+rank", ("lookup(user)+top_item",), {"continuation": "item"}),
     ]
@@ -340,7 +349,7 @@ def test_locality_cuts_mixing_operators_out_of_a_fused_continuation():
     fused = optimize(flow, rules=["fusion"])
     assert list(fused.stages) == ["lookup(k)+lambda+count_by_v"]
     assert layout(optimize(fused, rules=["locality"])) == [
-        ("lookup(k)+lambda", (I,), {"continuation": "k"}),
+        ("lookup(k)+lambda", (REQ,), {"continuation": "k"}),
         ("count_by_v", ("lookup(k)+lambda",), {}),
     ]
 
@@ -351,19 +360,27 @@ def test_locality_cuts_mixing_operators_out_of_a_fused_continuation():
 def test_placement_puts_gpu_operators_on_gpu():
     plan = optimize(ex.cascade(), rules=["placement"])
     assert {n: s.device for n, s in plan.stages.items()} == {
-        "preprocess": "cpu", "small_net": "gpu", "low_confidence": "cpu", "big_net": "gpu",
-        "join": "cpu", "pick": "cpu"}
+        "preprocess": "cpu",
+        "small_net": "gpu",
+        "low_confidence": "cpu",
+        "big_net": "gpu",
+        "join": "cpu",
+        "pick": "cpu",
+    }
 
 
 def test_placement_cuts_cpu_operators_out_of_a_gpu_stage():
     flow = chain_flow(g={"gpu": True})
     mixed = optimize(flow, rules=["fusion"], options=OptimizerOptions(fuse_across_devices=True))
-    assert layout(mixed) == [("f+g+h", (I,), {})]
+    assert layout(mixed) == [("f+g+h", (REQ,), {})]
     assert placement.can_place(mixed.stages["f+g+h"], OptimizerOptions())
     assert layout(optimize(mixed, rules=["placement"])) == [
-        ("f", (I,), {}), ("g", ("f",), {"device": "gpu"}), ("h", ("g",), {})]
+        ("f", (REQ,), {}),
+        ("g", ("f",), {"device": "gpu"}),
+        ("h", ("g",), {}),
+    ]
     allowed = optimize(mixed, rules=["placement"], options=OptimizerOptions(fuse_across_devices=True))
-    assert layout(allowed) == [("f+g+h", (I,), {"device": "gpu"})]
+    assert layout(allowed) == [("f+g+h", (REQ,), {"device": "gpu"})]
 
 
 def test_placement_of_gpu_anyof_alternatives():
@@ -372,9 +389,9 @@ def test_placement_of_gpu_anyof_alternatives():
     plan = optimize(flow, rules=["competition", "placement"])
     A = "anyof(lambda,lambda)"
     assert layout(plan) == [
-        (f"{A}[0]", (I,), {"device": "gpu"}),
-        (f"{A}[1]", (I,), {"device": "gpu"}),
-        (A, (f"{A}[0]", f"{A}[1]"), {"wait": "first_valid"}),   # choosing needs no GPU
+        (f"{A}[0]", (REQ,), {"device": "gpu"}),
+        (f"{A}[1]", (REQ,), {"device": "gpu"}),
+        (A, (f"{A}[0]", f"{A}[1]"), {"wait": "first_valid"}),  # choosing needs no GPU
     ]
 
 
@@ -384,7 +401,7 @@ def test_placement_of_gpu_anyof_alternatives():
 def test_batching_marks_stages_that_asked_and_are_merge_safe():
     plan = optimize(ex.ensemble(), rules=["batching"])
     assert layout(plan) == [
-        ("preprocess", (I,), {}),
+        ("preprocess", (REQ,), {}),
         ("resnet", ("preprocess",), {"batch": B}),
         ("inception", ("preprocess",), {"batch": B}),
         ("join", ("resnet", "inception"), {}),
@@ -398,7 +415,7 @@ def test_batching_marks_stages_that_asked_and_are_merge_safe():
 def test_batching_never_marks_mixing_stages():
     flow = Flow("m", schema={"x": int, "k": int})
     other = flow.map(lambda r: (r.k, r.x), names=["k", "z"])
-    joined = flow.join(other, on="k")          # a join on a data column mixes queries
+    joined = flow.join(other, on="k")  # a join on a data column mixes queries
     joined.groupby("k").agg("sum", "z")
     fused = optimize(flow, rules=["fusion"])
     stage = Plan.from_flow(flow).stages["join"]
@@ -410,12 +427,12 @@ def test_batching_a_batching_filter_and_a_qid_join():
     flow = Flow("q", schema={"x": int})
     a = flow.filter(lambda t: t["x"] > 0, batching=True)
     a.join(flow.map(f, names=["y"])).map(g, names=["y"], batching=True)
-    assert layout(optimize(flow, rules=["fusion", "batching"])) == [("lambda+f+join+g", (I,), {"batch": B})]
+    assert layout(optimize(flow, rules=["fusion", "batching"])) == [("lambda+f+join+g", (REQ,), {"batch": B})]
     plan = optimize(flow, rules=["fusion", "batching"], options=CHAINS_ONLY)
     assert layout(plan) == [
-        ("lambda", (I,), {"batch": B}),
-        ("f", (I,), {}),
-        ("join+g", ("lambda", "f"), {"batch": B}),   # a join on qid pairs rows of one query
+        ("lambda", (REQ,), {"batch": B}),
+        ("f", (REQ,), {}),
+        ("join+g", ("lambda", "f"), {"batch": B}),  # a join on qid pairs rows of one query
     ]
 
 
@@ -424,7 +441,7 @@ def test_batching_a_batching_filter_and_a_qid_join():
 
 def test_default_rules_on_the_ensemble():
     assert layout(optimize(ex.ensemble())) == [
-        ("preprocess", (I,), {}),
+        ("preprocess", (REQ,), {}),
         ("resnet", ("preprocess",), {"device": "gpu", "batch": B}),
         ("inception", ("preprocess",), {"device": "gpu", "batch": B}),
         ("join+pick_best", ("resnet", "inception"), {}),
@@ -435,7 +452,7 @@ def test_default_rules_on_the_cascade():
     plan = optimize(ex.cascade())
     assert plan.rules == ("competition", "locality", "placement", "fusion", "batching")
     assert layout(plan) == [
-        ("preprocess", (I,), {}),
+        ("preprocess", (REQ,), {}),
         ("small_net", ("preprocess",), {"device": "gpu", "batch": B}),
         ("low_confidence", ("small_net",), {}),
         ("big_net", ("low_confidence",), {"device": "gpu", "replicas": 3, "competitive": 3}),
@@ -446,7 +463,7 @@ def test_default_rules_on_the_cascade():
 def test_default_rules_on_the_competition():
     A = "anyof(small,medium,large)"
     assert layout(optimize(ex.competition())) == [
-        ("preprocess", (I,), {}),
+        ("preprocess", (REQ,), {}),
         (f"{A}[0]", ("preprocess",), {}),
         (f"{A}[1]", ("preprocess",), {}),
         (f"{A}[2]", ("preprocess",), {}),
@@ -456,7 +473,7 @@ def test_default_rules_on_the_competition():
 
 def test_default_rules_on_the_recommender():
     assert layout(optimize(ex.recommender())) == [
-        ("parse_user", (I,), {}),
+        ("parse_user", (REQ,), {}),
         ("lookup(user)+top_item", ("parse_user",), {"continuation": "user"}),
         ("lookup(item)+lookup(bias)+rank", ("lookup(user)+top_item",), {"continuation": "item"}),
     ]

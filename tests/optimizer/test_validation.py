@@ -41,11 +41,14 @@ def test_unknown_rule_is_quoted_with_the_known_ones():
         OptimizerOptions(rules=("cull",))
 
 
-@pytest.mark.parametrize("rules, message", [
-    ("fusion", "rules must be a list of rule names such as .*, got 'fusion'"),
-    ({"fusion"}, "rules must be a list of rule names"),
-    (["fusion", 3], r"rules must be rule names \(str\), got 3"),
-])
+@pytest.mark.parametrize(
+    "rules, message",
+    [
+        ("fusion", "rules must be a list of rule names such as .*, got 'fusion'"),
+        ({"fusion"}, "rules must be a list of rule names"),
+        (["fusion", 3], r"rules must be rule names \(str\), got 3"),
+    ],
+)
 def test_rules_of_the_wrong_type(rules, message):
     with pytest.raises(PlanTypeError, match=message):
         optimize(ex.cascade(), rules=rules)
@@ -62,15 +65,18 @@ def test_bad_competitive_replicas(value):
         OptimizerOptions(competitive_replicas=value)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"max_batch_size": 0}, "max_batch_size must be an int >= 1, got 0"),
-    ({"max_batch_size": 8.0}, "max_batch_size must be an int >= 1, got 8.0"),
-    ({"max_batch_size": False}, "max_batch_size must be an int >= 1, got False"),
-    ({"max_wait_ms": -1}, "max_wait_ms must be a finite number >= 0, got -1"),
-    ({"max_wait_ms": float("nan")}, "max_wait_ms must be a finite number >= 0, got nan"),
-    ({"max_wait_ms": float("inf")}, "max_wait_ms must be a finite number >= 0, got inf"),
-    ({"max_wait_ms": "2"}, "max_wait_ms must be a finite number >= 0, got '2'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_batch_size": 0}, "max_batch_size must be an int >= 1, got 0"),
+        ({"max_batch_size": 8.0}, "max_batch_size must be an int >= 1, got 8.0"),
+        ({"max_batch_size": False}, "max_batch_size must be an int >= 1, got False"),
+        ({"max_wait_ms": -1}, "max_wait_ms must be a finite number >= 0, got -1"),
+        ({"max_wait_ms": float("nan")}, "max_wait_ms must be a finite number >= 0, got nan"),
+        ({"max_wait_ms": float("inf")}, "max_wait_ms must be a finite number >= 0, got inf"),
+        ({"max_wait_ms": "2"}, "max_wait_ms must be a finite number >= 0, got '2'"),
+    ],
+)
 def test_bad_batch_config(kwargs, message):
     with pytest.raises(PlanError, match=message):
         BatchConfig(**kwargs)
@@ -118,15 +124,18 @@ def node(name, op=None, inputs=("@0",)):
     return PlanNode(name, op or MapOp(fn=len, names=("y",)), inputs)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"wait": "any"}, "wait='any'; expected one of"),
-    ({"device": "tpu"}, "device='tpu'; expected one of"),
-    ({"replicas": 0}, "replicas must be an int >= 1, got 0"),
-    ({"competitive": 3}, "competitive=3 needs at least as many replicas, got replicas=1"),
-    ({"batch": 5}, "batch must be a BatchConfig or None, got 5"),
-    ({"wait": "first_valid"}, "wait='first_valid' needs a ChooseOp head"),
-    ({"continuation": "k"}, r"continuation='k' needs a head lookup\(column='k'\)"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"wait": "any"}, "wait='any'; expected one of"),
+        ({"device": "tpu"}, "device='tpu'; expected one of"),
+        ({"replicas": 0}, "replicas must be an int >= 1, got 0"),
+        ({"competitive": 3}, "competitive=3 needs at least as many replicas, got replicas=1"),
+        ({"batch": 5}, "batch must be a BatchConfig or None, got 5"),
+        ({"wait": "first_valid"}, "wait='first_valid' needs a ChooseOp head"),
+        ({"continuation": "k"}, r"continuation='k' needs a head lookup\(column='k'\)"),
+    ],
+)
 def test_bad_stage_marks(kwargs, message):
     with pytest.raises(PlanError, match=message):
         Stage("s", (node("s"),), (INPUT,), **kwargs)
@@ -147,6 +156,7 @@ def test_stage_node_wiring_is_checked():
         Stage("a", (node("a"),), (INPUT, INPUT))
     with pytest.raises(PlanError, match=r"takes 2 input\(s\)"):
         from flow.operators import JoinOp
+
         Stage("j", (node("j", JoinOp()),), (INPUT,))
 
 

@@ -26,39 +26,79 @@ def test_frozen():
         AutoscalingConfig().max_replicas = 3
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({"min_replicas": -1}, ValueError, "AutoscalingConfig.min_replicas must be an int >= 0, got -1"),
-    ({"min_replicas": 1.5}, TypeError, "AutoscalingConfig.min_replicas must be an int >= 0, got 1.5"),
-    ({"min_replicas": True}, TypeError, "AutoscalingConfig.min_replicas must be an int >= 0, got True"),
-    ({"min_replicas": "2"}, TypeError, "AutoscalingConfig.min_replicas must be an int >= 0, got '2'"),
-    ({"max_replicas": 0}, ValueError, "AutoscalingConfig.max_replicas must be an int >= 1, got 0"),
-    ({"min_replicas": 5, "max_replicas": 3}, ValueError,
-     "AutoscalingConfig.max_replicas must be >= min_replicas (5), got 3"),
-    ({"target_utilisation": 0}, ValueError,
-     "AutoscalingConfig.target_utilisation must be a number in (0, 1] or None, got 0"),
-    ({"target_utilisation": 1.5}, ValueError,
-     "AutoscalingConfig.target_utilisation must be a number in (0, 1] or None, got 1.5"),
-    ({"target_utilisation": math.nan}, ValueError,
-     "AutoscalingConfig.target_utilisation must be a number in (0, 1] or None, got nan"),
-    ({"target_utilisation": "0.7"}, TypeError,
-     "AutoscalingConfig.target_utilisation must be a number in (0, 1] or None, got '0.7'"),
-    ({"target_queue_per_replica": 0}, ValueError,
-     "AutoscalingConfig.target_queue_per_replica must be a number > 0 or None, got 0"),
-    ({"target_utilisation": None, "target_queue_per_replica": None}, ValueError,
-     "AutoscalingConfig needs target_utilisation or target_queue_per_replica, got both None"),
-    ({"upscale_delay_s": -1}, ValueError, "AutoscalingConfig.upscale_delay_s must be a number >= 0 (seconds), got -1"),
-    ({"downscale_delay_s": math.inf}, ValueError,
-     "AutoscalingConfig.downscale_delay_s must be a number >= 0 (seconds), got inf"),
-    ({"upscale_cooldown_s": None}, TypeError,
-     "AutoscalingConfig.upscale_cooldown_s must be a number >= 0 (seconds), got None"),
-    ({"downscale_cooldown_s": -0.5}, ValueError,
-     "AutoscalingConfig.downscale_cooldown_s must be a number >= 0 (seconds), got -0.5"),
-    ({"smoothing_window_s": -2}, ValueError,
-     "AutoscalingConfig.smoothing_window_s must be a number >= 0 (seconds), got -2"),
-    ({"max_step_up": 0.5}, ValueError, "AutoscalingConfig.max_step_up must be a number >= 1, got 0.5"),
-    ({"hysteresis": 1}, ValueError, "AutoscalingConfig.hysteresis must be a number in [0, 1), got 1"),
-    ({"hysteresis": -0.1}, ValueError, "AutoscalingConfig.hysteresis must be a number in [0, 1), got -0.1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"min_replicas": -1}, ValueError, "AutoscalingConfig.min_replicas must be an int >= 0, got -1"),
+        ({"min_replicas": 1.5}, TypeError, "AutoscalingConfig.min_replicas must be an int >= 0, got 1.5"),
+        ({"min_replicas": True}, TypeError, "AutoscalingConfig.min_replicas must be an int >= 0, got True"),
+        ({"min_replicas": "2"}, TypeError, "AutoscalingConfig.min_replicas must be an int >= 0, got '2'"),
+        ({"max_replicas": 0}, ValueError, "AutoscalingConfig.max_replicas must be an int >= 1, got 0"),
+        (
+            {"min_replicas": 5, "max_replicas": 3},
+            ValueError,
+            "AutoscalingConfig.max_replicas must be >= min_replicas (5), got 3",
+        ),
+        (
+            {"target_utilisation": 0},
+            ValueError,
+            "AutoscalingConfig.target_utilisation must be a number in (0, 1] or None, got 0",
+        ),
+        (
+            {"target_utilisation": 1.5},
+            ValueError,
+            "AutoscalingConfig.target_utilisation must be a number in (0, 1] or None, got 1.5",
+        ),
+        (
+            {"target_utilisation": math.nan},
+            ValueError,
+            "AutoscalingConfig.target_utilisation must be a number in (0, 1] or None, got nan",
+        ),
+        (
+            {"target_utilisation": "0.7"},
+            TypeError,
+            "AutoscalingConfig.target_utilisation must be a number in (0, 1] or None, got '0.7'",
+        ),
+        (
+            {"target_queue_per_replica": 0},
+            ValueError,
+            "AutoscalingConfig.target_queue_per_replica must be a number > 0 or None, got 0",
+        ),
+        (
+            {"target_utilisation": None, "target_queue_per_replica": None},
+            ValueError,
+            "AutoscalingConfig needs target_utilisation or target_queue_per_replica, got both None",
+        ),
+        (
+            {"upscale_delay_s": -1},
+            ValueError,
+            "AutoscalingConfig.upscale_delay_s must be a number >= 0 (seconds), got -1",
+        ),
+        (
+            {"downscale_delay_s": math.inf},
+            ValueError,
+            "AutoscalingConfig.downscale_delay_s must be a number >= 0 (seconds), got inf",
+        ),
+        (
+            {"upscale_cooldown_s": None},
+            TypeError,
+            "AutoscalingConfig.upscale_cooldown_s must be a number >= 0 (seconds), got None",
+        ),
+        (
+            {"downscale_cooldown_s": -0.5},
+            ValueError,
+            "AutoscalingConfig.downscale_cooldown_s must be a number >= 0 (seconds), got -0.5",
+        ),
+        (
+            {"smoothing_window_s": -2},
+            ValueError,
+            "AutoscalingConfig.smoothing_window_s must be a number >= 0 (seconds), got -2",
+        ),
+        ({"max_step_up": 0.5}, ValueError, "AutoscalingConfig.max_step_up must be a number >= 1, got 0.5"),
+        ({"hysteresis": 1}, ValueError, "AutoscalingConfig.hysteresis must be a number in [0, 1), got 1"),
+        ({"hysteresis": -0.1}, ValueError, "AutoscalingConfig.hysteresis must be a number in [0, 1), got -0.1"),
+    ],
+)
 def test_bad_values_name_the_field_and_quote_the_value(kwargs, error, message):
     with pytest.raises(error) as info:
         AutoscalingConfig(**kwargs)
@@ -75,8 +115,16 @@ def test_one_target_is_enough():
 
 
 def test_edge_values_are_accepted():
-    c = AutoscalingConfig(min_replicas=0, max_replicas=1, target_utilisation=1, upscale_delay_s=0,
-                          downscale_delay_s=0, max_step_up=1, smoothing_window_s=0, hysteresis=0)
+    c = AutoscalingConfig(
+        min_replicas=0,
+        max_replicas=1,
+        target_utilisation=1,
+        upscale_delay_s=0,
+        downscale_delay_s=0,
+        max_step_up=1,
+        smoothing_window_s=0,
+        hysteresis=0,
+    )
     assert (c.min_replicas, c.max_replicas) == (0, 1)
     assert AutoscalingConfig(min_replicas=3, max_replicas=3).max_replicas == 3
 

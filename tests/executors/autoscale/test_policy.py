@@ -167,8 +167,9 @@ def test_hysteresis_alone_stops_flapping_between_two_counts():
     # no delays, cooldowns or smoothing; load alternates 2.9 (up need 5) and 2.6 (up need 4,
     # down need ceil(2.6 / 0.63) = 5). 4 -> 5 at t=0, then 5 holds. Without hysteresis the
     # 2.6 samples would take it back to 4 every other second.
-    cfg = AutoscalingConfig(upscale_delay_s=0, downscale_delay_s=0, upscale_cooldown_s=0, downscale_cooldown_s=0,
-                            smoothing_window_s=0)
+    cfg = AutoscalingConfig(
+        upscale_delay_s=0, downscale_delay_s=0, upscale_cooldown_s=0, downscale_cooldown_s=0, smoothing_window_s=0
+    )
     t = trace("s", [(i, 29 if i % 2 == 0 else 26, 4) for i in range(40)])
     assert changes(run(t, cfg), "s") == [(0.0, 4, 5)]
     assert len(run(t, NAIVE).decisions) == 40
@@ -209,11 +210,14 @@ def test_max_step_up_one_adds_one_replica_per_step():
     assert changes(r, "s") == [(1.0, 1, 2), (3.0, 2, 3), (5.0, 3, 4), (7.0, 4, 5)]
 
 
-@pytest.mark.parametrize("min_replicas, inflight, expected", [
-    (2, 0, 2),  # no load: down to min_replicas
-    (0, 0, 0),  # scale to zero allowed
-    (0, 1, 1),  # ... but not while a request is still running
-])
+@pytest.mark.parametrize(
+    "min_replicas, inflight, expected",
+    [
+        (2, 0, 2),  # no load: down to min_replicas
+        (0, 0, 0),  # scale to zero allowed
+        (0, 1, 1),  # ... but not while a request is still running
+    ],
+)
 def test_min_clamp(min_replicas, inflight, expected):
     # no arrivals from t=0 on 6 replicas: the window [0, 15] is complete at t=15
     r = run(steps("s", [(0, 30, 0)], replicas=6, inflight=inflight), AutoscalingConfig(min_replicas=min_replicas))
@@ -263,8 +267,10 @@ def test_upscale_cooldown_after_a_scale_down():
 def test_cpu_and_gpu_stages_scale_independently():
     # pre (cpu) stays at load 1.2 on 2; net (gpu) doubles 1.2 -> 2.4 at t=10: only net moves.
     cfgs = {"pre": AutoscalingConfig(max_replicas=16), "net": AutoscalingConfig(max_replicas=4)}
-    t = sorted(steps("pre", [(0, 40, 12)], replicas=2) +
-               steps("net", [(0, 10, 12), (10, 40, 24)], replicas=2, device="gpu"), key=lambda x: x[0])
+    t = sorted(
+        steps("pre", [(0, 40, 12)], replicas=2) + steps("net", [(0, 10, 12), (10, 40, 24)], replicas=2, device="gpu"),
+        key=lambda x: x[0],
+    )
     r = run(t, configs=cfgs)
     assert changes(r) == [(11.0, "net", 2, 4)]
     assert r.decisions[0].device == "gpu" and str(r.decisions[0]).startswith("stage 'net' (gpu): 2 -> 4 replicas")
@@ -275,9 +281,12 @@ def test_gpu_capacity_goes_to_the_most_short_stage_and_does_not_limit_cpu():
     # pre (cpu) on 1 needs ceil(5 / 0.7) = 8. At t=1: 1 gpu slot free -> net_a 1 -> 2, net_b
     # waits; pre doubles 1 -> 2 -> 4 -> 8. At t=10 net_a's load drops to 0.6 (need 1): at 25
     # it drains to 1 and, in the same round, the freed slot goes to net_b: 1 -> 2.
-    t = sorted(steps("net_a", [(0, 10, 24), (10, 30, 6)], replicas=1, device="gpu") +
-               steps("net_b", [(0, 30, 24)], replicas=1, device="gpu") +
-               steps("pre", [(0, 30, 50)], replicas=1), key=lambda x: x[0])
+    t = sorted(
+        steps("net_a", [(0, 10, 24), (10, 30, 6)], replicas=1, device="gpu")
+        + steps("net_b", [(0, 30, 24)], replicas=1, device="gpu")
+        + steps("pre", [(0, 30, 50)], replicas=1),
+        key=lambda x: x[0],
+    )
     a = Autoscaler({s: AutoscalingConfig() for s in ("net_a", "net_b", "pre")}, capacity={"gpu": 3})
     r = simulate(a, [x for x in t if x[0] < 20])
     assert changes(r) == [(1.0, "net_a", 1, 2), (1.0, "pre", 1, 2), (3.0, "pre", 2, 4), (5.0, "pre", 4, 8)]
@@ -289,8 +298,10 @@ def test_gpu_capacity_goes_to_the_most_short_stage_and_does_not_limit_cpu():
 def test_gpu_capacity_goes_first_to_the_stage_most_short_of_replicas():
     # capacity 3, 1 free. "a" on 1 needs ceil(1.2 / 0.7) = 2 (ratio 2), "b" on 1 needs 4 (ratio
     # 4): b gets the slot although a comes first by name.
-    t = sorted(steps("a", [(0, 5, 12)], replicas=1, device="gpu") +
-               steps("b", [(0, 5, 24)], replicas=1, device="gpu"), key=lambda x: x[0])
+    t = sorted(
+        steps("a", [(0, 5, 12)], replicas=1, device="gpu") + steps("b", [(0, 5, 24)], replicas=1, device="gpu"),
+        key=lambda x: x[0],
+    )
     r = run(t, configs={"a": AutoscalingConfig(), "b": AutoscalingConfig()}, capacity={"gpu": 3})
     assert changes(r) == [(1.0, "b", 1, 2)]
 
@@ -301,7 +312,9 @@ def test_a_stage_that_moves_to_the_other_class_starts_over():
     t = steps("s", [(0, 10, 24)], replicas=2, device="gpu") + steps("s", [(10, 20, 24)], replicas=3)
     r = run(t)
     assert [(d.time, d.device, d.from_replicas, d.to_replicas) for d in r.decisions] == [
-        (1.0, "gpu", 2, 4), (11.0, "cpu", 3, 4)]
+        (1.0, "gpu", 2, 4),
+        (11.0, "cpu", 3, 4),
+    ]
 
 
 # -- in-flight work and draining ---------------------------------------------------------------------
@@ -323,15 +336,15 @@ def test_no_second_scale_down_while_replicas_are_draining():
     assert changes(r, "s") == [(15.0, 6, 4), (40.0, 4, 1)]
     a = Autoscaler({"s": cfg})
     simulate(a, [x for x in _drain_trace(40) if x[0] <= 35])
-    assert a.status()["s"].reason == ("holding: need 1, waiting for 2 draining replica(s) to finish their "
-                                      "in-flight requests")
+    assert a.status()["s"].reason == (
+        "holding: need 1, waiting for 2 draining replica(s) to finish their in-flight requests"
+    )
     assert a.status()["s"].draining == 2
 
 
 def test_without_draining_the_second_scale_down_comes_at_once():
     # control for the test above: nothing draining -> 4 -> 1 as soon as the window is full (31)
-    assert changes(run(_drain_trace(0), AutoscalingConfig(downscale_cooldown_s=0)), "s") == [
-        (15.0, 6, 4), (31.0, 4, 1)]
+    assert changes(run(_drain_trace(0), AutoscalingConfig(downscale_cooldown_s=0)), "s") == [(15.0, 6, 4), (31.0, 4, 1)]
 
 
 def test_last_replica_stays_while_a_request_is_in_flight():
@@ -410,19 +423,26 @@ def test_observe_and_decide_reject_bad_calls():
         a.decide(4.0)
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({"arrival_rate": -1}, ValueError, "StageMetrics.arrival_rate must be a number >= 0 (requests/s), got -1"),
-    ({"service_time_ms": float("nan")}, ValueError, "StageMetrics.service_time_ms must be a number >= 0 (ms), got nan"),
-    ({"replicas": -2}, ValueError, "StageMetrics.replicas must be an int >= 0, got -2"),
-    ({"replicas": 2.0}, TypeError, "StageMetrics.replicas must be an int >= 0, got 2.0"),
-    ({"utilisation": 1.2}, ValueError, "StageMetrics.utilisation must be a number in [0, 1] or None, got 1.2"),
-    ({"queue_length": -1}, ValueError, "StageMetrics.queue_length must be a number >= 0, got -1"),
-    ({"inflight": True}, TypeError, "StageMetrics.inflight must be an int >= 0, got True"),
-    ({"draining": -1}, ValueError, "StageMetrics.draining must be an int >= 0, got -1"),
-    ({"device": "tpu"}, ValueError, "StageMetrics.device must be one of ('cpu', 'gpu'), got 'tpu'"),
-    ({"device": None}, TypeError, "StageMetrics.device must be one of ('cpu', 'gpu'), got None"),
-    ({"time": "now"}, TypeError, "StageMetrics.time must be a finite number (seconds), got 'now'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"arrival_rate": -1}, ValueError, "StageMetrics.arrival_rate must be a number >= 0 (requests/s), got -1"),
+        (
+            {"service_time_ms": float("nan")},
+            ValueError,
+            "StageMetrics.service_time_ms must be a number >= 0 (ms), got nan",
+        ),
+        ({"replicas": -2}, ValueError, "StageMetrics.replicas must be an int >= 0, got -2"),
+        ({"replicas": 2.0}, TypeError, "StageMetrics.replicas must be an int >= 0, got 2.0"),
+        ({"utilisation": 1.2}, ValueError, "StageMetrics.utilisation must be a number in [0, 1] or None, got 1.2"),
+        ({"queue_length": -1}, ValueError, "StageMetrics.queue_length must be a number >= 0, got -1"),
+        ({"inflight": True}, TypeError, "StageMetrics.inflight must be an int >= 0, got True"),
+        ({"draining": -1}, ValueError, "StageMetrics.draining must be an int >= 0, got -1"),
+        ({"device": "tpu"}, ValueError, "StageMetrics.device must be one of ('cpu', 'gpu'), got 'tpu'"),
+        ({"device": None}, TypeError, "StageMetrics.device must be one of ('cpu', 'gpu'), got None"),
+        ({"time": "now"}, TypeError, "StageMetrics.time must be a finite number (seconds), got 'now'"),
+    ],
+)
 def test_stage_metrics_are_validated(kwargs, error, message):
     fields = dict(time=0.0, arrival_rate=1.0, service_time_ms=10.0, replicas=1) | kwargs
     with pytest.raises(error) as info:

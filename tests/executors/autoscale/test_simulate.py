@@ -60,9 +60,12 @@ def test_a_long_trace_is_fast():
     # its windows need, so the cost per sample does not grow with the trace
     import time
 
-    t = sorted(steps("a", [(0, 1800, 12), (1800, 3600, 24)], replicas=2) +
-               steps("b", [(0, 3600, 30)], replicas=2, device="gpu") +
-               steps("c", [(0, 3600, 5)], replicas=1), key=lambda x: x[0])
+    t = sorted(
+        steps("a", [(0, 1800, 12), (1800, 3600, 24)], replicas=2)
+        + steps("b", [(0, 3600, 30)], replicas=2, device="gpu")
+        + steps("c", [(0, 3600, 5)], replicas=1),
+        key=lambda x: x[0],
+    )
     start = time.perf_counter()
     r = simulate(Autoscaler({s: AutoscalingConfig() for s in "abc"}), t)
     assert time.perf_counter() - start < 2.0

@@ -16,8 +16,13 @@ SERVICE_MS = 100.0
 
 
 def sample(t: float, rate: float, replicas: int, **kw) -> StageMetrics:
-    return StageMetrics(time=float(t), arrival_rate=float(rate), service_time_ms=kw.pop("service_time_ms", SERVICE_MS),
-                        replicas=replicas, **kw)
+    return StageMetrics(
+        time=float(t),
+        arrival_rate=float(rate),
+        service_time_ms=kw.pop("service_time_ms", SERVICE_MS),
+        replicas=replicas,
+        **kw,
+    )
 
 
 def trace(stage: str, points) -> list:
@@ -54,5 +59,11 @@ def changes(result, stage: str | None = None) -> list[tuple]:
 
 
 # a config that reacts to every sample: no delays, cooldowns, smoothing or hysteresis
-NAIVE = AutoscalingConfig(upscale_delay_s=0, downscale_delay_s=0, upscale_cooldown_s=0, downscale_cooldown_s=0,
-                          smoothing_window_s=0, hysteresis=0)
+NAIVE = AutoscalingConfig(
+    upscale_delay_s=0,
+    downscale_delay_s=0,
+    upscale_cooldown_s=0,
+    downscale_cooldown_s=0,
+    smoothing_window_s=0,
+    hysteresis=0,
+)

@@ -80,12 +80,15 @@ def test_delay_window_follows_the_arrival_rate_and_the_headroom():
     assert batcher.delay_ms() == 0.0
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"budget_ms": 0}, "AIMDBatcher.budget_ms must be a finite number > 0, got 0"),
-    ({"budget_ms": 5, "decrease": 1.5}, r"AIMDBatcher.decrease must be in \(0, 1\), got 1.5"),
-    ({"budget_ms": 5, "start": 8, "max_batch": 4}, r"AIMDBatcher.start \(8\) exceeds max_batch \(4\)"),
-    ({"budget_ms": 5, "min_batch": 4, "max_batch": 2}, "AIMDBatcher.max_batch must be >= 4, got 2"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"budget_ms": 0}, "AIMDBatcher.budget_ms must be a finite number > 0, got 0"),
+        ({"budget_ms": 5, "decrease": 1.5}, r"AIMDBatcher.decrease must be in \(0, 1\), got 1.5"),
+        ({"budget_ms": 5, "start": 8, "max_batch": 4}, r"AIMDBatcher.start \(8\) exceeds max_batch \(4\)"),
+        ({"budget_ms": 5, "min_batch": 4, "max_batch": 2}, "AIMDBatcher.max_batch must be >= 4, got 2"),
+    ],
+)
 def test_bad_settings_are_quoted(kwargs, message):
     with pytest.raises(SLOError, match=message):
         AIMDBatcher(**kwargs)

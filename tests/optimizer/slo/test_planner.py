@@ -87,6 +87,7 @@ def test_the_plan_meets_the_slo_when_simulated_again():
     trace = np.cumsum(np.random.default_rng(3).exponential(2.0, 1500))  # ~500 req/s
     result = plan_for_slo(plan, profile, SLO(25), trace)
     from optimizer.slo import pipeline_from_plan
+
     again = simulate(pipeline_from_plan(plan, profile, result.configs()), trace)
     assert again.p99_ms == result.tail_ms <= 25
     assert set(result.stages) == set(plan.stages)
@@ -94,10 +95,14 @@ def test_the_plan_meets_the_slo_when_simulated_again():
 
 def test_a_stage_slower_than_the_slo_is_named():
     profile = Profile({"pre": {"cpu": {1: [1.0]}}, "big": {"cpu": {1: [40.0]}, "gpu": {1: [35.0]}}})
-    with pytest.raises(InfeasibleSLOError, match=r"stage 'big' cannot meet the SLO \(p99 <= 30 ms\): its fastest "
-                                                 r"run \(batch 1 on \['cpu', 'gpu'\]\) alone takes 35.0 ms") as e:
-        plan_for_slo(Shape.chain("pre", "big"), profile, SLO(30), every(100.0),
-                     PlannerOptions(prices={"cpu": 1, "gpu": 2}))
+    with pytest.raises(
+        InfeasibleSLOError,
+        match=r"stage 'big' cannot meet the SLO \(p99 <= 30 ms\): its fastest "
+        r"run \(batch 1 on \['cpu', 'gpu'\]\) alone takes 35.0 ms",
+    ) as e:
+        plan_for_slo(
+            Shape.chain("pre", "big"), profile, SLO(30), every(100.0), PlannerOptions(prices={"cpu": 1, "gpu": 2})
+        )
     assert e.value.stage == "big"
 
 
@@ -110,8 +115,11 @@ def test_a_path_slower_than_the_slo_names_its_slowest_stage():
 
 def test_too_few_replicas_allowed_names_the_bottleneck():
     profile = Profile({"a": {"cpu": {1: [1.0]}}, "b": {"cpu": {1: [10.0]}}})
-    with pytest.raises(InfeasibleSLOError, match=r"stage 'b' \(cpu x2, batch 1, utilisation 1.00\) is the "
-                                                 r"bottleneck; raise max_replicas \(2\)") as e:
+    with pytest.raises(
+        InfeasibleSLOError,
+        match=r"stage 'b' \(cpu x2, batch 1, utilisation 1.00\) is the "
+        r"bottleneck; raise max_replicas \(2\)",
+    ) as e:
         plan_for_slo(Shape.chain("a", "b"), profile, SLO(20), every(4.0), PlannerOptions(max_replicas=2))
     assert e.value.stage == "b"
 

@@ -25,11 +25,13 @@ class FakeClock:
 
 def fake_stage(clock, calls, cold_ms=50.0):
     """latency(b) = 2 ms + 0.5 ms per row; the first call of all is cold (a model loading)."""
+
     def run(batch):
         calls.append(list(batch))
         ms = 2.0 + 0.5 * len(batch) + (cold_ms if len(calls) == 1 else 0.0)
         clock.now += ms / 1000.0
         return [x * 2 for x in batch]
+
     return run
 
 
@@ -52,8 +54,15 @@ def test_measures_each_batch_size_after_warm_up():
 
 def test_without_warm_up_the_cold_call_shows():
     clock, calls = FakeClock(), []
-    out = measure_batches(fake_stage(clock, calls), ["a"], batch_sizes=[1], warmup=0, repeats=2, clock=clock,
-                          make_batch=lambda rows: rows * 1)
+    out = measure_batches(
+        fake_stage(clock, calls),
+        ["a"],
+        batch_sizes=[1],
+        warmup=0,
+        repeats=2,
+        clock=clock,
+        make_batch=lambda rows: rows * 1,
+    )
     assert out[1] == pytest.approx((52.5, 2.5))
 
 

@@ -30,8 +30,8 @@ def one_stage(service, replicas=1, routing="least_loaded", **kw):
 
 def erlang_c(c: int, a: float) -> float:
     """The probability that an arrival waits in an M/M/c queue with offered load a = lambda/mu."""
-    top = a ** c / math.factorial(c) * c / (c - a)
-    return top / (sum(a ** k / math.factorial(k) for k in range(c)) + top)
+    top = a**c / math.factorial(c) * c / (c - a)
+    return top / (sum(a**k / math.factorial(k) for k in range(c)) + top)
 
 
 def test_md1_mean_wait_matches_pollaczek_khinchine():
@@ -47,8 +47,9 @@ def test_md1_mean_wait_matches_pollaczek_khinchine():
 def test_mmc_mean_wait_matches_erlang_c(c):
     mean_ms, rho = 10.0, 0.6
     lam = rho * c / mean_ms  # per ms
-    result = simulate(one_stage(exponential(mean_ms), replicas=c, routing="shared"),
-                      poisson(lam * 1000, 80_000, seed=1), seed=1)
+    result = simulate(
+        one_stage(exponential(mean_ms), replicas=c, routing="shared"), poisson(lam * 1000, 80_000, seed=1), seed=1
+    )
     expected = erlang_c(c, lam * mean_ms) / (c / mean_ms - lam)
     assert result.stages["s"].mean_wait_ms == pytest.approx(expected, rel=0.05)
     assert result.throughput_rps == pytest.approx(lam * 1000, rel=0.02)
@@ -56,8 +57,10 @@ def test_mmc_mean_wait_matches_erlang_c(c):
 
 def test_least_loaded_routing_beats_round_robin_and_single_queue_beats_both():
     trace = poisson(350, 20_000, seed=3)
-    waits = {r: simulate(one_stage(exponential(10.0), replicas=4, routing=r), trace, seed=3).stages["s"].mean_wait_ms
-             for r in ("round_robin", "least_loaded", "shared")}
+    waits = {
+        r: simulate(one_stage(exponential(10.0), replicas=4, routing=r), trace, seed=3).stages["s"].mean_wait_ms
+        for r in ("round_robin", "least_loaded", "shared")
+    }
     assert waits["shared"] < waits["least_loaded"] < waits["round_robin"]
 
 
@@ -81,18 +84,23 @@ def test_a_late_lone_request_leaves_when_its_window_expires():
 
 
 def test_hops_and_joins_add_up_on_the_critical_path():
-    stages = (SimStage("pre", (INPUT,), fixed(1.0)),
-              SimStage("a", ("pre",), fixed(5.0)),
-              SimStage("b", ("pre",), fixed(8.0)),
-              SimStage("join", ("a", "b"), fixed(0.5)))
+    stages = (
+        SimStage("pre", (INPUT,), fixed(1.0)),
+        SimStage("a", ("pre",), fixed(5.0)),
+        SimStage("b", ("pre",), fixed(8.0)),
+        SimStage("join", ("a", "b"), fixed(0.5)),
+    )
     result = simulate(SimPipeline(stages, "join", hop_ms=0.25), [0.0, 1000.0])
     # 4 hops: gateway -> pre -> b -> join -> gateway; b is the slower branch
     assert result.latencies_ms.tolist() == [1.0 + 8.0 + 0.5 + 4 * 0.25] * 2
 
 
 def test_first_input_wins_for_an_anyof_stage():
-    stages = (SimStage("fast", (INPUT,), fixed(2.0)), SimStage("slow", (INPUT,), fixed(9.0)),
-              SimStage("choose", ("fast", "slow"), fixed(1.0), wait="first"))
+    stages = (
+        SimStage("fast", (INPUT,), fixed(2.0)),
+        SimStage("slow", (INPUT,), fixed(9.0)),
+        SimStage("choose", ("fast", "slow"), fixed(1.0), wait="first"),
+    )
     result = simulate(SimPipeline(stages, "choose"), [0.0, 50.0])
     assert result.latencies_ms.tolist() == [3.0, 3.0]
     assert result.stages["choose"].batches == 2  # the slow answers are dropped, not run again
@@ -132,13 +140,22 @@ def test_pipeline_from_an_optimized_plan():
         pipeline_from_plan(plan, profile, {})
 
 
-@pytest.mark.parametrize("build, message", [
-    (lambda: SimStage("s", (INPUT,), fixed(1.0), replicas=2, competitive=3), "competitive=3 needs as many replicas"),
-    (lambda: SimPipeline((SimStage("s", ("t",), fixed(1.0)),), "s"), "stage 's' reads 't', which is not an earlier stage"),
-    (lambda: SimPipeline((SimStage("s", (INPUT,), fixed(1.0)),), "s", routing="random"), "routing='random'"),
-    (lambda: simulate(one_stage(fixed(1.0)), [3.0, 1.0]), r"must be sorted: 3.0 comes before 1.0 \(index 1\)"),
-    (lambda: simulate(one_stage(fixed(1.0)), []), "non-empty"),
-])
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (
+            lambda: SimStage("s", (INPUT,), fixed(1.0), replicas=2, competitive=3),
+            "competitive=3 needs as many replicas",
+        ),
+        (
+            lambda: SimPipeline((SimStage("s", ("t",), fixed(1.0)),), "s"),
+            "stage 's' reads 't', which is not an earlier stage",
+        ),
+        (lambda: SimPipeline((SimStage("s", (INPUT,), fixed(1.0)),), "s", routing="random"), "routing='random'"),
+        (lambda: simulate(one_stage(fixed(1.0)), [3.0, 1.0]), r"must be sorted: 3.0 comes before 1.0 \(index 1\)"),
+        (lambda: simulate(one_stage(fixed(1.0)), []), "non-empty"),
+    ],
+)
 def test_bad_pipelines_and_traces_are_named(build, message):
     with pytest.raises(SLOError, match=message):
         build()

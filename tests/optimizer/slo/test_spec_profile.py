@@ -17,13 +17,16 @@ def test_slo_fields_and_defaults():
     assert SLO.from_dict(slo.to_dict()) == slo
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"p99_ms": 0}, r"SLO.p99_ms must be a finite number > 0, got 0"),
-    ({"p99_ms": -5}, r"SLO.p99_ms must be a finite number > 0, got -5"),
-    ({"p99_ms": float("inf")}, r"SLO.p99_ms must be a finite number > 0, got inf"),
-    ({"p99_ms": 10, "p50_ms": 20}, r"SLO.p50_ms \(20.0\) cannot exceed SLO.p99_ms \(10.0\)"),
-    ({"p99_ms": 10, "percentile": 100}, r"SLO.percentile must be in \[50, 100\), got 100"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"p99_ms": 0}, r"SLO.p99_ms must be a finite number > 0, got 0"),
+        ({"p99_ms": -5}, r"SLO.p99_ms must be a finite number > 0, got -5"),
+        ({"p99_ms": float("inf")}, r"SLO.p99_ms must be a finite number > 0, got inf"),
+        ({"p99_ms": 10, "p50_ms": 20}, r"SLO.p50_ms \(20.0\) cannot exceed SLO.p99_ms \(10.0\)"),
+        ({"p99_ms": 10, "percentile": 100}, r"SLO.percentile must be in \[50, 100\), got 100"),
+    ],
+)
 def test_bad_slo_values_are_quoted(kwargs, message):
     with pytest.raises(SLOError, match=message):
         SLO(**kwargs)
@@ -37,8 +40,9 @@ def test_slo_errors_sit_in_the_plan_error_tree():
         SLO.from_dict({"p99_ms": 5, "p95_ms": 3})
 
 
-PROFILE = {"model": {"cpu": {1: [5.0, 5.0, 6.0], 4: [8.0, 8.0, 9.0], 16: [20.0, 20.0, 23.0]},
-                     "gpu": {1: [2.0], 32: [4.0]}}}
+PROFILE = {
+    "model": {"cpu": {1: [5.0, 5.0, 6.0], 4: [8.0, 8.0, 9.0], 16: [20.0, 20.0, 23.0]}, "gpu": {1: [2.0], 32: [4.0]}}
+}
 
 
 def test_profile_answers_measured_points_and_fits_the_rest():
@@ -68,12 +72,18 @@ def test_profile_json_round_trip_keeps_every_sample():
     assert back.to_dict()["stages"]["model"]["gpu"]["fit"]["c_ms"] == pytest.approx(2.0 / 31)
 
 
-@pytest.mark.parametrize("stages, message", [
-    ({"model": {}}, r"profile of stage 'model': needs \{class:"),
-    ({"model": {"cpu": {0: [1.0]}}}, r"profile of stage 'model' on 'cpu': batch size must be >= 1, got 0"),
-    ({"model": {"cpu": {1: []}}}, r"profile of stage 'model' on 'cpu' batch 1: needs a non-empty list"),
-    ({"model": {"cpu": {1: [-1.0]}}}, r"profile of stage 'model' on 'cpu' batch 1: latency must be a finite number >= 0, got -1.0"),
-])
+@pytest.mark.parametrize(
+    "stages, message",
+    [
+        ({"model": {}}, r"profile of stage 'model': needs \{class:"),
+        ({"model": {"cpu": {0: [1.0]}}}, r"profile of stage 'model' on 'cpu': batch size must be >= 1, got 0"),
+        ({"model": {"cpu": {1: []}}}, r"profile of stage 'model' on 'cpu' batch 1: needs a non-empty list"),
+        (
+            {"model": {"cpu": {1: [-1.0]}}},
+            r"profile of stage 'model' on 'cpu' batch 1: latency must be a finite number >= 0, got -1.0",
+        ),
+    ],
+)
 def test_bad_profiles_name_stage_class_and_batch(stages, message):
     with pytest.raises(SLOError, match=message):
         Profile(stages)
@@ -83,7 +93,9 @@ def test_missing_stage_or_class_is_named():
     p = Profile(PROFILE)
     with pytest.raises(SLOError, match=r"no profile for stage 'other'; profiled stages: \['model'\]"):
         p.latency("other", "cpu", 1)
-    with pytest.raises(SLOError, match=r"stage 'model' was not profiled on executor class 'tpu'; profiled classes: \['cpu', 'gpu'\]"):
+    with pytest.raises(
+        SLOError, match=r"stage 'model' was not profiled on executor class 'tpu'; profiled classes: \['cpu', 'gpu'\]"
+    ):
         p.latency("model", "tpu", 1)
     with pytest.raises(SLOError, match="not a stored profile"):
         Profile.from_json('{"stages": {}}')
