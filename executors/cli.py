@@ -49,6 +49,11 @@ def cmd_up(args) -> int:
         fields["executors"] = args.executors
     if args.token:
         fields["token"] = args.token
+    for flag, field in (("request_timeout", "request_timeout_s"), ("max_request_timeout", "max_request_timeout_s")):
+        if getattr(args, flag) is not None:
+            fields[field] = getattr(args, flag)
+    if args.max_body_mb is not None:
+        fields["max_body_bytes"] = int(args.max_body_mb * 1024 * 1024)
     if args.autoscale:
         from executors.autoscale import AutoscalingConfig
 
@@ -144,7 +149,7 @@ def cmd_deploy(args) -> int:
         setup(c.kvs)
     for f in flows:
         _say(f"deploying {f.name} (building its stages on the executors)")
-        d = c.deploy(f, optimize=not args.no_optimize)
+        d = c.deploy(f, optimize=not args.no_optimize, **({} if args.timeout is None else {"timeout_s": args.timeout}))
         print(f"deployed {f.name} at {d.url}")
     return 0
 
@@ -278,6 +283,15 @@ def add_runtime_commands(p: argparse.ArgumentParser, sub) -> None:
     up.add_argument("--host", default="127.0.0.1", help="gateway bind address (default 127.0.0.1)")
     up.add_argument("--port", type=int, default=8000, help="gateway port (default 8000; 0 for a free one)")
     up.add_argument("--token", help="require this bearer token on /flows calls")
+    up.add_argument(
+        "--request-timeout", type=float, help="seconds a request may take before 504, unless its flow says (default 30)"
+    )
+    up.add_argument(
+        "--max-request-timeout",
+        type=float,
+        help="the most a request (X-Request-Timeout) or a flow (deploy --timeout) may ask for (default 300)",
+    )
+    up.add_argument("--max-body-mb", type=float, help="request bodies above this many MiB get 413 (default 64)")
     up.add_argument("--autoscale", action="store_true", help="scale each stage's replicas on its own load")
     up.add_argument("--max-replicas", type=int, default=8, help="autoscaling: replicas per stage at most (default 8)")
     up.set_defaults(fn=cmd_up)
@@ -292,6 +306,7 @@ def add_runtime_commands(p: argparse.ArgumentParser, sub) -> None:
     dp.add_argument("script", help="a .py file defining flows() (and optionally setup(store)) or Flow objects")
     dp.add_argument("--flow", help="deploy only the flow with this name")
     dp.add_argument("--no-optimize", action="store_true", help="one stage per operator")
+    dp.add_argument("--timeout", type=float, help="the flows' deadline in seconds (default: the cluster's)")
     dp.set_defaults(fn=cmd_deploy)
 
     iv = sub.add_parser("invoke", help="call a deployed flow")

@@ -122,8 +122,12 @@ class ClusterClient:
 
     # -- deploy -------------------------------------------------------------------------------
 
-    def deploy(self, flow, *, optimize: bool = True, rules=None, options=None) -> Deployment:
+    def deploy(
+        self, flow, *, optimize: bool = True, rules=None, options=None, timeout_s: float | None = None
+    ) -> Deployment:
         """Optimize ``flow``, register its plan and build its stages on the executors.
+        ``timeout_s``: this flow's deadline (default: the cluster's ``request_timeout_s``;
+        at most its ``max_request_timeout_s``).
 
         Raises ``DeployConflictError`` (409) when a concurrent deploy of the same name
         with a newer version won: that one is served, this one is not."""
@@ -135,6 +139,8 @@ class ClusterClient:
             plan = run_optimizer(flow, rules=rules, options=options)
         else:
             plan = Plan.from_flow(flow)
+        if timeout_s is not None:
+            plan = plan.with_timeout(timeout_s)
         _register_by_value(plan)
         version = next_version(self.kvs.redis, flow.name)
         self.kvs.put_trusted(PLAN_KEY.format(flow=flow.name, version=version), plan)

@@ -92,7 +92,11 @@ class ClusterConfig(Config):
     header_timeout_s / body_timeout_s: a client that has not sent its request head, or its
         body, within this long gets 408 and its connection closed (defaults 10 s, 60 s).
     max_connections: open HTTP connections at most; more get 503 with Retry-After (1024).
-    request_timeout_s: a request not answered within this gets 504.
+    request_timeout_s: a request not answered within this gets 504 (default 30 s), unless
+        its flow was deployed with its own ``timeout_s``.
+    max_request_timeout_s: the most a request may ask for with ``X-Request-Timeout`` (it may
+        ask for more or less than its flow's deadline, up to this; default 300 s), and the
+        most a flow's ``timeout_s`` may be.
     load_timeout_s: how long building a flow's stages (loading models) may take.
     max_retries: re-runs of a request whose executor died.
     restart_executors: the supervisor restarts an executor that dies (default True).
@@ -138,6 +142,7 @@ class ClusterConfig(Config):
     body_timeout_s: float = setting(60.0, _SECONDS)
     max_connections: int = setting(1024, Int(1))
     request_timeout_s: float = setting(30.0, _SECONDS)
+    max_request_timeout_s: float = setting(300.0, _SECONDS)
     load_timeout_s: float = setting(300.0, _SECONDS)
     max_retries: int = setting(2, Int(0, 10))
     restart_executors: bool = setting(True, Bool())
@@ -152,6 +157,13 @@ class ClusterConfig(Config):
     stuck_grace_s: float = setting(10.0, Number(gt=0, le=3600, note="seconds"))
     persistence: bool = setting(True, Bool())
     dir: str | None = setting(None, Check("a path", types=(str, os.PathLike), optional=True))
+
+    def _validate(self) -> None:
+        if self.request_timeout_s > self.max_request_timeout_s:
+            raise self.error(
+                f"ClusterConfig.request_timeout_s must be <= max_request_timeout_s ({self.max_request_timeout_s!r}), "
+                f"got {self.request_timeout_s!r}"
+            )
 
     def http_limits(self):
         """The HTTP edge's limits (executors/serving.py)."""

@@ -179,6 +179,7 @@ class ClusterDaemon:
             admin_token=self.admin_token,
             max_body_bytes=self.config.max_body_bytes,
             request_timeout_s=self.config.request_timeout_s,
+            max_request_timeout_s=self.config.max_request_timeout_s,
             load_timeout_s=self.config.load_timeout_s,
             metrics=self.metrics,
             public_metrics=self.config.public_metrics,

@@ -79,6 +79,7 @@ class Gateway:
         metrics: Metrics,
         public_metrics: bool = False,
         max_rows: int = 1_000_000,
+        max_request_timeout_s: float | None = None,
     ):
         self.dispatcher = dispatcher
         self.store = store
@@ -90,6 +91,8 @@ class Gateway:
         self.max_body_bytes = max_body_bytes
         self.max_rows = max_rows
         self.request_timeout_s = request_timeout_s
+        # what X-Request-Timeout and a flow's timeout_s may ask for at most
+        self.max_request_timeout_s = max_request_timeout_s or max(request_timeout_s, 300.0)
         self.load_timeout_s = load_timeout_s
         self.metrics = metrics
         self.accepting = True
@@ -148,8 +151,13 @@ class Gateway:
             return _error_body(http_error("PayloadTooLarge", f"body is over the limit of {self.max_body_bytes} bytes"))
         t0 = time.perf_counter()
         schema = flow.plan.input_schema
+        # a big body is parsed and converted on a worker thread: the event loop keeps
+        # serving other requests meanwhile (the interpreter switches threads every 5 ms)
+        big = len(body) > OFF_LOOP_BYTES
         try:
-            rows = parse_body(body, headers.get("content-type", ""), schema)
+            ctype = headers.get("content-type", "")
+            rows = await asyncio.to_thread(parse_body, body, ctype, schema) if big else parse_body(body, ctype, schema)
+            body = None  # the rows hold what is needed; the body's memory can go now
             if len(rows) > self.max_rows:
                 return _error_body(
                     http_error(
@@ -158,12 +166,15 @@ class Gateway:
                 )
             qid_start = self.dispatcher.next_qid
             qids = self.dispatcher.new_qids(len(rows))
-            table = to_table(rows, qids, schema)
-            if schema is not None:
-                table = check_schema(name, schema, table)
+            table = (
+                await asyncio.to_thread(_input_table, name, rows, qids, schema)
+                if big
+                else _input_table(name, rows, qids, schema)
+            )
+            rows = None
         except (BadRequestError, DataError) as e:
             return _error_body(http_error_for(e))
-        timeout = self.request_timeout_s
+        timeout = flow.plan.timeout_s or self.request_timeout_s  # the flow's deadline, else the cluster's
         asked = headers.get("x-request-timeout")
         if asked is not None:
             seconds = _seconds(asked)
@@ -173,7 +184,8 @@ class Gateway:
                         BadRequestError(f"header X-Request-Timeout must be a number of seconds > 0, got {asked!r}")
                     )
                 )
-            timeout = min(timeout, seconds)  # a client may ask for less time than the server allows, never more
+            # a client may ask for less or more time than the flow's deadline, up to the cluster's maximum
+            timeout = min(seconds, self.max_request_timeout_s)
         try:
             trace: list = []
             result = await self.dispatcher.submit(name, table, timeout, trace)
@@ -190,10 +202,12 @@ class Gateway:
             # where each stage ran, for how long, in a batch of how many requests
             (b"x-flowserve-trace", json.dumps(_unique(e[:4] for e in trace), separators=(",", ":")).encode()),
         ]
+        encode_off_loop = len(result) > OFF_LOOP_ROWS
         if ARROW in headers.get("accept", ""):
-            return 200, arrow_bytes(result), [(b"content-type", ARROW.encode()), *extra]
+            body = await asyncio.to_thread(arrow_bytes, result) if encode_off_loop else arrow_bytes(result)
+            return 200, body, [(b"content-type", ARROW.encode()), *extra]
         try:
-            body = json_rows(result)
+            body = await asyncio.to_thread(json_rows, result) if encode_off_loop else json_rows(result)
         except (TypeError, ValueError) as e:  # orjson's errors are TypeErrors; UnencodableError
             op = flow.plan.stages[flow.plan.sink].nodes[-1].name
             return _error_body(
@@ -328,6 +342,17 @@ class Gateway:
             flow = await self.load_flow(name, version, install=False)
         except LoadFailed as e:
             return _error(e.answer())
+        asked = flow.plan.timeout_s
+        if asked is not None and asked > self.max_request_timeout_s:
+            self.dispatcher.retire(flow)
+            return _error(
+                http_error_for(
+                    BadRequestError(
+                        f"flow {name!r}: timeout_s {asked:g} is over the cluster's max_request_timeout_s "
+                        f"{self.max_request_timeout_s:g}"
+                    )
+                )
+            )
         try:  # every gateway of the cluster serves what the registry lists (membership.py)
             registered = await self._record_change(name, register_deployed, self.store.redis, name, version)
         except Exception as e:
@@ -427,12 +452,23 @@ def describe(f: DeployedFlow, dispatcher: Dispatcher, scaling_status=None) -> di
         explained = f.plan.explain({name: len(ids) for name, ids in f.placement.items()})
     except Exception as e:  # describing must never fail a deploy
         explained = f"(explain failed: {type(e).__name__}: {e})"
-    return {"name": f.plan.flow_name, "version": f.version, "sink": f.plan.sink, "stages": stages, "explain": explained}
+    return {
+        "name": f.plan.flow_name,
+        "version": f.version,
+        "sink": f.plan.sink,
+        "timeout_s": f.plan.timeout_s,  # None: the cluster's request_timeout_s
+        "stages": stages,
+        "explain": explained,
+    }
 
 
-async def _read_body(receive, limit: int) -> bytes | None:
-    """The request body, or None once it grows over ``limit`` bytes."""
-    chunks, size = [], 0
+async def _read_body(receive, limit: int) -> bytes | bytearray | None:
+    """The request body, or None once it grows over ``limit`` bytes. A body in one piece
+    (most) is returned as it came; pieces are gathered into one growing buffer, so a big
+    body never exists twice (a list of pieces joined at the end would need twice its size)."""
+    first: bytes | None = None
+    buf: bytearray | None = None
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -441,14 +477,31 @@ async def _read_body(receive, limit: int) -> bytes | None:
         size += len(chunk)
         if size > limit:
             return None
-        chunks.append(chunk)
+        if first is None:
+            first = chunk
+        else:
+            if buf is None:
+                buf = bytearray(first)
+            buf += chunk
         if not message.get("more_body", False):
             break
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return buf if buf is not None else (first if first is not None else b"")
 
 
 def _bearer_matches(header: str, token: str) -> bool:
     return header.startswith("Bearer ") and hmac.compare_digest(header[7:].encode(), token.encode())
+
+
+# Bodies above this are parsed (and answers above OFF_LOOP_ROWS rows encoded) on a worker
+# thread; below it the hop to a thread would cost more than the work it moves.
+OFF_LOOP_BYTES = 256 * 1024
+OFF_LOOP_ROWS = 5_000
+
+
+def _input_table(name: str, rows, qids, schema):
+    """The request's Table with the gateway's qids, checked against the flow's schema."""
+    table = to_table(rows, qids, schema)
+    return table if schema is None else check_schema(name, schema, table)
 
 
 def _seconds(text: str) -> float | None:

@@ -78,6 +78,7 @@ class StandaloneGateway:
             admin_token=admin_token,
             max_body_bytes=config.max_body_bytes,
             request_timeout_s=config.request_timeout_s,
+            max_request_timeout_s=config.max_request_timeout_s,
             load_timeout_s=config.load_timeout_s,
             metrics=self.metrics,
             public_metrics=config.public_metrics,

@@ -438,12 +438,12 @@ class Flow:
         with using_store(kvs):  # operator code may read it via flow.current_store()
             return run_nodes(self, self.input_table(data, qid=qid), sink, kvs)
 
-    def deploy(self, cluster=None, *, optimize: bool = True, rules=None, options=None):
+    def deploy(self, cluster=None, *, optimize: bool = True, rules=None, options=None, timeout_s=None):
         """Serve the flow over HTTP; returns a Deployment (``.url``, ``.invoke(rows)``).
 
         With no ``cluster``, an embedded local cluster is started (or reused).
         ``optimize=False`` deploys one stage per operator; ``rules``/``options`` go to the
-        optimizer.
+        optimizer. ``timeout_s``: this flow's deadline in seconds (default: the cluster's).
             d = flow.deploy(); d.invoke({"x": 1}); d.undeploy()
         """
         target = cluster if cluster is not None else targets.cluster("local")  # flow/targets.py
@@ -452,7 +452,8 @@ class Flow:
                 f"flow {self.name!r}: deploy(cluster=...) takes a cluster with a deploy(flow, ...) "
                 f"method (LocalCluster, KubernetesCluster), got {type(target).__name__}"
             )
-        return target.deploy(self, optimize=optimize, rules=rules, options=options)
+        settings = {} if timeout_s is None else {"timeout_s": timeout_s}  # targets need not know it otherwise
+        return target.deploy(self, optimize=optimize, rules=rules, options=options, **settings)
 
     def explain(self, *, rules=None, options=None) -> PlanText:
         """The physical plan the optimizer makes of this flow (default rules and options),

@@ -700,6 +700,7 @@ class KubernetesCluster:
         gateway_url: str | None = None,
         kvs_url: str | None = None,
         wait_s: float = 300,
+        timeout_s: float | None = None,
     ):
         """Serve ``flow`` on this instance: create the Secrets if missing, apply the manifests
         sized for its plan, wait up to ``wait_s`` seconds until the KVS, the gateway and the
@@ -708,7 +709,8 @@ class KubernetesCluster:
 
         ``gateway_url``/``kvs_url`` (default ``config.gateway_url``/``config.kvs_url``, else the
         in-cluster DNS names): from outside the cluster, port-forward and pass local addresses;
-        a KVS URL without a password gets the one from the redis Secret.
+        a KVS URL without a password gets the one from the redis Secret. ``timeout_s``: this
+        flow's deadline (default: the cluster's ``request_timeout_s``).
 
             d = KubernetesCluster(config=cfg).deploy(flow)                 # inside the cluster
             d = cluster.deploy(flow, gateway_url="http://localhost:8080",  # kubectl port-forward
@@ -730,7 +732,7 @@ class KubernetesCluster:
         key = self.read_secret(self.config.cluster_key_secret_name, "key")  # the plan is signed with it
         client = self._client_for(url, kvs, admin, token, key)
         try:
-            return client.deploy(flow, optimize=optimize, rules=rules, options=options)
+            return client.deploy(flow, optimize=optimize, rules=rules, options=options, timeout_s=timeout_s)
         except Exception as e:
             if _unreachable(e):
                 raise K8sUnreachableError(self._unreachable_message(flow, url, kvs, e)) from e

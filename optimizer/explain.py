@@ -34,6 +34,8 @@ def explain(plan, replicas: Mapping[str, int] | None = None) -> str:
     else:
         lines.append("input: " + ", ".join(f"{c}: {t}" for c, t in plan.input_schema.items()))
     lines.append("rules: " + (", ".join(plan.rules) if plan.rules else "none (one stage per operator)"))
+    if plan.timeout_s is not None:
+        lines.append(f"deadline: {plan.timeout_s:g} s (this flow's; the cluster's default otherwise)")
     for i, stage in enumerate(plan.stages.values(), 1):
         lines.append("")
         lines.extend(_stage(i, stage, None if replicas is None else replicas.get(stage.name)))

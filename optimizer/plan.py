@@ -41,6 +41,7 @@ class Plan:
     """An immutable DAG of stages for one flow; ``stages`` are in topological order.
 
     ``rules`` names the optimizer rules applied to get it, in order (empty: the baseline).
+    ``timeout_s``: this flow's deadline when deployed (None: the cluster's default).
     """
 
     flow_name: str
@@ -48,10 +49,14 @@ class Plan:
     sink: str
     input_schema: Mapping[str, ColumnType] | None = None
     rules: tuple[str, ...] = ()
+    timeout_s: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "stages", MappingProxyType(dict(self.stages)))
         object.__setattr__(self, "rules", tuple(self.rules))
+        t = self.timeout_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf")):
+            raise PlanTypeError(f"plan {self.flow_name!r}: timeout_s must be a number of seconds > 0, got {t!r}")
         if self.input_schema is not None:
             object.__setattr__(self, "input_schema", MappingProxyType(dict(self.input_schema)))
         if self.sink not in self.stages:
@@ -80,7 +85,7 @@ class Plan:
 
     def __reduce__(self):  # read-only mappings do not pickle; ship plain dicts
         schema = dict(self.input_schema) if self.input_schema is not None else None
-        return (Plan, (self.flow_name, dict(self.stages), self.sink, schema, self.rules))
+        return (Plan, (self.flow_name, dict(self.stages), self.sink, schema, self.rules, self.timeout_s))
 
     @classmethod
     def from_flow(cls, flow) -> Plan:
@@ -107,11 +112,15 @@ class Plan:
         return cls(flow.name, stages, stage_of[sink.id], flow.schema)
 
     def replace_stages(self, stages: Mapping[str, Stage], sink: str | None = None) -> Plan:
-        return Plan(self.flow_name, stages, sink or self.sink, self.input_schema, self.rules)
+        return replace(self, stages=stages, sink=sink or self.sink)
 
     def with_rules(self, rules: Sequence[str]) -> Plan:
         """The same plan, recording that ``rules`` were applied to it."""
-        return Plan(self.flow_name, self.stages, self.sink, self.input_schema, tuple(rules))
+        return replace(self, rules=tuple(rules))
+
+    def with_timeout(self, seconds: float | None) -> Plan:
+        """The same plan with its own deadline when deployed (None: the cluster's default)."""
+        return replace(self, timeout_s=None if seconds is None else float(seconds))
 
     def consumers(self) -> dict[str, list[str]]:
         """For each stage (and INPUT), the stages that read it, once per edge."""
