@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -110,12 +111,16 @@ def scale_run(node, args) -> dict:
     scaling = AutoscalingConfig(min_replicas=1, max_replicas=2, upscale_delay_s=1.0, upscale_cooldown_s=2.0)
     cluster, d, core = serve(node, ns, flow, cpu_executors=1, autoscaling=scaling)
     apps = client.AppsV1Api(node.cp.api_client("admin"))
-    out = {"autoscaling": {"min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 1.0}, "step_clients": args.step}
+    out = {"autoscaling": {"min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 1.0},
+           "before_step": "1 client at 10 req/s", "step_clients": args.step}
     try:
         (first,) = rc.pod_ips(core, ns, "executor-cpu")
-        base = rc.Load(d.url, concurrency=1).start()
-        time.sleep(args.seconds / 4)
-        step = rc.Load(d.url, concurrency=args.step - 1)
+        # before the step: one client at 10 requests/s (20 % of one executor), well under
+        # target_utilisation; after: ``--step`` clients as fast as they are answered
+        base = rc.Load(d.url, concurrency=1, rate=10).start()
+        time.sleep(args.seconds / 2)
+        replicas_before = apps.read_namespaced_deployment_scale("flowserve-executor-cpu", ns).spec.replicas
+        step = rc.Load(d.url, concurrency=args.step, first_id=1 << 40)
         step.t0 = base.t0
         t_step = time.monotonic()
         step.start()
@@ -150,6 +155,7 @@ def scale_run(node, args) -> dict:
             if s == 200:
                 by_pod[rows[0]["pod"]] = by_pod.get(rows[0]["pod"], 0) + 1
         out.update({k: round(v, 2) if isinstance(v, float) else v for k, v in marks.items()},
+                   executor_replicas_before_step=replicas_before,
                    requests=s1["requests"] + s2["requests"], lost=s1["lost"] + s2["lost"],
                    wrong=s1["wrong"] + s2["wrong"], answers_by_pod=by_pod,
                    latency_before=latency(base, 0, t_step - base.t0),
@@ -192,6 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
             progress(f"k8s_pods: scale-up {result['scale_up']}")
     finally:
         node.stop()
+        shutil.rmtree(node.dir, ignore_errors=True)
     result["load_average_after"] = os.getloadavg()
     save("k8s_pods", result)
     return result

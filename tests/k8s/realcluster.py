@@ -302,13 +302,15 @@ def pod_ips(core, namespace: str, component: str) -> dict[str, str]:
 
 
 class Load:
-    """``concurrency`` clients POSTing ``{"x": i}`` (i unique) to ``url`` one after another
-    until ``stop()``; every answer is kept, so a fault's cost can be counted afterwards."""
+    """``concurrency`` clients POSTing ``{"x": i}`` (i unique, from ``first_id``) to ``url``
+    one after another until ``stop()``, each at most ``rate`` requests a second (None: as
+    fast as answers come); every answer is kept, so a fault's cost can be counted afterwards."""
 
-    def __init__(self, url: str, concurrency: int = 4, timeout: float = 60.0):
-        self.url, self.concurrency, self.timeout = url, concurrency, timeout
+    def __init__(self, url: str, concurrency: int = 4, timeout: float = 60.0, rate: float | None = None,
+                 first_id: int = 0):
+        self.url, self.concurrency, self.timeout, self.rate = url, concurrency, timeout, rate
         self.answers: dict[int, tuple] = {}  # x -> (status, rows or error text, t_sent, t_done)
-        self._ids = iter(range(1 << 62))
+        self._ids = iter(range(first_id, 1 << 62))
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(concurrency)]
@@ -322,8 +324,13 @@ class Load:
     def _client(self) -> None:
         import httpx
 
+        next_at = time.monotonic()
         with httpx.Client(timeout=self.timeout) as http:
             while not self._stopping.is_set():
+                if self.rate:
+                    next_at += 1.0 / self.rate
+                    if self._stopping.wait(max(0.0, next_at - time.monotonic())):  # pacing, not synchronisation
+                        return
                 with self._lock:
                     x = next(self._ids)
                 t = time.monotonic()
