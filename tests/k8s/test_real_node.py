@@ -10,7 +10,9 @@ debootstrap rootfs, the project pip-installed) and imported into the node's cont
 * a flow is served by the rendered KVS, gateway and executor pods, applied by
   ``KubernetesCluster`` as the documented deployer and invoked over HTTP from the host (pod
   IP via the bridge); an executor container is SIGKILLed, then an executor pod is deleted,
-  under continuous load: no request is lost, wrong or answered twice.
+  under continuous load: no request is lost, wrong or answered twice;
+* with autoscaling, a load step makes the gateway's autoscaler (in-cluster credentials,
+  the rendered Role) add an executor pod, which then answers requests.
 """
 
 from __future__ import annotations
@@ -149,6 +151,41 @@ def test_a_flow_served_by_real_pods_loses_nothing_when_an_executor_pod_dies(node
         assert summary["lost"] == 0, summary
         assert summary["wrong"] == 0 and summary["duplicated"] == 0 and summary["repeated_qids"] == 0, summary
         assert summary["answered"] >= 90
+    finally:
+        cluster.close()
+        cluster.delete()
+
+
+def slow_double(row):
+    import os
+    import time
+
+    time.sleep(0.02)  # one client keeps an executor ~busy: a few make the stage short of replicas
+    return row.x * 2, os.environ.get("POD_NAME", "?")
+
+
+def test_a_load_step_makes_the_autoscaler_add_an_executor_pod_that_serves(node):
+    from executors.autoscale import AutoscalingConfig
+
+    core, ns = namespace(node, "scale")
+    flow = Flow("slow")
+    flow.map(slow_double, names=["y", "pod"])
+    cluster, d, core = serve(node, ns, flow, cpu_executors=1,
+                             autoscaling=AutoscalingConfig(min_replicas=1, max_replicas=2))
+    apps = client.AppsV1Api(node.cp.api_client("admin"))
+    try:
+        (first,) = rc.pod_ips(core, ns, "executor-cpu")
+        load = rc.Load(d.url, concurrency=6).start()
+        # the gateway's autoscaler patches the Deployment's scale with its ServiceAccount's
+        # token, through the `kubernetes` Service's address; the new pod registers, is given
+        # the stage and answers
+        rc.wait_for("an answer from a second executor pod", lambda: any(
+            s == 200 and rows and rows[0]["pod"] not in (first, "?")
+            for s, rows, _, _ in list(load.answers.values())), timeout=180, every=0.2)
+        summary = load.stop()
+        assert summary["lost"] == 0 and summary["wrong"] == 0 and summary["duplicated"] == 0, summary
+        assert apps.read_namespaced_deployment_scale("flowserve-executor-cpu", ns).spec.replicas == 2
+        assert len(rc.pod_ips(core, ns, "executor-cpu")) == 2
     finally:
         cluster.close()
         cluster.delete()
