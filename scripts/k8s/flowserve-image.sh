@@ -43,11 +43,13 @@ pip_in() {  # pip_in ROOTFS ARGS...: pip of the rootfs's venv, with this machine
   cp -L "${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}" "$r/tmp/pip-ca.crt"
   { echo "[global]"; pip config list 2>/dev/null | sed -n "s/^[^.]*\.\([a-z-]*\)='\(.*\)'\$/\1 = \2/p" | sort -u; } \
     > "$r/etc/pip.conf"
+  local rc=0
   chroot "$r" env -i PATH=$VENV/bin:/usr/bin:/bin HOME=/root PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \
-    PIP_DEFAULT_TIMEOUT=180 \
-    PIP_CERT=/tmp/pip-ca.crt "$VENV/bin/pip" "$@" >&2
+    PIP_DEFAULT_TIMEOUT=180 PIP_CERT=/tmp/pip-ca.crt "$VENV/bin/pip" "$@" >&2 || rc=$?
+  # unmount here: this may run in a $(...) subshell, where the EXIT trap does not
   rm -f "$r/etc/pip.conf" "$r/tmp/pip-ca.crt"
   cleanup; MOUNTS=()
+  return $rc
 }
 
 base_rootfs() {  # the Debian rootfs, cached by its package list
