@@ -53,8 +53,6 @@ def latency(load, t_from: float, t_to: float) -> dict:
 
 
 def fault_run(node, args) -> dict:
-    import kubernetes.client as client
-
     from flow import Flow
     from tests.k8s import realcluster as rc
     from tests.k8s.test_real_node import namespace, serve
@@ -98,12 +96,12 @@ def fault_run(node, args) -> dict:
 
 
 def scale_run(node, args) -> dict:
+    from kubernetes import client
+
     from executors.autoscale import AutoscalingConfig
     from flow import Flow
     from tests.k8s import realcluster as rc
     from tests.k8s.test_real_node import namespace, serve
-
-    import kubernetes.client as client
 
     core, ns = namespace(node, "bench-scale")
     flow = Flow("slow")
