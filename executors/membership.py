@@ -30,7 +30,8 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 
 log = logging.getLogger("flowserve.membership")
 
@@ -47,6 +48,9 @@ class Member:
     address: str
     device: str = "cpu"
     threads: int = 4
+    # new for each process: a container restarted in place keeps its pod's name and IP, and
+    # only this tells the gateways that the requests the old process held are lost
+    incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12], compare=False)
 
 
 class Heartbeat:
@@ -67,7 +71,11 @@ class Heartbeat:
         m = self.member
         ttl_ms = int(self.interval_s * 3000)
         pipe = self.redis.pipeline()
-        pipe.hset(MEMBERS_KEY, m.id, json.dumps({"address": m.address, "device": m.device, "threads": m.threads}))
+        pipe.hset(
+            MEMBERS_KEY,
+            m.id,
+            json.dumps({"address": m.address, "device": m.device, "threads": m.threads, "incarnation": m.incarnation}),
+        )
         pipe.set(ALIVE_KEY.format(id=m.id), str(time.time()), px=ttl_ms)
         pipe.execute()
 
@@ -111,7 +119,13 @@ def live_members(redis) -> dict[str, Member]:
             continue
         try:
             doc = json.loads(described[id_.encode()])
-            out[id_] = Member(id_, str(doc["address"]), str(doc.get("device", "cpu")), int(doc.get("threads", 4)))
+            out[id_] = Member(
+                id_,
+                str(doc["address"]),
+                str(doc.get("device", "cpu")),
+                int(doc.get("threads", 4)),
+                str(doc.get("incarnation", "")),
+            )
         except (ValueError, KeyError, TypeError):
             log.warning("ignoring executor %s: malformed registration", id_)
     if dead:

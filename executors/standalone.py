@@ -68,6 +68,7 @@ class StandaloneGateway:
         self.metrics = Metrics()
         self.poll_s = poll_s
         self.absence = Absence(grace_s)
+        self.incarnations: dict[str, str] = {}  # executor id -> the process it was when it joined
         self.dispatcher = Dispatcher(
             address, config.max_retries, self.metrics, colocate=config.colocate, busy_poll_ms=config.busy_poll_ms
         )
@@ -195,7 +196,16 @@ class StandaloneGateway:
     async def _members_changed(self, members: dict) -> None:
         d = self.dispatcher
         known = {i for i, info in d.executors.items() if info.alive}
-        moved = {i for i in known if i in members and members[i].address != d.executors[i].address}
+        # a new address, or the same pod's container restarted (same name and IP, new process)
+        moved = {
+            i
+            for i in known
+            if i in members
+            and (
+                members[i].address != d.executors[i].address
+                or members[i].incarnation != self.incarnations.get(i, members[i].incarnation)
+            )
+        }
         for id_ in self.absence.gone(known, set(members) - moved, time.monotonic()) + sorted(moved):
             log.warning("executor %s left the cluster", id_)
             self._leave(id_)
@@ -207,6 +217,7 @@ class StandaloneGateway:
                 continue  # registered but not answering yet: try again next round
             d.remove_executor(id_)  # a restarted pod may reuse its name with a new address
             d.add_executor(id_, m.address, m.device)
+            self.incarnations[id_] = m.incarnation
             log.warning("executor %s joined (%s, %s)", id_, m.device, m.address)
             await self._extend_flows(id_)
 

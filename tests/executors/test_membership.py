@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -299,3 +300,72 @@ def test_a_registry_read_older_than_a_local_deploy_or_undeploy_does_not_undo_it(
     finally:
         gw.dispatcher.listener.close()  # never started: nothing else is open
         gw.store.close()
+
+
+def slow_on_the_first_e0(row):
+    import os
+    import time
+
+    if os.environ.get("FLOWSERVE_TEST_SLOW"):
+        time.sleep(20.0)  # still running when the test kills this executor
+    return row.x * 3.0
+
+
+def test_an_executor_restarted_in_place_has_its_requests_rerun(procs):
+    """The kubelet restarts a crashed container in the same pod: same name, same IP and port,
+    and the new process registers before the old one's heartbeat has lapsed. The gateway
+    must see the new incarnation and re-run what the old process held, not wait for the
+    request's deadline (found on a real kubelet: tests/k8s/test_real_node.py)."""
+    from kvs.server import free_port
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+
+    def executor(**env):  # the heartbeat's key outlives the restart (5 s x 3)
+        return procs._start(
+            "e0",
+            [
+                sys.executable,
+                "-m",
+                "executors.executor",
+                "--id",
+                "e0",
+                "--address",
+                address,
+                "--threads",
+                "2",
+                "--heartbeat-s",
+                "5",
+            ],
+            env={"FLOWSERVE_KVS_URL": procs.redis_url, **env},
+        )
+
+    e0 = executor(FLOWSERVE_TEST_SLOW="1")
+    gw = procs.gateway("gw")
+    wait_until("the gateway to find e0", lambda: health(gw).get("executors") == 1)
+    client = ClusterClient(gw, procs.redis_url, ADMIN)
+    try:
+        f = Flow(unique("slow"), schema={"x": float})
+        f.map(slow_on_the_first_e0, names=["y"])
+        d = client.deploy(f)
+        answer = {}
+
+        def call():
+            answer["r"] = httpx.post(d.url, json={"x": 2.0}, headers={"X-Request-Timeout": "25"}, timeout=30)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        wait_until("the request in flight on e0", lambda: health(gw).get("inflight") == 1)
+        procs.executor("e1")  # where the re-run can go once e1 hosts the stage too
+        wait_until(
+            "e1 to host the stage",
+            lambda: "e1" in {e for st in httpx.get(f"{gw}/flows/{f.name}").json()["stages"] for e in st["executors"]},
+        )
+        e0.send_signal(signal.SIGKILL)
+        e0.wait()
+        executor()  # the same id and address: a new process only
+        caller.join(timeout=40)
+        r = answer["r"]
+        # without the re-run: 504 at the request's deadline (the heartbeat never lapses)
+        assert r.status_code == 200 and r.json()["rows"][0]["y"] == 6.0, r.text
+    finally:
+        client.close()

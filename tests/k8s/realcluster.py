@@ -251,3 +251,179 @@ def unique_namespace(prefix: str = "t") -> str:
 
 def env_requires_real() -> bool:
     return os.environ.get(REQUIRE_ENV, "") not in ("", "0")
+
+
+# -- a real node: kubelet + containerd + runc + CNI (scripts/k8s/real-node.sh) ------------------
+
+NODE_SCRIPT = ROOT / "scripts" / "k8s" / "real-node.sh"
+IMAGE_SCRIPT = ROOT / "scripts" / "k8s" / "flowserve-image.sh"
+FLOWSERVE_IMAGE = "localhost/flowserve:dev"  # flowserve-image.sh's default reference
+REAL_NODE = "realnode"
+REAL_NODE_ENV = "FLOWSERVE_K8S_REAL_NODE"
+
+
+def real_node_unavailable() -> str | None:
+    """Why a real node cannot be started here (None: it can): it is opt-in and needs root."""
+    if os.environ.get(REAL_NODE_ENV) != "1":
+        return f"opt-in: {REAL_NODE_ENV}=1 as root (starts containerd, a kubelet and real pods)"
+    if os.geteuid() != 0:
+        return f"{REAL_NODE_ENV}=1 needs root (containerd, runc, the CNI bridge)"
+    return None
+
+
+class RealNode:
+    """A control plane of its own plus one real node (``REAL_NODE``), optionally with
+    FlowServe's image built (flowserve-image.sh) and imported into the node's containerd."""
+
+    def __init__(self, directory: Path, flowserve_image: bool = True):
+        self.dir = directory
+        self.node_dir = directory / "node"
+        self.image_build_s: float | None = None
+        self.cp = ControlPlane(directory / "cp")
+        try:
+            self._run("start", str(self.node_dir), str(self.cp.dir))
+            if flowserve_image:
+                t0 = time.monotonic()
+                tar = directory / "flowserve.tar"
+                r = subprocess.run(
+                    ["bash", str(IMAGE_SCRIPT), "build", str(tar), FLOWSERVE_IMAGE], capture_output=True, text=True
+                )
+                if r.returncode != 0:
+                    raise RuntimeError(f"flowserve-image.sh build failed ({r.returncode}):\n{r.stderr[-4000:]}")
+                self._run("import", str(self.node_dir), str(tar))
+                tar.unlink()
+                self.image_build_s = time.monotonic() - t0
+        except BaseException:
+            self.stop()
+            raise
+
+    def _run(self, *args: str) -> None:
+        r = subprocess.run(["bash", str(NODE_SCRIPT), *args], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(
+                f"real-node.sh {args[0]} failed ({r.returncode}):\n{r.stderr[-4000:]}\n"
+                f"kubelet log:\n{self.log('kubelet')}"
+            )
+
+    def log(self, component: str, lines: int = 40) -> str:
+        p = self.node_dir / f"{component}.log"
+        return "\n".join(p.read_text(errors="replace").splitlines()[-lines:]) if p.exists() else ""
+
+    def ctr(self, *args: str) -> str:
+        r = subprocess.run(
+            ["ctr", "--address", str(self.node_dir / "containerd.sock"), "-n", "k8s.io", *args],
+            capture_output=True,
+            text=True,
+        )
+        if r.returncode != 0:
+            raise AssertionError(f"ctr {' '.join(args)}: {r.stderr}")
+        return r.stdout
+
+    def kill_container(self, pod, container: str) -> str:
+        """SIGKILL the process of ``pod``'s ``container`` through containerd: a crash, as the
+        kernel's OOM killer or a segfault would cause. Returns the container id."""
+        (status,) = [c for c in pod.status.container_statuses if c.name == container]
+        cid = status.container_id.split("://", 1)[1]
+        self.ctr("tasks", "kill", "--signal", "SIGKILL", cid)
+        return cid
+
+    def stop(self) -> None:
+        subprocess.run(["bash", str(NODE_SCRIPT), "stop", str(self.node_dir)], capture_output=True)
+        self.cp.stop()
+
+
+def wait_namespace_ready(core, namespace: str, timeout: float = 30) -> None:
+    """The namespace's ``default`` ServiceAccount has its token (the admission of pods needs it)."""
+    import kubernetes.client as client
+
+    def token():
+        try:
+            return core.read_namespaced_service_account("default", namespace).secrets
+        except client.ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    wait_for(f"namespace {namespace}'s ServiceAccount token", token, timeout=timeout)
+
+
+def pod_ips(core, namespace: str, component: str) -> dict[str, str]:
+    """name -> IP of the component's Running, not terminating pods."""
+    pods = core.list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/component={component}").items
+    return {
+        p.metadata.name: p.status.pod_ip
+        for p in pods
+        if p.status.phase == "Running" and p.metadata.deletion_timestamp is None and p.status.pod_ip
+    }
+
+
+class Load:
+    """``concurrency`` clients POSTing ``{"x": i}`` (i unique, from ``first_id``) to ``url``
+    one after another until ``stop()``, each at most ``rate`` requests a second (None: as
+    fast as answers come); every answer is kept, so a fault's cost can be counted afterwards."""
+
+    def __init__(
+        self, url: str, concurrency: int = 4, timeout: float = 60.0, rate: float | None = None, first_id: int = 0
+    ):
+        self.url, self.concurrency, self.timeout, self.rate = url, concurrency, timeout, rate
+        self.answers: dict[int, tuple] = {}  # x -> (status, rows or error text, t_sent, t_done)
+        self._ids = iter(range(first_id, 1 << 62))
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(concurrency)]
+        self.t0 = time.monotonic()
+
+    def start(self) -> Load:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def _client(self) -> None:
+        import httpx
+
+        next_at = time.monotonic()
+        with httpx.Client(timeout=self.timeout) as http:
+            while not self._stopping.is_set():
+                if self.rate:
+                    next_at += 1.0 / self.rate
+                    if self._stopping.wait(max(0.0, next_at - time.monotonic())):  # pacing, not synchronisation
+                        return
+                with self._lock:
+                    x = next(self._ids)
+                t = time.monotonic()
+                try:
+                    r = http.post(self.url, json={"x": x})
+                    got = (r.status_code, r.json()["rows"] if r.status_code == 200 else r.text[:300])
+                except (httpx.HTTPError, OSError, ValueError) as e:
+                    got = (0, f"{type(e).__name__}: {e}"[:300])
+                self.answers[x] = (*got, t - self.t0, time.monotonic() - self.t0)
+
+    def count(self) -> int:
+        return len(self.answers)
+
+    def stop(self) -> dict:
+        self._stopping.set()
+        for t in self._threads:
+            t.join(timeout=self.timeout + 5)
+        return self.summary()
+
+    def summary(self, expected=lambda x: 2 * x, column: str = "y") -> dict:
+        """answered (200 with the one right row), lost (an error, or no answer), wrong rows,
+        duplicated (a 200 with more than one row), repeated qids across answers."""
+        lost, wrong, duplicated, qids = [], 0, 0, []
+        for x, (status, body, _, _) in sorted(self.answers.items()):
+            if status != 200:
+                lost.append((x, status, body))
+                continue
+            duplicated += len(body) != 1
+            wrong += any(r.get(column) != expected(x) for r in body)
+            qids.extend(r.get("qid") for r in body)
+        return {
+            "requests": len(self.answers),
+            "answered": len(self.answers) - len(lost),
+            "lost": len(lost),
+            "wrong": wrong,
+            "duplicated": duplicated,
+            "repeated_qids": len(qids) - len(set(qids)),
+            "lost_sample": lost[:5],
+        }
