@@ -47,7 +47,16 @@ from executors.errors import (
     status_for,
     status_for_name,
 )
-from executors.httpcodec import ARROW, BadRequestError, arrow_bytes, json_rows, parse_body, to_table
+from executors.httpcodec import (
+    ARROW,
+    BadRequestError,
+    arrow_bytes,
+    arrow_pieces,
+    json_pieces,
+    json_rows,
+    parse_body,
+    to_table,
+)
 from executors.membership import DEPLOYED_KEY, register_deployed
 from executors.metrics import Metrics
 from executors.openapi import openapi_document, type_doc
@@ -189,6 +198,7 @@ class Gateway:
         try:
             trace: list = []
             result = await self.dispatcher.submit(name, table, timeout, trace)
+            table = None  # answered: the request's rows can go before the answer is encoded
         except RequestFailed as e:
             return e.status, encode_error(e.body), [JSON_CONTENT_TYPE]
         ms = (time.perf_counter() - t0) * 1000
@@ -202,12 +212,14 @@ class Gateway:
             # where each stage ran, for how long, in a batch of how many requests
             (b"x-flowserve-trace", json.dumps(_unique(e[:4] for e in trace), separators=(",", ":")).encode()),
         ]
-        encode_off_loop = len(result) > OFF_LOOP_ROWS
-        if ARROW in headers.get("accept", ""):
-            body = await asyncio.to_thread(arrow_bytes, result) if encode_off_loop else arrow_bytes(result)
-            return 200, body, [(b"content-type", ARROW.encode()), *extra]
+        arrow = ARROW in headers.get("accept", "")
+        ctype = (b"content-type", ARROW.encode()) if arrow else JSON_CONTENT_TYPE
         try:
-            body = await asyncio.to_thread(json_rows, result) if encode_off_loop else json_rows(result)
+            if len(result) <= OFF_LOOP_ROWS:
+                body = arrow_bytes(result) if arrow else json_rows(result)
+            else:  # a big answer is written on a worker thread and sent as it is written
+                pieces = arrow_pieces(result) if arrow else json_pieces(result)
+                body = Streamed(await asyncio.to_thread(next, pieces), pieces)
         except (TypeError, ValueError) as e:  # orjson's errors are TypeErrors; UnencodableError
             op = flow.plan.stages[flow.plan.sink].nodes[-1].name
             return _error_body(
@@ -215,7 +227,7 @@ class Gateway:
                     OperatorOutputError(f"operator {op!r} returned an answer JSON cannot carry: {e}", operator=op)
                 )
             )
-        return 200, body, [JSON_CONTENT_TYPE, *extra]
+        return 200, body, [ctype, *extra]
 
     async def list_flows(self, request: Request) -> Response:
         flows = []
@@ -572,7 +584,25 @@ class InvokeFastPath:
         return _bearer_matches(header, g.token) or _bearer_matches(header, g.admin_token)
 
 
-async def _send(send, status: int, body: bytes, extra: list) -> None:
+class Streamed:
+    """An answer sent as it is written: its first piece (written before the status is
+    sent, so an answer that cannot be encoded is still a clean 500) and the iterator of the
+    rest, each written on a worker thread. Sent without a length (chunked)."""
+
+    def __init__(self, first: bytes, rest):
+        self.first, self.rest = first, rest
+
+
+async def _send(send, status: int, body: bytes | Streamed, extra: list) -> None:
+    if isinstance(body, Streamed):
+        await send({"type": "http.response.start", "status": status, "headers": extra})
+        piece = body.first
+        while piece is not None:
+            # the server applies flow control: each send waits until the client takes it
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+            piece = await asyncio.to_thread(next, body.rest, None)
+        await send({"type": "http.response.body", "body": b""})
+        return
     await send(
         {
             "type": "http.response.start",

@@ -78,8 +78,8 @@ def _check_rows(rows: list, first: int = 0, keys=None) -> None:
 
 # A JSON body above this is read in pieces of about this size, each straight into columns:
 # as one list of row dicts a 50 MB body of 1.4 M rows took 700 MB and 6 s to become a Table.
-CHUNKED_JSON_BYTES = 4 << 20
-CHUNK_BYTES = 1 << 20
+CHUNKED_JSON_BYTES = 1 << 20
+CHUNK_BYTES = 512 << 10
 MAX_CUT_TRIES = 8  # then the body is read whole (its strings are full of "},{", or it is not JSON)
 _ROW_GAP = re.compile(rb"\}\s*,\s*\{")
 
@@ -295,10 +295,17 @@ class UnencodableError(ValueError):
     """An answer JSON cannot carry (the client may ask for Arrow instead)."""
 
 
-def json_rows(table: Table) -> bytes | bytearray:
+def json_rows(table: Table) -> bytes:
     """``{"rows": [...]}`` for a result Table. In scalar float columns NaN is a missing
     value and is ``null`` (as are infinities); inside a tensor NaN and infinity are values,
     which JSON has no form for: ``UnencodableError`` names the column."""
+    return b"".join(json_pieces(table))
+
+
+def json_pieces(table: Table):
+    """``json_rows``' bytes a piece (``JSON_CHUNK_ROWS`` rows) at a time, for a big answer
+    to be sent as it is written: its rows never all exist as dicts, nor its JSON at once.
+    Checked before the first piece: a tensor's NaN (``UnencodableError``)."""
     for name, ctype in table.schema.items():
         if ctype.kind == "tensor" and ctype.dtype.kind in "fc":
             values = _present(table[name])
@@ -308,18 +315,16 @@ def json_rows(table: Table) -> bytes | bytearray:
                     f"ask for Arrow (Accept: {ARROW})"
                 )
     if len(table) <= JSON_CHUNK_ROWS:
-        return orjson.dumps({"rows": table.to_pylist()}, default=_json_default, option=orjson.OPT_SERIALIZE_NUMPY)
-    # a big answer is written a piece at a time, into one growing buffer: its rows never
-    # all exist as dicts at once, and the body is never copied whole (the server sends it)
-    out = bytearray(b'{"rows":[')
-    for a in range(0, len(table), JSON_CHUNK_ROWS):
-        piece = table.take(np.arange(a, min(a + JSON_CHUNK_ROWS, len(table)))).to_pylist()
-        out += memoryview(orjson.dumps(piece, default=_json_default, option=orjson.OPT_SERIALIZE_NUMPY))[1:-1]
-        out += b","
-    out[-1:] = b"]}"
-    return out
+        yield orjson.dumps({"rows": table.to_pylist()}, default=_json_default, option=orjson.OPT_SERIALIZE_NUMPY)
+        return
+    n = len(table)
+    for a in range(0, n, JSON_CHUNK_ROWS):
+        b = min(a + JSON_CHUNK_ROWS, n)
+        rows = orjson.dumps(table.take(np.arange(a, b)).to_pylist(), default=_json_default, option=_NUMPY)
+        yield (b'{"rows":[' if a == 0 else b",") + rows[1:-1] + (b"]}" if b == n else b"")
 
 
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY
 JSON_CHUNK_ROWS = 20_000
 
 
@@ -332,13 +337,46 @@ def _present(values: np.ndarray) -> np.ndarray:
 
 
 def arrow_bytes(table: Table) -> bytes:
+    """The Arrow IPC stream of ``table``."""
+    return b"".join(arrow_pieces(table))
+
+
+def arrow_pieces(table: Table, rows_per_batch: int = 256 * 1024):
+    """``arrow_bytes`` a record batch at a time, for a big answer to be sent as it is
+    written: what the IPC writer wrote so far is handed out after each batch (the schema
+    message with the first, the end-of-stream marker with the last)."""
     import pyarrow as pa
 
     t = table.to_arrow()
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, t.schema) as w:
-        w.write_table(t)
-    return sink.getvalue().to_pybytes()
+    written = _Collected()
+    with pa.ipc.new_stream(pa.PythonFile(written, mode="w"), t.schema) as w:
+        for batch in t.to_batches(max_chunksize=rows_per_batch):
+            w.write_batch(batch)
+            yield written.take()
+    yield written.take()
+
+
+class _Collected:
+    """A write-only file that keeps what is written until ``take()``."""
+
+    closed = False
+
+    def __init__(self):
+        self.parts: list[bytes] = []
+
+    def write(self, data) -> int:
+        self.parts.append(bytes(data))
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def take(self) -> bytes:
+        out, self.parts = b"".join(self.parts), []
+        return out
 
 
 def _json_default(v: Any):
