@@ -40,7 +40,7 @@ def _package_version() -> str:
 
 PACKAGE_VERSION = _package_version()
 DEFAULT_IMAGE = f"flowserve:{PACKAGE_VERSION}"
-# Redis >= 7.4: redis-py's client-side caching (the executors' CachedKVS) refuses older servers.
+# Redis >= 6: the executors' cache tracks keys with RESP2 CLIENT TRACKING (kvs/tracking.py); any newer image works.
 DEFAULT_REDIS_IMAGE = "redis:7.4-alpine"
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
@@ -350,7 +350,7 @@ class KubeConfig(Config):
         rollout is reproducible). image_pull_policy, image_pull_secrets: as in a pod spec.
     version: the ``app.kubernetes.io/version`` label (None: the image tag, else the
         package version).
-    redis_image: the KVS server image (Redis >= 7.4 for the executors' client-side cache).
+    redis_image: the KVS server image (Redis >= 6, or Valkey: the executors' cache uses CLIENT TRACKING).
     redis_secret: Secret with key ``password``: the KVS password (None: ``<name>-redis``).
         The password is never written into a manifest; it must be URL-safe because the
         executors' KVS URL is composed from it.
