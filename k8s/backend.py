@@ -433,9 +433,14 @@ class KubernetesCluster:
 
     def _prune(self, keep: set, extra: dict) -> list[dict]:
         """Delete this instance's applied objects (``PRUNE_ORDER`` kinds) not in ``keep``."""
-        selector = managed_selector(self.config)
-        pruned = []
-        for key in PRUNE_ORDER:
+        pruned = self._delete_labelled(PRUNE_ORDER, managed_selector(self.config), keep, extra)
+        return [dict(d, action="pruned") for d in pruned]
+
+    def _delete_labelled(self, kinds, selector: str, keep: set = frozenset(), extra: dict | None = None) -> list[dict]:
+        """Delete the objects of ``kinds`` (in that order) that ``selector`` lists, but those
+        in ``keep`` ((kind, name) pairs) and those already going; what was deleted."""
+        deleted = []
+        for key in kinds:
             kind, kind_name = KINDS[key], key[1]
             for item in self._call("list", kind_name, kind, "", self.namespace, label_selector=selector).items or []:
                 name = item.metadata.name
@@ -450,12 +455,12 @@ class KubernetesCluster:
                         name,
                         self.namespace,
                         propagation_policy="Foreground" if kind.api == "apps" else "Background",
-                        **extra,
+                        **(extra or {}),
                     )
                 except K8sNotFoundError:
                     continue  # deleted meanwhile
-                pruned.append({"kind": kind_name, "name": name, "namespace": self.namespace, "action": "pruned"})
-        return pruned
+                deleted.append({"kind": kind_name, "name": name, "namespace": self.namespace})
+        return deleted
 
     # -- secrets -----------------------------------------------------------------------------
 
@@ -623,27 +628,7 @@ class KubernetesCluster:
         later ``apply`` finds the same data and password. Objects already gone are skipped.
         """
         kinds = DELETE_ORDER + ([] if keep_data else DATA_KINDS)
-        selector = instance_selector(self.config)
-        deleted = []
-        for key in kinds:
-            kind, kind_name = KINDS[key], key[1]
-            items = self._call("list", kind_name, kind, "", self.namespace, label_selector=selector).items or []
-            for item in items:
-                name = item.metadata.name
-                try:
-                    self._call(
-                        "delete",
-                        kind_name,
-                        kind,
-                        name,
-                        name,
-                        self.namespace,
-                        propagation_policy="Foreground" if kind.api == "apps" else "Background",
-                    )
-                except K8sNotFoundError:
-                    continue  # deleted meanwhile
-                deleted.append({"kind": kind_name, "name": name, "namespace": self.namespace})
-        return deleted
+        return self._delete_labelled(kinds, instance_selector(self.config))
 
     # -- status ------------------------------------------------------------------------------
 
