@@ -153,8 +153,9 @@ class Ours:
 
 class OursAt(Ours):
     """FlowServe optimized, its cluster run from another checkout (e.g. the previous commit
-    in a git worktree): an A/B of a change side by side. The flows are deployed by this
-    tree's client; the cluster's processes import the other tree first."""
+    in a git worktree): an A/B of a change side by side. The cluster's processes import the
+    other tree first, and the flows are deployed by that tree's own client (a subprocess):
+    a plan pickled by this tree need not unpickle there (modules move between commits)."""
 
     def __init__(self, tree: str, executors: int = 1):
         super().__init__(True, executors)
@@ -179,11 +180,32 @@ class OursAt(Ours):
             self.cluster.start()
         finally:
             os.chdir(here)
-        self.deployments = {
-            f.name: self.cluster.deploy(f, optimize=self.optimize) for f in (ensemble_flow(), cascade_flow())
-        }
-        self.plans = {n: d.explain() for n, d in self.deployments.items()}
+        deploy = (
+            "import json, sys\n"
+            "from benchmarks.e2e import cascade_flow, ensemble_flow\n"
+            "from executors.cluster import LocalCluster\n"
+            "c = LocalCluster.connect(sys.argv[1])\n"
+            "ds = [c.deploy(f, optimize=True) for f in (ensemble_flow(), cascade_flow())]\n"
+            "print(json.dumps({d.name: [d.url, d.explain()] for d in ds}))\n"
+        )
+        env = dict(os.environ, PYTHONPATH=self.tree)
+        out = subprocess.run(
+            [sys.executable, "-c", deploy, str(self.cluster.dir)],
+            cwd=self.tree,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        deployed = json.loads(out.strip().splitlines()[-1])
+        self.deployments = {name: _Deployed(url) for name, (url, _) in deployed.items()}
+        self.plans = {name: text for name, (_, text) in deployed.items()}
         return self
+
+
+class _Deployed:
+    def __init__(self, url: str):
+        self.url = url
 
 
 class _Sent:
