@@ -122,11 +122,13 @@ class ClusterClient:
 
     # -- deploy -------------------------------------------------------------------------------
 
-    def deploy(self, flow, *, optimize: bool = True, rules=None, options=None) -> Deployment:
+    def deploy(self, flow, *, optimize: bool = True, rules=None, options=None, slo=None, **serving) -> Deployment:
         """Optimize ``flow``, register its plan and build its stages on the executors.
 
-        Raises ``DeployConflictError`` (409) when a concurrent deploy of the same name
-        with a newer version won: that one is served, this one is not."""
+        ``slo=SLO(p99_ms=50)`` serves it under a latency objective (executors/slo.py):
+        ``traffic=`` (req/s, or arrival ms), ``samples=`` (rows to profile on), ``profile=``,
+        ``planner=PlannerOptions(...)``. Raises ``DeployConflictError`` (409) when a
+        concurrent deploy of the same name with a newer version won: that one is served."""
         from optimizer import Plan
 
         if optimize:
@@ -135,6 +137,10 @@ class ClusterClient:
             plan = run_optimizer(flow, rules=rules, options=options)
         else:
             plan = Plan.from_flow(flow)
+        if slo is not None or serving:
+            from executors.slo import plan_for_deploy
+
+            plan = plan_for_deploy(self.kvs, plan, slo, **serving)
         _register_by_value(plan)
         version = next_version(self.kvs.redis, flow.name)
         self.kvs.put_trusted(PLAN_KEY.format(flow=flow.name, version=version), plan)

@@ -41,6 +41,8 @@ class Plan:
     """An immutable DAG of stages for one flow; ``stages`` are in topological order.
 
     ``rules`` names the optimizer rules applied to get it, in order (empty: the baseline).
+    ``slo``: set when the plan is served under a latency SLO (``optimizer.slo.serving``
+    ``ServingSLO``: the objective, each stage's budget and why it got its size).
     """
 
     flow_name: str
@@ -48,6 +50,7 @@ class Plan:
     sink: str
     input_schema: Mapping[str, ColumnType] | None = None
     rules: tuple[str, ...] = ()
+    slo: object | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "stages", MappingProxyType(dict(self.stages)))
@@ -80,7 +83,7 @@ class Plan:
 
     def __reduce__(self):  # read-only mappings do not pickle; ship plain dicts
         schema = dict(self.input_schema) if self.input_schema is not None else None
-        return (Plan, (self.flow_name, dict(self.stages), self.sink, schema, self.rules))
+        return (Plan, (self.flow_name, dict(self.stages), self.sink, schema, self.rules, self.slo))
 
     @classmethod
     def from_flow(cls, flow) -> Plan:
@@ -107,11 +110,11 @@ class Plan:
         return cls(flow.name, stages, stage_of[sink.id], flow.schema)
 
     def replace_stages(self, stages: Mapping[str, Stage], sink: str | None = None) -> Plan:
-        return Plan(self.flow_name, stages, sink or self.sink, self.input_schema, self.rules)
+        return Plan(self.flow_name, stages, sink or self.sink, self.input_schema, self.rules, self.slo)
 
     def with_rules(self, rules: Sequence[str]) -> Plan:
         """The same plan, recording that ``rules`` were applied to it."""
-        return Plan(self.flow_name, self.stages, self.sink, self.input_schema, tuple(rules))
+        return Plan(self.flow_name, self.stages, self.sink, self.input_schema, tuple(rules), self.slo)
 
     def consumers(self) -> dict[str, list[str]]:
         """For each stage (and INPUT), the stages that read it, once per edge."""
