@@ -174,3 +174,59 @@ def test_without_an_slo_the_fixed_cap_stays():
     assert aimd_for(hosted) is None
     b = Batcher(hosted, lambda h, batch: None, threading.Event())
     assert b.max_size == 20 and b.wait_s() == 0
+
+
+# -- the tuner -----------------------------------------------------------------------------
+
+
+def _tuned_plan():
+    f = Flow(unique("tune"))
+    f.map(plus_one, names=["z"])  # no batching: one request per call
+    plan = optimize(f)
+    profile = Profile({plan.sink: {"cpu": {1: [10.0] * 5}}})  # 100 req/s a replica
+    return serve_under(plan, SLO(p99_ms=50), profile=profile, rate_rps=50)
+
+
+def test_the_tuner_scales_up_at_once_when_traffic_leaves_the_envelope_and_down_after_15_s():
+    from executors.scaling import SLOTuner
+
+    plan = _tuned_plan()
+    stage = plan.sink
+    tuner = SLOTuner(plan)
+    assert tuner.per_ms[stage] == pytest.approx(0.1)
+    # 250 req/s over the last second: 250 / (100 x 0.8) -> 4 replicas, at once
+    (up,) = tuner.decide({stage: 1}, {1000: 250, 2000: 300, 5000: 400}, now=0.0)
+    assert (up.from_replicas, up.to_replicas, up.direction) == (1, 4, "up")
+    assert "250 req/s" in up.reason
+    # back to 50 req/s: no scale-down until 15 s of samples asked for fewer
+    for t in range(1, 15):
+        assert tuner.decide({stage: 4}, {1000: 50, 2000: 100, 5000: 250}, now=float(t)) == []
+    (down,) = tuner.decide({stage: 4}, {1000: 50, 2000: 100, 5000: 250}, now=16.0)
+    assert (down.from_replicas, down.to_replicas) == (4, 1)
+
+
+def test_the_tuner_grows_a_planned_stage_on_the_real_cluster_under_a_burst(cluster):
+    from tests.executors.processes import steady_load
+
+    f = Flow(unique("tune-live"))
+
+    def slow(r):
+        import time as _t
+
+        _t.sleep(0.01)
+        return r.x
+
+    f.map(slow, names=["z"])
+    plan_profile = Profile({"slow": {"cpu": {1: [10.0] * 5}}})
+    # planned for 20 req/s (1 replica); closed-loop clients then push about 100+ req/s
+    d = cluster.deploy(f, slo=SLO(p99_ms=60), profile=plan_profile, traffic=20)
+    assert {s["name"]: s["replicas"] for s in _flow_json(cluster, f.name)["stages"]} == {"slow": 1}
+    with steady_load(d.url, {"x": 1}) as failures:
+        deadline = time.monotonic() + 30
+        while _flow_json(cluster, f.name)["stages"][0]["replicas"] < 2:
+            assert time.monotonic() < deadline, "the tuner did not add a replica"
+            time.sleep(0.1)
+    assert not failures, failures[:3]
+    st = _flow_json(cluster, f.name)["stages"][0]["autoscaling"]
+    assert "SLO tuner" in st["last_decision"]
+    d.undeploy()
