@@ -156,7 +156,7 @@ class Batcher:
 def aimd_for(hosted) -> AIMDBatcher | None:
     """The stage's AIMD batcher when its plan is served under an SLO, else None."""
     serving = getattr(hosted.plan, "slo", None)
-    budget = None if serving is None else serving.budgets.get(hosted.stage.name)
+    budget = None if serving is None or not serving.adapt else serving.budgets.get(hosted.stage.name)
     if not budget:
         return None
     planned = hosted.stage.batch.max_batch_size

@@ -199,7 +199,8 @@ class ScalingLoop:
         d = self.dispatcher
         for name, flow in list(d.flows.items()):
             if getattr(flow.plan.slo, "planned", False):
-                await self._tune(name, flow, now)
+                if flow.plan.slo.adapt:  # else pinned as planned
+                    await self._tune(name, flow, now)
                 continue
             if self.config is None:
                 continue
@@ -235,7 +236,9 @@ class ScalingLoop:
         entry = self.tuners.get(name)
         if entry is None or entry[0] is not flow.plan.slo:
             entry = self.tuners[name] = (flow.plan.slo, SLOTuner(flow.plan, max_replicas=self.max_executors))
-        env = None if self.monitor is None else self.monitor.envelopes.get(name)
+        if self.monitor is None:
+            return  # no arrival envelope to read: keep the planned sizes
+        env = self.monitor.envelopes.get(name)
         counts = {} if env is None else env.current(self.monitor.now_ms())
         replicas = {s: len(ids) for s, ids in flow.placement.items()}
         for decision in entry[1].decide(replicas, counts, now):

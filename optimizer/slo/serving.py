@@ -45,7 +45,9 @@ class ServingSLO:
     - ``rate_rps`` / ``envelope``: the planning trace's mean rate and arrival envelope
       (window ms -> most arrivals), what the tuner compares live traffic with;
     - ``profile_json``: the profile it was planned from (``Profile.from_json``);
-    - ``options``: the planner options' plain fields, so that the tuner re-plans alike.
+    - ``options``: the planner options' plain fields, so that the tuner re-plans alike;
+    - ``adapt``: True (default) lets the runtime adapt the plan (AIMD batch sizes, the
+      tuner's replicas); False pins the planned configuration (to check the simulator).
     """
 
     slo: SLO
@@ -59,6 +61,7 @@ class ServingSLO:
     envelope: Mapping[float, int] | None = None
     profile_json: str | None = None
     options: Mapping | None = None
+    adapt: bool = True
 
     @property
     def planned(self) -> bool:
