@@ -101,7 +101,7 @@ def pinned(plan, configs, profile, slo_ms: float = 1000.0):
     return replace(plan.replace_stages(stages), slo=serving)
 
 
-def measure(url: str, trace) -> dict:
+def measure(url: str, trace, raw: bool = False) -> dict:
     from optimizer.slo import poisson
 
     rate = len(trace) / max(float(trace[-1] - trace[0]) / 1000.0, 1e-3)
@@ -114,10 +114,13 @@ def measure(url: str, trace) -> dict:
         "p99_ms": float(np.percentile(lat, 99)),
         "throughput_rps": float(len(good) / span),
         "errors": int((~ok).sum()),
+        **({"latencies_ms": lat[ok]} if raw else {}),
     }
 
 
 def validate(seconds: float) -> dict:
+    from dataclasses import replace
+
     from executors.cluster import LocalCluster
     from executors.config import ClusterConfig
     from executors.slo import profile_plan
@@ -136,13 +139,16 @@ def validate(seconds: float) -> dict:
             register(cluster, plan)
             url = f"{cluster.url}/flows/{plan.flow_name}"
             # the hop cost: end to end at a trickle, less the stages' own time, per hop
-            calib = measure(url, poisson(10, 60, seed=99))
+            # (its spread too: each request's overhead split over its hops, drawn per hop)
+            calib = measure(url, poisson(10, 100, seed=99), raw=True)
             own = sum(profile.latency(n, plan.stages[n].device, 1) for n in plan.stages)
-            hop_ms = max(0.0, (calib["p50_ms"] - own) / (len(plan.stages) + 1))
+            hops = np.maximum(0.0, (calib["latencies_ms"] - own) / (len(plan.stages) + 1))
+            hop_ms = float(np.median(hops))
             sim_configs = plan.slo.configs
             for rate in LOADS:
                 trace = poisson(rate, int(rate * seconds), seed=rate)
-                sim = simulate(pipeline_from_plan(plan, profile, sim_configs, hop_ms), trace, seed=1)
+                pipe = replace(pipeline_from_plan(plan, profile, sim_configs, hop_ms), hop_samples=tuple(hops))
+                sim = simulate(pipe, trace, seed=1)
                 real = measure(url, trace)
                 row = {
                     "pipeline": pname,
