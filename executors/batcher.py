@@ -8,7 +8,13 @@ at low load runs at once instead of paying the whole window for a batch that wil
 and only while waiting has lately paid off (brought at least one more request). The second
 rule matters for closed-loop clients: one client that sends its next request when the
 answer comes arrives often, yet nothing ever comes during a wait. A batcher that stopped
-waiting tries again every ``PROBE_EVERY`` batches. Whatever is already queued is always taken."""
+waiting tries again every ``PROBE_EVERY`` batches. Whatever is already queued is always taken.
+
+Under a latency SLO (``plan.slo``, optimizer/slo/serving.py) the cap and the window are
+Clipper's AIMD instead (optimizer/slo/aimd.py): the batch size grows by one while full
+batches run within the stage's budget and drops 10% when one does not, starting at the
+planned size and growing to at most ``AIMD_HEADROOM`` times it; the window is what the
+arrival rate fills before the budget runs out. Without an SLO the fixed cap stays."""
 
 from __future__ import annotations
 
@@ -18,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 
 from executors.messages import StageInput
+from optimizer.slo import AIMDBatcher
+from optimizer.slo.serving import AIMD_HEADROOM
 
 PROBE_EVERY = 50  # batches run without waiting before a batcher that stopped tries again
 
@@ -46,8 +54,22 @@ class Batcher:
         self.gap_ewma = float("inf")  # seconds between arrivals; no waiting until measured
         self.payoff = 1.0  # weighted share of recent waits that brought another request
         self._since_wait = 0
+        self.aimd = aimd_for(hosted)  # None: the fixed cap and window of ``config``
+        self._aimd_lock = threading.Lock()  # arrivals come from the IO thread, batches from this one
         self.thread = threading.Thread(target=self._loop, name=f"batcher-{hosted.stage.name}", daemon=True)
         self.thread.start()
+
+    @property
+    def max_size(self) -> int:
+        """The most requests the next batch may take."""
+        return self.aimd.batch_size if self.aimd is not None else self.config.max_batch_size
+
+    def wait_s(self) -> float:
+        """How long a free replica waits for its batch to fill."""
+        if self.aimd is None:
+            return self.config.max_wait_ms / 1000
+        with self._aimd_lock:
+            return self.aimd.delay_ms() / 1000
 
     def replace_thread(self) -> None:
         """The batcher's thread is held by abandoned work (watchdog.py): a new thread drains
@@ -56,6 +78,9 @@ class Batcher:
         self.thread.start()
 
     def note_arrival(self) -> None:
+        if self.aimd is not None:
+            with self._aimd_lock:
+                self.aimd.arrived()
         now = time.perf_counter()
         if self._last_put:
             gap = now - self._last_put
@@ -65,6 +90,8 @@ class Batcher:
     def worth_waiting(self) -> bool:
         """True if requests arrive often enough, and waits lately paid off (or it is time
         to try again), so that waiting is likely to grow a batch."""
+        if self.aimd is not None:
+            return self.wait_s() > 0
         if self.gap_ewma >= self.config.max_wait_ms / 1000:
             return False
         return self.payoff >= 0.5 or self._since_wait >= PROBE_EVERY
@@ -90,6 +117,7 @@ class Batcher:
 
     def _loop(self) -> None:
         max_size, wait = self.config.max_batch_size, self.config.max_wait_ms / 1000
+        aimd = self.aimd
         me = threading.current_thread()
         while not (self._stopping.is_set() and self.queue.empty()) and self.thread is me:
             try:
@@ -97,6 +125,8 @@ class Batcher:
             except queue.Empty:
                 continue
             batch = [first]
+            if aimd is not None:
+                max_size, wait = self.max_size, self.wait_s()
             # wait for more only if another request is likely to come within the window
             waiting = self.queue.empty() and self.worth_waiting()
             deadline = time.perf_counter() + (wait if waiting else 0.0)
@@ -114,4 +144,22 @@ class Batcher:
                 except queue.Empty:
                     break
             self.learn(waiting, len(batch))
+            if aimd is None:
+                self.run(self.hosted, batch)
+                continue
+            t0 = time.perf_counter()
             self.run(self.hosted, batch)
+            with self._aimd_lock:
+                aimd.observe(len(batch), (time.perf_counter() - t0) * 1000)
+
+
+def aimd_for(hosted) -> AIMDBatcher | None:
+    """The stage's AIMD batcher when its plan is served under an SLO, else None."""
+    serving = getattr(hosted.plan, "slo", None)
+    budget = None if serving is None or not serving.adapt else serving.budgets.get(hosted.stage.name)
+    if not budget:
+        return None
+    planned = hosted.stage.batch.max_batch_size
+    if serving.planned:  # start where the planner put it, grow up to AIMD_HEADROOM times that
+        return AIMDBatcher(budget, start=planned, max_batch=planned * AIMD_HEADROOM)
+    return AIMDBatcher(budget, max_batch=planned)  # unplanned: climb from 1 to the fixed cap

@@ -4,6 +4,8 @@ with the deploy targets' commands, e.g. ``flowserve k8s``).
     flowserve up [--executors N] [--port P]     start a local cluster in the background
     flowserve status                            flows, stages, replicas, latencies
     flowserve deploy script.py [--no-optimize]  deploy the Flow(s) a script defines
+        [--slo-p99-ms MS --traffic-rps R --samples rows.json]   ...under a latency SLO
+    flowserve profile NAME --samples rows.json  time a deployed flow's stages per batch size
     flowserve invoke NAME --json '{"x": 1}'     call a deployed flow
     flowserve kvs put KEY FILE | --json J       put data (bytes, a .npy array, JSON) into the store
     flowserve kvs get KEY [--out FILE]          read it back; `flowserve kvs ls [PATTERN]` lists keys
@@ -117,6 +119,12 @@ def cmd_status(args) -> int:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
             print("  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)))
+        if f.get("slo"):
+            slo, att = f["slo"], f["slo"].get("attainment")
+            seen = f"{att:.1%} of {slo['answered']} answers within it" if att is not None else "no answers yet"
+            print(f"  SLO p{slo['slo']['percentile']:g} <= {slo['slo']['p99_ms']:g} ms: {seen}")
+            for name, share in slo["budget_share"].items():
+                print(f"    {name}: {share:.0%} of the budget")
         for s in f["stages"]:
             if s.get("autoscaling") and s["autoscaling"].get("last_decision"):
                 print(f"  autoscaler: {s['autoscaling']['last_decision']}")
@@ -149,8 +157,49 @@ def cmd_deploy(args) -> int:
         setup(c.kvs)
     for f in flows:
         _say(f"deploying {f.name} (building its stages on the executors)")
-        d = c.deploy(f, optimize=not args.no_optimize, **({} if args.timeout is None else {"timeout_s": args.timeout}))
+        serving = {}
+        if args.slo_p99_ms is not None:
+            from optimizer.slo import SLO
+
+            serving = {"slo": SLO(p99_ms=args.slo_p99_ms)}
+            if args.traffic_rps is not None:
+                serving["traffic"] = args.traffic_rps
+            if args.samples is not None:
+                serving["samples"] = _read_rows(args.samples)
+        if args.timeout is not None:
+            serving["timeout_s"] = args.timeout
+        d = c.deploy(f, optimize=not args.no_optimize, **serving)
         print(f"deployed {f.name} at {d.url}")
+        if d.plan.slo is not None:
+            print(d.plan.slo.explain())
+    return 0
+
+
+def _read_rows(path: str) -> list:
+    """Sample rows from a JSON file: a list of objects (or one object)."""
+    rows = json.loads(Path(path).read_text())
+    return [rows] if isinstance(rows, dict) else rows
+
+
+def cmd_profile(args) -> int:
+    """Time every stage of a deployed flow per batch size on sample rows; store the profile
+    so that the next `flowserve deploy --slo-p99-ms` plans from it."""
+    from executors.placement import PLAN_KEY
+    from executors.slo import profile_plan, save_profile
+
+    c = _cluster(args)
+    r = c.http.get(f"/flows/{args.name}")
+    if r.status_code != 200:
+        print(f"error: no deployed flow named {args.name!r}", file=sys.stderr)
+        return 2
+    plan = c.kvs.get(PLAN_KEY.format(flow=args.name, version=r.json()["version"]), trusted=True)
+    _say(f"profiling {len(plan.stages)} stage(s) of {args.name} on {args.samples}")
+    profile = profile_plan(plan, _read_rows(args.samples), c.kvs, max_batch=args.max_batch)
+    save_profile(c.kvs, args.name, profile)
+    for stage in profile.stages:
+        for cls in profile.classes(stage):
+            pts = ", ".join(f"{b}: {profile.latency(stage, cls, b):.2f}" for b in profile.batch_sizes(stage, cls))
+            print(f"{stage} [{cls}] ms by batch size: {pts}")
     return 0
 
 
@@ -307,7 +356,16 @@ def add_runtime_commands(p: argparse.ArgumentParser, sub) -> None:
     dp.add_argument("--flow", help="deploy only the flow with this name")
     dp.add_argument("--no-optimize", action="store_true", help="one stage per operator")
     dp.add_argument("--timeout", type=float, help="the flows' deadline in seconds (default: the cluster's)")
+    dp.add_argument("--slo-p99-ms", type=float, help="serve under this p99 latency SLO (ms)")
+    dp.add_argument("--traffic-rps", type=float, help="with --slo-p99-ms: the load to plan for (requests/s)")
+    dp.add_argument("--samples", help="with --slo-p99-ms: a JSON file of sample rows to profile the stages on")
     dp.set_defaults(fn=cmd_deploy)
+
+    pf = sub.add_parser("profile", help="time a deployed flow's stages per batch size on sample rows")
+    pf.add_argument("name", help="flow name")
+    pf.add_argument("--samples", required=True, help="a JSON file: a list of input rows")
+    pf.add_argument("--max-batch", type=int, default=32, help="largest batch size timed (default 32)")
+    pf.set_defaults(fn=cmd_profile)
 
     iv = sub.add_parser("invoke", help="call a deployed flow")
     iv.add_argument("name", help="flow name")

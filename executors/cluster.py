@@ -123,14 +123,24 @@ class ClusterClient:
     # -- deploy -------------------------------------------------------------------------------
 
     def deploy(
-        self, flow, *, optimize: bool = True, rules=None, options=None, timeout_s: float | None = None
+        self,
+        flow,
+        *,
+        optimize: bool = True,
+        rules=None,
+        options=None,
+        timeout_s: float | None = None,
+        slo=None,
+        **serving,
     ) -> Deployment:
         """Optimize ``flow``, register its plan and build its stages on the executors.
         ``timeout_s``: this flow's deadline (default: the cluster's ``request_timeout_s``;
         at most its ``max_request_timeout_s``).
 
-        Raises ``DeployConflictError`` (409) when a concurrent deploy of the same name
-        with a newer version won: that one is served, this one is not."""
+        ``slo=SLO(p99_ms=50)`` serves it under a latency objective (executors/slo.py):
+        ``traffic=`` (req/s, or arrival ms), ``samples=`` (rows to profile on), ``profile=``,
+        ``planner=PlannerOptions(...)``. Raises ``DeployConflictError`` (409) when a
+        concurrent deploy of the same name with a newer version won: that one is served."""
         from optimizer import Plan
 
         if optimize:
@@ -141,6 +151,10 @@ class ClusterClient:
             plan = Plan.from_flow(flow)
         if timeout_s is not None:
             plan = plan.with_timeout(timeout_s)
+        if slo is not None or serving:
+            from executors.slo import plan_for_deploy
+
+            plan = plan_for_deploy(self.kvs, plan, slo, **serving)
         _register_by_value(plan)
         version = next_version(self.kvs.redis, flow.name)
         self.kvs.put_trusted(PLAN_KEY.format(flow=flow.name, version=version), plan)

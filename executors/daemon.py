@@ -119,6 +119,10 @@ class ClusterDaemon:
             if config.autoscaling is not None
             else None
         )
+        if self.scaling is None:  # flows served under an SLO are tuned even without a policy
+            self.scaling = ScalingLoop(
+                lambda: self.dispatcher, self, None, metrics=self.metrics, max_executors=config.max_executors
+            )
         self._scaling_task: asyncio.Task | None = None
         self._store_watch: asyncio.Task | None = None
 
@@ -188,6 +192,7 @@ class ClusterDaemon:
         if self.scaling is not None:
             self.gateway.shape_placement = self.scaling.initial_placement
             self.gateway.scaling_status = self.scaling.status
+            self.scaling.monitor = self.gateway.slo
         return make_app(self.gateway, on_startup=[self._started], on_shutdown=[self._stopping])
 
     async def _started(self) -> None:

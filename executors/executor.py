@@ -248,7 +248,7 @@ class Executor:
                     hosted, items = self._inline.pop(next(iter(self._inline)))
                 except (KeyError, StopIteration, RuntimeError):  # the other IO thread took it
                     continue
-                size = hosted.stage.batch.max_batch_size if hosted.batcher is not None else 1
+                size = hosted.batcher.max_size if hosted.batcher is not None else 1
                 self._inline_runs.extend((hosted, items[i : i + size]) for i in range(0, len(items), size))
                 continue
             self.run_batch(hosted, items)

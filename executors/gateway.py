@@ -60,6 +60,7 @@ from executors.httpcodec import (
 from executors.membership import DEPLOYED_KEY, register_deployed
 from executors.metrics import Metrics
 from executors.openapi import openapi_document, type_doc
+from executors.slo import SLOMonitor
 from flow.exceptions import DataError, FlowError, OperatorOutputError
 from flow.validation import check_schema
 
@@ -110,6 +111,7 @@ class Gateway:
         self.changed_at: dict[str, float] = {}
         self.shape_placement = None  # the autoscaler's hook: start stages on fewer replicas
         self.scaling_status = None  # the autoscaler's per-stage status, for describe()
+        self.slo = SLOMonitor(metrics)  # flows served under an SLO: attainment, arrival envelope
 
     # -- auth -------------------------------------------------------------------------
 
@@ -195,14 +197,17 @@ class Gateway:
                 )
             # a client may ask for less or more time than the flow's deadline, up to the cluster's maximum
             timeout = min(seconds, self.max_request_timeout_s)
+        self.slo.arrived(name, flow.plan)
         try:
             trace: list = []
             result = await self.dispatcher.submit(name, table, timeout, trace)
             table = None  # answered: the request's rows can go before the answer is encoded
         except RequestFailed as e:
+            self.slo.answered(name, flow.plan, float("inf"))  # an error never meets the SLO
             return e.status, encode_error(e.body), [JSON_CONTENT_TYPE]
         ms = (time.perf_counter() - t0) * 1000
         self.metrics.child(self.metrics.latency, name).observe(ms)
+        self.slo.answered(name, flow.plan, ms)
         if self.output_schemas.get(name, (None,))[0] != flow.version and len(result):
             self.output_schemas[name] = (flow.version, dict(result.schema))
         # row i of the request was query qid_start + i: clients can match answers to rows
@@ -248,7 +253,7 @@ class Gateway:
         f = self.dispatcher.flows.get(name)
         if f is None:
             return _error(http_error("UnknownFlow", f"no deployed flow named {name!r}"))
-        return JSONResponse(describe(f, self.dispatcher, self.scaling_status))
+        return JSONResponse(describe(f, self.dispatcher, self.scaling_status, self.slo))
 
     async def healthz(self, request: Request) -> Response:
         """Liveness of the gateway (always 200 while it runs), and what an operator should
@@ -437,7 +442,7 @@ class LoadFailed(Exception):
         return self.status, encode_error(error_doc(self.error, self.message, **extra))
 
 
-def describe(f: DeployedFlow, dispatcher: Dispatcher, scaling_status=None) -> dict:
+def describe(f: DeployedFlow, dispatcher: Dispatcher, scaling_status=None, slo=None) -> dict:
     scaling = scaling_status(f.plan.flow_name) if scaling_status is not None else {}
     stages = []
     for name, stage in f.plan.stages.items():
@@ -464,7 +469,7 @@ def describe(f: DeployedFlow, dispatcher: Dispatcher, scaling_status=None) -> di
         explained = f.plan.explain({name: len(ids) for name, ids in f.placement.items()})
     except Exception as e:  # describing must never fail a deploy
         explained = f"(explain failed: {type(e).__name__}: {e})"
-    return {
+    out = {
         "name": f.plan.flow_name,
         "version": f.version,
         "sink": f.plan.sink,
@@ -472,6 +477,9 @@ def describe(f: DeployedFlow, dispatcher: Dispatcher, scaling_status=None) -> di
         "stages": stages,
         "explain": explained,
     }
+    if slo is not None and f.plan.slo is not None:
+        out["slo"] = slo.describe(f.plan.flow_name, f.plan)
+    return out
 
 
 async def _read_body(receive, limit: int) -> bytes | bytearray | None:

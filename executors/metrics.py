@@ -53,6 +53,21 @@ class Metrics:
             "flowserve_executor_crashes", "Executor processes that died unexpectedly", ["executor"], registry=r
         )
 
+        # flows served under a latency SLO (executors/slo.py)
+        self.slo_requests = Counter(
+            "flowserve_slo_requests", "Answers within / over the flow's SLO", ["flow", "outcome"], registry=r
+        )
+        self.slo_attainment = Gauge(
+            "flowserve_slo_attainment",
+            "Share of answers within the flow's SLO (errors count as over)",
+            ["flow"],
+            registry=r,
+        )
+        self.slo_target = Gauge("flowserve_slo_target_ms", "The flow's latency SLO (ms)", ["flow"], registry=r)
+        self.slo_budget_share = Gauge(
+            "flowserve_slo_budget_share", "Each stage's share of the flow's SLO budget", ["flow", "stage"], registry=r
+        )
+
         self._children: dict = {}  # (metric, labels) -> child: .labels() costs more than .observe()
 
     def child(self, metric, *labels):

@@ -2,7 +2,7 @@
 
 Any executor can host any stage. A stage gets ``max(replicas, competitive)`` replicas,
 spread round-robin from a per-stage offset so stages of one flow land on different
-executors. GPU stages go to gpu-class executors when the cluster has any; on a machine
+executors; a plan sized by the SLO planner (``plan.slo``) gets exactly its replicas. GPU stages go to gpu-class executors when the cluster has any; on a machine
 without them they run on CPU executors (the executors log a warning; torch code falls
 back to the CPU). CPU stages prefer cpu-class executors so they do not hold a GPU.
 """
@@ -72,7 +72,7 @@ def place(plan, executors: dict) -> dict[str, list[str]]:
             placement[name] = [e.id for e in pool]
             continue
         wanted = max(stage.replicas, stage.competitive)
-        if stage.replicas == 1 and stage.competitive == 1:
+        if stage.replicas == 1 and stage.competitive == 1 and not getattr(plan.slo, "planned", False):
             wanted = len(pool)  # default: any executor may take it, the least loaded does
         n = min(wanted, len(pool))
         placement[name] = [pool[(offset + j) % len(pool)].id for j in range(n)]

@@ -11,12 +11,25 @@ routes and finish. Extra executor processes that host nothing are stopped.
 
 Decisions are logged, counted in ``/metrics`` (``flowserve_scaling_decisions_total``) and
 shown per stage in ``GET /flows/{name}`` and ``flowserve status``.
+
+The policy is fed the arrivals, the run time per request, the replicas, the requests in
+flight and the busy fraction (``utilisation``: the run time the answers' traces report
+over the interval, divided by the replicas' time). Queue length is not fed: a stage's
+queue is its executors' batchers', and no message carries its length to the gateway.
+
+A flow planned under an SLO (``plan.slo``, optimizer/slo/serving.py) is not sized by the
+policy but by ``SLOTuner`` (InferLine's tuner): it reads the flow's arrival envelope (the
+gateway's ``SLOMonitor``) and gives each stage the replicas its profiled throughput at the
+planned batch size needs for the highest recent rate, at once when traffic leaves the
+planned envelope, and back down only after ``downscale_after_s`` (15 s) below it. The
+loop then runs even without an ``AutoscalingConfig`` (``config=None``: SLO flows only).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -63,12 +76,81 @@ class FixedExecutors:
         return []
 
 
+class SLOTuner:
+    """Replicas per stage of one SLO-planned flow from its arrival envelope.
+
+    Each stage's replica serves ``b / latency(b)`` requests per ms at its planned batch
+    ``b`` (the profile's median); the tuner sizes for the highest rate seen over the
+    ``rate_windows_ms`` (short windows catch a burst within a second) at ``utilisation``,
+    never below the competitive count. Up: at once. Down: only once every sample of the
+    last ``downscale_after_s`` asked for fewer.
+
+        tuner = SLOTuner(plan)
+        tuner.decide({"model": 2}, {1000: 180, 2000: 300, 5000: 700}, now=12.0)
+    """
+
+    def __init__(
+        self,
+        plan,
+        *,
+        utilisation: float = 0.8,
+        downscale_after_s: float = 15.0,
+        rate_windows_ms=(1_000, 2_000, 5_000),
+        max_replicas: int = 32,
+    ):
+        serving = plan.slo
+        profile = serving.profile()
+        self.plan = plan
+        self.utilisation = utilisation
+        self.downscale_after_s = downscale_after_s
+        self.rate_windows_ms = tuple(rate_windows_ms)
+        self.max_replicas = max_replicas
+        self.per_ms: dict[str, float] = {}  # one replica's throughput, requests per ms
+        for name, cfg in serving.configs.items():
+            lat = profile.latency(name, cfg.executor_class, cfg.batch_size)
+            self.per_ms[name] = cfg.batch_size / max(lat, 1e-3)
+        self.min = {n: max(1, s.competitive) for n, s in plan.stages.items()}
+        self.wants: dict[str, list[tuple[float, int]]] = {n: [] for n in self.per_ms}
+        self.reason: dict[str, str] = {}
+
+    def rate_per_ms(self, counts) -> float:
+        """The highest rate (requests per ms) over the rate windows of an envelope reading."""
+        return max((counts.get(w, 0) / w for w in self.rate_windows_ms), default=0.0)
+
+    def need(self, stage: str, rate_per_ms: float) -> int:
+        n = math.ceil(rate_per_ms / (self.per_ms[stage] * self.utilisation)) if rate_per_ms > 0 else 0
+        return min(self.max_replicas, max(self.min[stage], n))
+
+    def decide(self, replicas, counts, now: float) -> list[ScalingDecision]:
+        """``replicas``: stage -> replicas now; ``counts``: window ms -> arrivals in it now."""
+        rate = self.rate_per_ms(counts)
+        out = []
+        for stage, per_ms in self.per_ms.items():
+            if stage not in replicas:
+                continue
+            n, have = self.need(stage, rate), replicas[stage]
+            hist = self.wants[stage]
+            hist.append((now, n))
+            while hist and hist[0][0] < now - self.downscale_after_s:
+                hist.pop(0)
+            why = f"{rate * 1000:.0f} req/s at {per_ms * 1000:.0f} req/s a replica (planned batch)"
+            device = self.plan.stages[stage].device
+            if n > have:
+                out.append(ScalingDecision(now, stage, device, have, n, f"SLO tuner: {why}"))
+            elif n < have and hist[0][0] <= now - self.downscale_after_s + 1e-9:
+                most = max(k for _, k in hist)
+                if most < have:
+                    out.append(ScalingDecision(now, stage, device, have, most, f"SLO tuner: {why} for 15 s"))
+            self.reason[stage] = why
+        return out
+
+
 class ScalingLoop:
     def __init__(
         self,
         dispatcher_of,
         backend: ExecutorBackend,
-        config: AutoscalingConfig,
+        config: AutoscalingConfig | None,
         *,
         metrics=None,
         interval_s: float = 0.5,
@@ -82,6 +164,8 @@ class ScalingLoop:
         self.max_executors = max_executors
         self.scalers: dict[str, Autoscaler] = {}
         self.decisions: dict[tuple[str, str], list[ScalingDecision]] = {}
+        self.tuners: dict[str, tuple[object, SLOTuner]] = {}  # flow -> (its plan's SLO, tuner)
+        self.monitor = None  # the gateway's SLOMonitor (executors/slo.py), for SLO flows
         self._last = time.monotonic()
 
     @property
@@ -90,6 +174,8 @@ class ScalingLoop:
 
     def initial_placement(self, plan, full: dict[str, list[str]]) -> dict[str, list[str]]:
         """Start each scalable stage on ``min_replicas`` (at least one) executors."""
+        if self.config is None or getattr(plan.slo, "planned", False):
+            return full  # no policy, or sized by the SLO planner: as placed
         out = {}
         for name, stage in plan.stages.items():
             if stage.continuation is not None or stage.competitive > 1:
@@ -112,6 +198,12 @@ class ScalingLoop:
         self._last = now
         d = self.dispatcher
         for name, flow in list(d.flows.items()):
+            if getattr(flow.plan.slo, "planned", False):
+                if flow.plan.slo.adapt:  # else pinned as planned
+                    await self._tune(name, flow, now)
+                continue
+            if self.config is None:
+                continue
             scaler = self.scalers.get(name)
             scalable = [s for s, st in flow.plan.stages.items() if st.continuation is None and st.competitive == 1]
             if scaler is None or set(scaler.configs) != set(scalable):
@@ -120,13 +212,16 @@ class ScalingLoop:
             for stage in scalable:
                 c = d.stage_counters(name, stage)
                 service = c.service_ms / c.served if c.served else 0.0
+                replicas = len(flow.placement[stage])
+                busy = c.service_ms / (dt * 1000.0 * replicas) if replicas else 0.0  # ms run / ms available
                 scaler.observe(
                     stage,
                     StageMetrics(
                         time=now,
                         arrival_rate=c.arrivals / dt,
                         service_time_ms=service,
-                        replicas=len(flow.placement[stage]),
+                        replicas=replicas,
+                        utilisation=min(1.0, busy),
                         inflight=inflight.get(stage, 0),
                         device=flow.plan.stages[stage].device,
                     ),
@@ -135,6 +230,19 @@ class ScalingLoop:
             for decision in scaler.decide(now):
                 await self.apply(name, decision)
         await self._stop_idle_extras()
+
+    async def _tune(self, name: str, flow, now: float) -> None:
+        """An SLO-planned flow: its tuner's decisions from the gateway's arrival envelope."""
+        entry = self.tuners.get(name)
+        if entry is None or entry[0] is not flow.plan.slo:
+            entry = self.tuners[name] = (flow.plan.slo, SLOTuner(flow.plan, max_replicas=self.max_executors))
+        if self.monitor is None:
+            return  # no arrival envelope to read: keep the planned sizes
+        env = self.monitor.envelopes.get(name)
+        counts = {} if env is None else env.current(self.monitor.now_ms())
+        replicas = {s: len(ids) for s, ids in flow.placement.items()}
+        for decision in entry[1].decide(replicas, counts, now):
+            await self.apply(name, decision)
 
     async def apply(self, flow_name: str, decision: ScalingDecision) -> None:
         log.warning("flow %s: %s", flow_name, decision)
@@ -190,6 +298,12 @@ class ScalingLoop:
     def status(self, flow_name: str) -> dict[str, dict]:
         scaler = self.scalers.get(flow_name)
         out = {}
+        if flow_name in self.tuners:
+            tuner = self.tuners[flow_name][1]
+            for stage, why in tuner.reason.items():
+                last = self.decisions.get((flow_name, stage), [])
+                out[stage] = {"tuner": why, "last_decision": str(last[-1]) if last else None}
+            return out
         if scaler is None:
             return out
         for stage, st in scaler.status().items():

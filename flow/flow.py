@@ -438,12 +438,16 @@ class Flow:
         with using_store(kvs):  # operator code may read it via flow.current_store()
             return run_nodes(self, self.input_table(data, qid=qid), sink, kvs)
 
-    def deploy(self, cluster=None, *, optimize: bool = True, rules=None, options=None, timeout_s=None):
+    def deploy(
+        self, cluster=None, *, optimize: bool = True, rules=None, options=None, timeout_s=None, slo=None, **serving
+    ):
         """Serve the flow over HTTP; returns a Deployment (``.url``, ``.invoke(rows)``).
 
         With no ``cluster``, an embedded local cluster is started (or reused).
         ``optimize=False`` deploys one stage per operator; ``rules``/``options`` go to the
         optimizer. ``timeout_s``: this flow's deadline in seconds (default: the cluster's).
+        ``slo=SLO(p99_ms=50)`` serves it under a latency objective, sized for
+        ``traffic=`` (req/s) from a profile on ``samples=`` rows (docs/slo.md).
             d = flow.deploy(); d.invoke({"x": 1}); d.undeploy()
         """
         target = cluster if cluster is not None else targets.cluster("local")  # flow/targets.py
@@ -452,8 +456,12 @@ class Flow:
                 f"flow {self.name!r}: deploy(cluster=...) takes a cluster with a deploy(flow, ...) "
                 f"method (LocalCluster, KubernetesCluster), got {type(target).__name__}"
             )
-        settings = {} if timeout_s is None else {"timeout_s": timeout_s}  # targets need not know it otherwise
-        return target.deploy(self, optimize=optimize, rules=rules, options=options, **settings)
+        if slo is None and serving:
+            raise FlowTypeError(f"flow {self.name!r}: deploy({', '.join(sorted(serving))}=...) needs slo=SLO(...)")
+        extra = {"slo": slo, **serving} if slo is not None else {}  # targets without SLOs still work
+        if timeout_s is not None:
+            extra["timeout_s"] = timeout_s  # likewise: only targets asked for a deadline need to know it
+        return target.deploy(self, optimize=optimize, rules=rules, options=options, **extra)
 
     def explain(self, *, rules=None, options=None) -> PlanText:
         """The physical plan the optimizer makes of this flow (default rules and options),

@@ -36,13 +36,17 @@ def explain(plan, replicas: Mapping[str, int] | None = None) -> str:
     lines.append("rules: " + (", ".join(plan.rules) if plan.rules else "none (one stage per operator)"))
     if plan.timeout_s is not None:
         lines.append(f"deadline: {plan.timeout_s:g} s (this flow's; the cluster's default otherwise)")
+    exact = getattr(getattr(plan, "slo", None), "planned", False)  # an SLO plan places exactly
     for i, stage in enumerate(plan.stages.values(), 1):
         lines.append("")
-        lines.extend(_stage(i, stage, None if replicas is None else replicas.get(stage.name)))
+        lines.extend(_stage(i, stage, None if replicas is None else replicas.get(stage.name), exact))
+    if getattr(plan, "slo", None) is not None:  # served under a latency SLO (optimizer.slo.serving)
+        lines.append("")
+        lines.extend(plan.slo.explain().splitlines())
     return "\n".join(lines) + "\n"
 
 
-def _replicas(s: Stage, placed: int | None) -> str:
+def _replicas(s: Stage, placed: int | None, exact: bool = False) -> str:
     """One count everywhere: what was placed once deployed, else what the plan asks for. A
     stage that asks for nothing in particular may run on any executor (placement.py)."""
     if s.competitive > 1:
@@ -51,7 +55,7 @@ def _replicas(s: Stage, placed: int | None) -> str:
     if s.continuation is not None:
         where = "every executor" if placed is None else f"{placed}"
         return f"{where}, rows routed by key"
-    if s.replicas == 1:
+    if s.replicas == 1 and not exact:
         if placed is None:
             return "any executor (placed on every one; the least loaded runs each request)"
         return f"{placed} (the least loaded runs each request)"
@@ -62,7 +66,7 @@ def _field(name: str, value: str) -> str:
     return f"  {name:<{_W}}{value}"
 
 
-def _stage(i: int, s: Stage, placed: int | None = None) -> list[str]:
+def _stage(i: int, s: Stage, placed: int | None = None, exact: bool = False) -> list[str]:
     out = [f"stage {i}: {s.name}"]
     out.append(_field("inputs", ", ".join("request" if x == INPUT else x for x in s.inputs)))
     ops = [n.op.describe() for n in s.nodes]
@@ -77,7 +81,7 @@ def _stage(i: int, s: Stage, placed: int | None = None) -> list[str]:
         out.append(_field("operators", f"1. {ops[0]}"))
         out.extend(_field("", f"{k}. {d}") for k, d in enumerate(ops[1:], 2))
     out.append(_field("device", s.device))
-    out.append(_field("replicas", _replicas(s, placed)))
+    out.append(_field("replicas", _replicas(s, placed, exact)))
     if s.wait == "first_valid":
         out.append(
             _field(

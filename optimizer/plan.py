@@ -42,6 +42,8 @@ class Plan:
 
     ``rules`` names the optimizer rules applied to get it, in order (empty: the baseline).
     ``timeout_s``: this flow's deadline when deployed (None: the cluster's default).
+    ``slo``: set when the plan is served under a latency SLO (``optimizer.slo.serving``
+    ``ServingSLO``: the objective, each stage's budget and why it got its size).
     """
 
     flow_name: str
@@ -50,6 +52,7 @@ class Plan:
     input_schema: Mapping[str, ColumnType] | None = None
     rules: tuple[str, ...] = ()
     timeout_s: float | None = None
+    slo: object | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "stages", MappingProxyType(dict(self.stages)))
@@ -85,7 +88,7 @@ class Plan:
 
     def __reduce__(self):  # read-only mappings do not pickle; ship plain dicts
         schema = dict(self.input_schema) if self.input_schema is not None else None
-        return (Plan, (self.flow_name, dict(self.stages), self.sink, schema, self.rules, self.timeout_s))
+        return (Plan, (self.flow_name, dict(self.stages), self.sink, schema, self.rules, self.timeout_s, self.slo))
 
     @classmethod
     def from_flow(cls, flow) -> Plan:

@@ -6,6 +6,7 @@
   (``simulator``, ``pipeline``, ``traces``).
 - ``plan_for_slo``: InferLine's greedy planner: batch size, replicas and executor class
   per stage at the least cost under the SLO (``planner``).
+- ``serve_under``: a Plan configured by the planner, carrying a ``ServingSLO`` (``serving``).
 - ``AIMDBatcher``: Clipper's adaptive batch size and delay window (``aimd``);
   ``ArrivalEnvelope``: max arrivals per window, for the tuner (``envelope``).
 
@@ -31,6 +32,7 @@ from optimizer.slo.pipeline import (
 from optimizer.slo.planner import PlannerOptions, SLOPlan, StagePlan, plan_for_slo
 from optimizer.slo.profile import LatencyFit, Profile
 from optimizer.slo.profiler import default_batch_sizes, measure_batches
+from optimizer.slo.serving import ServingSLO, equal_budgets, planning_trace, serve_under
 from optimizer.slo.simulator import SimResult, StageStats, simulate
 from optimizer.slo.spec import SLO
 from optimizer.slo.traces import bursty, check_trace, poisson
@@ -48,6 +50,7 @@ __all__ = [
     "SLOError",
     "SLOPlan",
     "SLOTypeError",
+    "ServingSLO",
     "Shape",
     "SimPipeline",
     "SimResult",
@@ -60,13 +63,16 @@ __all__ = [
     "check_trace",
     "default_batch_sizes",
     "envelope_of",
+    "equal_budgets",
     "exponential",
     "fixed",
     "linear",
     "measure_batches",
     "pipeline_from_plan",
     "plan_for_slo",
+    "planning_trace",
     "poisson",
     "profile_service",
+    "serve_under",
     "simulate",
 ]

@@ -116,6 +116,7 @@ class SimPipeline:
     sink: str
     hop_ms: float = 0.0
     routing: str = "least_loaded"
+    hop_samples: tuple[float, ...] = ()  # measured hop times (ms): each hop draws one, else hop_ms
 
     def __post_init__(self):
         object.__setattr__(self, "stages", tuple(self.stages))
@@ -134,6 +135,9 @@ class SimPipeline:
         if self.sink not in seen - {INPUT}:
             raise SLOError(f"sink {self.sink!r} is not a stage")
         positive_number("hop_ms", self.hop_ms, allow_zero=True)
+        object.__setattr__(
+            self, "hop_samples", tuple(positive_number("hop sample (ms)", h, allow_zero=True) for h in self.hop_samples)
+        )
         if self.routing not in ROUTINGS:
             raise SLOError(f"routing={self.routing!r}; expected one of {ROUTINGS}")
 

@@ -109,7 +109,12 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
     arrivals = check_trace(trace)
     # a seed of its own: the same int given to a trace generator must not correlate them
     rng = random.Random(f"simulate:{seed}")
-    hop = pipe.hop_ms
+    hop, hops = pipe.hop_ms, pipe.hop_samples
+    hop_rng = random.Random(f"hops:{seed}")  # apart, so measured hops do not shift service draws
+
+    def hop_ms() -> float:
+        return hops[int(hop_rng.random() * len(hops))] if hops else hop
+
     stages = [_Stage(s, i, pipe.routing) for i, s in enumerate(pipe.stages)]
     index = {s.spec.name: s for s in stages}
     entry = []
@@ -119,7 +124,7 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
     index[pipe.sink].sink = True
 
     events = [
-        (t + hop, req * len(entry) + j, _ARRIVE, si, req)
+        (t + hop_ms(), req * len(entry) + j, _ARRIVE, si, req)
         for req, t in enumerate(arrivals.tolist())
         for j, si in enumerate(entry)
     ]
@@ -177,10 +182,10 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
     def emit(st, req, now):
         nonlocal seq
         if st.sink:
-            finish[req] = now + hop
+            finish[req] = now + hop_ms()
         for ci in st.consumers:
             seq += 1
-            push(events, (now + hop, seq, _ARRIVE, ci, req))
+            push(events, (now + hop_ms(), seq, _ARRIVE, ci, req))
 
     while events:
         now, _, kind, si, data = pop(events)

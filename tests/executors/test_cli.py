@@ -235,3 +235,30 @@ def test_standalone_gateway_bad_config_json_exits_2_without_a_traceback(args, me
     )
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_profile_then_deploy_under_an_slo_and_status_shows_it(home, tmp_path):
+    flowserve("up", "--port", "0", "--executors", "2", home=home)
+    script = tmp_path / "sloflow.py"
+    script.write_text(
+        textwrap.dedent("""
+        from flow import Flow
+
+        def triple(t):
+            return t.column("x").to_numpy() * 3
+
+        flow = Flow("slotripler", schema={"x": int})
+        flow.map(triple, names=["y"], batching=True)
+        """)
+    )
+    samples = tmp_path / "rows.json"
+    samples.write_text(json.dumps([{"x": i} for i in range(5)]))
+    flowserve("deploy", str(script), home=home)
+    prof = flowserve("profile", "slotripler", "--samples", str(samples), "--max-batch", "4", home=home)
+    assert re.search(r"triple \[cpu\] ms by batch size: 1: [\d.]+, 2: [\d.]+, 3: [\d.]+, 4: [\d.]+", prof.stdout)
+    dep = flowserve("deploy", str(script), "--slo-p99-ms", "50", "--traffic-rps", "20", home=home)
+    assert "SLO p99 <= 50 ms: simulated p99" in dep.stdout  # planned from the stored profile
+    flowserve("invoke", "slotripler", "--json", '{"x": 2}', home=home)
+    st = flowserve("status", home=home)
+    assert "SLO p99 <= 50 ms: 100.0% of 1 answers within it" in st.stdout
+    assert "triple: 100% of the budget" in st.stdout

@@ -159,3 +159,14 @@ def test_pipeline_from_an_optimized_plan():
 def test_bad_pipelines_and_traces_are_named(build, message):
     with pytest.raises(SLOError, match=message):
         build()
+
+
+def test_measured_hop_times_are_drawn_per_hop():
+    from optimizer.plan import INPUT
+    from optimizer.slo import SimPipeline, SimStage, fixed, poisson, simulate
+
+    pipe = SimPipeline((SimStage("m", (INPUT,), fixed(0.0), replicas=4),), "m", hop_samples=(1.0, 3.0))
+    r = simulate(pipe, poisson(10, 4000, seed=2), seed=5)
+    # two hops (in, back), each 1 or 3 ms: 2, 4 or 6 ms end to end, 4 on average
+    assert set(np.unique(np.round(r.latencies_ms, 6))) == {2.0, 4.0, 6.0}
+    assert r.mean_ms == pytest.approx(4.0, rel=0.05)

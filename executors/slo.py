@@ -1,0 +1,231 @@
+"""Serving under a latency SLO, the runtime's side (issue 17; the pure core is optimizer/slo).
+
+- ``profile_plan(plan, samples, kvs)``: times every stage of a plan per batch size on
+  this machine, on the inputs each stage sees when the plan runs on the sample rows
+  (``flowserve profile FLOW``); ``save_profile``/``load_profile`` keep it in the store
+  (JSON, never pickle) under the flow's name, so that later deploys reuse it.
+- ``plan_for_deploy``: what ``ClusterClient.deploy(flow, slo=...)`` does with the
+  optimized plan: profile (given, stored, or measured now from ``samples``), plan
+  (``optimizer.slo.serve_under``), store the profile.
+- ``SLOMonitor``: the gateway's per-flow figures: attainment (requests answered within
+  the SLO), each stage's budget share (``/metrics``) and the arrival envelope the tuner
+  (executors/scaling.py) watches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+
+from executors.stage_runner import BoundStage
+from flow.exceptions import FlowError
+from flow.table import Table
+from optimizer.plan import INPUT, Plan
+from optimizer.slo import (
+    SLO,
+    ArrivalEnvelope,
+    PlannerOptions,
+    Profile,
+    SLOError,
+    SLOTypeError,
+    default_batch_sizes,
+    measure_batches,
+    serve_under,
+)
+
+log = logging.getLogger("flowserve.slo")
+
+PROFILE_KEY = "flowserve:profile:{flow}"
+
+
+# -- profiler ------------------------------------------------------------------------------
+
+
+def stage_inputs(plan: Plan, samples, kvs=None) -> dict[str, list[list[Table]]]:
+    """Per stage, the input Tables it gets when the plan runs on each sample row alone (a
+    sample whose run fails at a stage, or whose row was filtered out, gives no input to
+    the stages after it)."""
+    from types import SimpleNamespace
+
+    from flow.validation import check_input
+
+    schema = SimpleNamespace(name=plan.flow_name, schema=plan.input_schema)
+    if isinstance(samples, dict) and not any(isinstance(v, (list, tuple)) for v in samples.values()):
+        samples = [samples]
+    rows = Table.from_any(samples).to_pylist(qid=False)
+    if len(rows) == 0:
+        raise SLOError(f"flow {plan.flow_name!r}: profiling needs at least one sample row")
+    bound = {n: BoundStage(s) for n, s in plan.stages.items()}
+    out: dict[str, list[list[Table]]] = {n: [] for n in plan.stages}
+    for i in range(len(rows)):
+        values = {INPUT: check_input(schema, [rows[i]], qid=[i])}
+        for name, stage in plan.stages.items():
+            if any(x not in values for x in stage.inputs):
+                continue
+            args = [values[x] for x in stage.inputs]
+            if all(len(a) == 0 for a in args):
+                continue  # filtered out before this stage: no sample of its work
+            out[name].append(args)
+            try:
+                values[name] = bound[name](args, kvs)
+            except FlowError:
+                pass  # this sample stops here; its later stages are profiled on the others
+    empty = [n for n, v in out.items() if not v]
+    if empty:
+        raise SLOError(
+            f"flow {plan.flow_name!r}: no sample row reached stage(s) {empty} (every run failed or was "
+            f"filtered before); give sample rows that pass through the whole flow"
+        )
+    return out
+
+
+def profile_plan(plan: Plan, samples, kvs=None, *, max_batch: int = 32, repeats: int = 10, warmup: int = 2) -> Profile:
+    """Every stage timed per batch size (``default_batch_sizes(max_batch)`` for batching
+    stages, 1 for the others) on this machine, under the class the stage is placed on."""
+    inputs = stage_inputs(plan, samples, kvs)
+    profile = Profile({})
+    for name, stage in plan.stages.items():
+        bound = BoundStage(stage)
+        sizes = default_batch_sizes(max_batch) if stage.batch is not None else (1,)
+        arity = len(stage.inputs)
+
+        def merge(batch, arity=arity):
+            return [Table.concat([args[p] for args in batch]) for p in range(arity)]
+
+        measured = measure_batches(
+            lambda args, bound=bound: bound(args, kvs),
+            inputs[name],
+            batch_sizes=sizes,
+            warmup=warmup,
+            repeats=repeats,
+            make_batch=merge,
+        )
+        profile = profile.with_stage(name, stage.device, measured)
+    return profile
+
+
+def save_profile(kvs, flow_name: str, profile: Profile) -> None:
+    kvs.redis.set(PROFILE_KEY.format(flow=flow_name), profile.to_json().encode())
+
+
+def load_profile(kvs, flow_name: str, plan: Plan | None = None) -> Profile | None:
+    """The stored profile of ``flow_name`` (None if there is none, or if it does not cover
+    every stage of ``plan``: the flow changed since it was profiled)."""
+    raw = kvs.redis.get(PROFILE_KEY.format(flow=flow_name))
+    if raw is None:
+        return None
+    profile = Profile.from_json(raw.decode() if isinstance(raw, bytes) else raw)
+    if plan is not None and any(n not in profile.stages for n in plan.stages):
+        return None
+    return profile
+
+
+# -- deploy --------------------------------------------------------------------------------
+
+
+def _trace_or_rate(traffic):
+    """``traffic``: requests per second (a number) or arrival timestamps in ms."""
+    if traffic is None:
+        return None, None
+    if isinstance(traffic, bool):
+        raise SLOTypeError(f"traffic must be requests per second or a trace of arrival ms, got {traffic!r}")
+    if isinstance(traffic, (int, float)):
+        return None, float(traffic)
+    if isinstance(traffic, Sequence) or hasattr(traffic, "__array__"):
+        return traffic, None
+    raise SLOTypeError(f"traffic must be requests per second or a trace of arrival ms, got {traffic!r:.80}")
+
+
+def plan_for_deploy(
+    kvs,
+    plan: Plan,
+    slo: SLO,
+    *,
+    traffic=None,
+    samples=None,
+    profile: Profile | None = None,
+    planner: PlannerOptions | None = None,
+) -> Plan:
+    """The plan to register for a deploy under ``slo``. The profile: ``profile`` if given,
+    else measured now from ``samples`` (and stored), else the stored one; planned when
+    there is a profile and a load (``traffic``), else the SLO is only attached."""
+    if not isinstance(slo, SLO):
+        raise SLOTypeError(f"slo must be an SLO (flowserve.SLO(p99_ms=50)), got {type(slo).__name__} {slo!r:.80}")
+    if profile is None and samples is not None:
+        profile = profile_plan(plan, samples, kvs)
+        save_profile(kvs, plan.flow_name, profile)
+    elif profile is not None:
+        save_profile(kvs, plan.flow_name, profile)
+    else:
+        profile = load_profile(kvs, plan.flow_name, plan)
+    trace, rate = _trace_or_rate(traffic)
+    if profile is not None and trace is None and rate is None:
+        log.warning("flow %s: an SLO without traffic=: not planned, budgets only", plan.flow_name)
+        profile = None
+    return serve_under(plan, slo, profile=profile, trace=trace, rate_rps=rate, options=planner)
+
+
+# -- the gateway's figures -----------------------------------------------------------------
+
+
+class SLOMonitor:
+    """Per flow with an SLO: answers within it and over it (``/metrics``:
+    ``flowserve_slo_attainment``), each stage's budget share, and the arrival envelope.
+    Flows without an SLO cost one attribute test per request."""
+
+    def __init__(self, metrics=None):
+        self.metrics = metrics
+        self.envelopes: dict[str, ArrivalEnvelope] = {}
+        self.counts: dict[str, list[int]] = {}  # flow -> [within, total]
+        self._t0 = time.monotonic()
+        self._shares: set = set()
+
+    def arrived(self, name: str, plan: Plan) -> None:
+        if getattr(plan, "slo", None) is None:
+            return
+        env = self.envelopes.get(name)
+        if env is None:
+            env = self.envelopes[name] = ArrivalEnvelope()
+        env.record((time.monotonic() - self._t0) * 1000.0)
+
+    def answered(self, name: str, plan: Plan, ms: float) -> None:
+        slo = getattr(plan, "slo", None)
+        if slo is None:
+            return
+        c = self.counts.setdefault(name, [0, 0])
+        c[1] += 1
+        if ms <= slo.slo.p99_ms:
+            c[0] += 1
+        if self.metrics is not None:
+            m = self.metrics
+            m.child(m.slo_requests, name, "within" if ms <= slo.slo.p99_ms else "over").inc()
+            m.child(m.slo_attainment, name).set(c[0] / c[1])
+            if (name, id(slo)) not in self._shares:  # set once per deployed version
+                self._shares.add((name, id(slo)))
+                m.child(m.slo_target, name).set(slo.slo.p99_ms)
+                for stage, share in slo.shares().items():
+                    m.child(m.slo_budget_share, name, stage).set(share)
+
+    def attainment(self, name: str) -> float | None:
+        c = self.counts.get(name)
+        return None if not c or not c[1] else c[0] / c[1]
+
+    def now_ms(self) -> float:
+        return (time.monotonic() - self._t0) * 1000.0
+
+    def describe(self, name: str, plan: Plan) -> dict | None:
+        """``GET /flows/{name}``'s ``slo`` field."""
+        slo = getattr(plan, "slo", None)
+        if slo is None:
+            return None
+        out = slo.to_dict()
+        c = self.counts.get(name, [0, 0])
+        out["answered"] = c[1]
+        out["attainment"] = self.attainment(name)
+        return out
+
+
+def slo_json(slo) -> str:
+    return json.dumps(slo.to_dict())

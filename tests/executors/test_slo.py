@@ -1,0 +1,232 @@
+"""Serving under a latency SLO on a real local cluster (issue 17): the planner's sizes
+applied at deploy, the SLO shown by explain / GET /flows / metrics, profiles stored and
+reused, and the executor's AIMD batcher under the stage's budget."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import pytest
+
+from executors.batcher import Batcher, aimd_for
+from executors.executor import HostedStage
+from executors.slo import load_profile, profile_plan, stage_inputs
+from flow import Flow
+from optimizer import optimize
+from optimizer.slo import SLO, InfeasibleSLOError, Profile, SLOError, serve_under
+from tests.executors.conftest import unique
+
+
+def double(t):
+    return t.column("x").to_numpy() * 2
+
+
+def plus_one(t):
+    return t.column("y").to_numpy() + 1
+
+
+def two_stage(name: str) -> Flow:
+    f = Flow(unique(name))
+    f.map(double, names=["y"], batching=True).map(plus_one, names=["z"], batching=True)
+    return f
+
+
+RULES = ["batching"]  # keep the two stages apart (no fusion), both batching
+
+# pre: 1 ms a call; model: 4 ms + 0.5 ms a request, measured up to batch 16
+PROFILE = Profile(
+    {
+        "double": {"cpu": {1: [1.0] * 5, 16: [1.5] * 5}},
+        "plus_one": {"cpu": {b: [4.0 + 0.5 * b] * 5 for b in (1, 2, 4, 8, 16)}},
+    }
+)
+
+
+def _flow_json(cluster, name):
+    return cluster.http.get(f"/flows/{name}").json()
+
+
+def test_a_planned_slo_sizes_the_stages_and_is_shown_everywhere(cluster):
+    f = two_stage("slo")
+    d = cluster.deploy(f, rules=RULES, slo=SLO(p99_ms=40), profile=PROFILE, traffic=300)
+    # 300 req/s at 4.5 ms a request needs batching on the model stage, one replica each
+    planned = d.plan.slo.configs
+    assert planned["plus_one"].batch_size > 1 and d.plan.stages["plus_one"].batch.max_batch_size > 1
+    body = _flow_json(cluster, f.name)
+    replicas = {s["name"]: s["replicas"] for s in body["stages"]}
+    assert replicas == {n: c.replicas for n, c in planned.items()}  # exactly the planned count
+    assert body["slo"]["slo"]["p99_ms"] == 40 and body["slo"]["planned"]
+    assert set(body["slo"]["budgets_ms"]) == {"double", "plus_one"}
+    assert "SLO p99 <= 40 ms" in body["explain"] and "to meet the SLO" in body["explain"]
+    assert "SLO p99 <= 40 ms" in d.explain()
+
+    rows = [{"x": i} for i in range(30)]
+    for r in rows:
+        assert d.invoke(r)["z"].tolist() == f.run([r])["z"].tolist()
+    body = _flow_json(cluster, f.name)
+    assert body["slo"]["answered"] == 30 and 0 <= body["slo"]["attainment"] <= 1
+    metrics = cluster.http.get("/metrics").text
+    assert f'flowserve_slo_attainment{{flow="{f.name}"}}' in metrics
+    assert f'flowserve_slo_budget_share{{flow="{f.name}",stage="plus_one"}}' in metrics
+    d.undeploy()
+
+
+def test_an_slo_without_a_profile_attaches_equal_budgets_and_says_to_profile(cluster):
+    f = two_stage("slo-bare")
+    d = cluster.deploy(f, rules=RULES, slo=SLO(p99_ms=30))
+    body = _flow_json(cluster, f.name)
+    assert body["slo"]["planned"] is False
+    assert body["slo"]["budgets_ms"] == {"double": pytest.approx(15.0), "plus_one": pytest.approx(15.0)}
+    assert "flowserve profile" in body["explain"]
+    assert d.invoke({"x": 2})["z"].tolist() == [5]
+    d.undeploy()
+
+
+def test_samples_are_profiled_once_stored_and_reused(cluster):
+    f = two_stage("slo-prof")
+    cluster.deploy(f, rules=RULES, slo=SLO(p99_ms=200), samples=[{"x": i} for i in range(4)], traffic=20)
+    stored = load_profile(cluster.kvs, f.name, optimize(f, rules=RULES))
+    assert stored is not None and set(stored.stages) == {"double", "plus_one"}
+    assert stored.batch_sizes("plus_one", "cpu")[:3] == (1, 2, 3)
+    # a second deploy with no samples plans from the stored profile
+    d = cluster.deploy(f, rules=RULES, slo=SLO(p99_ms=200), traffic=20)
+    assert d.plan.slo.planned and Profile.from_json(d.plan.slo.profile_json) == stored
+    d.undeploy()
+
+
+def test_an_slo_no_stage_can_meet_names_the_stage(cluster):
+    f = two_stage("slo-bad")
+    with pytest.raises(InfeasibleSLOError, match="plus_one") as e:
+        cluster.deploy(f, rules=RULES, slo=SLO(p99_ms=3), profile=PROFILE, traffic=10)
+    assert e.value.stage == "plus_one"
+
+
+def test_bad_slo_arguments_are_clear_errors(cluster):
+    f = two_stage("slo-args")
+    with pytest.raises(SLOError, match="slo must be an SLO"):
+        cluster.deploy(f, rules=RULES, slo=40)
+    with pytest.raises(TypeError, match="needs slo=SLO"):
+        f.deploy(cluster, traffic=10)
+    with pytest.raises(SLOError, match="no stage"):
+        serve_under(optimize(f), SLO(50), profile=PROFILE, rate_rps=10)  # fused plan: other stage names
+
+
+def test_profiling_times_each_stage_on_the_inputs_it_really_gets():
+    f = two_stage("prof")
+    plan = optimize(f, rules=RULES)
+    inputs = stage_inputs(plan, [{"x": 1}, {"x": 2}])
+    assert [a[0]["x"].tolist() for a in inputs["double"]] == [[1], [2]]
+    assert [a[0]["y"].tolist() for a in inputs["plus_one"]] == [[2], [4]]
+    p = profile_plan(plan, [{"x": 1}, {"x": 2}], max_batch=4, repeats=2, warmup=0)
+    assert p.batch_sizes("plus_one", "cpu") == (1, 2, 3, 4)
+    with pytest.raises(SLOError, match="no sample row reached"):
+        g = Flow(unique("prof-none"))
+        g.filter(lambda r: False).map(plus_one, names=["z"], batching=True)
+        stage_inputs(optimize(g, rules=RULES), [{"x": 1, "y": 1}])
+
+
+# -- the AIMD batcher inside the executor's Batcher ----------------------------------------
+
+
+def _slow_when_big(t):
+    return t.column("x").to_numpy()
+
+
+def test_the_executor_batcher_backs_off_when_a_batch_overruns_its_budget():
+    f = Flow(unique("aimd"))
+    f.map(_slow_when_big, names=["y"], batching=True)
+    plan = serve_under(optimize(f), SLO(p99_ms=25))  # one stage: a 25 ms budget, cap 20
+    hosted = HostedStage(plan, plan.sink, 1)
+    aimd = aimd_for(hosted)
+    assert aimd is not None and aimd.budget_ms == pytest.approx(25.0) and aimd.max_batch == 20
+
+    sizes: list[int] = []
+    done = queue.Queue()
+
+    def run(_hosted, batch):
+        sizes.append(len(batch))
+        if len(batch) > 6:
+            time.sleep(0.04)  # a batch over 6 overruns the 25 ms budget
+        for _ in batch:
+            done.put(1)
+
+    stopping = threading.Event()
+    b = Batcher(hosted, run, stopping)
+    n = 400
+    for _ in range(n):
+        b.put(object())  # items are opaque to the batcher: run() gets them back
+    for _ in range(n):
+        done.get(timeout=30)  # every item runs (synchronisation, not a timing)
+    stopping.set()
+    b.thread.join(5)
+    assert max(sizes) >= 7  # it grew past the knee...
+    assert sizes[-1] <= 7 and b.max_size <= 7  # ...and was cut back below it
+    assert sum(sizes) == n
+
+
+def test_without_an_slo_the_fixed_cap_stays():
+    f = Flow(unique("fixed"))
+    f.map(_slow_when_big, names=["y"], batching=True)
+    plan = optimize(f)
+    hosted = HostedStage(plan, plan.sink, 1)
+    assert aimd_for(hosted) is None
+    b = Batcher(hosted, lambda h, batch: None, threading.Event())
+    assert b.max_size == 20 and b.wait_s() == 0
+
+
+# -- the tuner -----------------------------------------------------------------------------
+
+
+def _tuned_plan():
+    f = Flow(unique("tune"))
+    f.map(plus_one, names=["z"])  # no batching: one request per call
+    plan = optimize(f)
+    profile = Profile({plan.sink: {"cpu": {1: [10.0] * 5}}})  # 100 req/s a replica
+    return serve_under(plan, SLO(p99_ms=50), profile=profile, rate_rps=50)
+
+
+def test_the_tuner_scales_up_at_once_when_traffic_leaves_the_envelope_and_down_after_15_s():
+    from executors.scaling import SLOTuner
+
+    plan = _tuned_plan()
+    stage = plan.sink
+    tuner = SLOTuner(plan)
+    assert tuner.per_ms[stage] == pytest.approx(0.1)
+    # 250 req/s over the last second: 250 / (100 x 0.8) -> 4 replicas, at once
+    (up,) = tuner.decide({stage: 1}, {1000: 250, 2000: 300, 5000: 400}, now=0.0)
+    assert (up.from_replicas, up.to_replicas, up.direction) == (1, 4, "up")
+    assert "250 req/s" in up.reason
+    # back to 50 req/s: no scale-down until 15 s of samples asked for fewer
+    for t in range(1, 15):
+        assert tuner.decide({stage: 4}, {1000: 50, 2000: 100, 5000: 250}, now=float(t)) == []
+    (down,) = tuner.decide({stage: 4}, {1000: 50, 2000: 100, 5000: 250}, now=16.0)
+    assert (down.from_replicas, down.to_replicas) == (4, 1)
+
+
+def test_the_tuner_grows_a_planned_stage_on_the_real_cluster_under_a_burst(cluster):
+    from tests.executors.processes import steady_load
+
+    f = Flow(unique("tune-live"))
+
+    def slow(r):
+        import time as _t
+
+        _t.sleep(0.01)
+        return r.x
+
+    f.map(slow, names=["z"])
+    plan_profile = Profile({"slow": {"cpu": {1: [10.0] * 5}}})
+    # planned for 20 req/s (1 replica); closed-loop clients then push about 100+ req/s
+    d = cluster.deploy(f, slo=SLO(p99_ms=60), profile=plan_profile, traffic=20)
+    assert {s["name"]: s["replicas"] for s in _flow_json(cluster, f.name)["stages"]} == {"slow": 1}
+    with steady_load(d.url, {"x": 1}) as failures:
+        deadline = time.monotonic() + 30
+        while _flow_json(cluster, f.name)["stages"][0]["replicas"] < 2:
+            assert time.monotonic() < deadline, "the tuner did not add a replica"
+            time.sleep(0.1)
+    assert not failures, failures[:3]
+    st = _flow_json(cluster, f.name)["stages"][0]["autoscaling"]
+    assert "SLO tuner" in st["last_decision"]
+    d.undeploy()
