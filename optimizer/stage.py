@@ -32,6 +32,7 @@ Other stage marks, set by the optimizer's rules (``optimizer.rules``):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -261,7 +262,7 @@ class Stage:
     def head(self) -> PlanNode:
         return self.nodes[0]
 
-    @property
+    @functools.cached_property
     def hedge(self):
         """``"pNN"`` or seconds if the stage is hedged (a ``map(..., hedge=...)`` in it): a
         backup copy goes to another replica when no answer came by then; else None."""
