@@ -19,6 +19,7 @@ BENCHMARKS = {
     "locality": "100 objects of 8 KB-8 MB read by per-row lookups: naive, fusion, fusion + continuations",
     "batching": "one CNN operator at batch 1-40: in-process through the batching path, and over HTTP",
     "messages": "one request's run message built, encoded, decoded and read: ns per message; wire vs Arrow IPC",
+    "clipper": "prediction cache (Zipf), ensemble deadline answers, hedging vs racing, Exp3/Exp4 on drifting digits",
     "soak": "N requests at concurrency C while kill -9, hangs, poison inputs and redeploys are injected",
 }
 

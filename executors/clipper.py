@@ -197,6 +197,11 @@ def equip(executor, hosted) -> None:
         hosted.hedger = Hedger(stage.hedge, executor.address, executor.send)
     if stage.deadline_answers:
         hosted.early = EarlyAnswers(executor, hosted)
+    if caches:
+        # hits are quick and misses are the model's cost: an average would mark the stage
+        # cheap and run misses on the IO thread, stalling every other message. Keep it on the pool.
+        hosted.observe = lambda ms: None
+        hosted.cheap = False
     if caches or hosted.hedger is not None:
         hosted.report = lambda item: _report(hosted, caches, item)
 
