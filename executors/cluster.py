@@ -346,6 +346,7 @@ def _callables(op):
         if callable(v):
             yield v
     yield from getattr(op, "alternatives", ()) or ()
+    yield from getattr(op, "models", ()) or ()  # select (flow/clipper.py)
     anyof = getattr(op, "anyof", None)
     if anyof is not None:
         yield from _callables(anyof)

@@ -536,14 +536,14 @@ class Dispatcher:
             # output is already there: the hop is a hand-over, not a message) -- or, with
             # colocate off, anywhere else -- then in turn
             near = {a for i in stage.inputs for a in routes.get(i, ())}
-            k = stage.competitive
+            k = stage.competitive if stage.hedge is None else min(2, len(live))  # hedged: a backup named
             turn = next(self._rr)
             ranked = sorted(
                 live, key=lambda e: (e.inflight, (e.address in near) != self.colocate, (hash(e.id) + turn) % 1009)
             )
             chosen = [ranked[j % len(ranked)] for j in range(k)]
             routes[name] = [e.address for e in chosen]
-            used.update(e.id for e in chosen)
+            used.update(e.id for e in (chosen if stage.hedge is None else chosen[:1]))
         return routes, used
 
     def _retry(self, req: Request, why: str) -> None:

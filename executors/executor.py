@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from executors import clipper
 from executors.batcher import Batcher, WorkItem
 from executors.busypoll import DEFAULT_MS as DEFAULT_BUSY_POLL_MS
 from executors.busypoll import MAX_MS as BUSY_POLL_MAX_MS
@@ -88,6 +89,11 @@ class Pending:
 
 class HostedStage:
     """A stage built once on this executor (the replica), with its consumers' info."""
+
+    # Clipper's pieces (executors/clipper.py ``equip``), None on a stage that asks for none
+    hedger = None
+    early = None
+    report = None
 
     def __init__(self, plan: Plan, name: str, version: int):
         self.plan = plan
@@ -294,6 +300,7 @@ class Executor:
             hosted.retired = threading.Event()  # set by on_unload: its batcher thread ends
             if hosted.stage.batch is not None:
                 hosted.batcher = Batcher(hosted, self.run_batch, _Either(self._stopping, hosted.retired))
+            clipper.equip(self, hosted)
             self.hosted[key] = hosted
         return hosted
 
@@ -374,6 +381,8 @@ class Executor:
             del self.pending[rid]
             self._mark_done(rid)
             return [(hosted, WorkItem(h, inputs, (), pend.trace))]
+        if hosted.early is not None:
+            hosted.early.arm(h, rid)  # an ensemble answers at the deadline with what arrived
         return []
 
     def _rehost(self, h: StageInput, key: tuple) -> HostedStage | None:
@@ -460,6 +469,8 @@ class Executor:
     # -- running ------------------------------------------------------------------------------
 
     def dispatch(self, hosted: HostedStage, item: WorkItem) -> None:
+        if hosted.hedger is not None:
+            hosted.hedger.arm(item)  # a backup copy if no answer by the percentile (clipper.py)
         if item.message.solo:
             # a retry of a request that was running when an executor crashed: it runs alone
             # (never merged into a batch), so a second crash is its own (Dispatcher.executor_died)
@@ -764,6 +775,10 @@ class Executor:
         """Send one request's output; the ready work of consumers hosted here, to start."""
         h = item.message
         trace = item.trace + [[hosted.stage.name, self.id, round(ms, 3), batch]]
+        if hosted.report is not None:
+            extra = hosted.report(item)  # cache hits, hedges: the gateway's /metrics (clipper.py)
+            if extra is not None:
+                trace[-1].append(extra)
         local = []
         if hosted.is_sink:
             self.send(h.gateway, Result(h.req, h.attempt, item.path, trace, out).encode())
@@ -800,6 +815,13 @@ class Executor:
                 for addr in h.routes[c]:
                     self.send(addr, invalid.encode())
             return
+        if (
+            isinstance(error, OperatorTimeoutError)
+            and hosted is not None
+            and hosted.consumers
+            and all(hosted.plan.stages[c].deadline_answers for c in hosted.consumers)
+        ):
+            return  # a straggling ensemble member: the ensemble answers without it (clipper.py)
         message = (
             str(error) if isinstance(error, FlowError) else f"stage {h.stage!r} raised {type(error).__name__}: {error}"
         )

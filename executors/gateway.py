@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -47,6 +48,7 @@ from executors.errors import (
     status_for,
     status_for_name,
 )
+from executors.feedback import feedback
 from executors.httpcodec import (
     ARROW,
     BadRequestError,
@@ -629,6 +631,7 @@ def make_app(gateway: Gateway, on_startup=(), on_shutdown=()) -> InvokeFastPath:
         Route("/healthz", g.healthz, methods=["GET"]),
         Route("/metrics", g.metrics_text, methods=["GET"]),
         Route("/openapi.json", g.openapi, methods=["GET"]),
+        Route("/flows/{name}/feedback", functools.partial(feedback, g), methods=["POST"]),  # feedback.py
         Route("/admin/deploy", g.deploy, methods=["POST"]),
         Route("/admin/flows/{name}", g.undeploy, methods=["DELETE"]),
         *docs_routes(),  # GET /docs: the interactive page (docs_page.py)

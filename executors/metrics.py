@@ -67,6 +67,19 @@ class Metrics:
         self.slo_budget_share = Gauge(
             "flowserve_slo_budget_share", "Each stage's share of the flow's SLO budget", ["flow", "stage"], registry=r
         )
+        # Clipper's layer (flow/clipper.py): reported in the stage's trace entry (executors/clipper.py)
+        self.cache_lookups = Counter(
+            "flowserve_prediction_cache_lookups",
+            "Prediction cache lookups of map(..., cache=...) stages, by result (hit or miss)",
+            ["flow", "stage", "result"],
+            registry=r,
+        )
+        self.hedges = Counter(
+            "flowserve_hedges",
+            "Requests of hedged stages that sent a backup copy (outcome: sent), and those whose backup won (won)",
+            ["flow", "stage", "outcome"],
+            registry=r,
+        )
 
         self._children: dict = {}  # (metric, labels) -> child: .labels() costs more than .observe()
 
@@ -82,6 +95,19 @@ class Metrics:
             stage, _executor, ms, batch = entry[:4]
             self.child(self.stage_latency, flow, stage).observe(float(ms))
             self.child(self.batch_size, flow, stage).observe(int(batch))
+            if len(entry) > 4 and isinstance(entry[4], dict):
+                self._clipper(flow, stage, entry[4])
+
+    def _clipper(self, flow: str, stage: str, extra: dict) -> None:
+        cache = extra.get("cache")
+        if isinstance(cache, list) and len(cache) == 2:
+            self.child(self.cache_lookups, flow, stage, "hit").inc(max(0, int(cache[0])))
+            self.child(self.cache_lookups, flow, stage, "miss").inc(max(0, int(cache[1])))
+        hedge = extra.get("hedge")
+        if hedge in ("sent", "backup"):
+            self.child(self.hedges, flow, stage, "sent").inc()
+            if hedge == "backup":
+                self.child(self.hedges, flow, stage, "won").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -81,6 +81,9 @@ def deliveries(
     if stage.continuation is not None:
         local = holds if here is not None and holds is not None and here in addresses else None
         return _by_key(table, stage.continuation, addresses, path, here, local)
+    if len(addresses) > 1 and stage.hedge is not None:
+        # a hedged stage: the first replica runs it; the second is its backup (executors/clipper.py)
+        return [Delivery(addresses[0], table, path)]
     if len(addresses) > 1:
         # competing copies: every copy runs, the consumer keeps the first answer
         return [Delivery(a, table, path, j) for j, a in enumerate(addresses)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from executors import prediction_cache
 from flow.operators import BoundOperator
 from flow.table import Table
 from optimizer.plan import PlanError, Stage
@@ -28,7 +29,8 @@ class BoundStage:
         for node in stage.nodes:
             b = node.op.instantiate()
             b.name = node.name
-            self.bound.append(b)
+            self.bound.append(prediction_cache.wrap(b))  # map(..., cache=...): prediction_cache.py
+        self.caches = [b for b in self.bound if isinstance(b, prediction_cache.CachedOperator)]
 
     @property
     def head(self) -> BoundOperator:

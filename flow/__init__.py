@@ -7,6 +7,7 @@ flow.run([{"x": 1}])
 """
 
 from flow import targets
+from flow.clipper import CacheSpec, FeedbackError, feedback
 from flow.context import current_device, current_store
 from flow.exceptions import (
     DataError,
@@ -39,12 +40,15 @@ def optimize(flow, rules=None, options=None):
 
 
 __all__ = [
+    "CacheSpec",
     "ColumnType",
     "current_device",
     "current_store",
     "DataError",
     "DataTypeError",
     "Flow",
+    "FeedbackError",
+    "feedback",
     "FlowDefinitionError",
     "FlowError",
     "FlowTypeError",

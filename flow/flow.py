@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from flow import targets
+from flow import clipper, targets
 from flow.exceptions import (
     FlowTypeError,
     FlowValueError,
@@ -80,6 +80,8 @@ class Node:
         gpu: bool = False,
         high_variance: bool = False,
         timeout_s: float | None = None,
+        cache=None,
+        hedge=None,
     ) -> Node:
         """Apply ``fn`` to each row (or, with ``batching=True``, to the whole Table).
 
@@ -89,7 +91,10 @@ class Node:
         columns ``names`` (plus qid): return one value, or a tuple matching ``names``.
         ``timeout_s=``: in a deployment, a run of this operator that takes longer is
         abandoned and its requests answered 504 naming it (a hung model call); ``flow.run``
-        does not enforce it.
+        does not enforce it. ``cache=``: memoise outputs per row by the values it reads
+        (True, a size, or ``CacheSpec``); ``hedge=``: deployed, send a backup copy to another
+        replica when no answer came by ``"p95"`` of the stage's latency (or a delay in s).
+        Neither changes a result (flow/clipper.py).
 
             probs = img.map(Net, names=["cls", "conf"], batching=True, gpu=True)
         """
@@ -120,6 +125,8 @@ class Node:
             gpu_=gpu,
             high_variance_=high_variance,
             timeout_s_=None if timeout_s is None else float(timeout_s),
+            cache=clipper.parse_cache(cache, label),
+            hedge=clipper.parse_hedge(hedge, label),
         )
         return self.flow._add(op, (self,), label, names)
 
@@ -273,6 +280,113 @@ class Node:
         op = AnyOfOp(alternatives=tuple(alternatives), names=names, valid=valid, batching_=batching, gpu_=gpu)
         return self.flow._add(op, (self,), label, names)
 
+    def ensemble(self, *others: Node, fn, names: Sequence[str] | str | None = None, deadline_ms=None) -> Node:
+        """Combine this node's and ``others``' answers per query: ``fn(answers)`` gets one
+        entry per member (its output ``Row``, or ``None`` if it had not answered by the
+        deadline) and returns ``names``' values; the output adds ``missing`` (the members
+        that had not answered, comma-separated, ``""`` if none). Deployed, the ensemble
+        answers at the request's deadline, or ``deadline_ms`` after the first member's
+        answer, with what has arrived; ``flow.run`` waits for all.
+
+            out = a.ensemble(b, c, fn=vote, names=["cls"], deadline_ms=20)
+        """
+        if not others:
+            raise FlowValueError("operator ensemble: needs at least one other member node")
+        members = (self, *(self._check_same_flow(o, "ensemble") for o in others))
+        if len({m.id for m in members}) != len(members):
+            raise FlowValueError("operator ensemble: a member is listed twice")
+        label = _check_callable(fn, "ensemble")
+        names = _check_names(names, label, "ensemble", default=label)
+        if clipper.MISSING_COLUMN in names:
+            raise FlowValueError(
+                f"operator ensemble {label!r}: {clipper.MISSING_COLUMN!r} is the ensemble's own column"
+            )
+        _check_arity(fn, 1, f"ensemble {label!r}", "fn")
+        if deadline_ms is not None:
+            if isinstance(deadline_ms, bool) or not isinstance(deadline_ms, (int, float)):
+                raise FlowTypeError(f"operator ensemble {label!r}: deadline_ms must be a number, got {deadline_ms!r}")
+            if not 0 < deadline_ms < float("inf"):
+                raise FlowValueError(f"operator ensemble {label!r}: deadline_ms must be > 0, got {deadline_ms!r}")
+            deadline_ms = float(deadline_ms)
+        op = clipper.EnsembleOp(fn=fn, names=names, members=tuple(m.name for m in members), deadline_ms=deadline_ms)
+        return self.flow._add(op, members, label, names + (clipper.MISSING_COLUMN,))
+
+    def select(
+        self,
+        models: Sequence,
+        names: Sequence[str] | str | None = None,
+        *,
+        policy: str = "exp4",
+        seed: int = 0,
+        context: str | None = None,
+        eta: float = 0.5,
+        explore: float = 0.1,
+        threshold: float | None = None,
+        default=None,
+        batching: bool = False,
+        key: str | None = None,
+    ) -> Node:
+        """Choose one of ``models`` per query (``policy="exp3"``) or combine them all by a
+        weighted vote on the first output column (``"exp4"``), with weights learned from
+        feedback (``POST /flows/{name}/feedback``, or ``flow.clipper.feedback`` in-process)
+        and kept in the store per flow and per value of the ``context`` column. Adds a
+        ``confidence`` column (Exp4: the share of models agreeing with the answer; Exp3:
+        the chosen model's probability); below ``threshold`` the answer is ``default``.
+        Exp3's draw is a function of (``seed``, qid): ``flow.run`` is deterministic.
+
+            best = img.select([small, big], names=["cls"], policy="exp4", threshold=0.5, default=-1)
+        """
+        if isinstance(models, (str, bytes)) or not isinstance(models, Sequence) or len(models) < 2:
+            raise FlowValueError(f"operator select: models must be a list of at least two models, got {models!r}")
+        labels = [_check_callable(m, "select") for m in models]
+        label = "select(" + ",".join(labels) + ")"
+        names = _check_names(names, label, "select", default=labels[0])
+        if clipper.CONFIDENCE_COLUMN in names:
+            raise FlowValueError(f"operator {label}: {clipper.CONFIDENCE_COLUMN!r} is the select's own column")
+        if policy not in clipper.POLICIES:
+            raise FlowValueError(f"operator {label}: policy={policy!r}; expected one of {clipper.POLICIES}")
+        _check_flags(label, batching=batching)
+        for m in models:
+            _check_arity(m, 1, label, "model")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise FlowTypeError(f"operator {label}: seed must be an int, got {seed!r}")
+        for what, v, lo, hi in (("eta", eta, 0, float("inf")), ("explore", explore, 0, 1)):
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, (int, float))
+                or not lo <= v <= hi
+                or (what == "eta" and v == 0)
+            ):
+                raise FlowValueError(f"operator {label}: {what} must be a number in ({lo}, {hi}], got {v!r}")
+        if threshold is not None and (
+            isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1
+        ):
+            raise FlowValueError(f"operator {label}: threshold must be a number in [0, 1], got {threshold!r}")
+        if context is not None:
+            if not isinstance(context, str):
+                raise FlowTypeError(f"operator {label}: context= must be a column name, got {context!r}")
+            self._need_columns([context], label, "context")
+        key = label if key is None else key
+        if not isinstance(key, str) or not key or ":" in key:
+            raise FlowValueError(f"operator {label}: key= must be a non-empty str without ':', got {key!r}")
+        if any(isinstance(n.op, clipper.SelectOp) and n.op.key == key for n in self.flow.nodes):
+            raise FlowValueError(f"operator {label}: another select of this flow keeps its state as {key!r}; pass key=")
+        op = clipper.SelectOp(
+            models=tuple(models),
+            names=names,
+            policy=policy,
+            flow=self.flow.name,
+            key=key,
+            context=context,
+            seed=seed,
+            eta=float(eta),
+            explore=float(explore),
+            threshold=None if threshold is None else float(threshold),
+            default=tuple(default) if isinstance(default, list) else default,
+            batching_=batching,
+        )
+        return self.flow._add(op, (self,), label, names + (clipper.CONFIDENCE_COLUMN,))
+
     # -- checks -------------------------------------------------------------------------
 
     def _need_columns(self, cols: Sequence[str], op_name: str, arg: str) -> None:
@@ -370,6 +484,9 @@ class Flow:
 
     def union(self, *args, **kwargs) -> Node:
         return self.source.union(*args, **kwargs)
+
+    def select(self, *args, **kwargs) -> Node:
+        return self.source.select(*args, **kwargs)
 
     # -- graph ----------------------------------------------------------------------------
 

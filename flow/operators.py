@@ -145,6 +145,8 @@ class MapOp(Operator):
     gpu_: bool = False
     high_variance_: bool = False
     timeout_s_: float | None = None
+    cache: Any = None  # a flow.clipper.CacheSpec: memoise outputs per row (the runtime's)
+    hedge: Any = None  # "pNN" or seconds: a backup copy after that long without an answer
 
     @property
     def label(self) -> str:
@@ -156,6 +158,10 @@ class MapOp(Operator):
         ]
         if self.timeout_s_ is not None:
             flags.append(f"timeout {self.timeout_s_:g}s")
+        if self.cache is not None:
+            flags.append(self.cache.describe())
+        if self.hedge is not None:
+            flags.append(f"hedge {self.hedge}" if isinstance(self.hedge, str) else f"hedge {self.hedge * 1000:g} ms")
         src = f"({self.col})" if self.col else ""
         return f"map {self.label}{src} -> {', '.join(self.names)}" + (f" [{', '.join(flags)}]" if flags else "")
 

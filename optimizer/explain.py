@@ -96,6 +96,11 @@ def _stage(i: int, s: Stage, placed: int | None = None, exact: bool = False) -> 
     else:
         wait = f"waiting at most {s.batch.max_wait_ms:g} ms" if s.batch.max_wait_ms else "the queued ones, no wait"
         out.append(_field("batching", f"up to {s.batch.max_batch_size} requests, {wait}"))
+    if s.hedge is not None:
+        when = f"its observed {s.hedge} latency" if isinstance(s.hedge, str) else f"{s.hedge * 1000:g} ms"
+        out.append(_field("hedging", f"a backup copy to another replica after {when} without an answer"))
+    if s.deadline_answers:
+        out.append(_field("deadline", "answers with the members that arrived by the deadline (missing named)"))
     if s.continuation is not None:
         out.append(
             _field("continuation", f"route rows by key column {s.continuation!r} to an executor that caches the key")

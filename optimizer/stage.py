@@ -25,10 +25,14 @@ Other stage marks, set by the optimizer's rules (``optimizer.rules``):
   qids) into one call and split the result back by qid. Only set on row-wise stages.
 - ``device``: ``"cpu"`` or ``"gpu"`` (a stage with a ``gpu=True`` operator).
 - ``competitive=k``: k replicas all run each input; the consumer takes the first result.
+- ``hedge`` (from a ``map(..., hedge=...)``, isolated by the competition rule): one replica
+  runs each input; a backup copy goes to a second one if no answer came by the stage's
+  observed percentile (or a delay); the consumer takes the first result.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -257,6 +261,18 @@ class Stage:
     @property
     def head(self) -> PlanNode:
         return self.nodes[0]
+
+    @functools.cached_property
+    def hedge(self):
+        """``"pNN"`` or seconds if the stage is hedged (a ``map(..., hedge=...)`` in it): a
+        backup copy goes to another replica when no answer came by then; else None."""
+        return next((h for h in (getattr(op, "hedge", None) for op in self.ops) if h is not None), None)
+
+    @property
+    def deadline_answers(self) -> bool:
+        """True if the stage's head is an ``ensemble``: it answers at the deadline with the
+        members that have arrived (flow.clipper.EnsembleOp)."""
+        return self.nodes[0].op.kind == "ensemble"
 
     @property
     def rowwise(self) -> bool:

@@ -6,6 +6,9 @@
   seed's wait-for-one; 1 -> 3 replicas cut p99 by 71-94%). Racing a whole fused stage
   would run its deterministic operators k times too, so they are kept out of it;
   consecutive high-variance operators race together.
+- A hedged operator (``map(..., hedge="p95")``) gets a stage of its own: one replica runs
+  each input, a second gets a backup copy only when the first has not
+  answered by the stage's observed percentile (reactive redundancy, cheaper than racing).
 - ``anyof(f1, ..., fn)`` runs, unoptimized, as one stage that calls every alternative and
   keeps the first valid result in argument order. Here it becomes n alternative stages
   ``<anyof>[i]`` (each ``AnyOfOp.alternative(i)``, a plain map) reading the anyof's input,
@@ -28,10 +31,23 @@ def _anyof_index(stage: Stage) -> int | None:
     return next((i for i, n in enumerate(stage.nodes) if n.op.kind == "anyof"), None)
 
 
+def _hedge(op):
+    return getattr(op, "hedge", None)
+
+
+def _needs_hedge_cut(stage: Stage) -> bool:
+    """A hedged operator shares its stage with operators hedged otherwise (or not at all)."""
+    hedges = [_hedge(n.op) for n in stage.nodes]
+    return any(h is not None for h in hedges) and len(set(hedges)) > 1
+
+
 def can_compete(stage: Stage, options) -> bool:
-    """May apply: the stage holds an anyof to expand, or a high-variance operator that is
-    not yet racing alone with ``competitive=k``."""
+    """May apply: the stage holds an anyof to expand, a hedged operator not yet in a stage
+    of its own with two replicas, or a high-variance operator that is not yet racing alone
+    with ``competitive=k``."""
     if _anyof_index(stage) is not None:
+        return True
+    if _needs_hedge_cut(stage):
         return True
     hv = [n.op.high_variance for n in stage.nodes]
     if not any(hv) or options.competitive_replicas == 1:
@@ -47,6 +63,10 @@ def compete(plan: Plan, name: str, options) -> Plan:
     if i is not None:
         plan = cut(plan, name, [i, i + 1])
         return expand_anyof(plan, stage.nodes[i].name)
+    if _needs_hedge_cut(stage):
+        # hedged operators get a stage of their own: a backup replays only them (the stage
+        # is placed on every executor by default; the dispatcher names a second for the backup)
+        return cut_between(plan, name, lambda a, b: _hedge(a) != _hedge(b))
     k = options.competitive_replicas
     plan = cut_between(plan, name, lambda a, b: a.high_variance != b.high_variance)
     for s in list(plan.stages.values()):

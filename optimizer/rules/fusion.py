@@ -56,6 +56,8 @@ def why_not_fuse(plan: Plan, a: Stage, b: Stage, options) -> str | None:
         return f"{b.name!r} waits for the first valid of several inputs"
     if a.competitive != b.competitive:
         return f"{a.name!r} and {b.name!r} race different numbers of replicas"
+    if a.hedge != b.hedge:
+        return f"{a.name!r} and {b.name!r} are hedged differently (a backup replays only its stage)"
     if _device(a) != _device(b) and not options.fuse_across_devices:
         return f"{a.name!r} runs on {_device(a)}, {b.name!r} on {_device(b)}"
     if (wants_batching(a) or wants_batching(b)) and not (a.rowwise and b.rowwise):
@@ -113,7 +115,8 @@ def _plain(stage: Stage) -> bool:
         and stage.continuation is None
         and not any(
             n.op.high_variance
-            or n.op.kind in ("anyof", "choose")
+            or n.op.kind in ("anyof", "choose", "ensemble")
+            or getattr(n.op, "hedge", None) is not None
             or (n.op.kind == "lookup" and getattr(n.op, "dynamic", False))
             for n in stage.nodes
         )

@@ -1,0 +1,151 @@
+"""The prediction cache of a ``map(..., cache=...)``: one per replica (per built stage), so a
+redeploy (a new flow version, new replicas) starts it empty.
+
+A row's key is a hash of the values the map reads (``flow.clipper.row_keys``); a hit
+returns the output row that an earlier call produced (with this query's qid), a miss is
+computed with the other misses of the call in one call of the operator (a batching map
+still gets one Table, never an empty one). CLOCK (Clipper's choice: one reference bit
+per entry, a hand that clears bits until it finds a clear one to evict) or LRU, bounded
+by a number of entries.
+
+    cached = CachedOperator(bound_map, CacheSpec(size=10_000))
+    out = cached([table], store)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from flow.clipper import CacheSpec, row_keys
+from flow.operators import BoundOperator
+from flow.table import Table
+
+
+class LRU:
+    def __init__(self, size: int):
+        self.size = size
+        self.data: OrderedDict = OrderedDict()
+
+    def get(self, key):
+        v = self.data.get(key)
+        if v is not None:
+            self.data.move_to_end(key)
+        return v
+
+    def put(self, key, value) -> None:
+        self.data[key] = value
+        self.data.move_to_end(key)
+        while len(self.data) > self.size:
+            self.data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+class Clock:
+    """CLOCK: a ring of slots with a reference bit each; a hit sets the bit, an insert into
+    a full ring advances the hand, clearing set bits, and evicts the first clear slot."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.keys: list = []
+        self.values: list = []
+        self.ref: list[bool] = []
+        self.index: dict = {}
+        self.hand = 0
+
+    def get(self, key):
+        i = self.index.get(key)
+        if i is None:
+            return None
+        self.ref[i] = True
+        return self.values[i]
+
+    def put(self, key, value) -> None:
+        i = self.index.get(key)
+        if i is not None:
+            self.values[i] = value
+            self.ref[i] = True
+            return
+        if len(self.keys) < self.size:
+            self.index[key] = len(self.keys)
+            self.keys.append(key)
+            self.values.append(value)
+            self.ref.append(False)
+            return
+        while self.ref[self.hand]:
+            self.ref[self.hand] = False
+            self.hand = (self.hand + 1) % self.size
+        i = self.hand
+        del self.index[self.keys[i]]
+        self.keys[i], self.values[i], self.ref[i] = key, value, False
+        self.index[key] = i
+        self.hand = (i + 1) % self.size
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+class CachedOperator(BoundOperator):
+    """A bound map behind a prediction cache; counts hits and misses (reported to the
+    gateway's /metrics with the stage's trace entry, ``take_counts``)."""
+
+    def __init__(self, inner: BoundOperator, spec: CacheSpec):
+        super().__init__(inner.op, inner.name)
+        self.inner = inner
+        self.spec = spec
+        self.entries = Clock(spec.size) if spec.policy == "clock" else LRU(spec.size)
+        self.lock = threading.Lock()
+        self.hits = self.misses = 0
+        self._reported = (0, 0)
+
+    def __call__(self, inputs, store=None):
+        (table,) = inputs
+        n = len(table)
+        if n == 0:
+            return self.inner(inputs, store)
+        keys = row_keys(table, self.op.col)
+        with self.lock:
+            found = [self.entries.get(k) for k in keys]
+        miss = [i for i, v in enumerate(found) if v is None]
+        computed = None
+        if miss:
+            first: dict = {}  # a key missed twice in one call is computed once
+            for i in miss:
+                first.setdefault(keys[i], i)
+            todo = list(first.values())
+            sub = table if len(todo) == n else table.take(np.asarray(todo, dtype=np.int64))
+            computed = self.inner([sub], store)
+            fresh = {keys[i]: computed.take(np.asarray([j])) for j, i in enumerate(todo)}
+            with self.lock:
+                for key, row in fresh.items():
+                    self.entries.put(key, row)
+            for i in miss:
+                found[i] = fresh[keys[i]]
+            miss = todo
+            if len(todo) == n:
+                with self.lock:
+                    self.misses += n
+                return computed
+        with self.lock:
+            self.hits += n - len(miss)
+            self.misses += len(miss)
+        out = Table.concat(found)
+        return Table({c: out.column(c) for c in out.columns}, table.qid)
+
+    def take_counts(self) -> tuple[int, int]:
+        """(hits, misses) since the last call: what this stage's next trace entry reports."""
+        with self.lock:
+            h, m = self.hits, self.misses
+            rh, rm = self._reported
+            self._reported = (h, m)
+        return h - rh, m - rm
+
+
+def wrap(bound: BoundOperator) -> BoundOperator:
+    """``bound`` behind a prediction cache if its operator asks for one, else as it is."""
+    spec = getattr(bound.op, "cache", None)
+    return bound if spec is None else CachedOperator(bound, spec)

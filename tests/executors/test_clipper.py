@@ -1,0 +1,274 @@
+"""Clipper's layer on the real local cluster (flow/clipper.py, executors/clipper.py):
+prediction cache, deadline answers, reactive hedging, selection with feedback. Each
+deployed answer is compared with flow.run's."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+
+from executors.clipper import BACKUP, Hedger
+from executors.prediction_cache import CachedOperator, Clock
+from flow import CacheSpec, Flow, FlowValueError, current_store, feedback
+from flow.clipper import record_key, weights_key
+from flow.table import Table
+from tests.executors.conftest import unique
+
+
+def _metric(http, cluster, name: str, **labels) -> float:
+    text = http.get(f"{cluster.url}/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+# -- prediction cache -------------------------------------------------------------------
+
+
+class Counted:
+    """y = 2x, and how many calls this replica had made (a hit returns the old count)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, row):
+        self.calls += 1
+        return row.x * 2, self.calls
+
+
+def test_cache_unit_clock_evicts_unreferenced_first():
+    c = Clock(2)
+    c.put("a", 1)
+    c.put("b", 2)
+    assert c.get("a") == 1  # a referenced: b goes first
+    c.put("c", 3)
+    assert c.get("b") is None and c.get("a") == 1 and c.get("c") == 3
+
+
+def test_cached_operator_same_rows_as_uncached():
+    f = Flow(unique("cache-unit"), schema={"x": int})
+    node = f.map(lambda r: r.x + 1, names=["y"], cache=CacheSpec(size=2, policy="lru"))
+    bound = node.op.instantiate()
+    cached = CachedOperator(bound, node.op.cache)
+    t = Table.from_any([{"x": v} for v in [1, 2, 1, 3, 1]])
+    first = cached([t]).to_pylist()
+    again = cached([Table.from_any([{"x": 1}, {"x": 3}], qid=[7, 8])]).to_pylist()
+    assert first == bound([t]).to_pylist()
+    assert again == [{"qid": 7, "y": 2}, {"qid": 8, "y": 4}]
+    # first call: 1, 2, 3 computed, the two repeats of 1 hit; size 2 evicted 1 (LRU), so
+    # the second call misses 1 and hits 3
+    assert cached.take_counts() == (2 + 1, 3 + 1)
+    assert cached.take_counts() == (0, 0)
+
+
+def test_cache_deployed_hits_and_metrics(cluster, http):
+    f = Flow(unique("cache"), schema={"x": int})
+    f.map(Counted, names=["y", "calls"], cache=True)
+    rows = [{"x": 1}, {"x": 2}, {"x": 1}, {"x": 1}]
+    d = f.deploy(cluster)
+    try:
+        out = d.invoke(rows).to_pylist()
+        assert [r["y"] for r in out] == [r["y"] for r in f.run(rows).to_pylist()]
+        assert out[0]["calls"] == out[2]["calls"] == out[3]["calls"]  # computed once, served from the cache
+        again = d.invoke([{"x": 1}]).to_pylist()
+        assert again[0]["y"] == 2
+        hits = _metric(http, cluster, "flowserve_prediction_cache_lookups_total", flow=f.name, result="hit")
+        misses = _metric(http, cluster, "flowserve_prediction_cache_lookups_total", flow=f.name, result="miss")
+        assert hits >= 2 and misses >= 2
+    finally:
+        d.undeploy()
+
+
+def test_cache_is_empty_after_redeploy(cluster):
+    f = Flow(unique("cache-redeploy"), schema={"x": int})
+    f.map(Counted, names=["y", "calls"], cache=True)
+    d = f.deploy(cluster)
+    d.invoke([{"x": 5}] * 3)
+    d2 = f.deploy(cluster)  # a new version: new replicas, new caches
+    try:
+        out = d2.invoke([{"x": 5}]).to_pylist()
+        assert out[0]["calls"] == 1
+    finally:
+        d2.undeploy()
+
+
+# -- deadline answers --------------------------------------------------------------------
+
+
+def fast(row):
+    return row.x
+
+
+def slow(row):
+    time.sleep(3)
+    return row.x + 100
+
+
+def combine(answers):
+    got = [a.v for a in answers if a is not None]
+    return sum(got), len(got)
+
+
+def _ensemble(deadline_ms):
+    f = Flow(unique("ens"), schema={"x": int})
+    a = f.map(fast, names=["v"])
+    b = f.map(slow, names=["v"])
+    a.ensemble(b, fn=combine, names=["total", "answered"], deadline_ms=deadline_ms)
+    return f
+
+
+def test_ensemble_flow_run_waits_for_all():
+    f = _ensemble(50)
+    assert f.run([{"x": 1}]).to_pylist() == [{"qid": 0, "total": 102, "answered": 2, "missing": ""}]
+
+
+def test_ensemble_answers_at_deadline_ms(cluster):
+    f = _ensemble(300)
+    d = f.deploy(cluster)
+    try:
+        t0 = time.monotonic()
+        out = d.invoke([{"x": 1}, {"x": 2}]).to_pylist()
+        took = time.monotonic() - t0
+        assert [(r["total"], r["answered"], r["missing"]) for r in out] == [(1, 1, "slow"), (2, 1, "slow")]
+        assert took < 2.5  # the slow member takes 3 s
+    finally:
+        d.undeploy()
+
+
+def test_ensemble_answers_at_request_deadline(cluster, http):
+    f = _ensemble(None)
+    d = f.deploy(cluster)
+    try:
+        t0 = time.monotonic()
+        r = http.post(f"{d.url}", json=[{"x": 4}], headers={"X-Request-Timeout": "1"})
+        took = time.monotonic() - t0
+        assert r.status_code == 200, r.text
+        (row,) = r.json()["rows"]
+        assert (row["total"], row["answered"], row["missing"]) == (4, 1, "slow")
+        assert took < 2.5
+    finally:
+        d.undeploy()
+
+
+# -- hedging ---------------------------------------------------------------------------------
+
+
+class SlowOnOne:
+    """The replica that runs first becomes slow (2 s a call); the others answer at once."""
+
+    def __init__(self):
+        self.slow = None
+
+    def __call__(self, row):
+        if self.slow is None:
+            self.slow = bool(current_store().redis.set("hedge-slow:", os.getpid(), nx=True))
+        if self.slow:
+            time.sleep(2)
+        return row.x * 3
+
+
+def test_hedge_plan_and_explain():
+    f = Flow(unique("hedge-plan"), schema={"x": int})
+    f.map(fast, names=["x"]).map(SlowOnOne, names=["y"], hedge="p90").map(fast, names=["z"], col="y")
+    text = f.explain()
+    assert "hedging       a backup copy to another replica after its observed p90 latency" in text
+    assert text.count("stage ") == 3  # the hedged operator has a stage of its own
+    with pytest.raises(FlowValueError, match="hedge="):
+        f.map(fast, names=["q"], hedge="fast")
+
+
+def test_hedge_backup_answers_when_primary_straggles(cluster, http):
+    cluster.kvs.delete("hedge-slow:")
+    f = Flow(unique("hedge"), schema={"x": int})
+    f.map(SlowOnOne, names=["y"], hedge=0.1)
+    d = f.deploy(cluster)
+    try:
+        took = []
+        for i in range(6):
+            t0 = time.monotonic()
+            out = d.invoke([{"x": i}]).to_pylist()
+            took.append(time.monotonic() - t0)
+            assert out[0]["y"] == 3 * i
+        assert max(took) < 1.5, took  # without hedging, requests routed to the slow replica take 2 s
+        sent = _metric(http, cluster, "flowserve_hedges_total", flow=f.name, outcome="sent")
+        won = _metric(http, cluster, "flowserve_hedges_total", flow=f.name, outcome="won")
+        assert sent >= 1 and won >= 1
+    finally:
+        d.undeploy()
+        cluster.kvs.delete("hedge-slow:")
+
+
+def test_hedger_percentile_waits_for_samples():
+    h = Hedger("p50", "ipc:///nowhere", lambda *a: None)
+    assert h.delay_s() is None
+    h.recent.extend([10.0] * 30)
+    assert h.delay_s() == pytest.approx(0.01)
+    assert BACKUP == 1
+
+
+# -- selection with feedback -----------------------------------------------------------------
+
+
+def right(row):
+    return row.x % 5
+
+
+def wrong(row):
+    return (row.x + 1) % 5
+
+
+def also_right(row):
+    return row.x % 5
+
+
+def test_select_flow_run_deterministic_and_feedback():
+    f = Flow(unique("sel-local"), schema={"x": int})
+    f.select([right, wrong], names=["y"], policy="exp3", seed=7)
+    kv: dict = {}
+    rows = [{"x": i} for i in range(40)]
+    first = f.run(rows, kvs=dict(kv)).to_pylist()
+    assert first == f.run(rows, kvs=dict(kv)).to_pylist()
+    out = f.run(rows, kvs=kv).to_pylist()
+    for r in out:
+        feedback(kv, f, r["qid"], label=r["qid"] % 5)
+    (w,) = [json.loads(v) for k, v in kv.items() if ":w:" in k]
+    assert w[0] > w[1]  # the right model gained weight
+
+
+def test_select_default_below_threshold():
+    f = Flow(unique("sel-thr"), schema={"x": int})
+    f.select([right, wrong, also_right], names=["y"], policy="exp4", threshold=0.9, default=-1)
+    out = f.run([{"x": 3}]).to_pylist()
+    assert out == [{"qid": 0, "y": -1, "confidence": pytest.approx(2 / 3)}]
+
+
+def test_select_deployed_feedback_moves_weights(cluster, http):
+    f = Flow(unique("sel"), schema={"x": int})
+    s = f.select([right, wrong, also_right], names=["y"], policy="exp4")
+    d = f.deploy(cluster)
+    try:
+        rows = [{"x": i} for i in range(6)]
+        ans = d.call(rows)
+        assert ans.table.to_pylist() == [dict(r, qid=int(q)) for r, q in zip(f.run(rows).to_pylist(), ans.input_qids)]
+        for q, row in zip(ans.input_qids.tolist(), rows):
+            r = http.post(f"{d.url}/feedback", json={"qid": q, "label": row["x"] % 5})
+            assert r.status_code == 200, r.text
+        w = cluster.kvs.get(weights_key(s.op.prefix, None))
+        assert w[1] < w[0] == w[2]
+        again = http.post(f"{d.url}/feedback", json={"qid": int(ans.input_qids[0]), "label": 0})
+        assert again.status_code == 404 and again.json()["error"] == "FeedbackError"
+        bad = http.post(f"{d.url}/feedback", json={"qid": 1, "reward": 3})
+        assert bad.status_code == 400 and "reward" in bad.json()["message"]
+        assert cluster.kvs.get(record_key(s.op.prefix, int(ans.input_qids[0])), None) is None
+        # the next answers use the learned weights, as flow.run does with the same store
+        store = {weights_key(s.op.prefix, None): json.dumps(w)}
+        assert d.invoke([{"x": 9}]).to_pylist()[0]["y"] == f.run([{"x": 9}], kvs=store).to_pylist()[0]["y"] == 4
+        assert np.isfinite(w).all()
+    finally:
+        d.undeploy()
