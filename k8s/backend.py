@@ -717,7 +717,8 @@ class KubernetesCluster:
         key = self.read_secret(self.config.cluster_key_secret_name, "key")  # the plan is signed with it
         client = self._client_for(url, kvs, admin, token, key)
         try:
-            return client.deploy(flow, optimize=optimize, rules=rules, options=options, timeout_s=timeout_s)
+            extra = {} if timeout_s is None else {"timeout_s": timeout_s}
+            return client.deploy(flow, optimize=optimize, rules=rules, options=options, **extra)
         except Exception as e:
             if _unreachable(e):
                 raise K8sUnreachableError(self._unreachable_message(flow, url, kvs, e)) from e
