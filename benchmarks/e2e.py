@@ -273,7 +273,7 @@ def run(argv=None) -> dict:
         type=int,
         default=1,
         help="executor processes of our local cluster (default 1: with the gateway, the two processes "
-        "the floor's one is compared with; the cluster's own default is one per core, at least 2)",
+        "the floor's one is compared with; the cluster's own default is one per core but the gateway's, at least 1)",
     )
     p.add_argument(
         "--ray-python",

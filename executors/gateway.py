@@ -573,14 +573,50 @@ class InvokeFastPath:
 
 
 async def _send(send, status: int, body: bytes, extra: list) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-length", str(len(body)).encode()), *extra],
-        }
-    )
+    start = {
+        "type": "http.response.start",
+        "status": status,
+        "headers": [(b"content-length", str(len(body)).encode()), *extra],
+    }
+    cycle = getattr(send, "__self__", None)
+    if len(body) <= _ONE_WRITE_BYTES and type(cycle).__module__.startswith("uvicorn.protocols.http"):
+        # uvicorn writes the head and the body with one system call each, and the client
+        # may wake up for each: a small answer leaves in one write (a shim holds the head
+        # back until the body comes; uvicorn's own bookkeeping runs as usual)
+        real = cycle.transport
+        cycle.transport = _OneWrite(real)
+        try:
+            await send(start)
+            await send({"type": "http.response.body", "body": body})
+        finally:
+            cycle.transport = real
+        return
+    await send(start)
     await send({"type": "http.response.body", "body": body})
+
+
+_ONE_WRITE_BYTES = 64 * 1024  # bigger bodies go as they are: joining would copy them
+
+
+class _OneWrite:
+    """A transport that holds the first write (the response head) and sends it with the
+    next one (the body) as one buffer; everything else goes to the real transport."""
+
+    __slots__ = ("_real", "_head")
+
+    def __init__(self, real):
+        self._real = real
+        self._head = None
+
+    def write(self, data) -> None:
+        if self._head is None:
+            self._head = data
+        else:
+            head, self._head = self._head, b""
+            self._real.write(head + data if head else data)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
 
 
 def make_app(gateway: Gateway, on_startup=(), on_shutdown=()) -> InvokeFastPath:
