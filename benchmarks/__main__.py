@@ -19,6 +19,8 @@ BENCHMARKS = {
     "locality": "100 objects of 8 KB-8 MB read by per-row lookups: naive, fusion, fusion + continuations",
     "batching": "one CNN operator at batch 1-40: in-process through the batching path, and over HTTP",
     "messages": "one request's run message built, encoded, decoded and read: ns per message; wire vs Arrow IPC",
+    "hop": "one 10 MB Table between two processes: through the socket vs shared memory (fresh, forwarded)",
+    "bigpayload": "10 MB through a fused 10-stage chain over HTTP vs a bare HTTP echo of the same bytes",
     "soak": "N requests at concurrency C while kill -9, hangs, poison inputs and redeploys are injected",
 }
 

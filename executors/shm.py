@@ -7,8 +7,9 @@ length) in its place and the segment's descriptor in the same ``sendmsg``; the r
 maps the segment read-only and hands the frame on as a memoryview of the mapping, so
 ``np.frombuffer`` in wire.py builds the column on it without a copy.
 
-A frame that already lies in a received segment (a stage passing its input on, a Table
-the gateway got back from an executor) is sent as a reference to that same segment: no
+A frame that already lies in a segment (a stage passing its input on, a Table the
+gateway got back from an executor, an Arrow request body the gateway read into one) is
+sent as a reference to that same segment: no
 copy at all. Any other frame is copied once into a fresh segment (over the socket it was
 copied four times: into the kernel and out of it, there and back).
 
@@ -27,7 +28,9 @@ import weakref
 
 import numpy as np
 
-SHM_MIN_BYTES = 1 << 20  # below this a socket copy is cheaper than a segment (syscalls, page faults)
+# below this a socket copy is cheaper than a segment (syscalls, page faults); the
+# environment may move it (benchmarks turn shared memory off with a size out of reach)
+SHM_MIN_BYTES = int(os.environ.get("FLOWSERVE_SHM_MIN_BYTES", 1 << 20))
 MAX_FDS = 64  # descriptors one read may bring (the ancillary buffer's room)
 
 
@@ -52,10 +55,7 @@ def map_segment(fd: int, size: int) -> SharedMap:
     except BaseException:
         os.close(fd)
         raise
-    m.fd = fd
-    m.addr = np.frombuffer(m, dtype=np.uint8).__array_interface__["data"][0]
-    weakref.finalize(m, os.close, fd)
-    return m
+    return _own(m, fd)
 
 
 def new_segment(data: memoryview) -> tuple[int, int]:
@@ -75,25 +75,44 @@ def new_segment(data: memoryview) -> tuple[int, int]:
 
 
 def find_shared(view: memoryview) -> tuple[SharedMap, int] | None:
-    """The segment ``view``'s bytes already lie in and their offset there, or None.
+    """The live segment of this process that ``view``'s bytes lie in, and their offset
+    there; None if they are in private memory.
 
-    Follows what the buffer was made from (memoryview -> numpy array -> ... -> mapping),
-    as wire.py builds columns on received frames."""
-    obj = view.obj
-    for _ in range(16):
-        if isinstance(obj, SharedMap):
-            try:
-                start = np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]
-            except (ValueError, TypeError):
-                return None
-            offset = start - obj.addr
-            if 0 <= offset and offset + view.nbytes <= len(obj):
-                return obj, offset
-            return None
-        if isinstance(obj, np.ndarray):
-            obj = obj.base
-        elif isinstance(obj, memoryview):
-            obj = obj.obj
-        else:
-            return None
+    By address, among the mappings alive in this process (a few: the big payloads in
+    flight), so it finds them whatever the buffer was made from: a numpy column built on
+    a received frame, an Arrow buffer of a request body read into a segment, a slice."""
+    if not _LIVE:
+        return None
+    try:
+        start = np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]
+    except (ValueError, TypeError):
+        return None
+    end = start + view.nbytes
+    for segment in list(_LIVE):
+        if segment.addr <= start and end <= segment.addr + len(segment):
+            return segment, start - segment.addr
     return None
+
+
+def writable_segment(size: int) -> SharedMap:
+    """A fresh segment of ``size`` bytes mapped writable (e.g. a request body read
+    straight into it), its descriptor owned by the mapping."""
+    fd = os.memfd_create("flowserve", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+        m = SharedMap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return _own(m, fd)
+
+
+def _own(m: SharedMap, fd: int) -> SharedMap:
+    m.fd = fd
+    m.addr = np.frombuffer(m, dtype=np.uint8).__array_interface__["data"][0]
+    weakref.finalize(m, os.close, fd)
+    _LIVE.add(m)
+    return m
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # this process's mapped segments
