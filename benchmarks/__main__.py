@@ -21,6 +21,8 @@ BENCHMARKS = {
     "messages": "one request's run message built, encoded, decoded and read: ns per message; wire vs Arrow IPC",
     "slo": "SLO serving: simulator vs the local cluster (validate); planner+tuner vs fused-for-peak vs autoscaler",
     "clipper": "prediction cache (Zipf), ensemble deadline answers, hedging vs racing, Exp3/Exp4 on drifting digits",
+    "hop": "one 10 MB Table between two processes: through the socket vs shared memory (fresh, forwarded)",
+    "bigpayload": "10 MB through a fused 10-stage chain over HTTP vs a bare HTTP echo of the same bytes",
     "soak": "N requests at concurrency C while kill -9, hangs, poison inputs and redeploys are injected",
     "large_requests": "5/50 MB JSON and 200 MB Arrow bodies: time, gateway memory / body, other clients' p99",
 }

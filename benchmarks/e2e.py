@@ -8,7 +8,11 @@ them alike; ratios are the medians of the per-rep ratios. Ray Serve, 40x slower,
 measured in a second phase against FlowServe optimized (its idle processes would disturb
 the others).
 
-    python -m benchmarks e2e [--seconds 3] [--reps 8] [--executors 1] [--ray-python /tmp/rayenv/bin/python]
+    python -m benchmarks e2e [--seconds 3] [--reps 8] [--executors N] [--peers ray,litserve,bentoml]
+
+Phase 1: the floor, FlowServe optimized in the cluster's default shape (what flow.deploy()
+gives), the same with a hand-picked shape (--shape, default 2 executors), unoptimized.
+Then each peer alone beside FlowServe optimized (their own venvs, requirements-peers.txt).
     python -m benchmarks e2e --baseline /tmp/base   # A/B: this tree against another checkout
 """
 
@@ -21,6 +25,7 @@ import os
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -125,7 +130,7 @@ class Floor(_ServerProcess):
 
 
 class Ours:
-    def __init__(self, optimize: bool, executors: int = 1, busy_poll_ms: float | None = None):
+    def __init__(self, optimize: bool, executors: int | None = None, busy_poll_ms: float | None = None):
         self.optimize = optimize
         self.executors = executors
         self.busy_poll_ms = busy_poll_ms  # None: the cluster's default
@@ -137,7 +142,9 @@ class Ours:
         from executors import ClusterConfig, LocalCluster
 
         extra = {} if self.busy_poll_ms is None else {"busy_poll_ms": self.busy_poll_ms}
-        self.cluster = LocalCluster(ClusterConfig(executors=self.executors, **extra)).start()
+        if self.executors is not None:  # None: the cluster's default shape
+            extra["executors"] = self.executors
+        self.cluster = LocalCluster(ClusterConfig(**extra)).start()
         self.deployments = {
             f.name: self.cluster.deploy(f, optimize=self.optimize) for f in (ensemble_flow(), cascade_flow())
         }
@@ -157,7 +164,7 @@ class OursAt(Ours):
     other tree first, and the flows are deployed by that tree's own client (a subprocess):
     a plan pickled by this tree need not unpickle there (modules move between commits)."""
 
-    def __init__(self, tree: str, executors: int = 1):
+    def __init__(self, tree: str, executors: int | None = None):
         super().__init__(True, executors)
         self.tree = os.path.abspath(tree)
         self.name = f"flowserve optimized @ {os.path.basename(self.tree)}"
@@ -170,7 +177,7 @@ class OursAt(Ours):
         # the other tree's ClusterConfig may not know this tree's newer fields: send only its own
         src = open(os.path.join(self.tree, "executors", "config.py")).read()
         known = set(re.findall(r"^    (\w+): [^=\n]+=", src.split("class ClusterConfig", 1)[1], re.M))
-        config = ClusterConfig(executors=self.executors)
+        config = ClusterConfig(**({} if self.executors is None else {"executors": self.executors}))
         doc = {k: v for k, v in config.to_json().items() if k in known}
         here = os.getcwd()
         os.chdir(self.tree)  # LocalCluster puts the cwd first on its processes' PYTHONPATH
@@ -246,6 +253,66 @@ class RayServe(_ServerProcess):
         subprocess.run([self.python, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
 
 
+class LitServe(_ServerProcess):
+    name = "litserve"
+
+    def __init__(self, python: str):
+        self.python = python
+
+    def __enter__(self):
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [self.python, str(ROOT / "benchmarks" / "litserve_server.py"), "--port", str(self.port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=ROOT,
+            start_new_session=True,  # its API server and worker processes go with it
+        )
+        for line in self.proc.stdout:
+            if line.startswith("READY"):
+                break
+        return self
+
+    def __exit__(self, *exc):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, 15)
+        self.proc.wait()
+
+
+class BentoML(_ServerProcess):
+    name = "bentoml"
+
+    def __init__(self, python: str):
+        self.python = python
+
+    def __enter__(self):
+        self.port = free_port()
+        bentoml = str(Path(self.python).parent / "bentoml")
+        self.proc = subprocess.Popen(
+            [bentoml, "serve", "benchmarks.bentoml_server:Pipelines", "--port", str(self.port), "--host", "127.0.0.1"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=str(ROOT), BENTOML_DO_NOT_TRACK="true"),
+            start_new_session=True,
+        )
+        return self  # measure_side_by_side waits until it answers
+
+    def __exit__(self, *exc):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, 15)
+        self.proc.wait()
+
+
+# a peer: (its class, the option naming its Python, the environment variable, the default venv)
+PEERS = {
+    "ray": (RayServe, "ray_python", "RAY_PYTHON", "/tmp/peer-ray/bin/python"),
+    "litserve": (LitServe, "litserve_python", "LITSERVE_PYTHON", "/tmp/peer-litserve/bin/python"),
+    "bentoml": (BentoML, "bentoml_python", "BENTOML_PYTHON", "/tmp/peer-bentoml/bin/python"),
+}
+
+
 # -- the run -------------------------------------------------------------------------------------
 
 
@@ -291,17 +358,33 @@ def run(argv=None) -> dict:
         help="reps over all systems; medians of the figures and of each rep's ratios (default 8)",
     )
     p.add_argument(
+        "--shape",
+        type=int,
+        default=2,
+        help="executors of the hand-picked shape measured beside the default one (default 2; 0: none)",
+    )
+    p.add_argument("--busy-poll-off", action="store_true", help="also measure FlowServe with busy_poll_ms=0")
+    p.add_argument(
         "--executors",
         type=int,
-        default=1,
-        help="executor processes of our local cluster (default 1: with the gateway, the two processes "
-        "the floor's one is compared with; the cluster's own default is one per core, at least 2)",
+        default=None,
+        help="executor processes of our local cluster (default: the cluster's own default shape, one per "
+        "core but the gateway's, at least 1)",
     )
+    for peer, (_cls, dest, env, default) in PEERS.items():
+        p.add_argument(
+            f"--{peer}-python",
+            dest=dest,
+            default=os.environ.get(env, default),
+            help=f"a Python with {peer} and torch, its own venv (benchmarks/requirements-peers.txt); "
+            f"skipped if missing (default ${env} or {default})",
+        )
     p.add_argument(
-        "--ray-python",
-        default=os.environ.get("RAY_PYTHON", "/tmp/rayenv/bin/python"),
-        help="a Python with ray[serve] and torch (benchmarks/requirements-peers.txt); skipped if missing",
+        "--peers",
+        default=",".join(PEERS),
+        help="peers to measure, each in a phase of its own beside FlowServe optimized (default: all; '' for none)",
     )
+    p.add_argument("--peer-reps", type=int, default=None, help="reps per peer phase (default: reps // 3, at least 2)")
     p.add_argument(
         "--baseline",
         default=None,
@@ -314,21 +397,34 @@ def run(argv=None) -> dict:
     if args.baseline:
         systems = [Floor(), ours, OursAt(args.baseline, args.executors)]
     else:
-        systems = [Floor(), ours, Ours(True, args.executors, busy_poll_ms=0), Ours(False, args.executors)]
+        systems = [Floor(), ours]
+        if args.shape:
+            hand = Ours(True, args.shape)
+            hand.name = f"flowserve optimized, {args.shape} executors"
+            systems.append(hand)
+        if args.busy_poll_off:
+            systems.append(Ours(True, args.executors, busy_poll_ms=0))
+        systems.append(Ours(False, args.executors))
     progress(f"phase 1: {', '.join(s.name for s in systems)}")
     reps = measure_side_by_side(systems, args.seconds, args.reps)
-    if args.baseline:
-        ray_reps = []
-    elif os.path.exists(args.ray_python):
-        progress("phase 2: ray serve against flowserve optimized")
-        ray_reps = measure_side_by_side([RayServe(args.ray_python), ours], args.seconds, max(2, args.reps // 3))
-    else:
-        progress(f"Ray Serve skipped: {args.ray_python} not found")
-        ray_reps = []
-    names = [s.name for s in systems] + ([RayServe.name] if ray_reps else [])
-    by_system = {n: [r[n] for r in reps] for n in names if n != RayServe.name}
-    if ray_reps:
-        by_system[RayServe.name] = [r[RayServe.name] for r in ray_reps]
+    # each peer alone beside ours: their idle processes must not tax the others
+    peer_reps: dict[str, list] = {}
+    for peer in [] if args.baseline else [p for p in args.peers.split(",") if p]:
+        cls, dest, _env, _default = PEERS[peer]
+        python = getattr(args, dest)
+        if not os.path.exists(python):
+            progress(f"{cls.name} skipped: {python} not found")
+            continue
+        progress(f"phase: {cls.name} against flowserve optimized")
+        peer_reps[cls.name] = measure_side_by_side(
+            [cls(python), ours], args.seconds, args.peer_reps or max(2, args.reps // 3)
+        )
+    ray_reps = [r for rs in peer_reps.values() for r in rs]
+    names = [s.name for s in systems]
+    by_system = {n: [r[n] for r in reps] for n in names}
+    for name, rs in peer_reps.items():
+        by_system[name] = [r[name] for r in rs]
+        by_system[f"flowserve optimized (beside {name})"] = [r["flowserve optimized"] for r in rs]
     results = {name: _median(rs) for name, rs in by_system.items()}
     # the machine's speed drifts between minutes: compare systems within a rep, where
     # they ran side by side, and report the median of those ratios
@@ -348,7 +444,7 @@ def run(argv=None) -> dict:
             "ratios": ratios,
             "ratios_per_rep": per_rep,
             "per_rep": reps,
-            "ray_per_rep": ray_reps,
+            "peer_per_rep": peer_reps,
         },
     )
     if not args.baseline:
@@ -368,10 +464,20 @@ def _median(rounds: list[dict]) -> dict:
 
 def _ratios(results: dict) -> dict:
     floor, opt = results.get(Floor.name), results.get("flowserve optimized")
-    ray, unpolled = results.get(RayServe.name), results.get("flowserve optimized, busy_poll_ms=0")
+    unpolled = results.get("flowserve optimized, busy_poll_ms=0")
     base = next((v for k, v in results.items() if k.startswith("flowserve optimized @ ")), None)
     out = {}
+    hand = next(
+        (v for k, v in results.items() if k.startswith("flowserve optimized, ") and k.endswith(" executors")), None
+    )
     for flow in FLOWS:
+        if opt and hand:
+            out[f"{flow}: default shape / hand-picked shape throughput at c=8"] = (
+                opt[f"{flow}/c8"]["rps"] / hand[f"{flow}/c8"]["rps"]
+            )
+            out[f"{flow}: default shape / hand-picked shape p50 at c=1"] = (
+                opt[f"{flow}/c1"]["p50_ms"] / hand[f"{flow}/c1"]["p50_ms"]
+            )
         if opt and base:
             out[f"{flow}: this tree / baseline throughput at c=8"] = (
                 opt[f"{flow}/c8"]["rps"] / base[f"{flow}/c8"]["rps"]
@@ -387,10 +493,15 @@ def _ratios(results: dict) -> dict:
             out[f"{flow}: busy polling off / floor p50 at c=1"] = (
                 unpolled[f"{flow}/c1"]["p50_ms"] / floor[f"{flow}/c1"]["p50_ms"]
             )
-        if opt and ray:
-            out[f"{flow}: optimized / ray serve throughput at c=8"] = (
-                opt[f"{flow}/c8"]["rps"] / ray[f"{flow}/c8"]["rps"]
-            )
+        for peer in (RayServe, LitServe, BentoML):
+            other = results.get(peer.name)
+            if opt and other:
+                out[f"{flow}: optimized / {peer.name} throughput at c=8"] = (
+                    opt[f"{flow}/c8"]["rps"] / other[f"{flow}/c8"]["rps"]
+                )
+                out[f"{flow}: optimized / {peer.name} p50 at c=1"] = (
+                    opt[f"{flow}/c1"]["p50_ms"] / other[f"{flow}/c1"]["p50_ms"]
+                )
     return out
 
 

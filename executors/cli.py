@@ -328,7 +328,9 @@ def add_runtime_commands(p: argparse.ArgumentParser, sub) -> None:
     p.add_argument("--dir", default=str(DEFAULT_DIR), help=f"cluster directory (default {DEFAULT_DIR})")
 
     up = sub.add_parser("up", help="start a local cluster in the background")
-    up.add_argument("--executors", type=int, help="executor processes (default: one per core, at least 2)")
+    up.add_argument(
+        "--executors", type=int, help="executor processes (default: one per core but the gateway's, at least 1)"
+    )
     up.add_argument("--host", default="127.0.0.1", help="gateway bind address (default 127.0.0.1)")
     up.add_argument("--port", type=int, default=8000, help="gateway port (default 8000; 0 for a free one)")
     up.add_argument("--token", help="require this bearer token on /flows calls")

@@ -66,9 +66,24 @@ def _token(value, name: str):
     return value
 
 
-def default_executors() -> int:
-    """One executor per core, at least two."""
-    return max(2, os.cpu_count() or 2)
+def machine_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. a container's cpuset),
+    not the host's count."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_executors(cores: int | None = None) -> int:
+    """One executor per core but the one the gateway needs, at least one.
+
+    The gateway's event loop takes about a core under load (HTTP, JSON, routing), so on
+    2 cores a second executor only fights the gateway and the first executor for the CPUs:
+    measured side by side on the Ensemble (benchmarks/README.md, "Default shape"), 2 cores
+    served more with 1 executor than with 2."""
+    cores = machine_cores() if cores is None else cores
+    return max(1, cores - 1)
 
 
 @dataclass(frozen=True)
@@ -77,7 +92,7 @@ class ClusterConfig(Config):
 
     host/port: where the gateway listens (default 127.0.0.1 and a free port; bind
         0.0.0.0 only on purpose, and then set ``token``).
-    executors: CPU executor processes (default: one per core, at least 2).
+    executors: CPU executor processes (default: one per core but the gateway's, at least 1).
     gpu_executors: GPU-class executor processes (default 0; stages with gpu=True then
         run on CPU executors, with a warning).
     threads: worker threads per executor.

@@ -36,6 +36,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from executors import shm
 from executors.dispatcher import DeployedFlow, Dispatcher, RequestFailed
 from executors.docs_page import docs_routes
 from executors.errors import (
@@ -159,7 +160,7 @@ class Gateway:
             return _error_body(
                 http_error("PayloadTooLarge", f"body of {declared} bytes is over the limit of {self.max_body_bytes}")
             )
-        body = await _read_body(receive, self.max_body_bytes)
+        body = await _read_body(receive, self.max_body_bytes, _shared_size(headers, declared))
         if body is None:
             return _error_body(http_error("PayloadTooLarge", f"body is over the limit of {self.max_body_bytes} bytes"))
         t0 = time.perf_counter()
@@ -484,18 +485,36 @@ def describe(f: DeployedFlow, dispatcher: Dispatcher, scaling_status=None, slo=N
     return out
 
 
-async def _read_body(receive, limit: int) -> bytes | bytearray | None:
+def _shared_size(headers: dict, declared: str | None) -> int | None:
+    """The size to read an Arrow body of into shared memory (shm.py), or None: its tensor
+    columns then go to the executors as references to the body's own bytes, no copy."""
+    if declared is None or not declared.isdigit() or int(declared) < shm.SHM_MIN_BYTES:
+        return None
+    return int(declared) if headers.get("content-type", "").startswith(ARROW) else None
+
+
+async def _read_body(receive, limit: int, shared: int | None = None) -> bytes | bytearray | memoryview | None:
     """The request body, or None once it grows over ``limit`` bytes. A body in one piece
     (most) is returned as it came; pieces are gathered into one growing buffer, so a big
-    body never exists twice (a list of pieces joined at the end would need twice its size)."""
+    body never exists twice (a list of pieces joined at the end would need twice its size).
+    ``shared``: the declared size of a body to gather into a shared-memory segment."""
     first: bytes | None = None
     buf: bytearray | None = None
     size = 0
+    segment = shm.writable_segment(shared) if shared and shared <= limit else None
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             break
         chunk = message.get("body", b"")
+        if segment is not None and size + len(chunk) <= len(segment):
+            segment[size : size + len(chunk)] = chunk
+            size += len(chunk)
+            if not message.get("more_body", False):
+                return memoryview(segment)[:size].toreadonly()
+            continue
+        if segment is not None:  # more than declared (uvicorn refuses that): as any body
+            first, segment = bytes(segment[:size]), None
         size += len(chunk)
         if size > limit:
             return None

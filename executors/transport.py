@@ -38,7 +38,10 @@ import os
 import socket
 import struct
 import threading
+from array import array
 from collections import deque
+
+from executors import shm
 
 log = logging.getLogger("flowserve.transport")
 
@@ -46,6 +49,7 @@ MAX_FRAMES = 4096
 MAX_MESSAGE_BYTES = 2 << 30
 _COUNT = struct.Struct("<I")
 _LEN = struct.Struct("<Q")
+_ANC_SPACE = socket.CMSG_SPACE(shm.MAX_FDS * array("i").itemsize)
 
 
 class TransportError(OSError):
@@ -98,12 +102,75 @@ def _tune(sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-def encode(frames) -> list:
-    """The buffers that put ``frames`` on a stream (the frames themselves are not copied)."""
+def encode(frames, local: bool = False) -> list:
+    """The buffers that put ``frames`` on a stream (the frames themselves are not copied).
+
+    ``local`` (a Unix socket): frames of at least ``shm.SHM_MIN_BYTES`` travel as shared
+    memory (shm.py): their length has the top bit set, the stream carries a 16-byte
+    (offset, length) descriptor instead of the bytes, and an ``_Fds`` marker ahead of the
+    message's head makes the segments' descriptors leave with its first byte."""
     head = bytearray(_COUNT.pack(len(frames)))
+    if not local or not any(memoryview(f).nbytes >= shm.SHM_MIN_BYTES for f in frames):
+        for f in frames:
+            head += _LEN.pack(memoryview(f).nbytes)
+        return [bytes(head), *frames]
+    marker = _Fds()
+    out: list = []
     for f in frames:
-        head += _LEN.pack(memoryview(f).nbytes)
-    return [bytes(head), *frames]
+        view = memoryview(f)
+        if view.nbytes < shm.SHM_MIN_BYTES:
+            head += _LEN.pack(view.nbytes)
+            out.append(f)
+            continue
+        view = view.cast("B") if view.ndim != 1 or view.format != "B" else view
+        found = shm.find_shared(view)
+        if found is not None:  # already in a segment: a reference to it, no copy
+            segment, offset = found
+            marker.add(segment.fd, segment)
+        else:
+            fd, _size = shm.new_segment(view)
+            marker.add(fd, None)
+            offset = 0
+        head += _LEN.pack(_SHARED | _SHM_DESC.size)
+        out.append(_SHM_DESC.pack(offset, view.nbytes))
+    return [marker, bytes(head), *out]
+
+
+_SHARED = 1 << 63  # a frame length with this bit: the frame is in shared memory (encode)
+_SHM_DESC = struct.Struct("<QQ")  # offset, length in the segment
+
+
+class _Fds:
+    """Descriptors that must leave with the next bytes sent (SCM_RIGHTS). Owns the ones
+    it created (closed when the marker is dropped: sent or not); holds the mappings of
+    the ones it borrows open until then."""
+
+    __slots__ = ("fds", "_own", "_keep", "__weakref__")
+
+    def __init__(self):
+        self.fds: list[int] = []
+        self._own: list[int] = []
+        self._keep: list = []
+
+    def add(self, fd: int, keep) -> None:
+        self.fds.append(fd)
+        if keep is None:
+            self._own.append(fd)
+        else:
+            self._keep.append(keep)
+
+    def __del__(self):
+        for fd in self._own:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._own = []
+
+
+def _rights(markers: list) -> list:
+    fds = [fd for m in markers for fd in m.fds]
+    return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array("i", fds))] if fds else []
 
 
 class Reader:
@@ -117,6 +184,45 @@ class Reader:
         self._frames: list = []
         self._current: memoryview | None = None
         self._filled = 0
+        self._shared: set = set()  # indexes of the current message's shared frames
+        # a Unix socket may bring segments' descriptors (shm.py): read with recvmsg and
+        # keep them, in order, until the frames that name them are parsed
+        self._local = sock.family == socket.AF_UNIX
+        self._fds: deque = deque()
+
+    def _recv(self, size: int) -> bytes:
+        if not self._local:
+            return self.sock.recv(size)
+        data, anc, flags, _ = self.sock.recvmsg(size, _ANC_SPACE)
+        self._take_fds(anc, flags)
+        return data
+
+    def _recv_into(self, view: memoryview) -> int:
+        if not self._local:
+            return self.sock.recv_into(view)
+        n, anc, flags, _ = self.sock.recvmsg_into([view], _ANC_SPACE)
+        self._take_fds(anc, flags)
+        return n
+
+    def _take_fds(self, anc: list, flags: int) -> None:
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array("i")
+                fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+                self._fds.extend(fds)
+        if flags & socket.MSG_CTRUNC:
+            raise TransportError(f"a peer sent more than {shm.MAX_FDS} descriptors in one message")
+
+    def close(self) -> None:
+        """Close the descriptors received for frames not yet parsed."""
+        while self._fds:
+            try:
+                os.close(self._fds.popleft())
+            except OSError:
+                pass
+
+    def __del__(self):
+        self.close()
 
     def read(self) -> tuple[list, bool]:
         """Messages completed by what the socket has now, and whether it is still open."""
@@ -124,9 +230,9 @@ class Reader:
         while True:
             try:
                 if self._current is not None:
-                    n = self.sock.recv_into(self._current[self._filled :])
+                    n = self._recv_into(self._current[self._filled :])
                 else:
-                    chunk = self.sock.recv(65536)
+                    chunk = self._recv(65536)
                     n = len(chunk)
             except (BlockingIOError, InterruptedError):
                 return out, True
@@ -160,6 +266,11 @@ class Reader:
                 if len(self._head) < need:
                     return
                 lengths = [_LEN.unpack_from(self._head, 4 + 8 * i)[0] for i in range(count)]
+                for length in lengths:
+                    if length & _SHARED and length != _SHARED | _SHM_DESC.size:
+                        raise TransportError(f"shared frame with a {length & ~_SHARED}-byte descriptor")
+                lengths = [_SHM_DESC.size if length & _SHARED else length for length in lengths]
+                self._shared = {i for i in range(count) if _LEN.unpack_from(self._head, 4 + 8 * i)[0] & _SHARED}
                 if sum(lengths) > MAX_MESSAGE_BYTES:
                     raise TransportError(f"message of {sum(lengths)} bytes (at most {MAX_MESSAGE_BYTES})")
                 del self._head[:need]
@@ -168,8 +279,11 @@ class Reader:
             while len(self._frames) < len(self._lengths):
                 size = self._lengths[len(self._frames)]
                 if len(self._head) >= size:
-                    self._frames.append(bytes(self._head[:size]))
+                    frame = bytes(self._head[:size])
                     del self._head[:size]
+                    if self._shared and len(self._frames) in self._shared:
+                        frame = self._map(frame)
+                    self._frames.append(frame)
                     continue
                 buf = bytearray(size)
                 have = len(self._head)
@@ -180,9 +294,25 @@ class Reader:
             out.append(self._frames)
             self._lengths, self._frames = None, []
 
+    def _map(self, desc: bytes) -> memoryview:
+        """A shared frame: its segment's descriptor (received, in order) mapped read-only."""
+        offset, length = _SHM_DESC.unpack(desc)
+        if not self._fds:
+            raise TransportError("a shared frame came without its segment's descriptor")
+        if length > MAX_MESSAGE_BYTES:
+            raise TransportError(f"shared frame of {length} bytes (at most {MAX_MESSAGE_BYTES})")
+        try:
+            segment = shm.map_segment(self._fds.popleft(), offset + length)
+        except (OSError, ValueError) as e:
+            raise TransportError(f"shared frame: {e}") from None
+        return memoryview(segment)[offset : offset + length]
+
     def _frame_done(self, out: list) -> None:
         # read-only, like a received ZeroMQ frame: arrays built on it must not be written
-        self._frames.append(self._current.toreadonly())
+        frame = self._current.toreadonly()
+        if self._shared and len(self._frames) in self._shared:  # its descriptor came in pieces
+            frame = self._map(bytes(frame))
+        self._frames.append(frame)
         self._current, self._filled = None, 0
         if len(self._frames) == len(self._lengths):
             out.append(self._frames)
@@ -204,14 +334,16 @@ class Outbox:
         """Queue ``frames`` for ``address``; False if the peer cannot be reached now (while
         corked: True, and a peer found unreachable at the end of the block is logged)."""
         pending = getattr(self._local, "pending", None)
+        local = address.startswith("ipc://")
         if pending is not None:
-            pending.setdefault(address, []).extend(encode(frames))
+            pending.setdefault(address, []).extend(encode(frames, local))
             return True
-        return self._send_buffers(address, encode(frames))
+        return self._send_buffers(address, encode(frames, local))
 
     def send_many(self, address: str, messages: list) -> bool:
         """Send several messages to one peer with one write."""
-        return self._send_buffers(address, [b for frames in messages for b in encode(frames)])
+        local = address.startswith("ipc://")
+        return self._send_buffers(address, [b for frames in messages for b in encode(frames, local)])
 
     @contextlib.contextmanager
     def corked(self):
@@ -286,7 +418,7 @@ class _Peer:
             if self.sock is None and not self._connect():
                 return False
             if self.backlog:
-                self.backlog.extend(memoryview(b).cast("B") for b in buffers)
+                self.backlog.extend(b if isinstance(b, _Fds) else memoryview(b).cast("B") for b in buffers)
                 return True
             if self.sock.family != socket.AF_UNIX and _peer_closed(self.sock):
                 # the peer restarted since the last message (same address): over TCP the
@@ -328,13 +460,18 @@ class _Peer:
                     self.wake.wait()
                 if self.closed:
                     return
+                markers = []  # descriptors that leave with the next bytes
+                while self.backlog and isinstance(self.backlog[0], _Fds):
+                    markers.append(self.backlog.popleft())
+                if not self.backlog:
+                    continue
                 sock, head = self.sock, self.backlog[0]
                 if sock is None:
                     self.backlog.clear()
                     continue
             try:
                 sock.settimeout(None)
-                n = sock.send(head)
+                n = sock.sendmsg([head], _rights(markers)) if markers else sock.send(head)
             except OSError as e:
                 with self.lock:
                     log.warning("%s: sending to %s failed: %s", self.owner, self.address, e)
@@ -379,17 +516,31 @@ def _peer_closed(sock: socket.socket) -> bool:
 
 def _send_now(sock: socket.socket, buffers: list) -> list:
     """Send what the kernel takes now; the unsent rest as memoryviews (empty: all sent)."""
-    views = [memoryview(b).cast("B") for b in buffers]
-    views = [v for v in views if v.nbytes]
+    views = [b if isinstance(b, _Fds) else memoryview(b).cast("B") for b in buffers]
+    views = [v for v in views if isinstance(v, _Fds) or v.nbytes]
     while views:
+        markers = None
+        if any(isinstance(v, _Fds) for v in views[:512]):
+            # descriptors leave with the first byte of this call: the markers in its range go now
+            batch = views[:512]
+            markers = [v for v in batch if isinstance(v, _Fds)]
+            batch = [v for v in batch if not isinstance(v, _Fds)]
+            if not batch:
+                return []  # markers with no bytes after them: nothing names them
         try:
-            n = sock.sendmsg(views[:512])  # IOV_MAX is 1024 on Linux
+            if markers is None:
+                n = sock.sendmsg(views[:512])  # IOV_MAX is 1024 on Linux
+            else:
+                n = sock.sendmsg(batch, _rights(markers))
         except (BlockingIOError, InterruptedError):
             return views
         except OSError as e:
             if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
                 return views
             raise
+        if markers is not None:
+            sent = set(map(id, markers))
+            views = [v for v in views if id(v) not in sent]
         while n and views:
             if n >= views[0].nbytes:
                 n -= views[0].nbytes

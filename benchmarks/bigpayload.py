@@ -1,0 +1,119 @@
+"""A 10 MB payload through a fused 10-stage chain over HTTP, against a bare HTTP echo of
+the same bytes on the same server stack: ``python -m benchmarks bigpayload``.
+
+The flow is 10 no-op maps fused into one stage (the fusion benchmark's chain); the body is
+one float32 tensor row as an Arrow IPC stream, answered as Arrow. Three systems up at
+once, measured in interleaved rounds from one bare keep-alive client (client.py):
+
+- ``echo``: benchmarks/echo_server.py under uvicorn with httptools and uvloop (what our
+  gateway runs on), reading the body and sending it back;
+- ``flowserve``: the local cluster (1 executor), shared memory on (executors/shm.py);
+- ``flowserve, shm off``: the same with every frame through the socket (a cluster started
+  with FLOWSERVE_SHM_MIN_BYTES set out of reach).
+
+Medians over rounds of each round's p50; ratios to the echo per round. Writes
+benchmarks/results/bigpayload.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+
+import numpy as np
+
+from benchmarks.common import ROOT, free_port, progress, save
+from benchmarks.fusion import arrow_body, chain_flow, post_arrow, stats
+
+
+def run(argv=None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m benchmarks bigpayload", description=__doc__.split("\n\n")[0])
+    p.add_argument("--mb", type=float, default=10)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("-n", type=int, default=15, help="requests per system and round")
+    args = p.parse_args(argv)
+    os.environ.setdefault("FLOWSERVE_QUIET", "1")
+    from benchmarks.client import BareClient
+    from executors import ClusterConfig, LocalCluster
+
+    body = arrow_body(
+        {"x": np.random.default_rng(0).standard_normal((1, int(args.mb * (1 << 20)) // 4)).astype(np.float32)}
+    )
+    port = free_port()
+    echo = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "benchmarks.echo_server:app",
+            "--port",
+            str(port),
+            "--http",
+            "httptools",
+            "--loop",
+            "uvloop",
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+    )
+    clusters, urls = [], {"echo": f"http://127.0.0.1:{port}/echo"}
+    try:
+        for name, env in (("flowserve", None), ("flowserve, shm off", str(1 << 62))):
+            if env is not None:
+                os.environ["FLOWSERVE_SHM_MIN_BYTES"] = env
+            else:
+                os.environ.pop("FLOWSERVE_SHM_MIN_BYTES", None)
+            c = LocalCluster(ClusterConfig(executors=1, max_body_bytes=64 << 20)).start()
+            clusters.append(c)
+            urls[name] = c.deploy(chain_flow(10, "fused", False), optimize=True).url
+        os.environ.pop("FLOWSERVE_SHM_MIN_BYTES", None)
+        samples = {k: [] for k in urls}
+        with contextlib.ExitStack() as stack:
+            from benchmarks.common import wait_http
+
+            wait_http(urls["echo"], b"{}")
+            http = {k: stack.enter_context(BareClient(timeout=120)) for k in urls}  # one origin each
+            for name, url in urls.items():
+                for _ in range(3):
+                    post_arrow(http[name], url, body)
+            for r in range(args.rounds):
+                for name, url in urls.items():
+                    samples[name].append(stats([post_arrow(http[name], url, body) for _ in range(args.n)]))
+                progress(
+                    f"round {r + 1}: " + ", ".join(f"{k} p50 {v[-1]['p50_ms']:.2f} ms" for k, v in samples.items())
+                )
+    finally:
+        for c in clusters:
+            c.stop()
+        echo.terminate()
+        echo.wait()
+    p50 = {k: statistics.median(s["p50_ms"] for s in v) for k, v in samples.items()}
+    ratios = {
+        k: statistics.median(a["p50_ms"] / e["p50_ms"] for a, e in zip(v, samples["echo"]))
+        for k, v in samples.items()
+        if k != "echo"
+    }
+    gateway = {k: statistics.median(s["server_p50_ms"] for s in v) for k, v in samples.items() if k != "echo"}
+    progress(f"p50 ms: {p50}; / echo: {ratios}; in the gateway (parsed to result): {gateway}")
+    save(
+        "bigpayload",
+        {
+            "mb": args.mb,
+            "rounds": args.rounds,
+            "n": args.n,
+            "p50_ms": p50,
+            "ratio_to_echo": ratios,
+            "gateway_p50_ms": gateway,
+            "per_round": samples,
+        },
+    )
+    return ratios
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,118 @@
+"""Big buffers between processes on one host without copies: memfd segments whose file
+descriptors travel over the Unix socket (SCM_RIGHTS) beside the message that names them.
+
+Over a local (``ipc://``) connection, a frame of at least ``SHM_MIN_BYTES`` does not go
+through the socket: the transport (transport.py) sends a 16-byte descriptor (offset,
+length) in its place and the segment's descriptor in the same ``sendmsg``; the receiver
+maps the segment read-only and hands the frame on as a memoryview of the mapping, so
+``np.frombuffer`` in wire.py builds the column on it without a copy.
+
+A frame that already lies in a segment (a stage passing its input on, a Table the
+gateway got back from an executor, an Arrow request body the gateway read into one) is
+sent as a reference to that same segment: no
+copy at all. Any other frame is copied once into a fresh segment (over the socket it was
+copied four times: into the kernel and out of it, there and back).
+
+Lifetimes cannot leak, by construction: a memfd has no name in any file system (nothing
+in /dev/shm to clean up), and the kernel frees it when its last descriptor and its last
+mapping are gone, including those of a process killed with SIGKILL and those still in
+flight in a socket whose reader died. A process holds a descriptor only while a mapping
+of it is alive (``SharedMap``: closed when the mapping is collected).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import weakref
+
+import numpy as np
+
+# below this a socket copy is cheaper than a segment (syscalls, page faults); the
+# environment may move it (benchmarks turn shared memory off with a size out of reach)
+SHM_MIN_BYTES = int(os.environ.get("FLOWSERVE_SHM_MIN_BYTES", 1 << 20))
+MAX_FDS = 64  # descriptors one read may bring (the ancillary buffer's room)
+
+
+class SharedMap(mmap.mmap):
+    """A read-only mapping of a received (or created) segment, with the descriptor that
+    can send it on; the descriptor is closed when the mapping is collected."""
+
+    fd: int
+    addr: int
+
+
+def map_segment(fd: int, size: int) -> SharedMap:
+    """Map ``fd`` (now owned by the mapping) read-only; ValueError if it is not a segment
+    of at least ``size`` bytes (a hostile peer cannot make us read past its end)."""
+    try:
+        st = os.fstat(fd)
+        if not (st.st_mode & 0o170000) == 0o100000:  # a regular file (memfd): not a pipe or device
+            raise ValueError("the descriptor is not a shared-memory segment")
+        if st.st_size < size or size <= 0:
+            raise ValueError(f"segment of {st.st_size} bytes, frame needs {size}")
+        m = SharedMap(fd, st.st_size, mmap.MAP_SHARED, mmap.PROT_READ)
+    except BaseException:
+        os.close(fd)
+        raise
+    return _own(m, fd)
+
+
+def new_segment(data: memoryview) -> tuple[int, int]:
+    """A fresh segment holding a copy of ``data``: (descriptor for the caller to send and
+    close, size). One copy, by the kernel (``pwrite``), no page faults in this process."""
+    fd = os.memfd_create("flowserve", os.MFD_CLOEXEC)
+    try:
+        size = data.nbytes
+        os.ftruncate(fd, size)
+        done = 0
+        while done < size:
+            done += os.pwrite(fd, data[done:], done)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, size
+
+
+def find_shared(view: memoryview) -> tuple[SharedMap, int] | None:
+    """The live segment of this process that ``view``'s bytes lie in, and their offset
+    there; None if they are in private memory.
+
+    By address, among the mappings alive in this process (a few: the big payloads in
+    flight), so it finds them whatever the buffer was made from: a numpy column built on
+    a received frame, an Arrow buffer of a request body read into a segment, a slice."""
+    if not _LIVE:
+        return None
+    try:
+        start = np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]
+    except (ValueError, TypeError):
+        return None
+    end = start + view.nbytes
+    for segment in list(_LIVE):
+        if segment.addr <= start and end <= segment.addr + len(segment):
+            return segment, start - segment.addr
+    return None
+
+
+def writable_segment(size: int) -> SharedMap:
+    """A fresh segment of ``size`` bytes mapped writable (e.g. a request body read
+    straight into it), its descriptor owned by the mapping."""
+    fd = os.memfd_create("flowserve", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+        m = SharedMap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return _own(m, fd)
+
+
+def _own(m: SharedMap, fd: int) -> SharedMap:
+    m.fd = fd
+    m.addr = np.frombuffer(m, dtype=np.uint8).__array_interface__["data"][0]
+    weakref.finalize(m, os.close, fd)
+    _LIVE.add(m)
+    return m
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # this process's mapped segments

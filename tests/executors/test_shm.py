@@ -1,0 +1,277 @@
+"""Big frames over local sockets travel as shared memory (executors/shm.py): the bytes
+arrive intact, a frame already shared is sent on without a copy, and no segment outlives
+the processes that hold it, kill -9 included. Real sockets, real processes."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import httpx
+import numpy as np
+import pytest
+
+from executors import shm
+from executors.cluster import LocalCluster
+from executors.config import ClusterConfig
+from executors.messages import StageInput, decode
+from executors.transport import Outbox, Reader, accept, listen
+from flow import ColumnType, Flow
+from flow.table import Table
+from tests.executors.processes import wait_until
+from tests.executors.test_runtime_paths import _executor_pids
+from tests.executors.test_transport import receive
+
+MB = 1 << 20
+
+
+def segments(pid: int | str = "self") -> int:
+    """Descriptors and mappings of flowserve segments the process holds."""
+    fds = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            fds += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:flowserve")
+        except OSError:
+            pass
+    with open(f"/proc/{pid}/maps") as f:
+        maps = sum("memfd:flowserve" in line for line in f)
+    return fds + maps
+
+
+def test_a_big_frame_travels_as_shared_memory_and_arrives_intact(tmp_path):
+    assert segments() == 0
+    address = f"ipc://{tmp_path}/s.sock"
+    listener, out = listen(address), Outbox("test")
+    try:
+        big = np.random.default_rng(0).integers(0, 255, 3 * MB, dtype=np.uint8)
+        small = b"x" * (shm.SHM_MIN_BYTES - 1)
+        assert out.send(address, [b"head", memoryview(big), small])
+        (got,) = receive(listener, 1)
+        assert bytes(got[0]) == b"head" and bytes(got[2]) == small
+        assert isinstance(got[1].obj, shm.SharedMap)  # mapped, not read from the socket
+        assert got[1].readonly
+        assert np.array_equal(np.frombuffer(got[1], dtype=np.uint8), big)
+        assert segments() > 0
+        del got
+        gc.collect()
+        assert segments() == 0  # the mapping gone, its descriptor closed with it
+    finally:
+        out.close()
+        listener.close()
+
+
+def test_a_big_frame_over_tcp_is_sent_inline(tmp_path):
+    from kvs.server import free_port
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    listener, out = listen(address), Outbox("test")
+    try:
+        big = np.arange(MB, dtype=np.float32)
+        assert out.send(address, [b"h", memoryview(big).cast("B")])
+        (got,) = receive(listener, 1)
+        assert not isinstance(getattr(got[1], "obj", None), shm.SharedMap)
+        assert bytes(got[1]) == big.tobytes()
+        assert segments() == 0
+    finally:
+        out.close()
+        listener.close()
+
+
+def test_a_shared_column_is_sent_on_without_a_copy(tmp_path):
+    """A Table decoded from a shared frame and sent on names the same segment: the
+    stage that passes its input on (or the gateway's answer) copies nothing."""
+    a, b = f"ipc://{tmp_path}/a.sock", f"ipc://{tmp_path}/b.sock"
+    la, lb, out = listen(a), listen(b), Outbox("test")
+    try:
+        table = Table.from_dict({"x": np.ones((1, 2 * MB), dtype=np.uint8)})
+        msg = StageInput(
+            req=1, attempt=0, flow="f", version=1, stage="s0", source="gw", routes={}, gateway="ipc://gw", table=table
+        )
+        assert out.send(a, msg.encode())
+        (frames,) = receive(la, 1)
+        first = decode(frames)
+        (col,) = [f for f in frames if isinstance(getattr(f, "obj", None), shm.SharedMap)]
+        assert out.send(b, first.encode())  # forwarded: the same column, now in shared memory
+        (frames2,) = receive(lb, 1)
+        second = decode(frames2)
+        (col2,) = [f for f in frames2 if isinstance(getattr(f, "obj", None), shm.SharedMap)]
+        assert os.fstat(col.obj.fd).st_ino == os.fstat(col2.obj.fd).st_ino  # one segment, two mappings
+        assert np.array_equal(second.table["x"], table["x"])
+    finally:
+        out.close()
+        la.close()
+        lb.close()
+
+
+def test_a_broken_descriptor_frame_is_refused(tmp_path):
+    """A shared frame whose segment never came (a hostile or broken local peer) breaks
+    the framing: the connection is refused, nothing is mapped."""
+    import socket
+    import struct
+
+    address = f"ipc://{tmp_path}/s.sock"
+    listener = listen(address)
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(address[len("ipc://") :])
+        s.sendall(struct.pack("<IQ", 1, (1 << 63) | 16) + struct.pack("<QQ", 0, MB))
+        conn = None
+        while conn is None:
+            conn = accept(listener)
+        conn.setblocking(True)
+        with pytest.raises(OSError, match="without its segment"):
+            Reader(conn).read()
+        s.close()
+        conn.close()
+    finally:
+        listener.close()
+
+
+_SENDER = textwrap.dedent(
+    """
+    import sys, numpy as np
+    from executors.transport import Outbox
+    out = Outbox("child")
+    big = np.full(4 << 20, 7, dtype=np.uint8)
+    while True:  # until killed
+        if not out.send(sys.argv[1], [b"h", memoryview(big)]):
+            break
+    """
+)
+
+_HOLDER = textwrap.dedent(
+    """
+    import selectors, sys, time
+    from executors.transport import Reader, accept, listen
+    listener = listen(sys.argv[1])
+    held = []
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, None)
+    print("up", flush=True)
+    while True:  # hold every frame until killed
+        for key, _ in sel.select():
+            if key.data is None:
+                conn = accept(listener)
+                if conn is not None:
+                    sel.register(conn, selectors.EVENT_READ, Reader(conn))
+                continue
+            messages, _open = key.data.read()
+            held += messages
+            if messages:
+                print("holding", len(held), flush=True)
+    """
+)
+
+
+def _child(code: str, arg: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    return subprocess.Popen([sys.executable, "-c", code, arg], env=env, stdout=subprocess.PIPE, text=True)
+
+
+def test_kill_9_of_a_sender_leaves_no_segment_behind(tmp_path):
+    """A sender killed mid-stream: what arrived is whole, and once this process drops it
+    nothing holds a segment (the killed one's are the kernel's to free)."""
+    address = f"ipc://{tmp_path}/s.sock"
+    listener = listen(address)
+    child = _child(_SENDER, address)
+    try:
+        got = receive(listener, 5)
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        assert all(np.all(np.frombuffer(m[1], dtype=np.uint8) == 7) for m in got)
+        del got
+        gc.collect()
+        assert segments() == 0
+    finally:
+        child.kill()
+        listener.close()
+
+
+def test_kill_9_of_a_receiver_holding_segments_leaves_none_behind(tmp_path):
+    """This process sends big frames to a process that maps and holds them; killed with
+    SIGKILL, it takes them with it: the sender holds none (it closed its descriptors
+    once sent), so no process does."""
+    address = f"ipc://{tmp_path}/h.sock"
+    child = _child(_HOLDER, address)
+    out = Outbox("test")
+    try:
+        assert child.stdout.readline().strip() == "up"
+        big = np.full(2 * MB, 3, dtype=np.uint8)
+        for _ in range(5):
+            assert out.send(address, [b"h", memoryview(big)])
+        wait_until("the holder to map 5 frames", lambda: child.stdout.readline().strip() == "holding 5")
+        assert segments(child.pid) >= 5
+        assert segments() == 0
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        assert not os.path.exists(f"/proc/{child.pid}/maps") or segments(child.pid) == 0
+    finally:
+        child.kill()
+        out.close()
+
+
+def _noop(table):
+    return table["x"]
+
+
+def test_a_cluster_serves_big_tensors_over_shared_memory_and_kill_9_leaks_nothing():
+    """10-stage chains of big tensors over HTTP (unfused and spread: every stage a hop):
+    the answers are flow.run's; an executor killed with SIGKILL under that load loses no
+    request, and once the cluster is idle no process of it holds a segment."""
+    n = 2 * MB
+    f = Flow("big", schema={"x": ColumnType.tensor(np.uint8, (n,))})
+    node = f
+    for _ in range(4):
+        node = node.map(_noop, names=["x"], batching=True)
+    x = np.arange(n, dtype=np.uint8)
+    import pyarrow as pa
+
+    t = pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x), n)})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    body = sink.getvalue().to_pybytes()
+    arrow = "application/vnd.apache.arrow.stream"
+    with LocalCluster(ClusterConfig(executors=2, colocate=False, request_timeout_s=30, max_retries=3)) as c:
+        d = c.deploy(f, optimize=False)
+        expected = f.run([{"x": x}])["x"][0]
+        results, errors = [], []
+        go = threading.Event()
+
+        def client():
+            with httpx.Client(timeout=60) as http:
+                for i in range(12):
+                    r = http.post(d.url, content=body, headers={"Content-Type": arrow, "Accept": arrow})
+                    if r.status_code != 200:
+                        errors.append(r.text)
+                        continue
+                    got = pa.ipc.open_stream(r.content).read_all().column("x").combine_chunks().to_numpy_ndarray()[0]
+                    results.append(np.array_equal(got, expected))
+                    if i == 2:
+                        go.set()
+
+        threads = [threading.Thread(target=client) for _ in range(3)]
+        for th in threads:
+            th.start()
+        assert go.wait(60)
+        os.kill(_executor_pids(c)[0], signal.SIGKILL)
+        for th in threads:
+            th.join(120)
+        assert not errors, errors[:2]
+        assert len(results) == 36 and all(results)
+        gateway = int(
+            subprocess.run(
+                ["pgrep", "-f", f"executors.daemon .*{c.dir}"], capture_output=True, text=True
+            ).stdout.split()[0]
+        )
+
+        def idle():
+            pids = [gateway, *_executor_pids(c)]
+            return all(segments(p) == 0 for p in pids)
+
+        wait_until("no process of the cluster to hold a segment", idle, timeout=30)
