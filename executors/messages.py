@@ -43,7 +43,7 @@ inside nested values (routes, trace) beyond their outer type.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from executors.wire import WireError, pack, unpack
@@ -80,10 +80,11 @@ _TYPE_NAMES = {
 class Message:
     """Base of every message: ``encode()`` gives its frames, ``decode(frames)`` the message.
 
-    Subclasses are frozen dataclasses that list their fields in ``_FIELDS`` as
-    ``(attribute, wire key, JSON types, default)``; a field equal to its default is left
-    off the wire. ``_TABLE_FIELD`` names the attribute holding the message's Table (if
-    any) and whether it is required."""
+    Subclasses are declared with ``@message(TYPE)``: frozen dataclasses whose fields say
+    their wire form once, ``name: type = wire(JSON types, key=..., default=...)`` (a field
+    equal to its default is left off the wire), and ``carried()`` for the Table a message
+    carries. The decorator derives ``_FIELDS`` (attribute, wire key, JSON types, default)
+    and ``_TABLE_FIELD`` (attribute, required) from them."""
 
     __slots__ = ()
     TYPE: ClassVar[str]
@@ -125,6 +126,39 @@ class Message:
         return cls(*args)
 
 
+def wire(types: tuple, *, key: str | None = None, default: Any = _REQUIRED, absent: Any = _REQUIRED):
+    """A message field: the JSON types it may hold, its key on the wire (default: its
+    name) and its default (none: the message must carry it). ``absent``: for a field
+    without a default, the value that a missing key stands for (and that is left off)."""
+    meta = {"types": types, "key": key, "absent": default if default is not _REQUIRED else absent}
+    return field(metadata=meta) if default is _REQUIRED else field(default=default, metadata=meta)
+
+
+def carried(*, required: bool):
+    """The field holding the Table a message carries (frames after the header)."""
+    meta = {"table": required}
+    return field(metadata=meta) if required else field(default=None, metadata=meta)
+
+
+def message(kind: str):
+    """Make a Message subclass a frozen, slotted dataclass of message type ``kind``, its
+    wire description derived from its ``wire()`` and ``carried()`` fields."""
+
+    def declare(cls):
+        cls = dataclass(frozen=True, slots=True)(cls)
+        cls.TYPE = kind
+        cls._FIELDS = tuple(
+            (f.name, f.metadata["key"] or f.name, f.metadata["types"], f.metadata["absent"])
+            for f in fields(cls)
+            if "types" in f.metadata
+        )
+        tables = [(f.name, f.metadata["table"]) for f in fields(cls) if "table" in f.metadata]
+        cls._TABLE_FIELD = tables[0] if tables else None
+        return cls
+
+    return declare
+
+
 def _field_error(kind: str, key: str, value, types: tuple) -> MessageError:
     if value is _REQUIRED:
         return MessageError(f"{kind!r} message: field {key!r} is missing")
@@ -143,122 +177,78 @@ def _optional(types: tuple) -> tuple:
 # -- membership and deploys ------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@message("ping")
 class Ping(Message):
     """Gateway -> executor: are you there? Answered by a Pong to ``reply``."""
 
-    TYPE: ClassVar[str] = "ping"
-    _FIELDS: ClassVar[tuple] = (("reply", "reply", _STR, _REQUIRED), ("token", "token", _STR, _REQUIRED))
-    reply: str
-    token: str
+    reply: str = wire(_STR)
+    token: str = wire(_STR)
 
 
-@dataclass(frozen=True, slots=True)
+@message("pong")
 class Pong(Message):
     """Executor -> gateway: alive; its device class and (on a GPU executor) GPU stats."""
 
-    TYPE: ClassVar[str] = "pong"
-    _FIELDS: ClassVar[tuple] = (
-        ("executor", "executor", _STR, _REQUIRED),
-        ("token", "token", _STR, _REQUIRED),
-        ("device", "device", _STR, _REQUIRED),
-        ("gpus", "gpus", _LIST, _REQUIRED),
-    )
-    executor: str
-    token: str
-    device: str
-    gpus: list
+    executor: str = wire(_STR)
+    token: str = wire(_STR)
+    device: str = wire(_STR)
+    gpus: list = wire(_LIST)
 
 
-@dataclass(frozen=True, slots=True)
+@message("load")
 class Load(Message):
     """Gateway -> executor: build these stages (None: all) of a flow version from the plan
     in the store; answered by Loaded to ``reply``."""
 
-    TYPE: ClassVar[str] = "load"
-    _FIELDS: ClassVar[tuple] = (
-        ("flow", "flow", _STR, _REQUIRED),
-        ("version", "version", _INT, _REQUIRED),
-        ("stages", "stages", _optional(_LIST), None),
-        ("reply", "reply", _STR, _REQUIRED),
-        ("token", "token", _STR, _REQUIRED),
-    )
-    flow: str
-    version: int
-    stages: list | None
-    reply: str
-    token: str
+    flow: str = wire(_STR)
+    version: int = wire(_INT)
+    stages: list | None = wire(_optional(_LIST), absent=None)
+    reply: str = wire(_STR)
+    token: str = wire(_STR)
 
 
-@dataclass(frozen=True, slots=True)
+@message("loaded")
 class Loaded(Message):
     """Executor -> gateway: a Load is done; ``error`` says why it failed (None: built)."""
 
-    TYPE: ClassVar[str] = "loaded"
-    _FIELDS: ClassVar[tuple] = (
-        ("executor", "executor", _STR, _REQUIRED),
-        ("flow", "flow", _STR, _REQUIRED),
-        ("version", "version", _INT, _REQUIRED),
-        ("token", "token", _STR, _REQUIRED),
-        ("error", "error", _optional(_STR), None),
-    )
-    executor: str
-    flow: str
-    version: int
-    token: str
-    error: str | None = None
+    executor: str = wire(_STR)
+    flow: str = wire(_STR)
+    version: int = wire(_INT)
+    token: str = wire(_STR)
+    error: str | None = wire(_optional(_STR), default=None)
 
 
-@dataclass(frozen=True, slots=True)
+@message("unload")
 class Unload(Message):
     """Gateway -> executor: release a flow version (redeployed, undeployed, lost a race)."""
 
-    TYPE: ClassVar[str] = "unload"
-    _FIELDS: ClassVar[tuple] = (("flow", "flow", _STR, _REQUIRED), ("version", "version", _INT, _REQUIRED))
-    flow: str
-    version: int
+    flow: str = wire(_STR)
+    version: int = wire(_INT)
 
 
 # -- requests ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@message("run")
 class StageInput(Message):
     """One input of one stage for one request attempt: the request's rows from the gateway,
     or a producing stage's output from an executor. Without a ``table`` it says the
     producing alternative of a first_valid stage gave no valid result."""
 
-    TYPE: ClassVar[str] = "run"
-    _FIELDS: ClassVar[tuple] = (
-        ("req", "req", _INT, _REQUIRED),
-        ("attempt", "att", _INT, _REQUIRED),
-        ("flow", "flow", _STR, _REQUIRED),
-        ("version", "ver", _INT, _REQUIRED),
-        ("stage", "stage", _STR, _REQUIRED),
-        ("source", "from", _STR, _REQUIRED),
-        ("routes", "routes", _DICT, _REQUIRED),
-        ("gateway", "gw", _STR, _REQUIRED),
-        ("deadline", "dl", _optional(_NUMBER), None),
-        ("trace", "trace", _LIST, _EMPTY),
-        ("path", "path", _LIST, _EMPTY),
-        ("copy", "copy", _INT, 0),
-        ("solo", "solo", (bool,), False),
-    )
-    _TABLE_FIELD: ClassVar[tuple] = ("table", False)
-    req: int
-    attempt: int
-    flow: str
-    version: int
-    stage: str
-    source: str
-    routes: dict  # stage -> [address]
-    gateway: str
-    deadline: float | None = None  # wall clock, Unix seconds
-    trace: list | tuple = ()  # [[stage, executor, ms, batch], ...]
-    path: list | tuple = ()  # [[index, count], ...]
-    copy: int = 0
-    solo: bool = False
-    table: Table | None = None
+    req: int = wire(_INT)
+    attempt: int = wire(_INT, key="att")
+    flow: str = wire(_STR)
+    version: int = wire(_INT, key="ver")
+    stage: str = wire(_STR)
+    source: str = wire(_STR, key="from")
+    routes: dict = wire(_DICT)  # stage -> [address]
+    gateway: str = wire(_STR, key="gw")
+    deadline: float | None = wire(_optional(_NUMBER), key="dl", default=None)  # wall clock, Unix seconds
+    trace: list | tuple = wire(_LIST, default=_EMPTY)  # [[stage, executor, ms, batch], ...]
+    path: list | tuple = wire(_LIST, default=_EMPTY)  # [[index, count], ...]
+    copy: int = wire(_INT, default=0)
+    solo: bool = wire((bool,), default=False)
+    table: Table | None = carried(required=False)
 
     # The two methods below are the generic ones written out, for the hot path (each hop of
     # each request decodes one of these); test_messages checks they agree with the generic.
@@ -341,48 +331,30 @@ class StageInput(Message):
         )
 
 
-@dataclass(frozen=True, slots=True)
+@message("result")
 class Result(Message):
     """Executor -> gateway: the sink's output for a request attempt (one part of it, when
     the sink ran per key group: ``path`` says which)."""
 
-    TYPE: ClassVar[str] = "result"
-    _FIELDS: ClassVar[tuple] = (
-        ("req", "req", _INT, _REQUIRED),
-        ("attempt", "att", _INT, _REQUIRED),
-        ("path", "path", _LIST, _EMPTY),
-        ("trace", "trace", _LIST, _EMPTY),
-    )
-    _TABLE_FIELD: ClassVar[tuple] = ("table", True)
-    req: int
-    attempt: int
-    path: list | tuple
-    trace: list | tuple
-    table: Table
+    req: int = wire(_INT)
+    attempt: int = wire(_INT, key="att")
+    path: list | tuple = wire(_LIST, absent=_EMPTY)
+    trace: list | tuple = wire(_LIST, absent=_EMPTY)
+    table: Table = carried(required=True)
 
 
-@dataclass(frozen=True, slots=True)
+@message("error")
 class Failure(Message):
     """Executor -> gateway: a request attempt failed; the client gets ``status`` and a JSON
     body of ``error`` (the exception's class name), ``message``, ``operator``, ``qid``."""
 
-    TYPE: ClassVar[str] = "error"
-    _FIELDS: ClassVar[tuple] = (
-        ("req", "req", _INT, _REQUIRED),
-        ("attempt", "att", _INT, _REQUIRED),
-        ("status", "status", _INT, _REQUIRED),
-        ("error", "error", _STR, _REQUIRED),
-        ("message", "message", _STR, _REQUIRED),
-        ("operator", "operator", _optional(_STR), None),
-        ("qid", "qid", _optional(_INT), None),
-    )
-    req: int
-    attempt: int
-    status: int
-    error: str
-    message: str
-    operator: str | None = None
-    qid: int | None = None
+    req: int = wire(_INT)
+    attempt: int = wire(_INT, key="att")
+    status: int = wire(_INT)
+    error: str = wire(_STR)
+    message: str = wire(_STR)
+    operator: str | None = wire(_optional(_STR), default=None)
+    qid: int | None = wire(_optional(_INT), default=None)
 
     def body(self) -> dict:
         """The client's JSON error body (unknown operator and qid left out)."""
@@ -397,58 +369,36 @@ class Failure(Message):
 # -- an executor's watchdog (watchdog.py) ----------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@message("stuck")
 class Stuck(Message):
     """Executor -> gateway: a thread is held by an abandoned run of ``operator``."""
 
-    TYPE: ClassVar[str] = "stuck"
-    _FIELDS: ClassVar[tuple] = (
-        ("executor", "executor", _STR, _REQUIRED),
-        ("flow", "flow", _STR, _REQUIRED),
-        ("stage", "stage", _STR, _REQUIRED),
-        ("operator", "operator", _STR, _REQUIRED),
-        ("since", "since", _NUMBER, _REQUIRED),
-    )
-    executor: str
-    flow: str
-    stage: str
-    operator: str
-    since: float  # wall clock, Unix seconds
+    executor: str = wire(_STR)
+    flow: str = wire(_STR)
+    stage: str = wire(_STR)
+    operator: str = wire(_STR)
+    since: float = wire(_NUMBER)  # wall clock, Unix seconds
 
 
-@dataclass(frozen=True, slots=True)
+@message("unstuck")
 class Unstuck(Message):
     """Executor -> gateway: an abandoned run reported by Stuck came back."""
 
-    TYPE: ClassVar[str] = "unstuck"
-    _FIELDS: ClassVar[tuple] = (
-        ("executor", "executor", _STR, _REQUIRED),
-        ("flow", "flow", _STR, _REQUIRED),
-        ("stage", "stage", _STR, _REQUIRED),
-        ("operator", "operator", _STR, _REQUIRED),
-    )
-    executor: str
-    flow: str
-    stage: str
-    operator: str
+    executor: str = wire(_STR)
+    flow: str = wire(_STR)
+    stage: str = wire(_STR)
+    operator: str = wire(_STR)
 
 
-@dataclass(frozen=True, slots=True)
+@message("recycling")
 class Recycling(Message):
     """Executor -> gateway: abandoned work never came back; this executor exits to be
     replaced (the gateway re-runs what it had in flight there at once)."""
 
-    TYPE: ClassVar[str] = "recycling"
-    _FIELDS: ClassVar[tuple] = (
-        ("executor", "executor", _STR, _REQUIRED),
-        ("flow", "flow", _STR, _REQUIRED),
-        ("operator", "operator", _STR, _REQUIRED),
-        ("reason", "reason", _STR, _REQUIRED),
-    )
-    executor: str
-    flow: str
-    operator: str
-    reason: str
+    executor: str = wire(_STR)
+    flow: str = wire(_STR)
+    operator: str = wire(_STR)
+    reason: str = wire(_STR)
 
 
 MESSAGES: dict[str, type[Message]] = {
