@@ -229,14 +229,23 @@ class BatchGt(_Fn):
 
 
 class Alt(_Fn):
-    """anyof alternative: row -> (value, conf). ``final`` ones are always confident."""
+    """anyof alternative: row -> (value, conf). ``final`` ones are always confident.
+    ``same``: every alternative answers a row alike when it is valid (value v + 1, conf
+    1.0; an invalid one says conf 0.0): deployed, the first valid answer to *arrive* wins,
+    not the first in argument order as in ``flow.run`` (docs/flow-semantics.md), so
+    runtime differential tests need alternatives whose valid answers are interchangeable."""
 
-    def __init__(self, src, k, final=False):
+    def __init__(self, src, k, final=False, same=False):
         self.src, self.k, self.final = src, k, final
+        if same:
+            self.same = True
 
     def _one(self, v, qid):
         v = _num(v)
         v = float(qid if v is None else v)
+        if getattr(self, "same", False):
+            valid = self.final or (int(abs(v) * 10) + self.k) % 3 != 0
+            return v + 1, 1.0 if valid else 0.0
         conf = 1.0 if self.final else ((int(abs(v) * 10) + self.k) % 10) / 10
         return v + self.k, conf
 
@@ -257,8 +266,8 @@ class Flaky(Alt):
     """anyof alternative that raises when a row's value exceeds ``limit`` (the whole
     alternative then fails, which anyof treats as 'not valid')."""
 
-    def __init__(self, src, k, limit):
-        super().__init__(src, k)
+    def __init__(self, src, k, limit, same=False):
+        super().__init__(src, k, same=same)
         self.limit = limit
 
     def __call__(self, row):
@@ -272,8 +281,8 @@ class BatchFlaky(BatchAlt):
     """``batching=True`` alternative that raises if any row's value exceeds ``limit``: a
     merged batch fails if one request has such a row, while the others would not."""
 
-    def __init__(self, src, k, limit):
-        super().__init__(src, k)
+    def __init__(self, src, k, limit, same=False):
+        super().__init__(src, k, same=same)
         self.limit = limit
 
     def __call__(self, table):
@@ -370,9 +379,10 @@ class FlowCase:
 
 
 class _Builder:
-    def __init__(self, c: _Choices, race_lookups: int = 0):
+    def __init__(self, c: _Choices, race_lookups: int = 0, same_anyof: bool = False):
         self.c = c
         self.race_lookups = race_lookups  # percent of operators that are a racing map + key lookup
+        self.same_anyof = same_anyof  # anyof alternatives with interchangeable valid answers (Alt)
         self.lines: list[str] = []
         self.features: set[str] = set()
         self.nodes: list[_G] = []
@@ -717,20 +727,23 @@ class _Builder:
         batching = c.chance(25)
         gpu = c.chance(20)
         alts = []
+        same = self.same_anyof
         for i in range(n):
             final = i == n - 1
             if batching and not final and src is not None and c.chance(30):
-                alts.append(BatchFlaky(src, i + 1, c.choice([0, 2, 4])))
+                alts.append(BatchFlaky(src, i + 1, c.choice([0, 2, 4]), same=same))
                 self.features.add("anyof.failing")
             elif batching:
-                alts.append(BatchAlt(src, i + 1, final))
+                alts.append(BatchAlt(src, i + 1, final, same=same))
             elif not final and src is not None and c.chance(25):
-                alts.append(Flaky(src, i + 1, c.choice([0, 2, 4])))
+                alts.append(Flaky(src, i + 1, c.choice([0, 2, 4]), same=same))
                 self.features.add("anyof.failing")
             else:
-                alts.append(Alt(src, i + 1, final))
+                alts.append(Alt(src, i + 1, final, same=same))
         val, conf = self.name(), self.name()
         valid = ConfAtLeast(conf, c.choice([0.3, 0.6, 0.9])) if c.chance(75) else None
+        if same:  # without a valid= every answer is valid, and then their confs differ
+            valid = ConfAtLeast(conf, c.choice([0.3, 0.6, 0.9]))
         node = g.node.anyof(*alts, names=[val, conf], valid=valid, batching=batching, gpu=gpu)
         self.features.add("anyof")
         if valid is not None:
@@ -883,10 +896,17 @@ def flows_and_inputs(
 
 
 def random_case(
-    seed: int, max_ops: int = 8, max_rows: int = 6, max_requests: int = 3, race_lookups: int = 0
+    seed: int,
+    max_ops: int = 8,
+    max_rows: int = 6,
+    max_requests: int = 3,
+    race_lookups: int = 0,
+    same_anyof: bool = False,
 ) -> FlowCase:
-    """The same generator driven by ``random.Random(seed)`` (for loops and benchmarks)."""
-    return _Builder(_Random(random.Random(seed)), race_lookups).build(max_ops, max_rows, max_requests)
+    """The same generator driven by ``random.Random(seed)`` (for loops and benchmarks).
+    ``same_anyof``: anyof alternatives whose valid answers are interchangeable (``Alt``),
+    for comparisons with a deployment, where the first valid answer to arrive wins."""
+    return _Builder(_Random(random.Random(seed)), race_lookups, same_anyof).build(max_ops, max_rows, max_requests)
 
 
 # -- comparing results ---------------------------------------------------------------------------

@@ -37,7 +37,7 @@ def _rename(flow, name):
 def test_deployed_flows_match_flow_run(cluster, optimize):
     checked = errors = 0
     for seed in range(N_FLOWS // 2 if optimize is False else N_FLOWS):
-        case = random_case(1000 + seed)
+        case = random_case(1000 + seed, same_anyof=True)
         flow = _rename(case.flow, unique(f"gen{seed}"))
         cluster.kvs.mput(case.store)
         try:
@@ -73,7 +73,7 @@ def test_racing_stages_feeding_lookups_match_flow_run_with_uneven_caches(cluster
     warmer = CacheWarmer(cluster, http)
     racing = 0
     for seed in range(N_RACING):
-        case = random_case(2000 + seed, max_rows=10, race_lookups=50)
+        case = random_case(2000 + seed, max_rows=10, race_lookups=50, same_anyof=True)
         flow = _rename(case.flow, unique(f"race{seed}"))
         cluster.kvs.mput(case.store)  # invalidates every cached copy of the keys...
         warmer.warm_foreign(KEYS)  # ...then an executor holds a key it does not own
