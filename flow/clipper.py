@@ -65,13 +65,19 @@ class CacheSpec:
     """``map(..., cache=CacheSpec(size=10_000, policy="clock"))``: memoise the operator's
     output per row, keyed by a hash of the columns it reads (``col=`` or the whole row).
     ``size``: entries per executor (per replica); ``policy``: ``"clock"`` (Clipper's LRU
-    approximation) or ``"lru"``. ``cache=True`` is ``CacheSpec()``, ``cache=5000`` a size."""
+    approximation) or ``"lru"``. ``cache=True`` is ``CacheSpec()``, ``cache=5000`` a size.
+    ``shared=True``: deployed, entries also go to the KVS (under the flow version's prefix,
+    expiring ``ttl_s`` after they were written), so a value one replica computed is a hit
+    on the others; a redeploy is a new version and so a new prefix."""
 
     size: int = 10_000
     policy: str = "clock"
+    shared: bool = False
+    ttl_s: float = 3600.0
 
     def describe(self) -> str:
-        return f"cache {self.policy} {self.size}"
+        shared = f" shared ttl {self.ttl_s:g}s" if self.shared else ""
+        return f"cache {self.policy} {self.size}{shared}"
 
 
 def parse_cache(value, label: str) -> CacheSpec | None:
@@ -91,7 +97,18 @@ def parse_cache(value, label: str) -> CacheSpec | None:
         raise FlowValueError(f"operator map {label!r}: cache size must be an int >= 1, got {spec.size!r}")
     if spec.policy not in CACHE_POLICIES:
         raise FlowValueError(f"operator map {label!r}: cache policy {spec.policy!r}; expected one of {CACHE_POLICIES}")
+    if not isinstance(spec.shared, bool):
+        raise FlowTypeError(f"operator map {label!r}: cache shared= must be True or False, got {spec.shared!r}")
+    ttl = spec.ttl_s
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 1 <= ttl < float("inf"):
+        raise FlowValueError(f"operator map {label!r}: cache ttl_s must be a number of seconds >= 1, got {ttl!r}")
     return spec
+
+
+def cache_prefix(flow: str, version: int, node: str) -> str:
+    """Where a shared prediction cache keeps its entries in the KVS: one prefix per flow
+    version and operator (a redeploy's new version starts with none; old ones expire)."""
+    return f"{SYSTEM_PREFIX}pcache:{flow}:v{int(version)}:{node}:"
 
 
 def row_keys(table: Table, col: str | None) -> list[bytes]:

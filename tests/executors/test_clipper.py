@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -14,8 +15,9 @@ import pytest
 from executors.clipper import BACKUP, Hedger
 from executors.prediction_cache import CachedOperator, Clock
 from flow import CacheSpec, Flow, FlowValueError, current_store, feedback
-from flow.clipper import record_key, weights_key
+from flow.clipper import cache_prefix, record_key, weights_key
 from flow.table import Table
+from kvs.cache import CachedKVS
 from tests.executors.conftest import unique
 
 
@@ -63,8 +65,8 @@ def test_cached_operator_same_rows_as_uncached():
     assert again == [{"qid": 7, "y": 2}, {"qid": 8, "y": 4}]
     # first call: 1, 2, 3 computed, the two repeats of 1 hit; size 2 evicted 1 (LRU), so
     # the second call misses 1 and hits 3
-    assert cached.take_counts() == (2 + 1, 3 + 1)
-    assert cached.take_counts() == (0, 0)
+    assert cached.take_counts() == (2 + 1, 3 + 1, 0)
+    assert cached.take_counts() == (0, 0, 0)
 
 
 def test_cache_deployed_hits_and_metrics(cluster, http):
@@ -96,6 +98,107 @@ def test_cache_is_empty_after_redeploy(cluster):
         assert out[0]["calls"] == 1
     finally:
         d2.undeploy()
+
+
+def computed_once(row):
+    """y = 2x, the pid that computed it, and how many times it was computed cluster-wide."""
+    n = current_store().redis.incr(f"pcache-calls:{row.tag}")
+    return row.x * 2, os.getpid(), n, row.tag
+
+
+def served(row):
+    """Passes the row on with the pid that served it. While ``barrier:<tag>`` is set, a run
+    waits until a run on another executor has arrived too (so two concurrent requests are
+    in flight at once: the dispatcher's least-loaded choice sends them to both executors)."""
+    redis = current_store().redis
+    if redis.get(f"barrier:{row.tag}"):
+        redis.sadd(f"arrived:{row.tag}", os.getpid())
+        if redis.scard(f"arrived:{row.tag}") >= 2:
+            redis.rpush(f"go:{row.tag}", 1, 1)
+        if redis.blpop([f"go:{row.tag}"], timeout=10) is None:
+            raise RuntimeError("no run on another executor arrived")
+    return row.y, row.computed_by, row.n, os.getpid()
+
+
+def scores(row):
+    """A str, an int that may be None, and a probability vector (a tensor column)."""
+    p = np.full(3, 0.1)
+    p[row.x % 3] = 0.8
+    return f"c{row.x}", None if row.x == 2 else row.x, p
+
+
+def _rows(table: Table) -> list[dict]:
+    return [{k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in r.items()} for r in table.to_pylist()]
+
+
+def test_cache_shared_rows_survive_the_store(cluster):
+    """A fresh replica (an empty local cache) answers from the KVS with the rows a call
+    would give, types included; a KVS that fails leaves a local cache, not a failure."""
+    f = Flow(unique("cache-shared-unit"), schema={"x": int})
+    node = f.map(scores, names=["s", "n", "p"], cache=CacheSpec(shared=True, ttl_s=30))
+    prefix = cache_prefix(f.name, 1, node.name)
+    store = CachedKVS.from_url(cluster.state["kvs_url"])
+    t = Table.from_any([{"x": v} for v in [1, 2, 3, 1]])
+    want = _rows(node.op.instantiate()([t]))
+    try:
+        a, b = (CachedOperator(node.op.instantiate(), node.op.cache) for _ in range(2))
+        a.share(prefix)
+        b.share(prefix)
+        assert _rows(a([t], store)) == want
+        assert a.take_counts() == (1, 3, 0)
+        got = b([t.take(np.asarray([3, 1, 2, 0]))], store)
+        assert _rows(got) == [want[i] for i in [3, 1, 2, 0]]
+        assert got.column("p").type == node.op.instantiate()([t]).column("p").type
+        assert b.take_counts() == (1, 0, 3)  # 3 keys from the store, the repeat of x=1 from its own
+        broken = CachedOperator(node.op.instantiate(), node.op.cache)
+        broken.share(prefix)
+        store.close()
+        assert _rows(broken([t], store)) == want and broken.take_counts() == (1, 3, 0)
+    finally:
+        cluster.kvs.redis.delete(*cluster.kvs.redis.keys(prefix + "*"))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_cache_shared_value_is_a_hit_on_another_executor(cluster, http, shared):
+    f = Flow(unique("cache-shared"), schema={"x": int, "tag": str})
+    f.map(computed_once, names=["y", "computed_by", "n", "tag"], cache=CacheSpec(shared=shared, ttl_s=60)).map(
+        served, names=["y", "computed_by", "n", "served_by"]
+    )
+    rows = [{"x": 7, "tag": f.name}]
+    d = f.deploy(cluster)
+    try:
+        first = d.invoke(rows).to_pylist()[0]  # computed on one executor
+        cluster.kvs.redis.set(f"barrier:{f.name}", 1)
+        with ThreadPoolExecutor(2) as pool:  # then one request on each executor at once
+            out = [first] + [t.to_pylist()[0] for t in pool.map(d.invoke, [rows, rows])]
+        assert all(r["y"] == 14 for r in out)
+        assert len({r["served_by"] for r in out[1:]}) == 2
+        computers = {r["computed_by"] for r in out}
+        shared_hits = _metric(
+            http, cluster, "flowserve_prediction_cache_lookups_total", flow=f.name, result="shared_hit"
+        )
+        if not shared:  # the control: each replica computes its own
+            assert len(computers) == 2 and sorted(r["n"] for r in out) == [1, 1, 2]
+            assert shared_hits == 0
+            return
+        assert computers == {first["computed_by"]} and {r["n"] for r in out} == {1}  # computed once
+        assert shared_hits == 1  # the other executor's lookup
+        (key,) = cluster.kvs.redis.keys(cache_prefix(f.name, d.version, "computed_once") + "*")
+        assert 0 < cluster.kvs.redis.pttl(key) <= 60_000
+        # a redeploy is a new version: a new prefix, so the value is computed again
+        cluster.kvs.redis.delete(f"barrier:{f.name}")
+        d = f.deploy(cluster)
+        again = d.invoke(rows).to_pylist()[0]
+        assert (again["y"], again["n"]) == (14, 2)
+    finally:
+        d.undeploy()
+
+
+def test_cache_shared_ttl_is_checked():
+    f = Flow(unique("cache-ttl"), schema={"x": int})
+    with pytest.raises(FlowValueError, match="ttl_s"):
+        f.map(fast, names=["y"], cache=CacheSpec(shared=True, ttl_s=0))
+    assert "shared ttl 60s" in f.map(fast, names=["y"], cache=CacheSpec(shared=True, ttl_s=60)).op.describe()
 
 
 # -- deadline answers --------------------------------------------------------------------
