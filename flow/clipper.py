@@ -10,6 +10,8 @@ What each means for ``flow.run`` (docs/flow-semantics.md has the exact form):
 - ``select(models, policy=...)``: deterministic with a seed: the weights are read from the
   store given to ``flow.run`` (uniform when there is none) and Exp3's draw for a query is a
   function of (seed, qid) only. ``feedback(store, flow, qid, reward=|label=)`` updates them.
+  Exp4 votes on the first output column, or averages it when it holds probability / score
+  vectors (a tensor column; ``_exp4_mean``).
 
     s = flow.select([small, big], names=["cls"], policy="exp4", threshold=0.6, default=-1)
     out = flow.run(rows, kvs=weights)       # weights: a dict or a KVS
@@ -399,6 +401,11 @@ class _BoundSelect(BoundOperator):
                         f"operator {self.name!r}: model {callable_name(op.models[j])!r} gave {len(o)} rows for {n}",
                         operator=self.name,
                     )
+            vectors = _score_vectors(self.name, op, outs)
+            if vectors is not None:  # probability / score vectors: a weighted mean (_exp4_mean)
+                out, conf, records = _exp4_mean(op, outs, vectors, [weights[wk] for wk in wkeys], wkeys)
+                cols = {c: out.column(c) for c in op.names}
+                return self._finish(op, table, qids, cols, conf, records, store)
             preds = [o.column(op.names[0]).to_list() for o in outs]
             pick = np.zeros(n, dtype=np.int64)
             conf = []
@@ -419,6 +426,11 @@ class _BoundSelect(BoundOperator):
             rows = [outs[int(pick[i])].take(np.asarray([i])) for i in range(n)]
             out = Table.concat(rows) if rows else outs[0]
         cols = {c: out.column(c) for c in op.names}
+        return self._finish(op, table, qids, cols, conf, records, store)
+
+    def _finish(self, op: SelectOp, table: Table, qids: list[int], cols: dict, conf: list, records: list, store):
+        """The answer's columns plus confidence, the default below the threshold, and the records."""
+        n = len(table)
         conf_col = Column(*build_column(conf, CONFIDENCE_COLUMN)) if n else None
         if op.threshold is not None and n:
             low = [i for i, c in enumerate(conf) if c < op.threshold]
@@ -430,6 +442,62 @@ class _BoundSelect(BoundOperator):
         cols[CONFIDENCE_COLUMN] = conf_col
         _write_records(store, op, qids, records)
         return Table(cols, table.qid)
+
+
+def _score_vectors(name: str, op: SelectOp, outs: list[Table]) -> list | None:
+    """The models' first output column as (values, valid) per model if every model gave a
+    1-d numeric vector per row (a tensor column), else None (Exp4 votes on it instead)."""
+    cols = [o.column(op.names[0]) for o in outs]
+    vector = [c.type.kind == "tensor" and len(c.type.shape) == 1 and c.type.dtype.kind in "biuf" for c in cols]
+    if not any(vector):
+        return None
+    if not all(vector) or len({c.type.shape for c in cols}) != 1:
+        got = ", ".join(f"{callable_name(m)}: {c.type}" for m, c in zip(op.models, cols))
+        raise OperatorOutputError(
+            f"operator {name!r}: Exp4 averages the models' {op.names[0]!r} vectors only if every model gives "
+            f"a vector of one length; got {got}",
+            operator=name,
+        )
+    return [(c.values.astype(float, copy=False), c.valid) for c in cols]
+
+
+def _exp4_mean(op: SelectOp, outs: list[Table], vectors: list, weights: list[np.ndarray], wkeys: list[str]):
+    """Exp4 on score vectors: per row, the weighted mean of the models' vectors (a model
+    whose vector is missing abstains); the answer class is its argmax. The other columns
+    come from the heaviest model whose own argmax is that class (else the heaviest model)."""
+    n, k = len(outs[0]), len(outs)
+    if n == 0:
+        return outs[0], [], []
+    values = np.stack([v for v, _ in vectors], axis=1)  # (n, k, classes)
+    present = np.stack([np.ones(n, dtype=bool) if ok is None else ok for _, ok in vectors], axis=1)  # (n, k)
+    w = np.asarray(weights, dtype=float).reshape(n, k) * present
+    total = w.sum(axis=1)
+    safe = np.where(total > 0, total, 1.0)
+    mean = np.einsum("nk,nkc->nc", w, np.where(present[:, :, None], values, 0.0)) / safe[:, None]
+    answered = total > 0
+    own = values.argmax(axis=2)  # (n, k): each model's class
+    cls = mean.argmax(axis=1)
+    conf, pick, records = [], np.zeros(n, dtype=np.int64), []
+    for i in range(n):
+        agree = [j for j in range(k) if present[i, j] and own[i, j] == cls[i]] if answered[i] else []
+        pool = agree or list(range(k))
+        pick[i] = max(pool, key=lambda j: (w[i, j], -j))
+        conf.append(len(agree) / k)
+        records.append(
+            {
+                "policy": "exp4",
+                "preds": [int(own[i, j]) if present[i, j] else None for j in range(k)],
+                "answer": int(cls[i]) if answered[i] else None,
+                "ctx": wkeys[i],
+            }
+        )
+    rows = [outs[int(pick[i])].take(np.asarray([i])) for i in range(n)]
+    out = Table.concat(rows) if rows else outs[0]
+    first = op.names[0]
+    ctype, arr, valid = build_column([mean[i] if answered[i] else None for i in range(n)], first)
+    cols = {c: out.column(c) for c in out.columns}
+    cols[first] = Column(ctype, arr, valid)
+    return Table(cols, out.qid), conf, records
 
 
 def _vote_key(v):
@@ -452,8 +520,8 @@ def _with_default(name, op: SelectOp, cols: dict, low: list[int], n: int) -> dic
         d = defaults[j] if j < len(defaults) else None
         for i in low:
             values[i] = d
-        try:
-            ctype, arr, valid = build_column(values, c)
+        try:  # a vector column stays one: its default is a vector of its length, or None
+            ctype, arr, valid = build_column(values, c, cols[c].type if cols[c].type.kind == "tensor" else None)
         except Exception as e:
             raise OperatorOutputError(f"operator {name!r}: default answer does not fit column {c!r}: {e}") from None
         out[c] = Column(ctype, arr, valid)
@@ -524,6 +592,9 @@ def apply_feedback(store, selects: Sequence[SelectOp], qid, reward=None, label=N
             preds = rec["preds"]
             if label is not None:
                 loss = np.asarray([float(p != label) for p in preds])
+            elif "answer" in rec:  # score vectors: the answer was the mean's class (_exp4_mean)
+                agree = np.asarray([p is not None and p == rec["answer"] for p in preds])
+                loss = np.where(agree, 1.0 - float(reward), float(reward))
             else:
                 votes: dict = {}
                 for j, p in enumerate(preds):

@@ -5,6 +5,7 @@ deployed answer is compared with flow.run's."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import time
@@ -16,7 +17,7 @@ import pytest
 from executors.clipper import BACKUP, Hedger
 from executors.prediction_cache import CachedOperator, Clock
 from executors.routing import keeps_rows
-from flow import CacheSpec, Flow, FlowValueError, current_store, feedback, optimize
+from flow import CacheSpec, Flow, FlowValueError, OperatorOutputError, current_store, feedback, optimize
 from flow.clipper import cache_prefix, record_key, weights_key
 from flow.table import Table
 from kvs.cache import CachedKVS
@@ -556,5 +557,98 @@ def test_select_per_context_weights_move_independently(cluster, http):
         assert [r["y"] for r in want] == [2, 3, 2]  # a: right's answer, b: wrong's, c (uniform): the first model's
         got = d.invoke(probe).to_pylist()
         assert [(r["y"], r["confidence"]) for r in got] == [(r["y"], r["confidence"]) for r in want]
+    finally:
+        d.undeploy()
+
+
+# -- Exp4 on probability vectors ------------------------------------------------------------
+
+
+def _probs(*p):
+    return np.asarray(p, dtype=float)
+
+
+def sure(row):
+    """Right on class x % 3 with 0.6; names itself."""
+    p = np.full(3, 0.2)
+    p[row.x % 3] = 0.6
+    return p, "sure"
+
+
+def unsure(row):
+    """Leans to the next class: 0.45 on (x + 1) % 3, 0.35 on x % 3."""
+    p = np.full(3, 0.2)
+    p[(row.x + 1) % 3] = 0.45
+    p[row.x % 3] = 0.35
+    return p, "unsure"
+
+
+def also_unsure(row):
+    p = np.full(3, 0.2)
+    p[(row.x + 1) % 3] = 0.45
+    p[row.x % 3] = 0.35
+    return p, "also_unsure"
+
+
+def test_exp4_averages_probability_vectors_in_flow_run():
+    f = Flow(unique("exp4-mean"), schema={"x": int})
+    s = f.select([sure, unsure, also_unsure], names=["p", "who"], policy="exp4")
+    (row,) = f.run([{"x": 0}]).to_pylist()
+    # uniform weights: the mean is [0.433, 0.367, 0.2], class 0 (a vote would answer class 1,
+    # two models to one); only sure agrees, so the other columns are sure's
+    np.testing.assert_allclose(row["p"], [(0.6 + 0.35 + 0.35) / 3, (0.2 + 0.45 + 0.45) / 3, 0.2])
+    assert (row["who"], row["confidence"]) == ("sure", pytest.approx(1 / 3))
+    kv = {weights_key(s.op.prefix, None): json.dumps([0.2, 1.0, 1.0])}
+    (row,) = f.run([{"x": 0}], kvs=kv).to_pylist()
+    np.testing.assert_allclose(row["p"], (0.2 * _probs(0.6, 0.2, 0.2) + 2 * _probs(0.35, 0.45, 0.2)) / 2.2)
+    assert row["p"].argmax() == 1 and row["who"] == "unsure" and row["confidence"] == pytest.approx(2 / 3)
+    # feedback by label judges each model by its own vector's class: sure was right
+    feedback(kv, f, 0, label=0)
+    w = json.loads(kv[weights_key(s.op.prefix, None)])
+    assert w == pytest.approx([0.2 * math.exp(0.5), 1.0, 1.0])
+
+
+def test_exp4_vectors_below_threshold_take_the_default():
+    f = Flow(unique("exp4-default"), schema={"x": int})
+    f.select([sure, unsure, also_unsure], names=["p", "who"], policy="exp4", threshold=0.5, default=(None, "nobody"))
+    assert f.run([{"x": 0}]).to_pylist() == [{"qid": 0, "p": None, "who": "nobody", "confidence": pytest.approx(1 / 3)}]
+    g = Flow(unique("exp4-default-bad"), schema={"x": int})
+    g.select([sure, unsure, also_unsure], names=["p", "who"], policy="exp4", threshold=0.5, default=-1)
+    with pytest.raises(OperatorOutputError, match="default answer does not fit column 'p'"):
+        g.run([{"x": 0}])
+
+
+def ragged(row):
+    return np.zeros(4), "ragged"
+
+
+def test_exp4_vectors_of_different_lengths_name_the_column():
+    f = Flow(unique("exp4-ragged"), schema={"x": int})
+    f.select([sure, ragged], names=["p", "who"], policy="exp4")
+    with pytest.raises(OperatorOutputError, match=r"'p' vectors .*sure: tensor\[float64, \(3,\)\].*ragged"):
+        f.run([{"x": 1}])
+
+
+def test_exp4_vectors_deployed_give_flow_runs_rows_and_learn(cluster, http):
+    f = Flow(unique("exp4-mean-deployed"), schema={"x": int})
+    s = f.select([sure, unsure, also_unsure], names=["p", "who"], policy="exp4")
+    d = f.deploy(cluster)
+    try:
+        rows = [{"x": i} for i in range(6)]
+        ans = d.call(rows)
+        got = ans.table.to_pylist()
+        want = f.run(rows).to_pylist()
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g["p"], w["p"])
+            assert (g["who"], g["confidence"]) == (w["who"], w["confidence"])
+        for q, row in zip(ans.input_qids.tolist(), rows):  # the truth is sure's class
+            r = http.post(f"{d.url}/feedback", json={"qid": q, "label": row["x"] % 3})
+            assert r.status_code == 200, r.text
+        w = cluster.kvs.get(weights_key(s.op.prefix, None))
+        assert w[0] == 1.0 and w[1] == w[2] < 0.2
+        (after,) = d.invoke([{"x": 4}]).to_pylist()  # now the mean follows sure
+        assert after["p"].argmax() == 1 and after["who"] == "sure"
+        store = {weights_key(s.op.prefix, None): json.dumps(w)}
+        np.testing.assert_allclose(after["p"], f.run([{"x": 4}], kvs=store).to_pylist()[0]["p"])
     finally:
         d.undeploy()
