@@ -25,17 +25,19 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import json
 import os
 import time
 
 import numpy as np
 
-from benchmarks.common import plt, progress, save, save_plot
+from benchmarks.common import RESULTS, plt, progress, save, save_plot
 
 SKEWS = (0.6, 1.0, 1.4)
 KEYS = 1000
 HEDGES = ("none", "p90", "p95", "race3")
 CACHES = ("none", "cache", "shared")
+SECTIONS = ("cache", "deadline", "hedging", "selection")
 
 
 def rotated(items, r: int) -> list:
@@ -51,6 +53,19 @@ def rotated(items, r: int) -> list:
 def model_2ms(row):
     time.sleep(0.002)
     return row.k * 7 % 11
+
+
+def model_of(ms: float):
+    """A model that takes ``ms`` per row (2 ms: ``model_2ms``, the first runs' setting)."""
+    if ms == 2:
+        return model_2ms
+
+    def model(row):
+        time.sleep(ms / 1000)
+        return row.k * 7 % 11
+
+    model.__name__ = f"model_{ms:g}ms"
+    return model
 
 
 def member(j: int):
@@ -154,7 +169,7 @@ def _p(values, q):
 # -- experiments -------------------------------------------------------------------------------
 
 
-def exp_cache(cluster, rounds: int, requests: int) -> dict:
+def exp_cache(cluster, rounds: int, requests: int, model_ms: float = 2) -> dict:
     from flow import CacheSpec, Flow
 
     specs = {"none": None, "cache": CacheSpec(size=100), "shared": CacheSpec(size=100, shared=True, ttl_s=600)}
@@ -166,8 +181,8 @@ def exp_cache(cluster, rounds: int, requests: int) -> dict:
             bodies = [{"k": int(k)} for k in keys]
             entry = {}
             for mode in rotated(CACHES, r):  # fresh deployments: the caches start empty
-                f = Flow(f"cache-{mode}-{r}-{int(s * 10)}", schema={"k": int})
-                f.map(model_2ms, names=["y"], cache=specs[mode])
+                f = Flow(f"cache-{model_ms:g}ms-{mode}-{r}-{int(s * 10)}", schema={"k": int})
+                f.map(model_of(model_ms), names=["y"], cache=specs[mode])
                 d = cluster.deploy(f)
                 _post_all(d.url, [{"k": -1 - i} for i in range(8)], 4)  # warm: connections, replicas
                 t0 = time.perf_counter()
@@ -186,7 +201,7 @@ def exp_cache(cluster, rounds: int, requests: int) -> dict:
                 d.undeploy()
             rows[s].append(entry)
             progress(
-                f"cache round {r + 1} s={s}: "
+                f"cache ({model_ms:g} ms model) round {r + 1} s={s}: "
                 + ", ".join(f"{m} {entry[m]['req_per_s']:.0f} req/s hit {entry[m]['hit_rate']:.2f}" for m in CACHES)
             )
     summary = {}
@@ -199,6 +214,7 @@ def exp_cache(cluster, rounds: int, requests: int) -> dict:
                 np.median([e[mode]["req_per_s"] / e["none"]["req_per_s"] for e in rows[s]])
             )
     return {
+        "model_ms": model_ms,
         "skews": list(SKEWS),
         "keys": KEYS,
         "cache_size_per_replica": 100,
@@ -374,7 +390,8 @@ def run(argv=None) -> dict:
     p.add_argument("--requests", type=int, default=200, help="requests per configuration and round")
     p.add_argument("--queries", type=int, default=898, help="selection: digits test queries (898 at most)")
     p.add_argument("--quick", action="store_true", help="1 round of 100 requests, 400 selection queries")
-    p.add_argument("--only", default="cache,deadline,hedging,selection")
+    p.add_argument("--only", default="cache,deadline,hedging,selection", help="a subset updates only its sections")
+    p.add_argument("--cache-model-ms", default="2", help="cache: the model's cost per row, ms (several: 2,20)")
     args = p.parse_args(argv)
     os.environ.setdefault("FLOWSERVE_QUIET", "1")
     if args.quick:
@@ -383,9 +400,22 @@ def run(argv=None) -> dict:
 
     only = args.only.split(",")
     out = {"rounds": args.rounds, "requests": args.requests, "executors": 3, "threads": 4}
+    model_ms = [float(x) for x in args.cache_model_ms.split(",")]
+    cache_keys = ["cache" if ms == 2 else f"cache_{ms:g}ms" for ms in model_ms]
+    written = [k for k in only if k != "cache"] + (cache_keys if "cache" in only else [])
+    previous = RESULTS / "clipper.json"
+    if previous.exists():
+        # the sections this run does not measure are kept from the last run (and named)
+        kept = json.loads(previous.read_text())
+        kept = {k: v for k, v in kept.items() if k in SECTIONS or k.startswith("cache_")}
+        kept = {k: v for k, v in kept.items() if k not in written}
+        if kept:
+            out["kept_from_previous_run"] = sorted(kept)
+            out.update(kept)
     with LocalCluster(ClusterConfig(executors=3, threads=4, request_timeout_s=30)) as cluster:
         if "cache" in only:
-            out["cache"] = exp_cache(cluster, args.rounds, args.requests)
+            for ms, key in zip(model_ms, cache_keys):
+                out[key] = exp_cache(cluster, args.rounds, args.requests, ms)
         if "deadline" in only:
             out["deadline"] = exp_deadline(cluster, args.rounds, args.requests)
         if "hedging" in only:
@@ -397,23 +427,30 @@ def run(argv=None) -> dict:
     return out
 
 
+def _plot_cache(ax, section: dict) -> None:
+    c = section["summary"]
+    x = np.arange(len(c))
+    labels = {"none": "no cache", "cache": "cache (100/replica)", "shared": "shared through the KVS"}
+    for j, mode in enumerate(CACHES):
+        at = x + (j - 1) * 0.27
+        ax.bar(at, [v[mode]["req_per_s"] for v in c.values()], 0.27, label=labels[mode])
+        if mode != "none":
+            for i, v in enumerate(c.values()):
+                ax.annotate(f"{v[mode]['hit_rate']:.0%}", (at[i], v[mode]["req_per_s"]), ha="center", fontsize=7)
+    ax.set_xticks(x, [f"Zipf s={s}" for s in c])
+    ax.set_ylabel("req/s (c=4)")
+    ax.set_title(f"prediction cache, {section.get('model_ms', 2):g} ms model (hit rates)")
+    ax.legend(fontsize=7)
+
+
 def _plot(out: dict) -> None:
     pyplot = plt()
-    fig, ax = pyplot.subplots(1, 4, figsize=(20, 4))
-    if "cache" in out:
-        c = out["cache"]["summary"]
-        x = np.arange(len(c))
-        labels = {"none": "no cache", "cache": "cache (100/replica)", "shared": "shared through the KVS"}
-        for j, mode in enumerate(CACHES):
-            at = x + (j - 1) * 0.27
-            ax[0].bar(at, [v[mode]["req_per_s"] for v in c.values()], 0.27, label=labels[mode])
-            if mode != "none":
-                for i, v in enumerate(c.values()):
-                    ax[0].annotate(f"{v[mode]['hit_rate']:.0%}", (at[i], v[mode]["req_per_s"]), ha="center", fontsize=7)
-        ax[0].set_xticks(x, [f"Zipf s={s}" for s in c])
-        ax[0].set_ylabel("req/s (c=4)")
-        ax[0].set_title("prediction cache")
-        ax[0].legend()
+    caches = [k for k in out if k == "cache" or (k.startswith("cache_") and k.endswith("ms"))]
+    n = len(caches) + 3
+    fig, axes = pyplot.subplots(1, n, figsize=(5 * n, 4))
+    for i, key in enumerate(caches):
+        _plot_cache(axes[i], out[key])
+    ax = [None] + list(axes[len(caches) :])  # ax[1..3]: deadline, hedging, selection
     if "deadline" in out:
         d = out["deadline"]["summary"]
         ax[1].bar(list(d), [v["p99_ms"] for v in d.values()], color=["gray", "tab:green"])
