@@ -1,7 +1,8 @@
 """Clipper's layer (issue #18), four experiments side by side on one local cluster:
 
 - cache: a 2 ms "model" behind ``map(..., cache=100)``, queries drawn from a bounded Zipf
-  over 1000 keys (skew s = 0.6 / 1.0 / 1.4): throughput and hit rate vs no cache.
+  over 1000 keys (skew s = 0.6 / 1.0 / 1.4): throughput and hit rate vs no cache, per
+  replica and shared through the KVS (``CacheSpec(shared=True)``).
 - deadline: an ensemble of 3 members (each right 75% of the time, independently), one
   member per request slowed to 150 ms with probability 0.3; majority vote of what arrived:
   p99 and accuracy with ``deadline_ms=25`` vs waiting for all.
@@ -10,10 +11,11 @@
 - selection: 4 classifiers trained on scikit-learn's digits (their test-set predictions,
   precomputed); halfway through the run the best one drifts (70% of its answers become
   wrong). Exp3 (one model per query, reward feedback) regret against the best fixed model
-  in hindsight; Exp4 (weighted vote, label feedback) error against the best single model.
+  in hindsight; Exp4 (weighted vote, label feedback) error against the best single model;
+  Exp4 on the models' predicted probabilities (weighted mean of the vectors) likewise.
 
-Configurations of an experiment are interleaved in rounds on one cluster; figures are
-medians over rounds. On a shared 2-core machine the absolute numbers are noisy; compare
+Configurations of an experiment are interleaved in rounds on one cluster (their order
+rotates from round to round); figures are medians over rounds. On a shared 2-core machine the absolute numbers are noisy; compare
 within one run.
 
     python -m benchmarks clipper [--rounds 3] [--requests 200] [--quick]
@@ -23,16 +25,26 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import json
 import os
 import time
 
 import numpy as np
 
-from benchmarks.common import plt, progress, save, save_plot
+from benchmarks.common import RESULTS, plt, progress, save, save_plot
 
 SKEWS = (0.6, 1.0, 1.4)
 KEYS = 1000
 HEDGES = ("none", "p90", "p95", "race3")
+CACHES = ("none", "cache", "shared")
+SECTIONS = ("cache", "deadline", "hedging", "selection")
+
+
+def rotated(items, r: int) -> list:
+    """``items`` starting at position ``r`` (mod len): each configuration takes each place in turn."""
+    items = list(items)
+    k = r % len(items)
+    return items[k:] + items[:k]
 
 
 # -- operators (shipped to the executors by value) ----------------------------------------
@@ -41,6 +53,19 @@ HEDGES = ("none", "p90", "p95", "race3")
 def model_2ms(row):
     time.sleep(0.002)
     return row.k * 7 % 11
+
+
+def model_of(ms: float):
+    """A model that takes ``ms`` per row (2 ms: ``model_2ms``, the first runs' setting)."""
+    if ms == 2:
+        return model_2ms
+
+    def model(row):
+        time.sleep(ms / 1000)
+        return row.k * 7 % 11
+
+    model.__name__ = f"model_{ms:g}ms"
+    return model
 
 
 def member(j: int):
@@ -69,6 +94,23 @@ class GammaSleep:
     def __call__(self, row):
         time.sleep(self.rng.gamma(0.5, 10.0) / 1000)
         return row.x
+
+
+def make_prob_models(probs: np.ndarray, drift_at: int, worst: int):
+    """Model j answers the probability vector probs[j][i]; after ``drift_at`` the drifting
+    model's vector is shifted by one class on the same queries as ``make_models``'s."""
+    fns = []
+    for j in range(len(probs)):
+
+        def fn(row, j=j):
+            p = probs[j][row.i]
+            if j == worst and row.i >= drift_at and (row.i * 7919) % 10 < 7:
+                p = np.roll(p, 1)
+            return p
+
+        fn.__name__ = f"model{j}"
+        fns.append(fn)
+    return fns
 
 
 def make_models(preds: np.ndarray, drift_at: int, worst: int):
@@ -127,9 +169,10 @@ def _p(values, q):
 # -- experiments -------------------------------------------------------------------------------
 
 
-def exp_cache(cluster, rounds: int, requests: int) -> dict:
+def exp_cache(cluster, rounds: int, requests: int, model_ms: float = 2) -> dict:
     from flow import CacheSpec, Flow
 
+    specs = {"none": None, "cache": CacheSpec(size=100), "shared": CacheSpec(size=100, shared=True, ttl_s=600)}
     rows = {s: [] for s in SKEWS}
     for r in range(rounds):
         for s in SKEWS:
@@ -137,34 +180,47 @@ def exp_cache(cluster, rounds: int, requests: int) -> dict:
             keys = np.random.default_rng([r, int(s * 10)]).choice(KEYS, size=requests, p=p / p.sum())
             bodies = [{"k": int(k)} for k in keys]
             entry = {}
-            for cached in (False, True):  # fresh deployments: the cache starts empty
-                f = Flow(f"cache-{'on' if cached else 'off'}-{r}-{int(s * 10)}", schema={"k": int})
-                f.map(model_2ms, names=["y"], cache=CacheSpec(size=100) if cached else None)
+            for mode in rotated(CACHES, r):  # fresh deployments: the caches start empty
+                f = Flow(f"cache-{model_ms:g}ms-{mode}-{r}-{int(s * 10)}", schema={"k": int})
+                f.map(model_of(model_ms), names=["y"], cache=specs[mode])
                 d = cluster.deploy(f)
                 _post_all(d.url, [{"k": -1 - i} for i in range(8)], 4)  # warm: connections, replicas
                 t0 = time.perf_counter()
                 _post_all(d.url, bodies, 4)
                 secs = time.perf_counter() - t0
-                hits = _metric(cluster, "flowserve_prediction_cache_lookups_total", flow=f.name, result="hit")
-                miss = _metric(cluster, "flowserve_prediction_cache_lookups_total", flow=f.name, result="miss")
-                entry["cache" if cached else "none"] = {
+                looked = {
+                    res: _metric(cluster, "flowserve_prediction_cache_lookups_total", flow=f.name, result=res)
+                    for res in ("hit", "shared_hit", "miss")
+                }
+                total = sum(looked.values())
+                entry[mode] = {
                     "req_per_s": requests / secs,
-                    "hit_rate": hits / (hits + miss) if hits + miss else 0.0,
+                    "hit_rate": (looked["hit"] + looked["shared_hit"]) / total if total else 0.0,
+                    "shared_hit_rate": looked["shared_hit"] / total if total else 0.0,
                 }
                 d.undeploy()
             rows[s].append(entry)
             progress(
-                f"cache round {r + 1} s={s}: none {entry['none']['req_per_s']:.0f} req/s, "
-                f"cache {entry['cache']['req_per_s']:.0f} req/s, hit rate {entry['cache']['hit_rate']:.2f}"
+                f"cache ({model_ms:g} ms model) round {r + 1} s={s}: "
+                + ", ".join(f"{m} {entry[m]['req_per_s']:.0f} req/s hit {entry[m]['hit_rate']:.2f}" for m in CACHES)
             )
     summary = {}
+    keys = ("req_per_s", "hit_rate", "shared_hit_rate")
     for s in SKEWS:
-        summary[str(s)] = {
-            mode: {k: float(np.median([e[mode][k] for e in rows[s]])) for k in ("req_per_s", "hit_rate")}
-            for mode in ("none", "cache")
-        }
-        summary[str(s)]["speedup"] = summary[str(s)]["cache"]["req_per_s"] / summary[str(s)]["none"]["req_per_s"]
-    return {"skews": list(SKEWS), "keys": KEYS, "cache_size_per_replica": 100, "summary": summary}
+        summary[str(s)] = {mode: {k: float(np.median([e[mode][k] for e in rows[s]])) for k in keys} for mode in CACHES}
+        # the speedup of each round (both sides measured within it), then the median
+        for mode in ("cache", "shared"):
+            summary[str(s)][f"speedup_{mode}"] = float(
+                np.median([e[mode]["req_per_s"] / e["none"]["req_per_s"] for e in rows[s]])
+            )
+    return {
+        "model_ms": model_ms,
+        "skews": list(SKEWS),
+        "keys": KEYS,
+        "cache_size_per_replica": 100,
+        "summary": summary,
+        "rounds": {str(s): rows[s] for s in SKEWS},
+    }
 
 
 def exp_deadline(cluster, rounds: int, requests: int) -> dict:
@@ -185,7 +241,8 @@ def exp_deadline(cluster, rounds: int, requests: int) -> dict:
             else {"seed": int(r * 100000 + i), "label": int(rng.integers(10)), "slow": -1}
             for i in range(requests)
         ]
-        for mode, d in flows.items():
+        for mode in rotated(flows, r):
+            d = flows[mode]
             got = _post_all(d.url, bodies, 4)
             ms = [g[0] for g in got]
             acc = np.mean([g[1][0]["y"] == b["label"] for g, b in zip(got, bodies)])
@@ -221,7 +278,7 @@ def exp_hedging(cluster, rounds: int, requests: int) -> dict:
         _post_all(deps[mode].url, [{"x": 0}] * 60, 2)  # warm: the hedge learns its percentile
     res = {m: [] for m in HEDGES}
     for r in range(rounds):
-        for mode in HEDGES:
+        for mode in rotated(HEDGES, r):
             d = deps[mode]
             before = _metric(cluster, "flowserve_hedges_total", flow=d.name, outcome="sent")
             got = _post_all(d.url, [{"x": i} for i in range(requests)], 2)
@@ -256,24 +313,38 @@ def digits_predictions():
         GaussianNB(),
         DecisionTreeClassifier(max_depth=6, random_state=0),
     ]
-    preds = np.asarray([m.fit(Xtr, ytr).predict(Xte) for m in models])
-    return preds, yte, [type(m).__name__ for m in models]
+    for m in models:
+        m.fit(Xtr, ytr)
+    preds = np.asarray([m.predict(Xte) for m in models])
+    probs = np.asarray([m.predict_proba(Xte) for m in models])  # every model was fit on all 10 classes
+    return preds, probs, yte, [type(m).__name__ for m in models]
 
 
 def exp_selection(cluster, queries: int) -> dict:
     from flow import Flow
 
-    preds, labels, names = digits_predictions()
+    preds, probs, labels, names = digits_predictions()
     n = min(queries, len(labels))
     acc0 = (preds[:, :n] == labels[:n]).mean(axis=1)
     best = int(np.argmax(acc0))
     drift_at = n // 2
     fns = make_models(preds, drift_at, best)
+    prob_fns = make_prob_models(probs, drift_at, best)
     realized = np.asarray([[fns[j](_Row(i)) == labels[i] for i in range(n)] for j in range(len(fns))], dtype=float)
+    realized_p = np.asarray(
+        [[int(np.argmax(prob_fns[j](_Row(i)))) == labels[i] for i in range(n)] for j in range(len(fns))], dtype=float
+    )
     out = {"models": names, "queries": n, "drift_at": drift_at, "drifting_model": names[best]}
-    for policy in ("exp3", "exp4"):
+    for policy in ("exp3", "exp4", "exp4_mean"):
         f = Flow(f"select-{policy}", schema={"i": int})
-        f.select(fns, names=["y"], policy=policy, seed=1, eta=0.3 if policy == "exp3" else 0.5, explore=0.05)
+        f.select(
+            prob_fns if policy == "exp4_mean" else fns,
+            names=["y"],
+            policy=policy[:4],
+            seed=1,
+            eta=0.3 if policy == "exp3" else 0.5,
+            explore=0.05,
+        )
         d = cluster.deploy(f)
         correct = []
         import httpx
@@ -282,6 +353,7 @@ def exp_selection(cluster, queries: int) -> dict:
             for i in range(n):
                 r = http.post(d.url, json={"i": i})
                 y = r.json()["rows"][0]["y"]
+                y = int(np.argmax(y)) if policy == "exp4_mean" else y
                 q = int(r.headers["x-qid-start"])
                 ok = float(y == labels[i])
                 correct.append(ok)
@@ -289,7 +361,7 @@ def exp_selection(cluster, queries: int) -> dict:
                 http.post(f"{d.url}/feedback", json=fb)
         d.undeploy()
         correct = np.asarray(correct)
-        best_fixed = realized.sum(axis=1).max()
+        best_fixed = (realized_p if policy == "exp4_mean" else realized).sum(axis=1).max()
         out[policy] = {
             "accuracy": float(correct.mean()),
             "cumulative_correct": np.cumsum(correct).tolist(),
@@ -318,7 +390,8 @@ def run(argv=None) -> dict:
     p.add_argument("--requests", type=int, default=200, help="requests per configuration and round")
     p.add_argument("--queries", type=int, default=898, help="selection: digits test queries (898 at most)")
     p.add_argument("--quick", action="store_true", help="1 round of 100 requests, 400 selection queries")
-    p.add_argument("--only", default="cache,deadline,hedging,selection")
+    p.add_argument("--only", default="cache,deadline,hedging,selection", help="a subset updates only its sections")
+    p.add_argument("--cache-model-ms", default="2", help="cache: the model's cost per row, ms (several: 2,20)")
     args = p.parse_args(argv)
     os.environ.setdefault("FLOWSERVE_QUIET", "1")
     if args.quick:
@@ -327,9 +400,22 @@ def run(argv=None) -> dict:
 
     only = args.only.split(",")
     out = {"rounds": args.rounds, "requests": args.requests, "executors": 3, "threads": 4}
+    model_ms = [float(x) for x in args.cache_model_ms.split(",")]
+    cache_keys = ["cache" if ms == 2 else f"cache_{ms:g}ms" for ms in model_ms]
+    written = [k for k in only if k != "cache"] + (cache_keys if "cache" in only else [])
+    previous = RESULTS / "clipper.json"
+    if previous.exists():
+        # the sections this run does not measure are kept from the last run (and named)
+        kept = json.loads(previous.read_text())
+        kept = {k: v for k, v in kept.items() if k in SECTIONS or k.startswith("cache_")}
+        kept = {k: v for k, v in kept.items() if k not in written}
+        if kept:
+            out["kept_from_previous_run"] = sorted(kept)
+            out.update(kept)
     with LocalCluster(ClusterConfig(executors=3, threads=4, request_timeout_s=30)) as cluster:
         if "cache" in only:
-            out["cache"] = exp_cache(cluster, args.rounds, args.requests)
+            for ms, key in zip(model_ms, cache_keys):
+                out[key] = exp_cache(cluster, args.rounds, args.requests, ms)
         if "deadline" in only:
             out["deadline"] = exp_deadline(cluster, args.rounds, args.requests)
         if "hedging" in only:
@@ -341,20 +427,30 @@ def run(argv=None) -> dict:
     return out
 
 
+def _plot_cache(ax, section: dict) -> None:
+    c = section["summary"]
+    x = np.arange(len(c))
+    labels = {"none": "no cache", "cache": "cache (100/replica)", "shared": "shared through the KVS"}
+    for j, mode in enumerate(CACHES):
+        at = x + (j - 1) * 0.27
+        ax.bar(at, [v[mode]["req_per_s"] for v in c.values()], 0.27, label=labels[mode])
+        if mode != "none":
+            for i, v in enumerate(c.values()):
+                ax.annotate(f"{v[mode]['hit_rate']:.0%}", (at[i], v[mode]["req_per_s"]), ha="center", fontsize=7)
+    ax.set_xticks(x, [f"Zipf s={s}" for s in c])
+    ax.set_ylabel("req/s (c=4)")
+    ax.set_title(f"prediction cache, {section.get('model_ms', 2):g} ms model (hit rates)")
+    ax.legend(fontsize=7)
+
+
 def _plot(out: dict) -> None:
     pyplot = plt()
-    fig, ax = pyplot.subplots(1, 4, figsize=(20, 4))
-    if "cache" in out:
-        c = out["cache"]["summary"]
-        x = np.arange(len(c))
-        ax[0].bar(x - 0.2, [v["none"]["req_per_s"] for v in c.values()], 0.4, label="no cache")
-        ax[0].bar(x + 0.2, [v["cache"]["req_per_s"] for v in c.values()], 0.4, label="cache (100/replica)")
-        for i, v in enumerate(c.values()):
-            ax[0].annotate(f"hit {v['cache']['hit_rate']:.0%}", (i + 0.2, v["cache"]["req_per_s"]), ha="center")
-        ax[0].set_xticks(x, [f"Zipf s={s}" for s in c])
-        ax[0].set_ylabel("req/s (c=4)")
-        ax[0].set_title("prediction cache")
-        ax[0].legend()
+    caches = [k for k in out if k == "cache" or (k.startswith("cache_") and k.endswith("ms"))]
+    n = len(caches) + 3
+    fig, axes = pyplot.subplots(1, n, figsize=(5 * n, 4))
+    for i, key in enumerate(caches):
+        _plot_cache(axes[i], out[key])
+    ax = [None] + list(axes[len(caches) :])  # ax[1..3]: deadline, hedging, selection
     if "deadline" in out:
         d = out["deadline"]["summary"]
         ax[1].bar(list(d), [v["p99_ms"] for v in d.values()], color=["gray", "tab:green"])
@@ -377,8 +473,9 @@ def _plot(out: dict) -> None:
         s = out["selection"]
         for nm, cum in s["model_cumulative"].items():
             ax[3].plot(cum, lw=0.8, ls="--", label=nm)
-        for pol in ("exp3", "exp4"):
-            ax[3].plot(s[pol]["cumulative_correct"], lw=2, label=pol)
+        for pol in ("exp3", "exp4", "exp4_mean"):
+            if pol in s:
+                ax[3].plot(s[pol]["cumulative_correct"], lw=2, label=pol)
         ax[3].axvline(s["drift_at"], color="k", lw=0.5)
         ax[3].set_xlabel("query")
         ax[3].set_ylabel("cumulative correct")

@@ -37,6 +37,7 @@ import numpy as np
 from executors.batcher import WorkItem
 from executors.prediction_cache import CachedOperator
 from executors.routing import complete, merge
+from flow.clipper import cache_prefix
 
 log = logging.getLogger("flowserve.executor")
 
@@ -197,6 +198,9 @@ def equip(executor, hosted) -> None:
         hosted.hedger = Hedger(stage.hedge, executor.address, executor.send)
     if stage.deadline_answers:
         hosted.early = EarlyAnswers(executor, hosted)
+    for c in caches:
+        if c.spec.shared:
+            c.share(cache_prefix(hosted.plan.flow_name, hosted.version, c.name))
     if caches:
         # hits are quick and misses are the model's cost: an average would mark the stage
         # cheap and run misses on the IO thread, stalling every other message. Keep it on the pool.
@@ -210,12 +214,12 @@ def _report(hosted, caches, item: WorkItem) -> dict | None:
     """What this stage's trace entry adds for the gateway's /metrics (metrics.py)."""
     extra = {}
     if caches:
-        hits = misses = 0
+        hits = misses = shared = 0
         for c in caches:
-            h, m = c.take_counts()
-            hits, misses = hits + h, misses + m
-        if hits or misses:
-            extra["cache"] = [hits, misses]
+            h, m, sh = c.take_counts()
+            hits, misses, shared = hits + h, misses + m, shared + sh
+        if hits or misses or shared:
+            extra["cache"] = [hits, misses, shared] if shared else [hits, misses]
     if hosted.hedger is not None:
         mark = hosted.hedger.finish(item)
         if mark:

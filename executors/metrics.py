@@ -70,7 +70,7 @@ class Metrics:
         # Clipper's layer (flow/clipper.py): reported in the stage's trace entry (executors/clipper.py)
         self.cache_lookups = Counter(
             "flowserve_prediction_cache_lookups",
-            "Prediction cache lookups of map(..., cache=...) stages, by result (hit or miss)",
+            "Prediction cache lookups of map(..., cache=...) stages, by result (hit, shared_hit: from the KVS, miss)",
             ["flow", "stage", "result"],
             registry=r,
         )
@@ -100,9 +100,11 @@ class Metrics:
 
     def _clipper(self, flow: str, stage: str, extra: dict) -> None:
         cache = extra.get("cache")
-        if isinstance(cache, list) and len(cache) == 2:
+        if isinstance(cache, list) and len(cache) in (2, 3):  # [hits, misses] or [hits, misses, shared hits]
             self.child(self.cache_lookups, flow, stage, "hit").inc(max(0, int(cache[0])))
             self.child(self.cache_lookups, flow, stage, "miss").inc(max(0, int(cache[1])))
+            if len(cache) == 3:
+                self.child(self.cache_lookups, flow, stage, "shared_hit").inc(max(0, int(cache[2])))
         hedge = extra.get("hedge")
         if hedge in ("sent", "backup"):
             self.child(self.hedges, flow, stage, "sent").inc()

@@ -10,10 +10,19 @@ by a number of entries.
 
     cached = CachedOperator(bound_map, CacheSpec(size=10_000))
     out = cached([table], store)
+
+Shared (``CacheSpec(shared=True)``, deployed): the executor names a KVS prefix per flow
+version and operator (``flow.clipper.cache_prefix``, set by ``executors.clipper.equip``).
+Local misses are then looked up in the KVS in one MGET through the executor's cached
+KVS; what is found there is a hit (counted apart, ``shared_hits``) and kept locally; what
+is computed is written there (one row as a Table: Arrow, never pickle) with the spec's
+TTL. The store failing degrades to a local cache, never to a failed request. Without a
+prefix (``flow.run``, the in-process interpreter) a shared spec is a local cache.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 
@@ -22,6 +31,9 @@ import numpy as np
 from flow.clipper import CacheSpec, row_keys
 from flow.operators import BoundOperator
 from flow.table import Table
+from kvs.serialization import encode
+
+log = logging.getLogger("flowserve.executor")
 
 
 class LRU:
@@ -99,8 +111,14 @@ class CachedOperator(BoundOperator):
         self.spec = spec
         self.entries = Clock(spec.size) if spec.policy == "clock" else LRU(spec.size)
         self.lock = threading.Lock()
-        self.hits = self.misses = 0
-        self._reported = (0, 0)
+        self.hits = self.misses = self.shared_hits = 0
+        self._reported = (0, 0, 0)
+        self.prefix: str | None = None  # set by share(): entries also live in the KVS
+        self._warned = False
+
+    def share(self, prefix: str) -> None:
+        """Keep entries in the KVS under ``prefix`` too (a ``CacheSpec(shared=True)``)."""
+        self.prefix = prefix
 
     def __call__(self, inputs, store=None):
         (table,) = inputs
@@ -111,7 +129,11 @@ class CachedOperator(BoundOperator):
         with self.lock:
             found = [self.entries.get(k) for k in keys]
         miss = [i for i, v in enumerate(found) if v is None]
-        computed = None
+        shared = 0
+        if miss and self.prefix is not None and store is not None:
+            shared = self._read_shared(store, keys, found, miss)
+            if shared:
+                miss = [i for i in miss if found[i] is None]
         if miss:
             first: dict = {}  # a key missed twice in one call is computed once
             for i in miss:
@@ -123,6 +145,8 @@ class CachedOperator(BoundOperator):
             with self.lock:
                 for key, row in fresh.items():
                     self.entries.put(key, row)
+            if self.prefix is not None and store is not None:
+                self._write_shared(store, fresh)
             for i in miss:
                 found[i] = fresh[keys[i]]
             miss = todo
@@ -131,18 +155,57 @@ class CachedOperator(BoundOperator):
                     self.misses += n
                 return computed
         with self.lock:
-            self.hits += n - len(miss)
+            self.hits += n - len(miss) - shared
+            self.shared_hits += shared
             self.misses += len(miss)
         out = Table.concat(found)
         return Table({c: out.column(c) for c in out.columns}, table.qid)
 
-    def take_counts(self) -> tuple[int, int]:
-        """(hits, misses) since the last call: what this stage's next trace entry reports."""
+    def _read_shared(self, store, keys: list[bytes], found: list, miss: list[int]) -> int:
+        """Fill ``found`` at ``miss`` from the KVS; returns how many distinct keys it found."""
+        wanted = list(dict.fromkeys(keys[i] for i in miss))
+        try:
+            values = store.mget([self.prefix + k.hex() for k in wanted], default=None)
+        except Exception as e:  # the store is down or slow: compute, as a local cache would
+            self._warn("read", e)
+            return 0
+        got = {k: v for k, v in zip(wanted, values) if isinstance(v, Table) and len(v) == 1}
+        if not got:
+            return 0
         with self.lock:
-            h, m = self.hits, self.misses
-            rh, rm = self._reported
-            self._reported = (h, m)
-        return h - rh, m - rm
+            for k, v in got.items():
+                self.entries.put(k, v)
+        for i in miss:
+            v = got.get(keys[i])
+            if v is not None:
+                found[i] = v
+        return len(got)  # a key repeated within the call counts as one shared hit and local hits
+
+    def _write_shared(self, store, fresh: dict) -> None:
+        redis = getattr(store, "redis", None)
+        if redis is None:
+            return
+        try:
+            pipe = redis.pipeline(transaction=False)
+            ttl_ms = int(self.spec.ttl_s * 1000)
+            for key, row in fresh.items():
+                pipe.set(self.prefix + key.hex(), encode(row), px=ttl_ms)
+            pipe.execute()
+        except Exception as e:  # unencodable output or the store down: the local cache still has it
+            self._warn("write", e)
+
+    def _warn(self, what: str, e: Exception) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("prediction cache of %r: shared %s failed, using the local cache: %s", self.name, what, e)
+
+    def take_counts(self) -> tuple[int, int, int]:
+        """(local hits, misses, shared hits) since the last call: what this stage's next trace entry reports."""
+        with self.lock:
+            now = (self.hits, self.misses, self.shared_hits)
+            before = self._reported
+            self._reported = now
+        return tuple(a - b for a, b in zip(now, before))
 
 
 def wrap(bound: BoundOperator) -> BoundOperator:

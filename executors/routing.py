@@ -17,7 +17,8 @@ Racing copies of a producer (``competitive > 1``) each split the same output, an
 their parts alike; consumers keep the first part per label. The labels only fit together
 if every copy splits the same way, so a racing producer routes continuation rows by pure
 rendezvous, ignoring its own cache (``keeps_rows``): a part then has one content and one
-destination whichever copy sends it, and the continuation there runs it once.
+destination whichever copy sends it, and the continuation there runs it once. A hedged
+producer's backup copy races its primary the same way, so it routes the same way.
 
 Each part carries its rows' positions in the table that was split (``optimizer.positions``),
 so consumers merge the parts back into the request's row order (``merge``).
@@ -96,8 +97,9 @@ def keeps_rows(producer, consumer) -> bool:
     caches differ, and would each split the same rows differently under the same labels
     (rows duplicated or lost, or parts that never add up). Pure rendezvous makes every
     copy's split the same; the first copy of each part to arrive at its owner runs. (Routing
-    only the winner's output would need the copies to agree on a winner first: a round trip.)"""
-    return consumer.continuation is not None and producer.competitive == 1
+    only the winner's output would need the copies to agree on a winner first: a round trip.)
+    Nor for a hedged producer: its backup copy is a racing copy that starts late."""
+    return consumer.continuation is not None and producer.competitive == 1 and producer.hedge is None
 
 
 def _by_key(

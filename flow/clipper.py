@@ -10,6 +10,8 @@ What each means for ``flow.run`` (docs/flow-semantics.md has the exact form):
 - ``select(models, policy=...)``: deterministic with a seed: the weights are read from the
   store given to ``flow.run`` (uniform when there is none) and Exp3's draw for a query is a
   function of (seed, qid) only. ``feedback(store, flow, qid, reward=|label=)`` updates them.
+  Exp4 votes on the first output column, or averages it when it holds probability / score
+  vectors (a tensor column; ``_exp4_mean``).
 
     s = flow.select([small, big], names=["cls"], policy="exp4", threshold=0.6, default=-1)
     out = flow.run(rows, kvs=weights)       # weights: a dict or a KVS
@@ -65,13 +67,19 @@ class CacheSpec:
     """``map(..., cache=CacheSpec(size=10_000, policy="clock"))``: memoise the operator's
     output per row, keyed by a hash of the columns it reads (``col=`` or the whole row).
     ``size``: entries per executor (per replica); ``policy``: ``"clock"`` (Clipper's LRU
-    approximation) or ``"lru"``. ``cache=True`` is ``CacheSpec()``, ``cache=5000`` a size."""
+    approximation) or ``"lru"``. ``cache=True`` is ``CacheSpec()``, ``cache=5000`` a size.
+    ``shared=True``: deployed, entries also go to the KVS (under the flow version's prefix,
+    expiring ``ttl_s`` after they were written), so a value one replica computed is a hit
+    on the others; a redeploy is a new version and so a new prefix."""
 
     size: int = 10_000
     policy: str = "clock"
+    shared: bool = False
+    ttl_s: float = 3600.0
 
     def describe(self) -> str:
-        return f"cache {self.policy} {self.size}"
+        shared = f" shared ttl {self.ttl_s:g}s" if self.shared else ""
+        return f"cache {self.policy} {self.size}{shared}"
 
 
 def parse_cache(value, label: str) -> CacheSpec | None:
@@ -91,7 +99,18 @@ def parse_cache(value, label: str) -> CacheSpec | None:
         raise FlowValueError(f"operator map {label!r}: cache size must be an int >= 1, got {spec.size!r}")
     if spec.policy not in CACHE_POLICIES:
         raise FlowValueError(f"operator map {label!r}: cache policy {spec.policy!r}; expected one of {CACHE_POLICIES}")
+    if not isinstance(spec.shared, bool):
+        raise FlowTypeError(f"operator map {label!r}: cache shared= must be True or False, got {spec.shared!r}")
+    ttl = spec.ttl_s
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 1 <= ttl < float("inf"):
+        raise FlowValueError(f"operator map {label!r}: cache ttl_s must be a number of seconds >= 1, got {ttl!r}")
     return spec
+
+
+def cache_prefix(flow: str, version: int, node: str) -> str:
+    """Where a shared prediction cache keeps its entries in the KVS: one prefix per flow
+    version and operator (a redeploy's new version starts with none; old ones expire)."""
+    return f"{SYSTEM_PREFIX}pcache:{flow}:v{int(version)}:{node}:"
 
 
 def row_keys(table: Table, col: str | None) -> list[bytes]:
@@ -382,6 +401,11 @@ class _BoundSelect(BoundOperator):
                         f"operator {self.name!r}: model {callable_name(op.models[j])!r} gave {len(o)} rows for {n}",
                         operator=self.name,
                     )
+            vectors = _score_vectors(self.name, op, outs)
+            if vectors is not None:  # probability / score vectors: a weighted mean (_exp4_mean)
+                out, conf, records = _exp4_mean(op, outs, vectors, [weights[wk] for wk in wkeys], wkeys)
+                cols = {c: out.column(c) for c in op.names}
+                return self._finish(op, table, qids, cols, conf, records, store)
             preds = [o.column(op.names[0]).to_list() for o in outs]
             pick = np.zeros(n, dtype=np.int64)
             conf = []
@@ -402,6 +426,11 @@ class _BoundSelect(BoundOperator):
             rows = [outs[int(pick[i])].take(np.asarray([i])) for i in range(n)]
             out = Table.concat(rows) if rows else outs[0]
         cols = {c: out.column(c) for c in op.names}
+        return self._finish(op, table, qids, cols, conf, records, store)
+
+    def _finish(self, op: SelectOp, table: Table, qids: list[int], cols: dict, conf: list, records: list, store):
+        """The answer's columns plus confidence, the default below the threshold, and the records."""
+        n = len(table)
         conf_col = Column(*build_column(conf, CONFIDENCE_COLUMN)) if n else None
         if op.threshold is not None and n:
             low = [i for i, c in enumerate(conf) if c < op.threshold]
@@ -413,6 +442,62 @@ class _BoundSelect(BoundOperator):
         cols[CONFIDENCE_COLUMN] = conf_col
         _write_records(store, op, qids, records)
         return Table(cols, table.qid)
+
+
+def _score_vectors(name: str, op: SelectOp, outs: list[Table]) -> list | None:
+    """The models' first output column as (values, valid) per model if every model gave a
+    1-d numeric vector per row (a tensor column), else None (Exp4 votes on it instead)."""
+    cols = [o.column(op.names[0]) for o in outs]
+    vector = [c.type.kind == "tensor" and len(c.type.shape) == 1 and c.type.dtype.kind in "biuf" for c in cols]
+    if not any(vector):
+        return None
+    if not all(vector) or len({c.type.shape for c in cols}) != 1:
+        got = ", ".join(f"{callable_name(m)}: {c.type}" for m, c in zip(op.models, cols))
+        raise OperatorOutputError(
+            f"operator {name!r}: Exp4 averages the models' {op.names[0]!r} vectors only if every model gives "
+            f"a vector of one length; got {got}",
+            operator=name,
+        )
+    return [(c.values.astype(float, copy=False), c.valid) for c in cols]
+
+
+def _exp4_mean(op: SelectOp, outs: list[Table], vectors: list, weights: list[np.ndarray], wkeys: list[str]):
+    """Exp4 on score vectors: per row, the weighted mean of the models' vectors (a model
+    whose vector is missing abstains); the answer class is its argmax. The other columns
+    come from the heaviest model whose own argmax is that class (else the heaviest model)."""
+    n, k = len(outs[0]), len(outs)
+    if n == 0:
+        return outs[0], [], []
+    values = np.stack([v for v, _ in vectors], axis=1)  # (n, k, classes)
+    present = np.stack([np.ones(n, dtype=bool) if ok is None else ok for _, ok in vectors], axis=1)  # (n, k)
+    w = np.asarray(weights, dtype=float).reshape(n, k) * present
+    total = w.sum(axis=1)
+    safe = np.where(total > 0, total, 1.0)
+    mean = np.einsum("nk,nkc->nc", w, np.where(present[:, :, None], values, 0.0)) / safe[:, None]
+    answered = total > 0
+    own = values.argmax(axis=2)  # (n, k): each model's class
+    cls = mean.argmax(axis=1)
+    conf, pick, records = [], np.zeros(n, dtype=np.int64), []
+    for i in range(n):
+        agree = [j for j in range(k) if present[i, j] and own[i, j] == cls[i]] if answered[i] else []
+        pool = agree or list(range(k))
+        pick[i] = max(pool, key=lambda j: (w[i, j], -j))
+        conf.append(len(agree) / k)
+        records.append(
+            {
+                "policy": "exp4",
+                "preds": [int(own[i, j]) if present[i, j] else None for j in range(k)],
+                "answer": int(cls[i]) if answered[i] else None,
+                "ctx": wkeys[i],
+            }
+        )
+    rows = [outs[int(pick[i])].take(np.asarray([i])) for i in range(n)]
+    out = Table.concat(rows) if rows else outs[0]
+    first = op.names[0]
+    ctype, arr, valid = build_column([mean[i] if answered[i] else None for i in range(n)], first)
+    cols = {c: out.column(c) for c in out.columns}
+    cols[first] = Column(ctype, arr, valid)
+    return Table(cols, out.qid), conf, records
 
 
 def _vote_key(v):
@@ -435,8 +520,8 @@ def _with_default(name, op: SelectOp, cols: dict, low: list[int], n: int) -> dic
         d = defaults[j] if j < len(defaults) else None
         for i in low:
             values[i] = d
-        try:
-            ctype, arr, valid = build_column(values, c)
+        try:  # a vector column stays one: its default is a vector of its length, or None
+            ctype, arr, valid = build_column(values, c, cols[c].type if cols[c].type.kind == "tensor" else None)
         except Exception as e:
             raise OperatorOutputError(f"operator {name!r}: default answer does not fit column {c!r}: {e}") from None
         out[c] = Column(ctype, arr, valid)
@@ -507,6 +592,9 @@ def apply_feedback(store, selects: Sequence[SelectOp], qid, reward=None, label=N
             preds = rec["preds"]
             if label is not None:
                 loss = np.asarray([float(p != label) for p in preds])
+            elif "answer" in rec:  # score vectors: the answer was the mean's class (_exp4_mean)
+                agree = np.asarray([p is not None and p == rec["answer"] for p in preds])
+                loss = np.where(agree, 1.0 - float(reward), float(reward))
             else:
                 votes: dict = {}
                 for j, p in enumerate(preds):

@@ -327,7 +327,8 @@ class Node:
         key: str | None = None,
     ) -> Node:
         """Choose one of ``models`` per query (``policy="exp3"``) or combine them all by a
-        weighted vote on the first output column (``"exp4"``), with weights learned from
+        weighted vote on the first output column (``"exp4"``; the weighted mean if it holds
+        probability or score vectors, a tensor column), with weights learned from
         feedback (``POST /flows/{name}/feedback``, or ``flow.clipper.feedback`` in-process)
         and kept in the store per flow and per value of the ``context`` column. Adds a
         ``confidence`` column (Exp4: the share of models agreeing with the answer; Exp3:
