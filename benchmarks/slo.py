@@ -154,7 +154,10 @@ def validate(seconds: float, only=None, loads=LOADS) -> dict:
             sim_configs = plan.slo.configs
             for rate in loads:
                 trace = poisson(rate, int(rate * seconds), seed=rate)
-                old = replace(pipeline_from_plan(plan, profile, sim_configs, hop_ms), hop_samples=tuple(hops))
+                old = replace(
+                    pipeline_from_plan(plan, profile, sim_configs, hop_ms, threads=config.threads),
+                    hop_samples=tuple(hops),
+                )
                 # the model as the runtime runs: up-front routing by executor, one overhead per request
                 pipe = replace(old, routing="gateway", placement=placement, hop_per_request=True)
                 sim, sim_old = simulate(pipe, trace, seed=1), simulate(old, trace, seed=1)

@@ -70,7 +70,10 @@ class SimStage:
       to fill (0: take what is queued);
     - ``competitive``: k > 1 sends each request to k distinct replicas; the first copy to
       finish is passed on and the others still run to the end (they are not cancelled,
-      as in the runtime: a queued copy costs what a proactive redundancy costs).
+      as in the runtime: a queued copy costs what a proactive redundancy costs);
+    - ``threads``: calls one replica runs at once. 1 for a batching stage (an executor runs
+      each batching stage on one batcher thread); a stage that does not batch runs on the
+      executor's pool of worker threads, so one replica serves up to that many at once.
     """
 
     name: str
@@ -81,6 +84,7 @@ class SimStage:
     max_wait_ms: float = 0.0
     competitive: int = 1
     wait: str = "all"
+    threads: int = 1
 
     def __post_init__(self):
         name("SimStage.name", self.name)
@@ -94,6 +98,7 @@ class SimStage:
         positive_int(f"stage {self.name!r}: replicas", self.replicas)
         positive_int(f"stage {self.name!r}: max_batch", self.max_batch)
         positive_int(f"stage {self.name!r}: competitive", self.competitive)
+        positive_int(f"stage {self.name!r}: threads", self.threads)
         positive_number(f"stage {self.name!r}: max_wait_ms", self.max_wait_ms, allow_zero=True)
         if self.competitive > self.replicas:
             raise SLOError(
@@ -237,9 +242,16 @@ class Shape:
         )
 
     def pipeline(
-        self, profile: Profile, configs: Mapping[str, StageConfig], hop_ms: float = 0.0, routing: str = "least_loaded"
+        self,
+        profile: Profile,
+        configs: Mapping[str, StageConfig],
+        hop_ms: float = 0.0,
+        routing: str = "least_loaded",
+        threads: int = 1,
     ) -> SimPipeline:
-        """The stages with each one's configuration and service times drawn from ``profile``.
+        """The stages with each one's configuration and service times drawn from ``profile``;
+        ``threads``: the executors' worker threads, what a replica of a stage that does not
+        batch runs at once (a batching stage runs one batch at a time).
 
         Every request is assumed to pass every stage (a filter that drops rows makes the
         real pipeline cheaper, never dearer, than simulated)."""
@@ -263,13 +275,19 @@ class Shape:
                     max_batch=cfg.batch_size,
                     competitive=s.competitive,
                     wait=s.wait,
+                    threads=1 if s.batchable else threads,
                 )
             )
         return SimPipeline(tuple(out), self.sink, hop_ms, routing)
 
 
 def pipeline_from_plan(
-    plan: Plan, profile: Profile, configs: Mapping[str, StageConfig], hop_ms: float = 0.0, routing: str = "least_loaded"
+    plan: Plan,
+    profile: Profile,
+    configs: Mapping[str, StageConfig],
+    hop_ms: float = 0.0,
+    routing: str = "least_loaded",
+    threads: int = 1,
 ) -> SimPipeline:
     """``Shape.from_plan(plan).pipeline(...)``: the plan's stages, configured and profiled."""
-    return Shape.from_plan(plan).pipeline(profile, configs, hop_ms, routing)
+    return Shape.from_plan(plan).pipeline(profile, configs, hop_ms, routing, threads)

@@ -39,6 +39,9 @@ class PlannerOptions:
     - ``prices``: cost per replica-second of each executor class (only priced classes are
       used); ``hop_ms``: one hop's cost; ``routing``: the simulator's routing policy;
     - ``max_replicas`` / ``max_batch``: per stage caps (default 32 / 64);
+    - ``threads``: the executors' worker threads: how many requests one replica of a stage
+      that does not batch runs at once (default 1, the cautious guess; a batching stage
+      always runs one batch at a time);
     - ``seed``: the simulator's seed (plans are reproducible); ``max_steps``: a bound on
       moves per phase.
 
@@ -52,6 +55,7 @@ class PlannerOptions:
     max_batch: int = 64
     seed: int = 0
     max_steps: int = 500
+    threads: int = 1
 
     def __post_init__(self):
         if not isinstance(self.prices, Mapping) or not self.prices:
@@ -69,6 +73,7 @@ class PlannerOptions:
         positive_int("PlannerOptions.max_replicas", self.max_replicas)
         positive_int("PlannerOptions.max_batch", self.max_batch)
         positive_int("PlannerOptions.max_steps", self.max_steps)
+        positive_int("PlannerOptions.threads", self.threads)
 
 
 @dataclass(frozen=True)
@@ -140,7 +145,7 @@ class _Search:
         excess of the median over its bound."""
         key = tuple(sorted((n, c.batch_size, c.replicas, c.executor_class) for n, c in configs.items()))
         if key not in self.cache:
-            pipe = self.shape.pipeline(self.profile, configs, self.opt.hop_ms, self.opt.routing)
+            pipe = self.shape.pipeline(self.profile, configs, self.opt.hop_ms, self.opt.routing, self.opt.threads)
             r = simulate(pipe, self.trace, self.opt.seed)
             tail, p50 = r.quantile(self.slo.percentile), r.p50_ms
             excess = max(0.0, p50 - self.slo.p50_ms) if self.slo.p50_ms is not None else 0.0

@@ -88,8 +88,10 @@ class _Stage:
         n = spec.replicas
         self.queues = [deque() for _ in range(1 if self.shared else n)]
         self.timer = [None] * len(self.queues)
-        self.busy = [False] * n
-        self.idle = list(range(n - 1, -1, -1))  # shared mode: free replicas
+        self.n = n
+        self.threads = spec.threads
+        self.running = [0] * n  # calls running per replica, at most ``threads``
+        self.idle = [r for r in range(n - 1, -1, -1) for _ in range(self.threads)]  # shared mode: free slots
         self.load = [0] * n  # queued + running requests per replica
         self.next = 0
         self.consumers: list[int] = []
@@ -131,9 +133,7 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
     gateway = pipe.routing == "gateway"
     if gateway:
         # each replica's executor; the gateway routes a request's every stage when it enters
-        placement = pipe.placement or {
-            s.spec.name: tuple(f"{s.spec.name}#{r}" for r in range(len(s.busy))) for s in stages
-        }
+        placement = pipe.placement or {s.spec.name: tuple(f"{s.spec.name}#{r}" for r in range(s.n)) for s in stages}
         ex_ids = sorted({e for ids in placement.values() for e in ids})
         ex_index = {e: i for i, e in enumerate(ex_ids)}
         replica_ex = [[ex_index[e] for e in placement[s.spec.name]] for s in stages]
@@ -156,7 +156,7 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
     def start(st, qi, now):
         nonlocal seq
         q = st.queues[qi]
-        while q and (st.idle if st.shared else not st.busy[qi]):
+        while q and (st.idle if st.shared else st.running[qi] < st.threads):
             n = len(q)
             if n < st.max_batch and st.max_wait > 0:
                 deadline = q[0][1] + st.max_wait
@@ -173,7 +173,7 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
                 batch.append(req)
                 st.wait_ms += now - ready_at
             r = st.idle.pop() if st.shared else qi
-            st.busy[r] = True
+            st.running[r] += 1
             ms = st.service(b, rng)
             st.busy_ms += ms
             st.batches += 1
@@ -186,7 +186,7 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
             st.queues[0].append((req, now))
             start(st, 0, now)
             return
-        n = len(st.busy)
+        n = st.n
         if st.gateway:
             targets = routes[req][st.index]
         elif st.round_robin:
@@ -256,7 +256,7 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
             ready(st, data, now)
         elif kind == _DONE:
             r, batch = data
-            st.busy[r] = False
+            st.running[r] -= 1
             if st.shared:
                 st.idle.append(r)
             else:
@@ -276,7 +276,7 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
     span_ms = max(float(np.max(finish) - arrivals[0]), 1e-9)
     stats = {
         s.spec.name: StageStats(
-            s.batches, s.rows / max(s.batches, 1), s.wait_ms / max(s.rows, 1), s.busy_ms / (len(s.busy) * span_ms)
+            s.batches, s.rows / max(s.batches, 1), s.wait_ms / max(s.rows, 1), s.busy_ms / (s.n * s.threads * span_ms)
         )
         for s in stages
     }

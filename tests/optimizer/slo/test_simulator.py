@@ -228,3 +228,25 @@ def test_gateway_routing_avoids_an_executor_every_request_already_uses():
 def test_bad_placements_are_named(kw, message):
     with pytest.raises(SLOError, match=message):
         chain_ab(**kw)
+
+
+@pytest.mark.parametrize("routing", ["least_loaded", "shared", "gateway"])
+def test_one_replica_with_worker_threads_is_an_mmc_queue(routing):
+    # a stage that does not batch runs on the executor's worker pool: one replica, 4 threads
+    c, mean_ms, rho = 4, 10.0, 0.6
+    lam = rho * c / mean_ms
+    result = simulate(
+        one_stage(exponential(mean_ms), threads=c, routing=routing), poisson(lam * 1000, 80_000, seed=1), seed=1
+    )
+    expected = erlang_c(c, lam * mean_ms) / (c / mean_ms - lam)
+    assert result.stages["s"].mean_wait_ms == pytest.approx(expected, rel=0.05)
+    assert result.stages["s"].utilisation == pytest.approx(rho, rel=0.03)
+
+
+def test_stages_that_do_not_batch_get_the_executors_threads():
+    from optimizer.slo import Shape, StageShape
+
+    shape = Shape((StageShape("pre", (INPUT,), batchable=False), StageShape("m", ("pre",))), "m")
+    profile = Profile({"pre": {"cpu": {1: [1.0]}}, "m": {"cpu": {1: [1.0], 4: [2.0]}}})
+    pipe = shape.pipeline(profile, {"pre": StageConfig(1, 2), "m": StageConfig(4, 1)}, threads=4)
+    assert [(s.name, s.threads) for s in pipe.stages] == [("pre", 4), ("m", 1)]
