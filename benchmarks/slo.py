@@ -146,7 +146,7 @@ def validate(seconds: float, only=None, loads=LOADS) -> dict:
             shown = httpx.get(url, timeout=10).json()
             placement = {s["name"]: tuple(s["executors"]) for s in shown["stages"]}
             # the hop cost: end to end at a trickle, less the stages' own time, per hop
-            # (its spread too: each request's overhead split over its hops, drawn per hop)
+            # (its spread too: each request's overhead split evenly over its hops, one draw a request)
             calib = measure(url, poisson(10, 100, seed=99), raw=True)
             own = sum(profile.latency(n, plan.stages[n].device, 1) for n in plan.stages)
             hops = np.maximum(0.0, (calib["latencies_ms"] - own) / (len(plan.stages) + 1))
@@ -230,7 +230,7 @@ def _run_one(cluster, url, name, trace) -> dict:
     sampler.join()
     ts = [t for t, _ in sampler.samples]
     reps = [sum(r.values()) for _, r in sampler.samples]
-    cost = float(np.trapz(reps, ts)) if len(ts) > 1 else 0.0
+    cost = float(np.trapezoid(reps, ts)) if len(ts) > 1 else 0.0
     within = (lat <= SLO_MS) & ok
     return {
         "attainment": float(within.mean()),
