@@ -13,7 +13,7 @@ Two greedy phases (InferLine section 4.2, starting cheap as issue 17 asks):
 2. then, while some move lowers the cost and keeps the SLO, apply the one that saves
    most (a replica fewer, a bigger batch with a replica fewer, another class re-sized).
 Cost is replica-seconds weighted by each class's price; each stage's budget (for the
-runtime's AIMD batcher) is its share of the SLO by profiled latency, at the batch size it
+runtime's AIMD batcher) is its share of the SLO less the hops on the critical path, by profiled latency at the batch size it
 ran in the simulation, on the critical path.
 """
 
@@ -352,6 +352,9 @@ def _result(search, start, met, configs) -> SLOPlan:
         for n, c in configs.items()
     }
     path_ms, _ = _critical_path(search.shape, own, 0.0)
+    # the hops along the critical path are spent before any stage runs: budgets split the rest
+    hops_ms = _critical_path(search.shape, own, search.opt.hop_ms)[0] - path_ms
+    share = max(search.slo.p99_ms - hops_ms, 0.0)
     stages = {}
     for s in search.shape.stages:
         steps = []
@@ -361,7 +364,7 @@ def _result(search, start, met, configs) -> SLOPlan:
         if shrunk:
             steps.append(f"then {shrunk} to cut cost (tail {tail:.1f} ms still within the SLO)")
         reason = ", ".join(steps) or "the cheapest start (batch 1, fewest replicas, cheapest class) was enough"
-        budget = search.slo.p99_ms * own[s.name] / path_ms if path_ms > 0 else search.slo.p99_ms
+        budget = share * own[s.name] / path_ms if path_ms > 0 else share
         stages[s.name] = StagePlan(configs[s.name], reason, budget, result.stages[s.name].utilisation)
     rate = search.cost_rate(configs)
     duration_s = float(search.trace[-1] - search.trace[0]) / 1000.0
