@@ -14,7 +14,10 @@ One flow, one stage, one executor (one replica), one image per request (JSON).
 did not) at which p99 <= 20 ms and nothing failed (open loop: a server that cannot keep up
 shows it in its p99); each step ``--seconds`` long after a 1 s warm-up at the same rate, the
 deployment kept across the ladder (AIMD carries its state from one rate to the next, as
-a live service would). Configurations:
+a live service would). The FlowServe configurations are all deployed at once (one flow
+each, on the one executor) and interleaved at every rate, so that what the shared machine
+does meanwhile falls on all of them alike; Ray Serve runs after them, at the same rates.
+Configurations:
 
 - ``fixed-b``: ``BatchConfig(max_batch_size=b)``, no SLO (no wait window: a batch is what
   is queued when the replica is free), b in ``SWEEP``;
@@ -45,7 +48,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SLO_MS = 20.0
-RATES = (100, 200, 300, 400, 600, 800, 1000, 1200, 1500)
+RATES = (25, 50, 75, 100, 150, 200, 300, 400, 600, 800)
 SWEEP = (1, 4, 8, 12, 16, 24, 32)
 AIMD_CAP = 64
 
@@ -120,29 +123,41 @@ def at_rate(url: str, rate: float, seconds: float) -> dict:
     }
 
 
-def ladder(name: str, url: str, seconds: float, rates=RATES) -> dict:
+def ladders(urls: dict, seconds: float, rates=RATES) -> dict:
+    """Every configuration (label -> url) up the ladder of rates, interleaved: at each rate
+    each configuration still holding runs once, in turn, so that what the shared machine
+    does meanwhile falls on all of them alike; then one bisection step per configuration
+    between its last rate held and its first missed (interleaved too)."""
     from benchmarks.common import progress
 
-    steps, best, failed_at = [], 0.0, None
-    for rate in rates:
-        r = at_rate(url, rate, seconds)
-        steps.append(r)
+    steps = {k: [] for k in urls}
+    best = dict.fromkeys(urls, 0.0)
+    failed = {}
+
+    def step(label, rate):
+        r = at_rate(urls[label], rate, seconds)
+        steps[label].append(r)
         progress(
-            f"{name} @ {rate}/s: p50 {r['p50_ms']:.1f} p99 {r['p99_ms']:.1f} ms, {r['answered_rps']:.0f}/s, "
+            f"{label} @ {rate:g}/s: p50 {r['p50_ms']:.1f} p99 {r['p99_ms']:.1f} ms, {r['answered_rps']:.0f}/s, "
             f"{r['errors']} errors -> {'held' if r['held'] else 'missed'}"
         )
-        if not r["held"]:
-            failed_at = rate
+        return r["held"]
+
+    for rate in rates:
+        alive = [k for k in urls if k not in failed]
+        if not alive:
             break
-        best = rate
-    if failed_at is not None and best > 0:  # one bisection step between the last held and the first missed
-        mid = (best + failed_at) / 2
-        r = at_rate(url, mid, seconds)
-        steps.append(r)
-        progress(f"{name} @ {mid:.0f}/s: p99 {r['p99_ms']:.1f} ms -> {'held' if r['held'] else 'missed'}")
-        if r["held"]:
-            best = mid
-    return {"throughput_at_slo_rps": best, "steps": steps}
+        for label in alive:
+            if step(label, rate):
+                best[label] = rate
+            else:
+                failed[label] = rate
+    for label, rate in failed.items():
+        if best[label] > 0:
+            mid = (best[label] + rate) / 2
+            if step(label, mid):
+                best[label] = mid
+    return {k: {"throughput_at_slo_rps": best[k], "steps": steps[k]} for k in urls}
 
 
 # -- FlowServe configurations -------------------------------------------------------------------
@@ -160,11 +175,11 @@ def flowserve_runs(seconds: float, only=None, rates=RATES) -> dict:
     from optimizer.plan import BatchConfig
     from optimizer.slo import SLO, ServingSLO
 
-    runs = {}
     configs = [(f"fixed-{b}", b, None) for b in SWEEP] + [
         ("aimd", AIMD_CAP, SLO_MS),
         ("aimd-half", AIMD_CAP, SLO_MS / 2),
     ]
+    urls = {}
     with LocalCluster(ClusterConfig(executors=1, threads=4, request_timeout_s=10)) as cluster:
         for i, (label, cap, budget) in enumerate(configs):
             if only and label not in only:
@@ -178,11 +193,10 @@ def flowserve_runs(seconds: float, only=None, rates=RATES) -> dict:
             plan = plan.replace_stages({stage_name: stage})
             if budget is not None:  # unplanned SLO: AIMD from 1 up to the cap, within the budget
                 plan = replace(plan, slo=ServingSLO(SLO(SLO_MS), budgets={stage_name: budget}))
-            register(cluster, plan)
-            progress(f"{label}: deployed {name}")
-            runs[label] = ladder(label, f"{cluster.url}/flows/{name}", seconds, rates)
-            cluster.undeploy(name)
-    return runs
+            register(cluster, plan)  # all on the one executor: an idle flow costs nothing
+            urls[label] = f"{cluster.url}/flows/{name}"
+        progress(f"deployed {list(urls)}")
+        return ladders(urls, seconds, rates)
 
 
 # -- Ray Serve -----------------------------------------------------------------------------------
@@ -205,7 +219,7 @@ def ray_runs(python: str, seconds: float, settings, rates=RATES) -> dict:
             url = f"http://127.0.0.1:{port}/cnn"
             wait_http(url, body(), timeout=180, proc=proc)
             progress(f"{label}: serving")
-            runs[label] = ladder(label, url, seconds, rates)
+            runs.update(ladders({label: url}, seconds, rates))
         finally:
             proc.terminate()
             proc.wait()
