@@ -135,7 +135,8 @@ def ladders(urls: dict, seconds: float, rates=RATES) -> dict:
     failed = {}
 
     def step(label, rate):
-        r = at_rate(urls[label], rate, seconds)
+        target = urls[label]
+        r = target(rate, seconds) if callable(target) else at_rate(target, rate, seconds)
         steps[label].append(r)
         progress(
             f"{label} @ {rate:g}/s: p50 {r['p50_ms']:.1f} p99 {r['p99_ms']:.1f} ms, {r['answered_rps']:.0f}/s, "
@@ -158,6 +159,111 @@ def ladders(urls: dict, seconds: float, rates=RATES) -> dict:
             if step(label, mid):
                 best[label] = mid
     return {k: {"throughput_at_slo_rps": best[k], "steps": steps[k]} for k in urls}
+
+
+# -- the stage alone: the executor's Batcher and the model, no HTTP ---------------------------------
+
+STAGE_RATES = (100, 200, 300, 400, 600, 800, 1000, 1200, 1500, 2000)
+
+
+def stage_plan(name: str, cap: int, budget: float | None):
+    """A one-stage plan of the net: fixed cap ``cap``, or AIMD under ``budget`` up to it."""
+    from dataclasses import replace
+
+    from flow import ColumnType, Flow
+    from optimizer import optimize
+    from optimizer.plan import BatchConfig
+    from optimizer.slo import SLO, ServingSLO
+
+    flow = Flow(name, schema={"img": ColumnType.tensor(np.uint8, (28, 28))})
+    flow.map(CNN, names=["cls"], batching=True)
+    plan = optimize(flow, rules=["batching"])
+    (stage_name,) = plan.stages
+    stage = replace(plan.stages[stage_name], batch=BatchConfig(max_batch_size=cap), replicas=1)
+    plan = plan.replace_stages({stage_name: stage})
+    if budget is not None:  # unplanned SLO: AIMD from 1 up to the cap, within the budget
+        plan = replace(plan, slo=ServingSLO(SLO(SLO_MS), budgets={stage_name: budget}))
+    return plan, stage_name
+
+
+class StageTarget:
+    """One configuration of the stage alone: the executor's own ``Batcher`` (AIMD or the
+    fixed cap, as the runtime builds it) in front of the net, fed open loop by a thread.
+    Latency: from a request's scheduled arrival to the end of its batch. The batcher is
+    kept across the ladder (AIMD keeps its state, as a live replica would)."""
+
+    def __init__(self, label: str, cap: int, budget: float | None, model):
+        import threading
+
+        from executors.batcher import Batcher
+        from executors.executor import HostedStage
+
+        plan, stage = stage_plan(f"stage-{label}", cap, budget)
+        self.model = model
+        self.img = np.random.default_rng(0).integers(0, 256, size=(28, 28), dtype=np.uint8)
+        self.done_at = None
+        self.left = 0
+        self.all_done = threading.Event()
+        self.lock = threading.Lock()
+        self.sizes: list[int] = []
+        self.batcher = Batcher(HostedStage(plan, stage, 1), self._run, threading.Event())
+
+    def _run(self, _hosted, batch) -> None:
+        import time
+
+        predict(self.model, np.stack([img for _, img in batch]))
+        now = time.perf_counter()
+        self.sizes.append(len(batch))
+        with self.lock:
+            for i, _ in batch:
+                self.done_at[i] = now
+            self.left -= len(batch)
+            if self.left == 0:
+                self.all_done.set()
+
+    def feed(self, trace_ms) -> np.ndarray:
+        import time
+
+        self.done_at = np.full(len(trace_ms), np.nan)
+        self.left = len(trace_ms)
+        self.all_done.clear()
+        t0 = time.perf_counter()
+        for i, at in enumerate(trace_ms.tolist()):
+            delay = t0 + at / 1000.0 - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            self.batcher.put((i, self.img))
+        if not self.all_done.wait(60):
+            raise RuntimeError("the stage did not finish its requests within 60 s")
+        return (self.done_at - t0) * 1000.0 - trace_ms
+
+    def __call__(self, rate: float, seconds: float) -> dict:
+        from optimizer.slo import poisson
+
+        self.feed(poisson(rate, max(int(rate), 20), seed=11))  # 1 s warm-up
+        del self.sizes[:]
+        lat = self.feed(poisson(rate, int(rate * seconds), seed=int(rate)))
+        p99 = float(np.percentile(lat, 99))
+        return {
+            "rate_rps": rate,
+            "p50_ms": float(np.percentile(lat, 50)),
+            "p99_ms": p99,
+            "answered_rps": rate,
+            "errors": 0,
+            "mean_batch": float(np.mean(self.sizes)),
+            "max_batch": int(max(self.sizes)),
+            "held": bool(p99 <= SLO_MS),
+        }
+
+
+def stage_runs(seconds: float, rates=STAGE_RATES) -> dict:
+    model = net()
+    configs = [(f"fixed-{b}", b, None) for b in SWEEP] + [
+        ("aimd", AIMD_CAP, SLO_MS),
+        ("aimd-half", AIMD_CAP, SLO_MS / 2),
+    ]
+    targets = {label: StageTarget(label, cap, budget, model) for label, cap, budget in configs}
+    return ladders(targets, seconds, rates)
 
 
 # -- FlowServe configurations -------------------------------------------------------------------
@@ -265,9 +371,17 @@ def run(argv=None) -> dict:
     p.add_argument("--ray-python", default=os.environ.get("RAY_PYTHON", "/tmp/peer-ray/bin/python"))
     p.add_argument("--only", nargs="*", help="FlowServe configurations to run (default all)")
     p.add_argument("--no-ray", action="store_true")
+    p.add_argument("--mode", choices=["http", "stage"], default="http", help="over HTTP, or the stage alone")
     p.add_argument("--rates", type=float, nargs="*", default=RATES, help="the ladder of offered rates (req/s)")
     args = p.parse_args(argv)
     progress(f"machine: {json.dumps(machine())} (shared with other engineers' work)")
+    if args.mode == "stage":
+        rates = args.rates if args.rates != RATES else STAGE_RATES
+        out = {"slo_ms": SLO_MS, "rates": rates, "seconds": args.seconds, "runs": stage_runs(args.seconds, rates)}
+        for k, v in out["runs"].items():
+            progress(f"{k}: {v['throughput_at_slo_rps']:.0f} req/s with p99 <= {SLO_MS:g} ms (stage alone)")
+        save("slo_aimd_stage", out)
+        return out
     out = {
         "slo_ms": SLO_MS,
         "rates": args.rates,
