@@ -205,6 +205,22 @@ def test_the_tuner_scales_up_at_once_when_traffic_leaves_the_envelope_and_down_a
     assert (down.from_replicas, down.to_replicas) == (4, 1)
 
 
+def test_the_tuner_scales_down_on_a_loop_whose_ticks_miss_the_window_edge():
+    # the scaling loop ticks every 0.5 s plus whatever the tick cost: never exactly 15 s apart
+    from executors.scaling import SLOTuner
+
+    plan = _tuned_plan()
+    stage = plan.sink
+    tuner = SLOTuner(plan)
+    tuner.decide({stage: 1}, {1000: 250, 2000: 300, 5000: 400}, now=0.0)
+    downs, t = [], 0.0
+    while t < 20 and not downs:
+        t += 0.5 + 0.0031
+        downs = tuner.decide({stage: 4}, {1000: 50, 2000: 100, 5000: 250}, now=t)
+    assert downs, "never scaled down"
+    assert 15.0 <= t < 15.6 and (downs[0].from_replicas, downs[0].to_replicas) == (4, 1)
+
+
 def test_the_tuner_grows_a_planned_stage_on_the_real_cluster_under_a_burst(cluster):
     from tests.executors.processes import steady_load
 
