@@ -20,6 +20,7 @@ BENCHMARKS = {
     "batching": "one CNN operator at batch 1-40: in-process through the batching path, and over HTTP",
     "messages": "one request's run message built, encoded, decoded and read: ns per message; wire vs Arrow IPC",
     "slo": "SLO serving: simulator vs the local cluster (validate); planner+tuner vs fused-for-peak vs autoscaler",
+    "slo_aimd": "AIMD vs the best fixed batch size (sweep) vs Ray Serve @serve.batch: a torch CNN under a 20 ms p99 SLO",
     "clipper": "prediction cache (Zipf), ensemble deadline answers, hedging vs racing, Exp3/Exp4 on drifting digits",
     "hop": "one 10 MB Table between two processes: through the socket vs shared memory (fresh, forwarded)",
     "bigpayload": "10 MB through a fused 10-stage chain over HTTP vs a bare HTTP echo of the same bytes",

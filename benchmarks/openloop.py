@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+IDLE_S = 4.0  # below the server's keep-alive timeout
+
 
 def _request(url: str, body: bytes) -> bytes:
     u = urlsplit(url)
@@ -44,7 +46,9 @@ async def replay(url: str, body: bytes, trace_ms, timeout_s: float = 30.0, conne
     """Send ``body`` at each time of ``trace_ms`` (ms from now). Returns per request: its
     latency (ms; inf if it failed), whether it answered 200, and its finish time (s).
     ``connections`` are opened (and used once) before the trace starts, so that opening
-    them is not timed; more are opened when that many requests are outstanding."""
+    them is not timed; more are opened when that many requests are outstanding. A connection
+    idle for ``IDLE_S`` is closed rather than reused: the server (uvicorn: 5 s keep-alive)
+    may have closed it, and a request sent on it would fail for the client's sake."""
     u = urlsplit(url)
     host, port = u.hostname, u.port or 80
     raw = _request(url, body)
@@ -53,7 +57,7 @@ async def replay(url: str, body: bytes, trace_ms, timeout_s: float = 30.0, conne
         reader, writer = await asyncio.open_connection(host, port)
         writer.write(raw)
         await _read_answer(reader)
-        idle.append((reader, writer))
+        idle.append((reader, writer, time.perf_counter()))
     n = len(trace_ms)
     lat = np.full(n, np.inf)
     ok = np.zeros(n, dtype=bool)
@@ -64,7 +68,9 @@ async def replay(url: str, body: bytes, trace_ms, timeout_s: float = 30.0, conne
         delay = t0 + at / 1000.0 - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        conn = idle.pop() if idle else await asyncio.open_connection(host, port)
+        while idle and time.perf_counter() - idle[-1][2] > IDLE_S:
+            idle.pop()[1].close()
+        conn = idle.pop()[:2] if idle else await asyncio.open_connection(host, port)
         reader, writer = conn
         try:
             writer.write(raw)
@@ -77,9 +83,9 @@ async def replay(url: str, body: bytes, trace_ms, timeout_s: float = 30.0, conne
         lat[i] = (now - (t0 + at / 1000.0)) * 1000.0
         ok[i] = status == 200
         done_at[i] = now - t0
-        idle.append(conn)
+        idle.append((reader, writer, now))
 
     await asyncio.gather(*(one(i, float(t)) for i, t in enumerate(trace_ms)))
-    for _, w in idle:
+    for _, w, _ in idle:
         w.close()
     return lat, ok, done_at

@@ -12,7 +12,8 @@ waiting tries again every ``PROBE_EVERY`` batches. Whatever is already queued is
 
 Under a latency SLO (``plan.slo``, optimizer/slo/serving.py) the cap and the window are
 Clipper's AIMD instead (optimizer/slo/aimd.py): the batch size grows by one while full
-batches run within the stage's budget and drops 10% when one does not, starting at the
+batches run within half the stage's budget (a request may wait for the batch in progress,
+then run in its own) and drops 10% when one does not, starting at the
 planned size and growing to at most ``AIMD_HEADROOM`` times it; the window is what the
 arrival rate fills before the budget runs out. Without an SLO the fixed cap stays."""
 
@@ -160,6 +161,10 @@ def aimd_for(hosted) -> AIMDBatcher | None:
     if not budget:
         return None
     planned = hosted.stage.batch.max_batch_size
+    # a request that arrives while a batch runs waits for it, then runs in the next: its time
+    # at the stage is up to two batches (or a delay window and a batch), so each gets half
+    # the stage's budget (measured: benchmarks/README.md, AIMD on a torch model)
+    budget = budget / 2
     if serving.planned:  # start where the planner put it, grow up to AIMD_HEADROOM times that
         return AIMDBatcher(budget, start=planned, max_batch=planned * AIMD_HEADROOM)
     return AIMDBatcher(budget, max_batch=planned)  # unplanned: climb from 1 to the fixed cap

@@ -131,13 +131,16 @@ class SLOTuner:
             n, have = self.need(stage, rate), replicas[stage]
             hist = self.wants[stage]
             hist.append((now, n))
-            while hist and hist[0][0] < now - self.downscale_after_s:
+            # keep the newest sample at or before the window's start: then the history covers
+            # the whole window exactly when its first sample is that old (a loop whose ticks
+            # never land on now - 15 s to the nanosecond still scales down)
+            while len(hist) > 1 and hist[1][0] <= now - self.downscale_after_s:
                 hist.pop(0)
             why = f"{rate * 1000:.0f} req/s at {per_ms * 1000:.0f} req/s a replica (planned batch)"
             device = self.plan.stages[stage].device
             if n > have:
                 out.append(ScalingDecision(now, stage, device, have, n, f"SLO tuner: {why}"))
-            elif n < have and hist[0][0] <= now - self.downscale_after_s + 1e-9:
+            elif n < have and hist[0][0] <= now - self.downscale_after_s:
                 most = max(k for _, k in hist)
                 if most < have:
                     out.append(ScalingDecision(now, stage, device, have, most, f"SLO tuner: {why} for 15 s"))

@@ -19,7 +19,7 @@ from optimizer.slo._check import name, positive_int, positive_number
 from optimizer.slo.errors import SLOError, SLOTypeError
 from optimizer.slo.profile import Profile
 
-ROUTINGS = ("least_loaded", "round_robin", "shared")
+ROUTINGS = ("least_loaded", "round_robin", "shared", "gateway")
 WAITS = ("all", "first")
 
 Service = Callable[[int, random.Random], float]
@@ -70,7 +70,10 @@ class SimStage:
       to fill (0: take what is queued);
     - ``competitive``: k > 1 sends each request to k distinct replicas; the first copy to
       finish is passed on and the others still run to the end (they are not cancelled,
-      as in the runtime: a queued copy costs what a proactive redundancy costs).
+      as in the runtime: a queued copy costs what a proactive redundancy costs);
+    - ``threads``: calls one replica runs at once. 1 for a batching stage (an executor runs
+      each batching stage on one batcher thread); a stage that does not batch runs on the
+      executor's pool of worker threads, so one replica serves up to that many at once.
     """
 
     name: str
@@ -81,6 +84,7 @@ class SimStage:
     max_wait_ms: float = 0.0
     competitive: int = 1
     wait: str = "all"
+    threads: int = 1
 
     def __post_init__(self):
         name("SimStage.name", self.name)
@@ -94,6 +98,7 @@ class SimStage:
         positive_int(f"stage {self.name!r}: replicas", self.replicas)
         positive_int(f"stage {self.name!r}: max_batch", self.max_batch)
         positive_int(f"stage {self.name!r}: competitive", self.competitive)
+        positive_int(f"stage {self.name!r}: threads", self.threads)
         positive_number(f"stage {self.name!r}: max_wait_ms", self.max_wait_ms, allow_zero=True)
         if self.competitive > self.replicas:
             raise SLOError(
@@ -108,15 +113,25 @@ class SimStage:
 class SimPipeline:
     """Stages in topological order, the sink whose output answers the request, the cost of
     one hop (gateway -> stage, stage -> stage, sink -> gateway) and the routing policy:
-    ``least_loaded`` (the replica with the fewest queued + running requests, as the
-    gateway does), ``round_robin``, or ``shared`` (one queue per stage that free
-    replicas pull from: the M/M/c model)."""
+    ``least_loaded`` (when a request reaches a stage, the replica with the fewest queued +
+    running requests), ``round_robin``, ``shared`` (one queue per stage that free
+    replicas pull from: the M/M/c model), or ``gateway`` (what the runtime's dispatcher
+    does: when a request enters, every stage's replica is chosen up front, the one whose
+    executor has the fewest requests in flight -- a request counts on each executor it
+    uses until its answer is back; ``placement`` names each replica's executor, replicas
+    of different stages may share one; without it each replica is an executor of its own).
+
+    ``hop_samples``: measured hop times (ms), drawn per hop (else ``hop_ms``); with
+    ``hop_per_request`` one draw per request is used for all of its hops (a slow moment
+    slows the whole request, as the calibration that measured them saw it)."""
 
     stages: tuple[SimStage, ...]
     sink: str
     hop_ms: float = 0.0
     routing: str = "least_loaded"
-    hop_samples: tuple[float, ...] = ()  # measured hop times (ms): each hop draws one, else hop_ms
+    hop_samples: tuple[float, ...] = ()
+    hop_per_request: bool = False
+    placement: Mapping[str, tuple[str, ...]] | None = None  # stage -> executor id of each replica
 
     def __post_init__(self):
         object.__setattr__(self, "stages", tuple(self.stages))
@@ -140,6 +155,20 @@ class SimPipeline:
         )
         if self.routing not in ROUTINGS:
             raise SLOError(f"routing={self.routing!r}; expected one of {ROUTINGS}")
+        if self.placement is not None:
+            if self.routing != "gateway":
+                raise SLOError(f"a placement is only used by routing='gateway', got routing={self.routing!r}")
+            placement = {}
+            for s in self.stages:
+                ids = self.placement.get(s.name)
+                if ids is None or len(tuple(ids)) != s.replicas:
+                    raise SLOError(
+                        f"stage {s.name!r}: placement must name one executor per replica ({s.replicas}), got {ids!r}"
+                    )
+                if len(set(ids)) != len(tuple(ids)):
+                    raise SLOError(f"stage {s.name!r}: two replicas on one executor in placement {ids!r}")
+                placement[s.name] = tuple(str(i) for i in ids)
+            object.__setattr__(self, "placement", placement)
 
 
 @dataclass(frozen=True)
@@ -213,9 +242,16 @@ class Shape:
         )
 
     def pipeline(
-        self, profile: Profile, configs: Mapping[str, StageConfig], hop_ms: float = 0.0, routing: str = "least_loaded"
+        self,
+        profile: Profile,
+        configs: Mapping[str, StageConfig],
+        hop_ms: float = 0.0,
+        routing: str = "least_loaded",
+        threads: int = 1,
     ) -> SimPipeline:
-        """The stages with each one's configuration and service times drawn from ``profile``.
+        """The stages with each one's configuration and service times drawn from ``profile``;
+        ``threads``: the executors' worker threads, what a replica of a stage that does not
+        batch runs at once (a batching stage runs one batch at a time).
 
         Every request is assumed to pass every stage (a filter that drops rows makes the
         real pipeline cheaper, never dearer, than simulated)."""
@@ -239,13 +275,19 @@ class Shape:
                     max_batch=cfg.batch_size,
                     competitive=s.competitive,
                     wait=s.wait,
+                    threads=1 if s.batchable else threads,
                 )
             )
         return SimPipeline(tuple(out), self.sink, hop_ms, routing)
 
 
 def pipeline_from_plan(
-    plan: Plan, profile: Profile, configs: Mapping[str, StageConfig], hop_ms: float = 0.0, routing: str = "least_loaded"
+    plan: Plan,
+    profile: Profile,
+    configs: Mapping[str, StageConfig],
+    hop_ms: float = 0.0,
+    routing: str = "least_loaded",
+    threads: int = 1,
 ) -> SimPipeline:
     """``Shape.from_plan(plan).pipeline(...)``: the plan's stages, configured and profiled."""
-    return Shape.from_plan(plan).pipeline(profile, configs, hop_ms, routing)
+    return Shape.from_plan(plan).pipeline(profile, configs, hop_ms, routing, threads)

@@ -13,7 +13,7 @@ Two greedy phases (InferLine section 4.2, starting cheap as issue 17 asks):
 2. then, while some move lowers the cost and keeps the SLO, apply the one that saves
    most (a replica fewer, a bigger batch with a replica fewer, another class re-sized).
 Cost is replica-seconds weighted by each class's price; each stage's budget (for the
-runtime's AIMD batcher) is its share of the SLO by profiled latency, at the batch size it
+runtime's AIMD batcher) is its share of the SLO less the hops on the critical path, by profiled latency at the batch size it
 ran in the simulation, on the critical path.
 """
 
@@ -39,6 +39,9 @@ class PlannerOptions:
     - ``prices``: cost per replica-second of each executor class (only priced classes are
       used); ``hop_ms``: one hop's cost; ``routing``: the simulator's routing policy;
     - ``max_replicas`` / ``max_batch``: per stage caps (default 32 / 64);
+    - ``threads``: the executors' worker threads: how many requests one replica of a stage
+      that does not batch runs at once (default 1, the cautious guess; a batching stage
+      always runs one batch at a time);
     - ``seed``: the simulator's seed (plans are reproducible); ``max_steps``: a bound on
       moves per phase.
 
@@ -52,6 +55,7 @@ class PlannerOptions:
     max_batch: int = 64
     seed: int = 0
     max_steps: int = 500
+    threads: int = 1
 
     def __post_init__(self):
         if not isinstance(self.prices, Mapping) or not self.prices:
@@ -69,6 +73,7 @@ class PlannerOptions:
         positive_int("PlannerOptions.max_replicas", self.max_replicas)
         positive_int("PlannerOptions.max_batch", self.max_batch)
         positive_int("PlannerOptions.max_steps", self.max_steps)
+        positive_int("PlannerOptions.threads", self.threads)
 
 
 @dataclass(frozen=True)
@@ -140,7 +145,7 @@ class _Search:
         excess of the median over its bound."""
         key = tuple(sorted((n, c.batch_size, c.replicas, c.executor_class) for n, c in configs.items()))
         if key not in self.cache:
-            pipe = self.shape.pipeline(self.profile, configs, self.opt.hop_ms, self.opt.routing)
+            pipe = self.shape.pipeline(self.profile, configs, self.opt.hop_ms, self.opt.routing, self.opt.threads)
             r = simulate(pipe, self.trace, self.opt.seed)
             tail, p50 = r.quantile(self.slo.percentile), r.p50_ms
             excess = max(0.0, p50 - self.slo.p50_ms) if self.slo.p50_ms is not None else 0.0
@@ -347,6 +352,9 @@ def _result(search, start, met, configs) -> SLOPlan:
         for n, c in configs.items()
     }
     path_ms, _ = _critical_path(search.shape, own, 0.0)
+    # the hops along the critical path are spent before any stage runs: budgets split the rest
+    hops_ms = _critical_path(search.shape, own, search.opt.hop_ms)[0] - path_ms
+    share = max(search.slo.p99_ms - hops_ms, 0.0)
     stages = {}
     for s in search.shape.stages:
         steps = []
@@ -356,7 +364,7 @@ def _result(search, start, met, configs) -> SLOPlan:
         if shrunk:
             steps.append(f"then {shrunk} to cut cost (tail {tail:.1f} ms still within the SLO)")
         reason = ", ".join(steps) or "the cheapest start (batch 1, fewest replicas, cheapest class) was enough"
-        budget = search.slo.p99_ms * own[s.name] / path_ms if path_ms > 0 else search.slo.p99_ms
+        budget = share * own[s.name] / path_ms if path_ms > 0 else share
         stages[s.name] = StagePlan(configs[s.name], reason, budget, result.stages[s.name].utilisation)
     rate = search.cost_rate(configs)
     duration_s = float(search.trace[-1] - search.trace[0]) / 1000.0

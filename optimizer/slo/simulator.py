@@ -23,7 +23,7 @@ from optimizer.slo.errors import SLOError
 from optimizer.slo.pipeline import SimPipeline
 from optimizer.slo.traces import check_trace
 
-_ARRIVE, _DONE, _TIMER = 0, 1, 2
+_ARRIVE, _DONE, _TIMER, _ENTER, _FINISH = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -84,11 +84,14 @@ class _Stage:
         # competing copies must land on distinct replicas, so they never share a queue
         self.shared = routing == "shared" and self.k == 1
         self.round_robin = routing == "round_robin"
+        self.gateway = routing == "gateway"
         n = spec.replicas
         self.queues = [deque() for _ in range(1 if self.shared else n)]
         self.timer = [None] * len(self.queues)
-        self.busy = [False] * n
-        self.idle = list(range(n - 1, -1, -1))  # shared mode: free replicas
+        self.n = n
+        self.threads = spec.threads
+        self.running = [0] * n  # calls running per replica, at most ``threads``
+        self.idle = [r for r in range(n - 1, -1, -1) for _ in range(self.threads)]  # shared mode: free slots
         self.load = [0] * n  # queued + running requests per replica
         self.next = 0
         self.consumers: list[int] = []
@@ -111,8 +114,12 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
     rng = random.Random(f"simulate:{seed}")
     hop, hops = pipe.hop_ms, pipe.hop_samples
     hop_rng = random.Random(f"hops:{seed}")  # apart, so measured hops do not shift service draws
+    per_request = pipe.hop_per_request and bool(hops)
+    req_hop = [hops[int(hop_rng.random() * len(hops))] for _ in range(len(arrivals))] if per_request else None
 
-    def hop_ms() -> float:
+    def hop_ms(req: int) -> float:
+        if per_request:
+            return req_hop[req]
         return hops[int(hop_rng.random() * len(hops))] if hops else hop
 
     stages = [_Stage(s, i, pipe.routing) for i, s in enumerate(pipe.stages)]
@@ -123,11 +130,24 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
             (entry if i == INPUT else index[i].consumers).append(s.index)
     index[pipe.sink].sink = True
 
-    events = [
-        (t + hop_ms(), req * len(entry) + j, _ARRIVE, si, req)
-        for req, t in enumerate(arrivals.tolist())
-        for j, si in enumerate(entry)
-    ]
+    gateway = pipe.routing == "gateway"
+    if gateway:
+        # each replica's executor; the gateway routes a request's every stage when it enters
+        placement = pipe.placement or {s.spec.name: tuple(f"{s.spec.name}#{r}" for r in range(s.n)) for s in stages}
+        ex_ids = sorted({e for ids in placement.values() for e in ids})
+        ex_index = {e: i for i, e in enumerate(ex_ids)}
+        replica_ex = [[ex_index[e] for e in placement[s.spec.name]] for s in stages]
+        inflight = [0] * len(ex_ids)
+        routes: dict[int, list] = {}
+        uses: dict[int, set] = {}
+        turn = 0
+        events = [(t, req, _ENTER, -1, req) for req, t in enumerate(arrivals.tolist())]
+    else:
+        events = [
+            (t + hop_ms(req), req * len(entry) + j, _ARRIVE, si, req)
+            for req, t in enumerate(arrivals.tolist())
+            for j, si in enumerate(entry)
+        ]
     heapq.heapify(events)
     seq = len(events)
     finish = np.full(len(arrivals), np.nan)
@@ -136,7 +156,7 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
     def start(st, qi, now):
         nonlocal seq
         q = st.queues[qi]
-        while q and (st.idle if st.shared else not st.busy[qi]):
+        while q and (st.idle if st.shared else st.running[qi] < st.threads):
             n = len(q)
             if n < st.max_batch and st.max_wait > 0:
                 deadline = q[0][1] + st.max_wait
@@ -153,7 +173,7 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
                 batch.append(req)
                 st.wait_ms += now - ready_at
             r = st.idle.pop() if st.shared else qi
-            st.busy[r] = True
+            st.running[r] += 1
             ms = st.service(b, rng)
             st.busy_ms += ms
             st.batches += 1
@@ -166,8 +186,10 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
             st.queues[0].append((req, now))
             start(st, 0, now)
             return
-        n = len(st.busy)
-        if st.round_robin:
+        n = st.n
+        if st.gateway:
+            targets = routes[req][st.index]
+        elif st.round_robin:
             targets = [(st.next + j) % n for j in range(st.k)]
             st.next = (st.next + st.k) % n
         else:  # least loaded; ties go round the replicas so that none is favoured
@@ -182,13 +204,42 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
     def emit(st, req, now):
         nonlocal seq
         if st.sink:
-            finish[req] = now + hop_ms()
+            finish[req] = now + hop_ms(req)
+            if gateway:
+                seq += 1
+                push(events, (finish[req], seq, _FINISH, -1, req))
         for ci in st.consumers:
             seq += 1
-            push(events, (now + hop_ms(), seq, _ARRIVE, ci, req))
+            push(events, (now + hop_ms(req), seq, _ARRIVE, ci, req))
+
+    def enter(req, now):
+        """The dispatcher's routing: per stage, the replicas whose executors have the fewest
+        requests in flight (ties in turn), all chosen when the request enters."""
+        nonlocal seq, turn
+        turn += 1
+        chosen, used = [], set()
+        for s, exs in zip(stages, replica_ex):
+            n = len(exs)
+            order = sorted(range(n), key=lambda r: (inflight[exs[r]], (r + turn) % n))
+            targets = [order[j % n] for j in range(s.k)]
+            chosen.append(targets)
+            used.update(exs[r] for r in targets)
+        for e in used:
+            inflight[e] += 1
+        routes[req], uses[req] = chosen, used
+        for si in entry:
+            seq += 1
+            push(events, (now + hop_ms(req), seq, _ARRIVE, si, req))
 
     while events:
         now, _, kind, si, data = pop(events)
+        if kind == _ENTER:
+            enter(data, now)
+            continue
+        if kind == _FINISH:
+            for e in uses.pop(data):
+                inflight[e] -= 1
+            continue
         st = stages[si]
         if kind == _ARRIVE:
             req = data
@@ -205,7 +256,7 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
             ready(st, data, now)
         elif kind == _DONE:
             r, batch = data
-            st.busy[r] = False
+            st.running[r] -= 1
             if st.shared:
                 st.idle.append(r)
             else:
@@ -225,7 +276,7 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
     span_ms = max(float(np.max(finish) - arrivals[0]), 1e-9)
     stats = {
         s.spec.name: StageStats(
-            s.batches, s.rows / max(s.batches, 1), s.wait_ms / max(s.rows, 1), s.busy_ms / (len(s.busy) * span_ms)
+            s.batches, s.rows / max(s.batches, 1), s.wait_ms / max(s.rows, 1), s.busy_ms / (s.n * s.threads * span_ms)
         )
         for s in stages
     }

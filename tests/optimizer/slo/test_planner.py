@@ -75,9 +75,9 @@ def test_each_stage_of_a_chain_is_sized_for_its_own_cost():
     assert result.configs() == {"a": StageConfig(1, 1, "cpu"), "b": StageConfig(1, 3, "cpu")}
     assert result.tail_ms == 1.0 + 10.0 + 3 * 0.5
     assert result.stages["a"].reason.startswith("the cheapest start")
-    # the budget splits the SLO by each stage's latency
-    assert result.stages["a"].budget_ms == pytest.approx(20 * 1 / 11)
-    assert result.stages["b"].budget_ms == pytest.approx(20 * 10 / 11)
+    # the budget splits the SLO less the path's three hops by each stage's latency
+    assert result.stages["a"].budget_ms == pytest.approx((20 - 1.5) * 1 / 11)
+    assert result.stages["b"].budget_ms == pytest.approx((20 - 1.5) * 10 / 11)
     assert "b: cpu x3, batch 1" in result.explain()
 
 

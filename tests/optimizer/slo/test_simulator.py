@@ -170,3 +170,83 @@ def test_measured_hop_times_are_drawn_per_hop():
     # two hops (in, back), each 1 or 3 ms: 2, 4 or 6 ms end to end, 4 on average
     assert set(np.unique(np.round(r.latencies_ms, 6))) == {2.0, 4.0, 6.0}
     assert r.mean_ms == pytest.approx(4.0, rel=0.05)
+
+
+def test_hop_per_request_uses_one_draw_for_all_of_a_requests_hops():
+    pipe = SimPipeline(
+        (SimStage("m", (INPUT,), fixed(0.0), replicas=4),), "m", hop_samples=(1.0, 3.0), hop_per_request=True
+    )
+    r = simulate(pipe, poisson(10, 4000, seed=2), seed=5)
+    # both hops of a request draw alike: 2 or 6 ms, never the mixed 4
+    assert set(np.unique(np.round(r.latencies_ms, 6))) == {2.0, 6.0}
+
+
+def chain_ab(routing="gateway", placement=None):
+    return SimPipeline(
+        (
+            SimStage("a", (INPUT,), fixed(1.0)),
+            SimStage("b", ("a",), fixed(10.0), replicas=2),
+        ),
+        "b",
+        hop_ms=0.5,
+        routing=routing,
+        placement=placement,
+    )
+
+
+def test_gateway_routing_spreads_over_replicas_on_executors_of_their_own():
+    # 10 ms stage, 2 replicas, 140 req/s: utilisation 0.7 per replica when both are used
+    trace = poisson(140, 20_000, seed=4)
+    alone = simulate(chain_ab(), trace, seed=1)
+    assert alone.stages["b"].utilisation == pytest.approx(0.7, rel=0.05)
+    assert alone.throughput_rps == pytest.approx(140, rel=0.05)
+
+
+def test_gateway_routing_avoids_an_executor_every_request_already_uses():
+    # b's second replica shares executor e0 with a, which every request uses: e0 always has
+    # at least as many requests in flight, so b's replica there is picked only on ties and
+    # b's queue grows (the dispatcher's behaviour, and the reason a placement matters)
+    trace = poisson(140, 20_000, seed=4)
+    apart = simulate(chain_ab(placement={"a": ("e0",), "b": ("e1", "e2")}), trace, seed=1)
+    shared = simulate(chain_ab(placement={"a": ("e0",), "b": ("e1", "e0")}), trace, seed=1)
+    per_replica = simulate(chain_ab(routing="least_loaded"), trace, seed=1)
+    assert shared.stages["b"].mean_wait_ms > 3 * apart.stages["b"].mean_wait_ms
+    assert apart.stages["b"].mean_wait_ms == pytest.approx(per_replica.stages["b"].mean_wait_ms, rel=0.5)
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"placement": {"a": ("e0",), "b": ("e1",)}}, r"stage 'b': placement must name one executor per replica \(2\)"),
+        ({"placement": {"a": ("e0",), "b": ("e1", "e1")}}, "two replicas on one executor"),
+        (
+            {"placement": {"a": ("e0",), "b": ("e1", "e2")}, "routing": "least_loaded"},
+            "only used by routing='gateway'",
+        ),
+    ],
+)
+def test_bad_placements_are_named(kw, message):
+    with pytest.raises(SLOError, match=message):
+        chain_ab(**kw)
+
+
+@pytest.mark.parametrize("routing", ["least_loaded", "shared", "gateway"])
+def test_one_replica_with_worker_threads_is_an_mmc_queue(routing):
+    # a stage that does not batch runs on the executor's worker pool: one replica, 4 threads
+    c, mean_ms, rho = 4, 10.0, 0.6
+    lam = rho * c / mean_ms
+    result = simulate(
+        one_stage(exponential(mean_ms), threads=c, routing=routing), poisson(lam * 1000, 80_000, seed=1), seed=1
+    )
+    expected = erlang_c(c, lam * mean_ms) / (c / mean_ms - lam)
+    assert result.stages["s"].mean_wait_ms == pytest.approx(expected, rel=0.05)
+    assert result.stages["s"].utilisation == pytest.approx(rho, rel=0.03)
+
+
+def test_stages_that_do_not_batch_get_the_executors_threads():
+    from optimizer.slo import Shape, StageShape
+
+    shape = Shape((StageShape("pre", (INPUT,), batchable=False), StageShape("m", ("pre",))), "m")
+    profile = Profile({"pre": {"cpu": {1: [1.0]}}, "m": {"cpu": {1: [1.0], 4: [2.0]}}})
+    pipe = shape.pipeline(profile, {"pre": StageConfig(1, 2), "m": StageConfig(4, 1)}, threads=4)
+    assert [(s.name, s.threads) for s in pipe.stages] == [("pre", 4), ("m", 1)]

@@ -1,0 +1,409 @@
+"""AIMD batching on a real torch model under a 20 ms p99 SLO (issue 17): throughput at the
+SLO with AIMD vs the best fixed batch size of a sweep, and Ray Serve's ``@serve.batch``
+on the same model.
+
+    python -m benchmarks slo_aimd [--seconds 5] [--ray-python /tmp/peer-ray/bin/python]
+
+The model: AlexNet's proportions scaled to a 28x28 image (two 3x3 conv + pool layers,
+dense 3136 -> 2048 -> 2048 -> 10, 10.6 M random weights, one torch thread; the same net as
+``benchmarks/batching.py``'s ``mini_alexnet``): about 2 ms for one image, 10 ms for 20.
+One flow, one stage, one executor (one replica), one image per request (JSON).
+
+"Throughput at the SLO" of a configuration: the highest open-loop Poisson rate (ladder
+``RATES``, then one bisection step between the last rate that held and the first that
+did not) at which p99 <= 20 ms and nothing failed (open loop: a server that cannot keep up
+shows it in its p99); each step ``--seconds`` long after a 1 s warm-up at the same rate, the
+deployment kept across the ladder (AIMD carries its state from one rate to the next, as
+a live service would). The FlowServe configurations are all deployed at once (one flow
+each, on the one executor) and interleaved at every rate, so that what the shared machine
+does meanwhile falls on all of them alike; Ray Serve runs after them, at the same rates.
+Configurations:
+
+- ``fixed-b``: ``BatchConfig(max_batch_size=b)``, no SLO (no wait window: a batch is what
+  is queued when the replica is free), b in ``SWEEP``;
+- ``aimd``: the flow served under ``SLO(p99_ms=20)`` unplanned (AIMD climbs from 1 to
+  the cap of 64); one stage's budget is the whole SLO, and the runtime keeps each batch
+  within half of it (a request that arrives while a batch runs waits for it, then runs
+  in the next); ``aimd-batch-20ms``: the rule before (a batch within the whole SLO);
+- ``ray``: Ray Serve 2.60 ``@serve.batch`` on the same net, at its documented defaults
+  (``max_batch_size=10, batch_wait_timeout_s=0.01``) and at the sweep's best size with
+  a 1 ms wait (the docs: raise the size for throughput, shorten the wait for latency).
+
+Results: benchmarks/results/slo_aimd.json. The 2-core machine is shared: read the
+configurations of one run side by side, not across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SLO_MS = 20.0
+RATES = (25, 50, 75, 100, 150, 200, 300, 400, 600, 800)
+SWEEP = (1, 4, 8, 12, 16, 24, 32)
+AIMD_CAP = 64
+
+
+def net():
+    """The model (fixed seed, one torch thread)."""
+    import torch
+
+    nn = torch.nn
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * 7 * 7, 2048),
+        nn.ReLU(),
+        nn.Linear(2048, 2048),
+        nn.ReLU(),
+        nn.Linear(2048, 10),
+    ).eval()
+
+
+def predict(model, imgs: np.ndarray) -> np.ndarray:
+    """(n, 28, 28) uint8 images -> (n,) int64 classes."""
+    import torch
+
+    x = torch.from_numpy(((np.asarray(imgs, dtype=np.float32) / 255.0 - 0.1307) / 0.3081)[:, None])
+    with torch.inference_mode():
+        return model(x).argmax(dim=1).numpy().astype(np.int64)
+
+
+class CNN:
+    """The model as a FlowServe batching operator."""
+
+    def __init__(self):
+        self.model = net()
+
+    def __call__(self, table):
+        return predict(self.model, table["img"])
+
+
+def body() -> bytes:
+    img = np.random.default_rng(0).integers(0, 256, size=(28, 28), dtype=np.uint8)
+    return json.dumps({"img": img.tolist()}).encode()
+
+
+# -- one rate, one ladder ----------------------------------------------------------------------
+
+
+def at_rate(url: str, rate: float, seconds: float) -> dict:
+    from benchmarks.openloop import replay
+    from optimizer.slo import poisson
+
+    asyncio.run(replay(url, body(), poisson(rate, max(int(rate), 20), seed=11)))  # 1 s warm-up
+    trace = poisson(rate, int(rate * seconds), seed=int(rate))
+    lat, ok, done = asyncio.run(replay(url, body(), trace, timeout_s=10.0))
+    span = float(done.max() - trace[0] / 1000.0) if len(done) else 1.0
+    p99 = float(np.percentile(np.where(ok, lat, np.inf), 99, method="higher"))
+    answered = float(ok.sum() / span)  # open loop: a server that falls behind shows it in p99
+    return {
+        "rate_rps": rate,
+        "p50_ms": float(np.percentile(np.where(ok, lat, np.inf), 50, method="higher")),
+        "p99_ms": p99,
+        "answered_rps": answered,
+        "errors": int((~ok).sum()),
+        "held": bool(p99 <= SLO_MS and ok.all()),
+    }
+
+
+def ladders(urls: dict, seconds: float, rates=RATES) -> dict:
+    """Every configuration (label -> url) up the ladder of rates, interleaved: at each rate
+    each configuration still holding runs once, in turn, so that what the shared machine
+    does meanwhile falls on all of them alike; then one bisection step per configuration
+    between its last rate held and its first missed (interleaved too)."""
+    from benchmarks.common import progress
+
+    steps = {k: [] for k in urls}
+    best = dict.fromkeys(urls, 0.0)
+    failed = {}
+
+    def step(label, rate):
+        target = urls[label]
+        r = target(rate, seconds) if callable(target) else at_rate(target, rate, seconds)
+        steps[label].append(r)
+        progress(
+            f"{label} @ {rate:g}/s: p50 {r['p50_ms']:.1f} p99 {r['p99_ms']:.1f} ms, {r['answered_rps']:.0f}/s, "
+            f"{r['errors']} errors -> {'held' if r['held'] else 'missed'}"
+        )
+        return r["held"]
+
+    for rate in rates:
+        alive = [k for k in urls if k not in failed]
+        if not alive:
+            break
+        for label in alive:
+            if step(label, rate):
+                best[label] = rate
+            else:
+                failed[label] = rate
+    for label, rate in failed.items():
+        if best[label] > 0:
+            mid = (best[label] + rate) / 2
+            if step(label, mid):
+                best[label] = mid
+    return {k: {"throughput_at_slo_rps": best[k], "steps": steps[k]} for k in urls}
+
+
+# -- the stage alone: the executor's Batcher and the model, no HTTP ---------------------------------
+
+STAGE_RATES = (100, 200, 300, 400, 600, 800, 1000, 1200, 1500, 2000)
+
+
+def stage_plan(name: str, cap: int, budget: float | None):
+    """A one-stage plan of the net: fixed cap ``cap``, or AIMD under ``budget`` up to it."""
+    from dataclasses import replace
+
+    from flow import ColumnType, Flow
+    from optimizer import optimize
+    from optimizer.plan import BatchConfig
+    from optimizer.slo import SLO, ServingSLO
+
+    flow = Flow(name, schema={"img": ColumnType.tensor(np.uint8, (28, 28))})
+    flow.map(CNN, names=["cls"], batching=True)
+    plan = optimize(flow, rules=["batching"])
+    (stage_name,) = plan.stages
+    stage = replace(plan.stages[stage_name], batch=BatchConfig(max_batch_size=cap), replicas=1)
+    plan = plan.replace_stages({stage_name: stage})
+    if budget is not None:  # unplanned SLO: AIMD from 1 up to the cap, within the budget
+        plan = replace(plan, slo=ServingSLO(SLO(SLO_MS), budgets={stage_name: budget}))
+    return plan, stage_name
+
+
+class StageTarget:
+    """One configuration of the stage alone: the executor's own ``Batcher`` (AIMD or the
+    fixed cap, as the runtime builds it) in front of the net, fed open loop by a thread.
+    Latency: from a request's scheduled arrival to the end of its batch. The batcher is
+    kept across the ladder (AIMD keeps its state, as a live replica would)."""
+
+    def __init__(self, label: str, cap: int, budget: float | None, model):
+        import threading
+
+        from executors.batcher import Batcher
+        from executors.executor import HostedStage
+
+        plan, stage = stage_plan(f"stage-{label}", cap, budget)
+        self.model = model
+        self.img = np.random.default_rng(0).integers(0, 256, size=(28, 28), dtype=np.uint8)
+        self.done_at = None
+        self.left = 0
+        self.all_done = threading.Event()
+        self.lock = threading.Lock()
+        self.sizes: list[int] = []
+        self.batcher = Batcher(HostedStage(plan, stage, 1), self._run, threading.Event())
+
+    def _run(self, _hosted, batch) -> None:
+        import time
+
+        predict(self.model, np.stack([img for _, img in batch]))
+        now = time.perf_counter()
+        self.sizes.append(len(batch))
+        with self.lock:
+            for i, _ in batch:
+                self.done_at[i] = now
+            self.left -= len(batch)
+            if self.left == 0:
+                self.all_done.set()
+
+    def feed(self, trace_ms) -> np.ndarray:
+        import time
+
+        self.done_at = np.full(len(trace_ms), np.nan)
+        self.left = len(trace_ms)
+        self.all_done.clear()
+        t0 = time.perf_counter()
+        for i, at in enumerate(trace_ms.tolist()):
+            delay = t0 + at / 1000.0 - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            self.batcher.put((i, self.img))
+        if not self.all_done.wait(60):
+            raise RuntimeError("the stage did not finish its requests within 60 s")
+        return (self.done_at - t0) * 1000.0 - trace_ms
+
+    def __call__(self, rate: float, seconds: float) -> dict:
+        from optimizer.slo import poisson
+
+        self.feed(poisson(rate, max(int(rate), 20), seed=11))  # 1 s warm-up
+        del self.sizes[:]
+        lat = self.feed(poisson(rate, int(rate * seconds), seed=int(rate)))
+        p99 = float(np.percentile(lat, 99))
+        return {
+            "rate_rps": rate,
+            "p50_ms": float(np.percentile(lat, 50)),
+            "p99_ms": p99,
+            "answered_rps": rate,
+            "errors": 0,
+            "mean_batch": float(np.mean(self.sizes)),
+            "max_batch": int(max(self.sizes)),
+            "held": bool(p99 <= SLO_MS),
+        }
+
+
+def stage_runs(seconds: float, rates=STAGE_RATES) -> dict:
+    model = net()
+    configs = [(f"fixed-{b}", b, None) for b in SWEEP] + [
+        ("aimd", AIMD_CAP, SLO_MS),  # the runtime's rule: a batch gets half the stage's budget (10 ms)
+        ("aimd-batch-20ms", AIMD_CAP, 2 * SLO_MS),  # the rule before: a batch got the whole SLO
+    ]
+    targets = {label: StageTarget(label, cap, budget, model) for label, cap, budget in configs}
+    return ladders(targets, seconds, rates)
+
+
+# -- FlowServe configurations -------------------------------------------------------------------
+
+
+def flowserve_runs(seconds: float, only=None, rates=RATES) -> dict:
+    from dataclasses import replace
+
+    from benchmarks.common import progress
+    from benchmarks.slo import register
+    from executors.cluster import LocalCluster
+    from executors.config import ClusterConfig
+    from flow import ColumnType, Flow
+    from optimizer import optimize
+    from optimizer.plan import BatchConfig
+    from optimizer.slo import SLO, ServingSLO
+
+    configs = [(f"fixed-{b}", b, None) for b in SWEEP] + [
+        ("aimd", AIMD_CAP, SLO_MS),  # the runtime's rule: a batch gets half the stage's budget (10 ms)
+        ("aimd-batch-20ms", AIMD_CAP, 2 * SLO_MS),  # the rule before: a batch got the whole SLO
+    ]
+    urls = {}
+    with LocalCluster(ClusterConfig(executors=1, threads=4, request_timeout_s=10)) as cluster:
+        for i, (label, cap, budget) in enumerate(configs):
+            if only and label not in only:
+                continue
+            name = f"aimd-cnn-{i}"
+            flow = Flow(name, schema={"img": ColumnType.tensor(np.uint8, (28, 28))})
+            flow.map(CNN, names=["cls"], batching=True)
+            plan = optimize(flow, rules=["batching"])
+            (stage_name,) = plan.stages
+            stage = replace(plan.stages[stage_name], batch=BatchConfig(max_batch_size=cap), replicas=1)
+            plan = plan.replace_stages({stage_name: stage})
+            if budget is not None:  # unplanned SLO: AIMD from 1 up to the cap, within the budget
+                plan = replace(plan, slo=ServingSLO(SLO(SLO_MS), budgets={stage_name: budget}))
+            register(cluster, plan)  # all on the one executor: an idle flow costs nothing
+            urls[label] = f"{cluster.url}/flows/{name}"
+        progress(f"deployed {list(urls)}")
+        return ladders(urls, seconds, rates)
+
+
+# -- Ray Serve -----------------------------------------------------------------------------------
+
+
+def ray_runs(python: str, seconds: float, settings, rates=RATES) -> dict:
+    from benchmarks.common import ROOT, free_port, progress, wait_http
+
+    runs = {}
+    for max_batch, wait_s in settings:
+        label = f"ray-{max_batch}-{wait_s * 1000:g}ms"
+        port = free_port()
+        proc = subprocess.Popen(
+            [python, str(ROOT / "benchmarks" / "slo_aimd.py"), "--serve-ray", str(port), str(max_batch), str(wait_s)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=ROOT,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}/cnn"
+            wait_http(url, body(), timeout=180, proc=proc)
+            progress(f"{label}: serving")
+            runs.update(ladders({label: url}, seconds, rates))
+        finally:
+            proc.terminate()
+            proc.wait()
+            subprocess.run([python, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
+    return runs
+
+
+def serve_ray(port: int, max_batch: int, wait_s: float) -> None:
+    """Run in the Ray virtualenv: the net behind ``@serve.batch`` at ``/cnn``."""
+    import time
+
+    import ray
+    from ray import serve
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=1000)
+    class Model:
+        def __init__(self):
+            self.model = net()
+
+        @serve.batch(max_batch_size=max_batch, batch_wait_timeout_s=wait_s)
+        async def run(self, imgs: list) -> list:
+            return predict(self.model, np.stack(imgs)).tolist()
+
+        async def __call__(self, request: Request) -> Response:
+            img = np.asarray(json.loads(await request.body())["img"], dtype=np.uint8)
+            return Response(json.dumps({"cls": await self.run(img)}), media_type="application/json")
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(Model.bind(), name="cnn", route_prefix="/cnn")
+    print("READY", flush=True)
+    while True:
+        time.sleep(3600)
+
+
+def run(argv=None) -> dict:
+    from benchmarks.common import machine, progress, save
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks slo_aimd", description=__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=float, default=5.0, help="each rate of the ladder (after a 1 s warm-up)")
+    p.add_argument("--ray-python", default=os.environ.get("RAY_PYTHON", "/tmp/peer-ray/bin/python"))
+    p.add_argument("--only", nargs="*", help="FlowServe configurations to run (default all)")
+    p.add_argument("--no-ray", action="store_true")
+    p.add_argument("--mode", choices=["http", "stage"], default="http", help="over HTTP, or the stage alone")
+    p.add_argument("--rates", type=float, nargs="*", default=RATES, help="the ladder of offered rates (req/s)")
+    args = p.parse_args(argv)
+    progress(f"machine: {json.dumps(machine())} (shared with other engineers' work)")
+    if args.mode == "stage":
+        rates = args.rates if args.rates != RATES else STAGE_RATES
+        out = {"slo_ms": SLO_MS, "rates": rates, "seconds": args.seconds, "runs": stage_runs(args.seconds, rates)}
+        for k, v in out["runs"].items():
+            progress(f"{k}: {v['throughput_at_slo_rps']:.0f} req/s with p99 <= {SLO_MS:g} ms (stage alone)")
+        save("slo_aimd_stage", out)
+        return out
+    out = {
+        "slo_ms": SLO_MS,
+        "rates": args.rates,
+        "seconds": args.seconds,
+        "runs": flowserve_runs(args.seconds, args.only, args.rates),
+    }
+    fixed = {k: v["throughput_at_slo_rps"] for k, v in out["runs"].items() if k.startswith("fixed-")}
+    best = max(fixed, key=lambda k: fixed[k]) if fixed else None
+    out["best_fixed"] = best
+    if not args.no_ray and Path(args.ray_python).exists():
+        best_b = int(best.split("-")[1]) if best else 10
+        out["runs"].update(ray_runs(args.ray_python, args.seconds, [(10, 0.01), (best_b, 0.001)], args.rates))
+    else:
+        out["ray"] = f"no Python with ray[serve] at {args.ray_python}"
+    for k, v in out["runs"].items():
+        progress(f"{k}: {v['throughput_at_slo_rps']:.0f} req/s at p99 <= {SLO_MS:g} ms")
+    save("slo_aimd", out)
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve-ray":
+        serve_ray(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]))
+    else:
+        run(sys.argv[1:])
