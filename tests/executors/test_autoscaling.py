@@ -23,8 +23,9 @@ def replicas(c: LocalCluster, flow: str) -> dict[str, int]:
     return {s["name"]: s["replicas"] for s in c.http.get(f"/flows/{flow}").json()["stages"]}
 
 
-def test_load_step_scales_the_hot_stage_only_then_back():
-    policy = AutoscalingConfig(
+def fast_policy() -> AutoscalingConfig:
+    """A policy that reacts within a second or two: what the live-cluster tests wait for."""
+    return AutoscalingConfig(
         min_replicas=1,
         max_replicas=3,
         upscale_delay_s=0.5,
@@ -33,6 +34,10 @@ def test_load_step_scales_the_hot_stage_only_then_back():
         downscale_cooldown_s=1.0,
         smoothing_window_s=0.5,
     )
+
+
+def test_load_step_scales_the_hot_stage_only_then_back():
+    policy = fast_policy()
     with LocalCluster(ClusterConfig(executors=3, threads=4, autoscaling=policy)) as c:
         f = Flow("hotcold")
         f.map(lambda r: r.x + 1, names=["x"]).map(busy, names=["y"])

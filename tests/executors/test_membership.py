@@ -222,18 +222,9 @@ def test_a_gateway_started_before_the_kvs_waits_for_it(tmp_path):
 def test_a_standalone_gateway_autoscales_the_hot_stage_across_registered_executors(procs):
     import json
 
-    from executors.autoscale import AutoscalingConfig
-    from tests.executors.test_autoscaling import busy
+    from tests.executors.test_autoscaling import busy, fast_policy
 
-    policy = AutoscalingConfig(
-        min_replicas=1,
-        max_replicas=3,
-        upscale_delay_s=0.5,
-        upscale_cooldown_s=0.5,
-        downscale_delay_s=2.0,
-        downscale_cooldown_s=1.0,
-        smoothing_window_s=0.5,
-    )
+    policy = fast_policy()
     for i in range(3):
         procs.executor(f"as{i}")
     gw = procs.gateway("gw-autoscale", "--autoscale", json.dumps(policy.to_json()))
