@@ -15,7 +15,7 @@ replica as copy ``BACKUP``. Both answers go on to the consumers, which keep the 
 are. A backup copy is never hedged again.
 
 Deadline answers (``ensemble``): when the first member's input of a request arrives and
-others are still missing, a timer is set at the request's deadline (less ``MARGIN_S``, so
+others are still missing, a timer is set at the request's deadline (less a margin, a tenth of the time left within 50-500 ms, so
 the answer beats the gateway's 504) or ``deadline_ms`` later, whichever is sooner. If
 the inputs are still incomplete then, the ensemble runs on what has arrived (a missing
 member's input is None) and late inputs are dropped. A member whose run the watchdog
@@ -43,7 +43,9 @@ log = logging.getLogger("flowserve.executor")
 
 BACKUP = 1  # StageInput.copy of a hedge's backup (hedged stages never race: copy is 0 otherwise)
 MIN_SAMPLES = 20  # a percentile hedge waits for this many observed runs
-MARGIN_S = 0.05  # a deadline answer runs this long before the request's deadline
+MARGIN_S = 0.05  # a deadline answer runs at least this long before the request's deadline,
+MARGIN_SHARE = 0.1  # or this share of the time left when it is armed (up to MAX_MARGIN_S), so a
+MAX_MARGIN_S = 0.5  # loaded machine's late timer still beats the gateway's 504
 
 
 class Timers:
@@ -166,7 +168,8 @@ class EarlyAnswers:
             return
         self.armed.add(rid)
         now_wall, now = time.time(), time.monotonic()
-        wait = float("inf") if h.deadline is None else h.deadline - MARGIN_S - now_wall
+        left = float("inf") if h.deadline is None else h.deadline - now_wall
+        wait = left - min(max(MARGIN_S, MARGIN_SHARE * left), MAX_MARGIN_S)
         if self.after_s is not None:
             wait = min(wait, self.after_s)
         if wait == float("inf"):

@@ -18,6 +18,7 @@ input: answered 500 ``OperatorCrashedError`` naming the operator, and not retrie
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import socket
@@ -85,6 +86,10 @@ class ExecutorInfo:
     device: str = "cpu"
     alive: bool = True
     inflight: int = 0
+    # stage -> requests routed to this executor's replica of it and not yet answered: a
+    # stage's replicas are balanced on these (a replica on an executor that also hosts a
+    # stage every request uses is as free as any other for its own stage)
+    assigned: dict = field(default_factory=dict)
     loaded: set = field(default_factory=set)  # (flow, version) pairs built there
     stuck: dict = field(default_factory=dict)  # (flow, stage, operator) -> abandoned runs not back yet
     stuck_since: float | None = None  # wall time of its oldest stuck report
@@ -111,6 +116,7 @@ class Request:
     attempt: int = 0
     retries_left: int = 2
     executors: set = field(default_factory=set)
+    assigned: list = field(default_factory=list)  # (executor id, (flow, stage)) counted in ExecutorInfo.assigned
     parts: dict = field(default_factory=dict)  # path -> Table (sink output)
     started: float = field(default_factory=time.perf_counter)
     trace: list = field(default_factory=list)  # (stage, executor, ms, batch) of the answer
@@ -142,6 +148,9 @@ class Dispatcher:
         self.next_qid = 1
         self._rr = itertools.count()
         self._waiters: dict[str, asyncio.Future] = {}
+        # executor id -> loads in progress there: a deploy's placement is not served yet, so
+        # the scaler must not stop these executors as idle (scaling._stop_idle_extras)
+        self.loading: collections.Counter = collections.Counter()
         self._counters: dict[tuple[str, str], StageCounters] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._joined: asyncio.Event | None = None  # set when an executor joins (wait_for_executor)
@@ -192,6 +201,7 @@ class Dispatcher:
         info.alive = False
         info.loaded.clear()
         info.inflight = 0
+        info.assigned.clear()
         info.stuck.clear()
         info.stuck_since = None
         self.outbox.forget(info.address)
@@ -338,27 +348,34 @@ class Dispatcher:
         for stage, ids in placement.items():
             for i in ids:
                 per_exec.setdefault(i, []).append(stage)
-        waits = {}
+        waits, results = {}, {}
         for ex_id, stages in per_exec.items():
-            info = self.executors[ex_id]
+            info = self.executors.get(ex_id)
+            if info is None:  # stopped since it was placed
+                results[ex_id] = f"executor {ex_id} left the cluster before it built the flow"
+                continue
+            self.loading[ex_id] += 1
             token = f"load-{next(self._ids)}"
             fut = asyncio.get_running_loop().create_future()
             self._waiters[token] = fut
             waits[ex_id] = (token, fut)
             self._send(info.address, Load(flow, version, sorted(set(stages)), self.address, token).encode())
-        results = {}
         for ex_id, (token, fut) in waits.items():
             try:
                 reply: Loaded = await asyncio.wait_for(fut, timeout)
                 results[ex_id] = reply.error
-                if not reply.error:
-                    self.executors[ex_id].loaded.add((flow, version))
+                info = self.executors.get(ex_id)
+                if not reply.error and info is not None:
+                    info.loaded.add((flow, version))
                     if self._parked:
                         self._unpark()
             except asyncio.TimeoutError:
                 results[ex_id] = f"executor {ex_id} did not load the flow within {timeout:.0f} s"
             finally:
                 self._waiters.pop(token, None)
+                self.loading[ex_id] -= 1
+                if self.loading[ex_id] <= 0:
+                    del self.loading[ex_id]
         return results
 
     # -- installing and retiring flow versions ----------------------------------------------
@@ -473,11 +490,30 @@ class Dispatcher:
                 info = self.executors.get(ex)
                 if info is not None and info.inflight > 0:
                     info.inflight -= 1
+            self._unassign(req)
+
+    def _account(self, req: Request, used: set, assigned: list) -> None:
+        """Count ``req`` in flight on the executors and replicas it was routed to."""
+        for ex in used - req.executors:
+            self.executors[ex].inflight += 1
+        req.executors |= used
+        self._unassign(req)  # a re-run is routed afresh
+        for ex, key in assigned:
+            info = self.executors[ex]
+            info.assigned[key] = info.assigned.get(key, 0) + 1
+        req.assigned = assigned
+
+    def _unassign(self, req: Request) -> None:
+        for ex, stage in req.assigned:
+            info = self.executors.get(ex)
+            if info is not None and info.assigned.get(stage, 0) > 0:
+                info.assigned[stage] -= 1
+        req.assigned = []
 
     def _dispatch(self, req: Request) -> None:
         plan = req.flow.plan
         try:
-            routes, used = self._routes(req.flow)
+            routes, used, assigned = self._routes(req.flow)
         except NoExecutorError as e:
             if self.wait_for_restarts and any(not i.alive for i in self.executors.values()):
                 self._parked.append(req)  # executor_back dispatches it; its deadline still holds
@@ -486,9 +522,7 @@ class Dispatcher:
             return
         for stage in routes:
             self.stage_counters(plan.flow_name, stage).arrivals += 1
-        for ex in used - req.executors:
-            self.executors[ex].inflight += 1
-        req.executors |= used
+        self._account(req, used, assigned)
         req.parts = {}
         for consumer in self._input_consumers(plan):
             stage = plan.stages[consumer]
@@ -516,35 +550,43 @@ class Dispatcher:
     def _input_consumers(plan: Plan) -> list[str]:
         return [s.name for s in plan.stages.values() if INPUT in s.inputs]
 
-    def _routes(self, flow: DeployedFlow) -> tuple[dict[str, list[str]], set[str]]:
-        """Per stage, the addresses that run it for this request; and the executors used."""
-        routes, used = {}, set()
+    def _routes(self, flow: DeployedFlow) -> tuple[dict[str, list[str]], set[str], list]:
+        """Per stage, the addresses that run it for this request; the executors used; and the
+        (executor, stage) replicas it is assigned to (balanced per stage)."""
+        routes, used, assigned = {}, set(), []
         key = (flow.plan.flow_name, flow.version)
         for name, stage in flow.plan.stages.items():
-            live = [
-                self.executors[i]
-                for i in flow.placement[name]
-                if self.executors[i].alive and key in self.executors[i].loaded
-            ]
+            hosts = (self.executors.get(i) for i in flow.placement[name])
+            live = [e for e in hosts if e is not None and e.alive and key in e.loaded]
             if not live:
                 raise NoExecutorError(f"flow {flow.plan.flow_name!r}: no live executor hosts stage {name!r}")
             if stage.continuation is not None:
                 routes[name] = sorted(e.address for e in live)
                 used.update(e.id for e in live)
                 continue
-            # least loaded first; among equals, where an input of this stage runs (its
+            # the replica with the fewest of this stage's requests first; then the executor
+            # with the fewest requests; among equals, where an input of this stage runs (its
             # output is already there: the hop is a hand-over, not a message) -- or, with
             # colocate off, anywhere else -- then in turn
             near = {a for i in stage.inputs for a in routes.get(i, ())}
             k = stage.competitive if stage.hedge is None else min(2, len(live))  # hedged: a backup named
             turn = next(self._rr)
-            ranked = sorted(
-                live, key=lambda e: (e.inflight, (e.address in near) != self.colocate, (hash(e.id) + turn) % 1009)
+            n, replica_key = len(live), (flow.plan.flow_name, name)
+            order = sorted(
+                range(n),
+                key=lambda j: (
+                    live[j].assigned.get(replica_key, 0),
+                    live[j].inflight,
+                    (live[j].address in near) != self.colocate,
+                    (j + turn) % n,
+                ),
             )
-            chosen = [ranked[j % len(ranked)] for j in range(k)]
+            chosen = [live[order[j % n]] for j in range(k)]
             routes[name] = [e.address for e in chosen]
-            used.update(e.id for e in (chosen if stage.hedge is None else chosen[:1]))
-        return routes, used
+            running = chosen if stage.hedge is None else chosen[:1]
+            used.update(e.id for e in running)
+            assigned.extend((e.id, replica_key) for e in running)
+        return routes, used, assigned
 
     def _retry(self, req: Request, why: str) -> None:
         if req.future.done():

@@ -293,6 +293,7 @@ class ScalingLoop:
 
     async def _stop_idle_extras(self) -> None:
         used = {e for f in self.dispatcher.flows.values() for ids in f.placement.values() for e in ids}
+        used |= set(self.dispatcher.loading)  # placed by a deploy still building: not idle
         for id_ in self.backend.removable():
             info = self.dispatcher.executors.get(id_)
             if id_ not in used and (info is None or info.inflight == 0):

@@ -138,6 +138,7 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
         ex_index = {e: i for i, e in enumerate(ex_ids)}
         replica_ex = [[ex_index[e] for e in placement[s.spec.name]] for s in stages]
         inflight = [0] * len(ex_ids)
+        assigned = [[0] * len(exs) for exs in replica_ex]  # per stage, per replica: requests routed there
         routes: dict[int, list] = {}
         uses: dict[int, set] = {}
         turn = 0
@@ -213,17 +214,20 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
             push(events, (now + hop_ms(req), seq, _ARRIVE, ci, req))
 
     def enter(req, now):
-        """The dispatcher's routing: per stage, the replicas whose executors have the fewest
-        requests in flight (ties in turn), all chosen when the request enters."""
+        """The dispatcher's routing: per stage, the replicas with the fewest of that stage's
+        requests in flight, then on the executors with the fewest requests in flight (ties in
+        turn), all chosen when the request enters."""
         nonlocal seq, turn
-        turn += 1
         chosen, used = [], set()
-        for s, exs in zip(stages, replica_ex):
+        for si, (s, exs) in enumerate(zip(stages, replica_ex)):
             n = len(exs)
-            order = sorted(range(n), key=lambda r: (inflight[exs[r]], (r + turn) % n))
+            turn += 1
+            order = sorted(range(n), key=lambda r: (assigned[si][r], inflight[exs[r]], (r + turn) % n))
             targets = [order[j % n] for j in range(s.k)]
             chosen.append(targets)
             used.update(exs[r] for r in targets)
+            for r in targets:
+                assigned[si][r] += 1
         for e in used:
             inflight[e] += 1
         routes[req], uses[req] = chosen, used
@@ -239,6 +243,9 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
         if kind == _FINISH:
             for e in uses.pop(data):
                 inflight[e] -= 1
+            for si, targets in enumerate(routes[data]):
+                for r in targets:
+                    assigned[si][r] -= 1
             continue
         st = stages[si]
         if kind == _ARRIVE:

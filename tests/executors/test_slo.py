@@ -222,8 +222,20 @@ def test_the_tuner_scales_down_on_a_loop_whose_ticks_miss_the_window_edge():
     assert 15.0 <= t < 15.6 and (downs[0].from_replicas, downs[0].to_replicas) == (4, 1)
 
 
-def test_the_tuner_grows_a_planned_stage_on_the_real_cluster_under_a_burst(cluster):
+@pytest.fixture
+def own_cluster():
+    """A cluster of its own: the tuner adds executors, which the shared one must not keep."""
+    from executors.cluster import LocalCluster
+    from executors.config import ClusterConfig
+
+    with LocalCluster(ClusterConfig(executors=2, threads=4, request_timeout_s=20)) as c:
+        yield c
+
+
+def test_the_tuner_grows_a_planned_stage_on_the_real_cluster_under_a_burst(own_cluster):
     from tests.executors.processes import steady_load
+
+    cluster = own_cluster
 
     f = Flow(unique("tune-live"))
 

@@ -1,0 +1,90 @@
+"""The dispatcher balances a stage's replicas on that stage's own requests in flight.
+
+A replica that shares its executor with a stage every request uses (here ``double`` on e0)
+is as free for its own stage as a replica alone; ranking replicas by the executor's whole
+load starved it. The routing decision is the dispatcher's own logic over its state: these
+tests drive a real Dispatcher (its socket bound, no executor needed) through routing and
+accounting, as `_dispatch` and `_finish` do."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+import pytest
+
+from executors.dispatcher import DeployedFlow, Dispatcher, Request
+from flow import Flow
+from flow.table import Table
+from optimizer import optimize
+
+
+def double(t):
+    return t.column("x").to_numpy() * 2
+
+
+def plus_one(t):
+    return t.column("y").to_numpy() + 1
+
+
+@pytest.fixture
+def dispatcher(tmp_path):
+    d = Dispatcher(f"ipc://{tmp_path}/gw")
+    f = Flow("balanced")
+    f.map(double, names=["y"], batching=True).map(plus_one, names=["z"], batching=True)
+    plan = optimize(f, rules=["batching"])
+    first, second = plan.stages
+    for i in range(2):
+        d.add_executor(f"e{i}", f"ipc://{tmp_path}/e{i}")
+        d.executors[f"e{i}"].loaded.add(("balanced", 1))
+    flow = DeployedFlow(plan, 1, {first: ["e0"], second: ["e1", "e0"]})
+    yield d, flow, second
+    d.listener.close()
+
+
+def _enter(d, flow, n):
+    loop = asyncio.new_event_loop()
+    reqs = []
+    for i in range(n):
+        req = Request(i, flow, Table.from_any([{"x": i}]), 0.0, loop.create_future())
+        routes, used, assigned = d._routes(flow)
+        d._account(req, used, assigned)
+        d.requests[req.id] = req
+        reqs.append((req, routes))
+    loop.close()
+    return reqs
+
+
+def test_a_replica_beside_a_stage_every_request_uses_takes_its_share(dispatcher):
+    d, flow, second = dispatcher
+    reqs = _enter(d, flow, 40)
+    where = collections.Counter(routes[second][0] for _, routes in reqs)
+    assert sorted(where.values()) == [20, 20], where  # the old rule sent all 40 to e1
+    assert d.executors["e0"].inflight == 40 and d.executors["e1"].inflight == 20
+
+
+def test_finished_requests_free_their_replica_and_executor(dispatcher):
+    d, flow, second = dispatcher
+    reqs = _enter(d, flow, 10)
+    for req, _ in reqs:
+        d._finish(req)
+    assert d.executors["e0"].inflight == 0 and d.executors["e1"].inflight == 0
+    assert all(v == 0 for e in d.executors.values() for v in e.assigned.values())
+    # freed: the next requests split evenly again
+    where = collections.Counter(routes[second][0] for _, routes in _enter(d, flow, 10))
+    assert sorted(where.values()) == [5, 5]
+
+
+def test_an_executor_that_dies_forgets_its_assignments(dispatcher):
+    d, flow, second = dispatcher
+    _enter(d, flow, 6)
+    d.executor_died("e1", running=[])
+    assert d.executors["e1"].assigned == {} and d.executors["e1"].inflight == 0
+
+
+def test_a_load_on_an_executor_that_left_is_an_error_not_a_crash(dispatcher):
+    # a deploy places a flow, then the scaler stops an idle executor before it builds there
+    d, flow, second = dispatcher
+    errors = asyncio.run(d.load("balanced", 2, {second: ["gone"]}, timeout=1))
+    assert "executor gone left the cluster" in errors["gone"]
+    assert not d.loading  # nothing counted as building
