@@ -147,6 +147,7 @@ class Dispatcher:
         self._ids = itertools.count(1)
         self.next_qid = 1
         self._rr = itertools.count()
+        self._last_pick: dict[tuple[str, str], str] = {}  # (flow, stage) -> executor that took it last
         self._waiters: dict[str, asyncio.Future] = {}
         # executor id -> loads in progress there: a deploy's placement is not served yet, so
         # the scaler must not stop these executors as idle (scaling._stop_idle_extras)
@@ -567,21 +568,25 @@ class Dispatcher:
             # the replica with the fewest of this stage's requests first; then the executor
             # with the fewest requests; among equals, where an input of this stage runs (its
             # output is already there: the hop is a hand-over, not a message) -- or, with
-            # colocate off, anywhere else -- then in turn
+            # colocate off, anywhere else -- then the one that took the stage last (at a
+            # trickle it is still polling for messages and warm: no wake-up), then in turn
             near = {a for i in stage.inputs for a in routes.get(i, ())}
             k = stage.competitive if stage.hedge is None else min(2, len(live))  # hedged: a backup named
             turn = next(self._rr)
             n, replica_key = len(live), (flow.plan.flow_name, name)
+            last = self._last_pick.get(replica_key)
             order = sorted(
                 range(n),
                 key=lambda j: (
                     live[j].assigned.get(replica_key, 0),
                     live[j].inflight,
                     (live[j].address in near) != self.colocate,
+                    live[j].id != last,
                     (j + turn) % n,
                 ),
             )
             chosen = [live[order[j % n]] for j in range(k)]
+            self._last_pick[replica_key] = chosen[0].id
             routes[name] = [e.address for e in chosen]
             running = chosen if stage.hedge is None else chosen[:1]
             used.update(e.id for e in running)

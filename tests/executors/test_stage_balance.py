@@ -88,3 +88,15 @@ def test_a_load_on_an_executor_that_left_is_an_error_not_a_crash(dispatcher):
     errors = asyncio.run(d.load("balanced", 2, {second: ["gone"]}, timeout=1))
     assert "executor gone left the cluster" in errors["gone"]
     assert not d.loading  # nothing counted as building
+
+
+def test_at_a_trickle_a_stage_stays_on_the_executor_that_took_it_last(dispatcher):
+    # one request at a time: every replica is free, and the one that ran the last request is
+    # still polling for messages (no wake-up), so it keeps the stage
+    d, flow, second = dispatcher
+    picked = []
+    for _ in range(10):
+        ((req, routes),) = _enter(d, flow, 1)
+        picked.append(routes[second][0])
+        d._finish(req)
+    assert len(set(picked)) == 1, picked
