@@ -5,8 +5,9 @@ its column unchanged) on a payload of 10 KB, 500 KB or 10 MB (one float32 tensor
 deployed fused (``optimize``: one stage) and unfused (``optimize=False``: one stage per
 operator). Requests are Arrow IPC both ways (JSON would be far too big at 10 MB), sent
 one at a time from a bare keep-alive client (client.py); the bodies are built once. Configurations
-are interleaved in rounds (every chain, both modes, every payload per round) and the
-reported figure is the median over rounds of each round's median / p99.
+are interleaved in rounds (every payload per round; within a payload, requests alternate
+between every chain and mode one by one) and the reported figure is the median over
+rounds of each round's median / p99.
 
 Two cluster setups, one after the other (``--colocate``): ``spread``
 (``ClusterConfig(colocate=False)``: consecutive stages run on different executors, so
@@ -134,9 +135,16 @@ def measure(colocate: bool, executors: int, lengths, rounds: int, scale: float, 
         for r in range(rounds):
             for pl, body in bodies.items():
                 k = max(3, int(REQUESTS[pl] * scale))
+                # request by request across the configurations (the order rotating), so a stall
+                # of the shared machine falls on all of them alike, not on one block
+                got = {c: [] for c in urls}
+                configs = list(urls)
+                for i in range(k):
+                    for c in configs[i % len(configs) :] + configs[: i % len(configs)]:
+                        got[c].append(post_arrow(http, urls[c], body))
                 for n in lengths:
                     for m in modes:
-                        samples[(pl, n, m)].append(stats([post_arrow(http, urls[(n, m)], body) for _ in range(k)]))
+                        samples[(pl, n, m)].append(stats(got[(n, m)]))
                     progress(
                         f"{tag} round {r + 1} {pl:>5s} {n:2d} stages: fused p50 "
                         f"{samples[(pl, n, 'fused')][-1]['p50_ms']:8.2f} ms  unfused p50 "

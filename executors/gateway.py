@@ -168,9 +168,17 @@ class Gateway:
         # a big body is parsed and converted on a worker thread: the event loop keeps
         # serving other requests meanwhile (the interpreter switches threads every 5 ms)
         big = len(body) > OFF_LOOP_BYTES
+        # an Arrow body in a shared segment (_read_body) parses without a copy, in tens of us: on a thread
+        # only if it has many rows to convert (two thread hops cost more than a 10 MB row's parse)
+        inline = big and isinstance(body, memoryview)
         try:
             ctype = headers.get("content-type", "")
-            rows = await asyncio.to_thread(parse_body, body, ctype, schema) if big else parse_body(body, ctype, schema)
+            rows = (
+                await asyncio.to_thread(parse_body, body, ctype, schema)
+                if big and not inline
+                else parse_body(body, ctype, schema)
+            )
+            big = big and not (inline and len(rows) <= OFF_LOOP_ROWS)
             body = None  # the rows hold what is needed; the body's memory can go now
             if len(rows) > self.max_rows:
                 return _error_body(
