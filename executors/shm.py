@@ -94,19 +94,6 @@ def find_shared(view: memoryview) -> tuple[SharedMap, int] | None:
     return None
 
 
-def writable_segment(size: int) -> SharedMap:
-    """A fresh segment of ``size`` bytes mapped writable (e.g. a request body read
-    straight into it), its descriptor owned by the mapping."""
-    fd = os.memfd_create("flowserve", os.MFD_CLOEXEC)
-    try:
-        os.ftruncate(fd, size)
-        m = SharedMap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-    except BaseException:
-        os.close(fd)
-        raise
-    return _own(m, fd)
-
-
 class SegmentWriter:
     """A fresh segment filled as the pieces of a body arrive, by the kernel (``pwrite``):
     each page is allocated as it is written, with no page fault in this process (filling
