@@ -149,21 +149,44 @@ def run(argv=None) -> dict:
     )
     gateway = {k: statistics.median(s["server_p50_ms"] for s in v) for k, v in samples.items() if k in ratios}
     progress(f"p50 ms: {p50}; / echo: {ratios}; / echo unjoined: {unjoined}; in the gateway: {gateway}")
-    save(
-        args.out,
-        {
-            "mb": args.mb,
-            "rounds": args.rounds,
-            "n": args.n,
-            "baseline": args.baseline,
-            "p50_ms": p50,
-            "ratio_to_echo": ratios,
-            "ratio_to_echo_unjoined": unjoined,
-            "gateway_p50_ms": gateway,
-            "per_round": samples,
-        },
-    )
+    out = {
+        "mb": args.mb,
+        "rounds": args.rounds,
+        "n": args.n,
+        "baseline": args.baseline,
+        "p50_ms": p50,
+        "ratio_to_echo": ratios,
+        "ratio_to_echo_unjoined": unjoined,
+        "gateway_p50_ms": gateway,
+        "per_round": samples,
+    }
+    save(args.out, out)
+    plot(out, args.out)
     return ratios
+
+
+def plot(out: dict, name: str = "bigpayload") -> None:
+    """Each round's p50 per system (points) and their median (bars)."""
+    from benchmarks.common import plt, save_plot
+
+    pyplot = plt()
+    fig, ax = pyplot.subplots(figsize=(8, 3.8))
+    names = list(out["per_round"])
+    for i, k in enumerate(names):
+        values = [r["p50_ms"] for r in out["per_round"][k]]
+        ax.bar(i, statistics.median(values), color=f"C{i}", alpha=0.6)
+        ax.scatter([i] * len(values), values, color="black", s=8, zorder=3)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels([k.replace(", ", "\n") for k in names], fontsize=8)
+    ax.set_ylabel("p50 over HTTP (ms)\nbar: median, dots: rounds")
+    ratio = out["ratio_to_echo"].get("flowserve", float("nan"))
+    unjoined = out.get("ratio_to_echo_unjoined", {}).get("flowserve", float("nan"))
+    ax.set_title(
+        f"fused 10-stage chain, {out['mb']:g} MiB Arrow body: flowserve {ratio:.2f}x the echo, "
+        f"{unjoined:.2f}x the unjoined echo",
+        fontsize=9,
+    )
+    save_plot(fig, name)
 
 
 if __name__ == "__main__":

@@ -371,7 +371,7 @@ def _plot_bound(results: dict, name: str) -> None:
     variance: p50, p99 and mean."""
     pyplot = plt()
     fig, axes = pyplot.subplots(1, len(results), figsize=(6.5 * len(results), 4), squeeze=False)
-    for ax, (setup, res) in zip(axes[0], results.items()):
+    for ax, res in zip(axes[0], results.values()):
         x = np.arange(len(SCALES))
         for i, (k, q) in enumerate((k, q) for k in REPLICAS[1:] for q in ("p50", "p99", "mean")):
             got = [res["summary"][f"{v}/{k}"]["vs_bound_client"] for v in SCALES]
@@ -384,7 +384,10 @@ def _plot_bound(results: dict, name: str) -> None:
         ax.set_xticks(x + 0.4)
         ax.set_xticklabels(list(SCALES))
         ax.set_ylabel("change vs 1 replica (%)\nbound: - min of k latencies, x stage only")
-        ax.set_title(setup + (f", open loop at {res['utilisation']:.0%}" if "utilisation" in res else ""), fontsize=9)
+        title = f"{res['executors']} executors x {res['threads']} threads"
+        if "utilisation" in res:
+            title = f"k executors x {res['threads']} thread(s), open loop at {res['utilisation']:.0%} per replica"
+        ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7, ncol=2)
     save_plot(fig, name)
 
