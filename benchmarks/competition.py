@@ -21,6 +21,7 @@ Two cluster setups are measured, one after the other:
 from __future__ import annotations
 
 import argparse
+import json as jsonlib
 import os
 import time
 
@@ -35,6 +36,68 @@ SEED = {  # the seed's 1 -> 3 replica changes (report section 5)
     "p99": {"low": -71, "medium": -94, "high": -86},
     "p50": {"low": -39, "medium": -63, "high": -62},
 }
+
+
+def min_of_k(samples, k: int) -> dict:
+    """The order-statistics bound: p50, p99 and mean of the minimum of ``k`` independent
+    draws from the empirical distribution ``samples`` (the single replica's measured
+    latencies). Racing k copies cannot do better than that, unless copies also dodged the
+    delays every request shares (the HTTP path, the other stages), which they cannot."""
+    x = np.sort(np.asarray(samples, dtype=float))
+    n = x.size
+    quantile = {q: float(np.percentile(x, 100 * (1 - (1 - q) ** (1 / k)))) for q in (0.5, 0.99)}
+    above = ((n - np.arange(n + 1)) / n) ** k  # P(min > x_(i)), i = 0..n
+    mean = float(np.sum(x * (above[:-1] - above[1:])))
+    return {"p50_ms": quantile[0.5], "p99_ms": quantile[0.99], "mean_ms": mean}
+
+
+def against_bound(single: list, raced: list, k: int) -> dict:
+    """Per round, the change from 1 to k replicas, measured and as the bound of the round's
+    single-replica samples has it, and the gap in percentage points (positive: short of
+    the bound); medians over rounds. ``single``/``raced``: per round, a list of latencies."""
+    out = {}
+    for q in ("p50", "p99", "mean"):
+        measured, bound = [], []
+        for one, many in zip(single, raced):
+            base = stats(one)[f"{q}_ms"]
+            measured.append(100 * (stats(many)[f"{q}_ms"] / base - 1))
+            bound.append(100 * (min_of_k(one, k)[f"{q}_ms"] / base - 1))
+        out[f"{q}_change_pct"] = float(np.median(measured))
+        out[f"bound_{q}_change_pct"] = float(np.median(bound))
+        out[f"{q}_gap_points"] = float(np.median([m - b for m, b in zip(measured, bound)]))
+    return out
+
+
+def stage_bound(latency, stage, k: int, draws: int = 200_000) -> dict:
+    """The bound of racing the one stage only: each single-replica request keeps its own
+    share outside the stage (``latency - stage``: HTTP, gateway, hops) and its stage time
+    is replaced by the min of ``k`` draws of the measured stage times (the runtime's trace).
+    p50/p99 by sampling (seeded), the mean exactly."""
+    lat, st = np.asarray(latency, dtype=float), np.asarray(stage, dtype=float)
+    rest = lat - st
+    rng = np.random.default_rng(0)
+    m = st[rng.integers(0, st.size, (draws, k))].min(axis=1) + rest[rng.integers(0, rest.size, draws)]
+    return {
+        "p50_ms": float(np.percentile(m, 50)),
+        "p99_ms": float(np.percentile(m, 99)),
+        "mean_ms": float(rest.mean() + min_of_k(st, k)["mean_ms"]),
+    }
+
+
+def against_stage_bound(single: list, stages: list, raced: list, k: int) -> dict:
+    """``against_bound`` with ``stage_bound`` (per round: single-replica latencies, their
+    stage times, and the raced latencies)."""
+    out = {}
+    for q in ("p50", "p99", "mean"):
+        measured, bound = [], []
+        for one, st, many in zip(single, stages, raced):
+            base = stats(one)[f"{q}_ms"]
+            measured.append(100 * (stats(many)[f"{q}_ms"] / base - 1))
+            bound.append(100 * (stage_bound(one, st, k)[f"{q}_ms"] / base - 1))
+        out[f"{q}_change_pct"] = float(np.median(measured))
+        out[f"bound_{q}_change_pct"] = float(np.median(bound))
+        out[f"{q}_gap_points"] = float(np.median([m - b for m, b in zip(measured, bound)]))
+    return out
 
 
 def first(row):
@@ -94,7 +157,8 @@ def measure_setup(executors: int, threads: int, rounds: int, requests: int) -> d
                 if r.status_code != 200:
                     raise RuntimeError(f"{url} answered {r.status_code}: {r.text[:300]}")
                 server = float(r.headers["server-timing"].split("dur=")[1])
-                return ms, server, r.json()["rows"][0]["winner"]
+                stage = sum(e[2] for e in jsonlib.loads(r.headers.get("x-flowserve-trace", "[]")))
+                return ms, server, r.json()["rows"][0]["winner"], stage
 
             for k in REPLICAS:  # warm up: connections, replicas built, cheap-stage estimates
                 for _ in range(30):
@@ -103,11 +167,11 @@ def measure_setup(executors: int, threads: int, rounds: int, requests: int) -> d
                 for v, scale in SCALES.items():
                     for k in REPLICAS:
                         got = [call(urls[k], scale) for _ in range(requests)]
-                        winners[(k, v)].update(w for _, _, w in got)
+                        winners[(k, v)].update(w for _, _, w, _ in got)
                         samples[(k, v)].append(
                             {
-                                **stats([(ms, sv) for ms, sv, _ in got]),
-                                "raw": [(round(ms, 3), round(sv, 3)) for ms, sv, _ in got],
+                                **stats([(ms, sv) for ms, sv, _, _ in got]),
+                                "raw": [(round(ms, 3), round(sv, 3), round(st, 3)) for ms, sv, _, st in got],
                             }
                         )
                     progress(
@@ -123,7 +187,7 @@ def measure_setup(executors: int, threads: int, rounds: int, requests: int) -> d
         for k in REPLICAS:
             rs = samples[(k, v)]
             med = across_rounds([{x: y for x, y in s.items() if x != "raw"} for s in rs])
-            pooled = stats([pair for s in rs for pair in s["raw"]])
+            pooled = stats([pair[:2] for s in rs for pair in s["raw"]])
             entry = {
                 **med,
                 "pooled_p50_ms": pooled["p50_ms"],
@@ -136,6 +200,22 @@ def measure_setup(executors: int, threads: int, rounds: int, requests: int) -> d
             else:
                 for q in ("p50", "p99", "server_p50", "server_p99"):
                     entry[f"{q}_change_pct"] = 100 * (entry[f"{q}_ms"] / base[f"{q}_ms"] - 1)
+                for side, i in (("client", 0), ("gateway", 1)):
+                    single = [[pair[i] for pair in s["raw"]] for s in samples[(1, v)]]
+                    raced = [[pair[i] for pair in s["raw"]] for s in rs]
+                    entry[f"vs_bound_{side}"] = against_bound(single, raced, k)
+                    stage = [[pair[2] for pair in s["raw"]] for s in samples[(1, v)]]
+                    entry[f"vs_stage_bound_{side}"] = against_stage_bound(single, stage, raced, k)
+                for label, key in (("min-of-k latencies", "vs_bound_client"), ("stage only", "vs_stage_bound_client")):
+                    b = entry[key]
+                    progress(
+                        f"{executors}x{threads} {v:6s} k={k} vs the bound ({label}): "
+                        + ", ".join(
+                            f"{q} {b[f'{q}_change_pct']:+.0f}% (bound {b[f'bound_{q}_change_pct']:+.0f}%, "
+                            f"gap {b[f'{q}_gap_points']:+.1f})"
+                            for q in ("p50", "p99", "mean")
+                        )
+                    )
             summary[f"{v}/{k}"] = entry
             progress(
                 f"{executors}x{threads} {v:6s} k={k}: p50 {entry['p50_ms']:6.2f} ms  p99 {entry['p99_ms']:6.2f} ms"
@@ -160,18 +240,111 @@ def measure_setup(executors: int, threads: int, rounds: int, requests: int) -> d
     }
 
 
+def measure_open(executors: int, threads: int, rounds: int, util: float, seconds: float) -> dict:
+    """Open-loop Poisson load at ``util`` of one replica's capacity (``threads`` worker
+    threads over the mean sleep, 3 x scale ms). Each k gets its own cluster of k executors
+    x ``threads`` (``executors`` is not used), so k=1 is one replica and every racing copy
+    has its own executor: each replica then runs every request, at ``util`` of its
+    capacity for every k (racing k copies costs k times the work). The k are interleaved
+    in rounds; latency from each request's scheduled time (openloop.py). The bound is the
+    min of k draws from the single replica's latencies under the same load."""
+    import asyncio
+    import contextlib
+
+    from benchmarks.openloop import replay
+    from executors import ClusterConfig, LocalCluster
+    from optimizer import OptimizerOptions
+    from optimizer.slo import poisson
+
+    lat = {(k, v): [] for k in REPLICAS for v in SCALES}
+    failed = {(k, v): 0 for k in REPLICAS for v in SCALES}
+    rates = {v: util * threads / (3.0 * scale) * 1000.0 for v, scale in SCALES.items()}
+    with contextlib.ExitStack() as stack:
+        urls, hosts = {}, {}
+        for k in REPLICAS:
+            cluster = stack.enter_context(LocalCluster(ClusterConfig(executors=k, threads=threads)))
+            d = cluster.deploy(race_flow(k), options=OptimizerOptions(competitive_replicas=k))
+            urls[k] = d.url
+            hosts[k] = {s["name"]: s["executors"] for s in cluster.http.get(f"/flows/{d.name}").json()["stages"]}
+        progress(f"open loop, k executors x {threads} thread(s) for k replicas; rates {rates} req/s")
+        for k in REPLICAS:  # warm up
+            asyncio.run(replay(urls[k], b'{"x": 1.0, "scale": 1.0}', poisson(50, 50, seed=3)))
+        for r in range(rounds):
+            for v, scale in SCALES.items():
+                body = f'{{"x": 1.0, "scale": {scale}}}'.encode()
+                for k in REPLICAS:
+                    trace = poisson(rates[v], int(rates[v] * seconds), seed=1000 * r + list(SCALES).index(v))
+                    ms, ok, _ = asyncio.run(replay(urls[k], body, trace))
+                    failed[(k, v)] += int((~ok).sum())
+                    lat[(k, v)].append([float(x) for x in ms[ok]])
+                progress(
+                    f"open loop round {r + 1} {v:6s} at {rates[v]:.0f} req/s: "
+                    + "  ".join(
+                        f"k={k} p50 {np.percentile(lat[(k, v)][-1], 50):6.2f} "
+                        f"p99 {np.percentile(lat[(k, v)][-1], 99):6.2f} ms"
+                        for k in REPLICAS
+                    )
+                )
+    summary = {}
+    for v in SCALES:
+        for k in REPLICAS:
+            entry = {
+                **across_rounds([stats(x) for x in lat[(k, v)]]),
+                "n": sum(len(x) for x in lat[(k, v)]),
+                "failed": failed[(k, v)],
+                "rate": rates[v],
+            }
+            if k > 1:
+                entry["vs_bound_client"] = b = against_bound(lat[(1, v)], lat[(k, v)], k)
+                progress(
+                    f"open loop {v:6s} k={k} vs the bound: "
+                    + ", ".join(
+                        f"{q} {b[f'{q}_change_pct']:+.0f}% (bound {b[f'bound_{q}_change_pct']:+.0f}%, "
+                        f"gap {b[f'{q}_gap_points']:+.1f} points)"
+                        for q in ("p50", "p99", "mean")
+                    )
+                )
+            summary[f"{v}/{k}"] = entry
+    return {
+        "executors": "k",
+        "threads": threads,
+        "utilisation": util,
+        "seconds": seconds,
+        "rates": rates,
+        "hosts": {str(k): h for k, h in hosts.items()},
+        "summary": summary,
+    }
+
+
 def run(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks competition", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3, help="rounds over every configuration (default 3)")
     p.add_argument("--requests", type=int, default=300, help="sequential requests per configuration and round")
     p.add_argument("--setups", default="7x4,2x8", help="EXECUTORSxTHREADS cluster setups, comma-separated")
     p.add_argument("--quick", action="store_true", help="1 round of 100 requests per configuration")
+    p.add_argument(
+        "--open-loop",
+        type=float,
+        metavar="UTIL",
+        help="open-loop Poisson load at this utilisation of the single replica (e.g. 0.7) instead of "
+        "sequential requests; with --seconds per configuration and round (results: competition_open.json)",
+    )
+    p.add_argument("--seconds", type=float, default=5.0, help="open loop: seconds per configuration and round")
     args = p.parse_args(argv)
     os.environ.setdefault("FLOWSERVE_QUIET", "1")
     if args.quick:
         args.rounds, args.requests = 1, 100
     setups = [tuple(int(v) for v in s.split("x")) for s in args.setups.split(",")]
     results = {}
+    if args.open_loop:
+        for executors, threads in setups:
+            results[f"{executors}x{threads}"] = measure_open(
+                executors, threads, args.rounds, args.open_loop, args.seconds
+            )
+        out = {"replicas": list(REPLICAS), "scales_ms": SCALES, "gamma_shape": 3.0, "setups": results}
+        save("competition_open", out)
+        _plot_bound(results, "competition_open")
+        return out
     for executors, threads in setups:
         progress(
             f"competition: {executors} executors x {threads} threads, {args.rounds} round(s) "
@@ -189,7 +362,34 @@ def run(argv=None) -> dict:
     }
     save("competition", out)
     _plot(results)
+    _plot_bound(results, "competition_bound")
     return out
+
+
+def _plot_bound(results: dict, name: str) -> None:
+    """Measured change from 1 to k replicas against the order-statistics bound, per
+    variance: p50, p99 and mean."""
+    pyplot = plt()
+    fig, axes = pyplot.subplots(1, len(results), figsize=(6.5 * len(results), 4), squeeze=False)
+    for ax, res in zip(axes[0], results.values()):
+        x = np.arange(len(SCALES))
+        for i, (k, q) in enumerate((k, q) for k in REPLICAS[1:] for q in ("p50", "p99", "mean")):
+            got = [res["summary"][f"{v}/{k}"]["vs_bound_client"] for v in SCALES]
+            w = 0.8 / (3 * len(REPLICAS[1:]))
+            ax.bar(x + i * w, [g[f"{q}_change_pct"] for g in got], w, color=f"C{i}", label=f"k={k} {q}")
+            ax.scatter(x + i * w, [g[f"bound_{q}_change_pct"] for g in got], marker="_", s=200, color="black")
+            stage = [res["summary"][f"{v}/{k}"].get("vs_stage_bound_client") for v in SCALES]
+            if all(stage):
+                ax.scatter(x + i * w, [g[f"bound_{q}_change_pct"] for g in stage], marker="x", s=30, color="black")
+        ax.set_xticks(x + 0.4)
+        ax.set_xticklabels(list(SCALES))
+        ax.set_ylabel("change vs 1 replica (%)\nbound: - min of k latencies, x stage only")
+        title = f"{res['executors']} executors x {res['threads']} threads"
+        if "utilisation" in res:
+            title = f"k executors x {res['threads']} thread(s), open loop at {res['utilisation']:.0%} per replica"
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7, ncol=2)
+    save_plot(fig, name)
 
 
 def _plot(results: dict) -> None:

@@ -5,8 +5,9 @@ its column unchanged) on a payload of 10 KB, 500 KB or 10 MB (one float32 tensor
 deployed fused (``optimize``: one stage) and unfused (``optimize=False``: one stage per
 operator). Requests are Arrow IPC both ways (JSON would be far too big at 10 MB), sent
 one at a time from a bare keep-alive client (client.py); the bodies are built once. Configurations
-are interleaved in rounds (every chain, both modes, every payload per round) and the
-reported figure is the median over rounds of each round's median / p99.
+are interleaved in rounds (every payload per round; within a payload, requests alternate
+between every chain and mode one by one) and the reported figure is the median over
+rounds of each round's median / p99.
 
 Two cluster setups, one after the other (``--colocate``): ``spread``
 (``ClusterConfig(colocate=False)``: consecutive stages run on different executors, so
@@ -134,9 +135,16 @@ def measure(colocate: bool, executors: int, lengths, rounds: int, scale: float, 
         for r in range(rounds):
             for pl, body in bodies.items():
                 k = max(3, int(REQUESTS[pl] * scale))
+                # request by request across the configurations (the order rotating), so a stall
+                # of the shared machine falls on all of them alike, not on one block
+                got = {c: [] for c in urls}
+                configs = list(urls)
+                for i in range(k):
+                    for c in configs[i % len(configs) :] + configs[: i % len(configs)]:
+                        got[c].append(post_arrow(http, urls[c], body))
                 for n in lengths:
                     for m in modes:
-                        samples[(pl, n, m)].append(stats([post_arrow(http, urls[(n, m)], body) for _ in range(k)]))
+                        samples[(pl, n, m)].append(stats(got[(n, m)]))
                     progress(
                         f"{tag} round {r + 1} {pl:>5s} {n:2d} stages: fused p50 "
                         f"{samples[(pl, n, 'fused')][-1]['p50_ms']:8.2f} ms  unfused p50 "
@@ -185,8 +193,15 @@ def run(argv=None) -> dict:
         "the seed's setting), or both, one cluster after the other (default)",
     )
     p.add_argument("--executors", type=int, default=2)
+    p.add_argument(
+        "--no-shm",
+        action="store_true",
+        help="every frame through the socket, as before shared memory (executors/shm.py); results: fusion_noshm",
+    )
     args = p.parse_args(argv)
     os.environ.setdefault("FLOWSERVE_QUIET", "1")
+    if args.no_shm:
+        os.environ["FLOWSERVE_SHM_MIN_BYTES"] = str(1 << 62)  # read by the cluster's processes at start
     lengths = (2, 10) if args.quick else LENGTHS
     rounds = 1 if args.quick else args.rounds
     scale = 0.5 if args.quick else 1.0
@@ -196,20 +211,46 @@ def run(argv=None) -> dict:
         ("colocated" if c else "spread"): measure(c, args.executors, lengths, rounds, scale, args.rowwise)
         for c in settings
     }
+    flat = flatness(results, lengths)
+    for key, f in flat.items():
+        progress(
+            f"{key}: fused p50 within {f['client_max_dev_pct']:+.1f}% of its median over chain lengths "
+            f"({f['gateway_max_dev_pct']:+.1f}% in the gateway); goal +-10%"
+        )
     out = {
         "lengths": list(lengths),
         "payloads": PAYLOADS,
+        "fused_flatness": flat,
         "rounds": rounds,
         "rowwise": args.rowwise,
         "seed": "fused flat in chain length; unfused 20-40% slower on short chains, 3-5x slower at 10",
         "results": results,
     }
-    save("fusion", out)
-    _plot(results, lengths)
+    out["shared_memory"] = not args.no_shm
+    save("fusion_noshm" if args.no_shm else "fusion", out)
+    _plot(results, lengths, "fusion_noshm" if args.no_shm else "fusion")
     return out
 
 
-def _plot(results: dict, lengths) -> None:
+def flatness(results: dict, lengths) -> dict:
+    """How flat the fused latency is in chain length, per setup and payload: the largest
+    deviation of a chain length's p50 (client, and in the gateway) from the median of
+    them all, in percent (the goal: within +-10%)."""
+    out = {}
+    for tag, res in results.items():
+        for pl in PAYLOADS:
+            entry = {}
+            for name, key in (("client", "p50_ms"), ("gateway", "server_p50_ms")):
+                values = [res["summary"][f"{pl}/{n}"]["fused"][key] for n in lengths]
+                mid = statistics.median(values)
+                entry[f"{name}_p50_ms"] = values
+                entry[f"{name}_max_dev_pct"] = max((v / mid - 1) * 100 for v in values) if mid else float("nan")
+                entry[f"{name}_min_dev_pct"] = min((v / mid - 1) * 100 for v in values) if mid else float("nan")
+            out[f"{tag}/{pl}"] = entry
+    return out
+
+
+def _plot(results: dict, lengths, name: str = "fusion") -> None:
     pyplot = plt()
     fig, axes = pyplot.subplots(len(results), len(PAYLOADS), figsize=(13, 3.6 * len(results)), squeeze=False)
     for row, (tag, res) in zip(axes, results.items()):
@@ -239,7 +280,7 @@ def _plot(results: dict, lengths) -> None:
             ax.set_ylabel("latency over HTTP (ms)")
             ax.set_ylim(bottom=0)
         row[0].legend(fontsize=7)
-    save_plot(fig, "fusion")
+    save_plot(fig, name)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ rounds of each round's p50 / p99 / mean latency. The objects are deleted afterwa
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -86,6 +87,7 @@ def measure(colocate: bool, executors: int, sizes, rounds: int, reads: int, busy
         for m, d in deployments.items():
             plans[m] = {s.name: {"continuation": s.continuation} for s in d.plan.stages.values()}
         where: dict = {}
+        stage_times: dict = {}
 
         def read(mode, size, i):
             t0 = time.perf_counter()
@@ -93,29 +95,74 @@ def measure(colocate: bool, executors: int, sizes, rounds: int, reads: int, busy
             ms = (time.perf_counter() - t0) * 1000
             if r.status_code != 200:
                 raise RuntimeError(f"{mode} answered {r.status_code}: {r.text[:300]}")
-            for stage, ex, *_ in json.loads(r.headers.get("x-flowserve-trace", "[]")):
-                if "lookup" in stage:  # which executor read the key
+            for stage, ex, stage_ms, *_ in json.loads(r.headers.get("x-flowserve-trace", "[]")):
+                if "lookup" in stage:  # which executor read the key, and how long its stage ran
                     where.setdefault((mode, size, int(i)), set()).add(ex)
+                    stage_times.setdefault((mode, size), []).append(stage_ms)
             return ms, float(r.headers["server-timing"].split("dur=")[1])
 
+        # the request path alone: the same continuation deployment reading tiny objects (8 bytes)
+        path_keys = [f"locality:path:{i}" for i in range(OBJECTS)]
+        cluster.kvs.mput({k: np.zeros(2, np.float32) for k in path_keys})
+        for i in range(OBJECTS):
+            read("fusion+continuations", "path", i)
         for size in sizes:
             n = SIZES[size] // 4
+            # one memory pass over an object, measured in this process: memcpy (and the sum the
+            # flow's last map does) of arrays of the object's size, cycled so none is in the caches
+            pool = [rng.standard_normal(n).astype(np.float32) for _ in range(max(2, (64 << 20) // SIZES[size]))]
+            sink = np.empty(n, np.float32)
             progress(f"locality ({tag}) {size}: loading {OBJECTS} objects of {SIZES[size]:,} bytes")
             keys = [f"locality:{size}:{i}" for i in range(OBJECTS)]
             for j in range(0, OBJECTS, 10):  # MSET in slices: 800 MB in one command is too much
                 cluster.kvs.mput({k: rng.standard_normal(n).astype(np.float32) for k in keys[j : j + 10]})
             samples = {m: [] for m in MODES}
+            path, copy, total_pass = [], [], []
             for r in range(rounds):
                 order = rng.permutation(np.repeat(np.arange(OBJECTS), reads))
                 for m in MODES:
                     for i in range(OBJECTS):  # warm the caches this deployment uses
                         read(m, size, i)
-                    samples[m].append(stats([read(m, size, i) for i in order]))
+                    del stage_times.get((m, size), [])[-OBJECTS:]  # only timed reads count
+                    if m != "fusion+continuations":
+                        samples[m].append(stats([read(m, size, i) for i in order]))
+                    else:  # each hit followed by the request path alone (an 8-byte object), in turn
+                        got = [(read(m, size, i), read(m, "path", i)) for i in order]
+                        samples[m].append(stats([h for h, _ in got]))
+                        path.append(stats([p for _, p in got]))
                     progress(
                         f"{tag} {size} round {r + 1} {m:22s} p50 {samples[m][-1]['p50_ms']:8.2f} ms  "
                         f"p99 {samples[m][-1]['p99_ms']:8.2f} ms  mean {samples[m][-1]['mean_ms']:8.2f} ms"
                     )
+                copy.append(_pass_ms(functools.partial(np.copyto, sink), pool))
+                total_pass.append(_pass_ms(np.sum, pool))
+                progress(
+                    f"{tag} {size} round {r + 1} request path (8-byte object) p50 {path[-1]['p50_ms']:.2f} ms; "
+                    f"memcpy {copy[-1]:.2f} ms, sum {total_pass[-1]:.2f} ms of one {size} object"
+                )
             summary = {m: across_rounds(samples[m]) for m in MODES}
+            hit = summary["fusion+continuations"]
+            summary["hit_bound"] = {
+                "request_path": across_rounds(path),
+                "memcpy_ms": statistics.median(copy),
+                "sum_ms": statistics.median(total_pass),
+                # per round: the hit's p50 over (request path p50 + memcpy of the object)
+                "hit_over_bound": statistics.median(
+                    s["p50_ms"] / (pa["p50_ms"] + c) for s, pa, c in zip(samples["fusion+continuations"], path, copy)
+                ),
+                "hit_p50_ms": hit["p50_ms"],
+                # the lookup's stage (lookup + sum) as the runtime's trace has it, hits and the path
+                "stage_p50_ms_hit": float(np.median(stage_times.get(("fusion+continuations", size), [np.nan]))),
+                "stage_p50_ms_path": float(np.median(stage_times.get(("fusion+continuations", "path"), [np.nan]))),
+            }
+            stage_times.pop(("fusion+continuations", "path"), None)
+            progress(
+                f"{tag} {size}: a hit (fusion+continuations p50) {hit['p50_ms']:.2f} ms vs the request path "
+                f"{summary['hit_bound']['request_path']['p50_ms']:.2f} ms + memcpy "
+                f"{summary['hit_bound']['memcpy_ms']:.2f} ms: {summary['hit_bound']['hit_over_bound']:.2f}x (goal <= 1); "
+                f"the lookup's stage {summary['hit_bound']['stage_p50_ms_hit']:.2f} ms for a hit, "
+                f"{summary['hit_bound']['stage_p50_ms_path']:.2f} ms for the path"
+            )
             best = summary["fusion+continuations"]
             for m in MODES:
                 summary[m]["executors_per_key"] = statistics.mean(
@@ -132,7 +179,19 @@ def measure(colocate: bool, executors: int, sizes, rounds: int, reads: int, busy
                 f"reading each key: " + ", ".join(f"{m} {summary[m]['executors_per_key']:.1f}" for m in MODES)
             )
             cluster.kvs.delete(*keys)
+        cluster.kvs.delete(*path_keys)
     return {"colocate": colocate, "executors": executors, "plans": plans, "results": results}
+
+
+def _pass_ms(fn, pool, reps: int = 30) -> float:
+    """Median ms of ``fn`` over arrays of ``pool`` in turn (each out of the CPU caches by then)."""
+    times = []
+    for j in range(reps):
+        a = pool[j % len(pool)]
+        t0 = time.perf_counter()
+        fn(a)
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
 
 
 def run(argv=None) -> dict:
@@ -189,6 +248,17 @@ def _plot(setups: dict) -> None:
         for ax, metric, label in ((row[0], "p50_ms", "p50"), (row[1], "p99_ms", "p99")):
             for i, m in enumerate(MODES):
                 ax.bar(x + i * width, [results[s]["summary"][m][metric] for s in names], width, label=m)
+            if metric == "p50_ms":
+                bound = [results[s]["summary"].get("hit_bound") for s in names]
+                if all(bound):
+                    ax.scatter(
+                        x + 2 * width,
+                        [b["request_path"]["p50_ms"] + b["memcpy_ms"] for b in bound],
+                        marker="_",
+                        s=400,
+                        color="black",
+                        label="request path + memcpy of the object",
+                    )
             ax.set_xticks(x + width)
             ax.set_xticklabels(names)
             ax.set_yscale("log")

@@ -53,7 +53,7 @@ from executors.feedback import feedback
 from executors.httpcodec import (
     ARROW,
     BadRequestError,
-    arrow_bytes,
+    arrow_answer,
     arrow_pieces,
     json_pieces,
     json_rows,
@@ -168,9 +168,17 @@ class Gateway:
         # a big body is parsed and converted on a worker thread: the event loop keeps
         # serving other requests meanwhile (the interpreter switches threads every 5 ms)
         big = len(body) > OFF_LOOP_BYTES
+        # an Arrow body in a shared segment (_read_body) parses without a copy, in tens of us: on a thread
+        # only if it has many rows to convert (two thread hops cost more than a 10 MB row's parse)
+        inline = big and isinstance(body, memoryview)
         try:
             ctype = headers.get("content-type", "")
-            rows = await asyncio.to_thread(parse_body, body, ctype, schema) if big else parse_body(body, ctype, schema)
+            rows = (
+                await asyncio.to_thread(parse_body, body, ctype, schema)
+                if big and not inline
+                else parse_body(body, ctype, schema)
+            )
+            big = big and not (inline and len(rows) <= OFF_LOOP_ROWS)
             body = None  # the rows hold what is needed; the body's memory can go now
             if len(rows) > self.max_rows:
                 return _error_body(
@@ -224,7 +232,7 @@ class Gateway:
         ctype = (b"content-type", ARROW.encode()) if arrow else JSON_CONTENT_TYPE
         try:
             if len(result) <= OFF_LOOP_ROWS:
-                body = arrow_bytes(result) if arrow else json_rows(result)
+                body = arrow_answer(result) if arrow else json_rows(result)
             else:  # a big answer is written on a worker thread and sent as it is written
                 pieces = arrow_pieces(result) if arrow else json_pieces(result)
                 body = Streamed(await asyncio.to_thread(next, pieces), pieces)
@@ -501,20 +509,20 @@ async def _read_body(receive, limit: int, shared: int | None = None) -> bytes | 
     first: bytes | None = None
     buf: bytearray | None = None
     size = 0
-    segment = shm.writable_segment(shared) if shared and shared <= limit else None
+    segment = shm.SegmentWriter() if shared and shared <= limit else None
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             break
         chunk = message.get("body", b"")
-        if segment is not None and size + len(chunk) <= len(segment):
-            segment[size : size + len(chunk)] = chunk
+        if segment is not None and size + len(chunk) <= shared:
+            segment.write(chunk)
             size += len(chunk)
             if not message.get("more_body", False):
-                return memoryview(segment)[:size].toreadonly()
+                return segment.mapped()
             continue
         if segment is not None:  # more than declared (uvicorn refuses that): as any body
-            first, segment = bytes(segment[:size]), None
+            first, segment = segment.mapped().tobytes(), None
         size += len(chunk)
         if size > limit:
             return None
@@ -631,6 +639,13 @@ async def _send(send, status: int, body: bytes | Streamed, extra: list) -> None:
             await send({"type": "http.response.body", "body": piece, "more_body": True})
             piece = await asyncio.to_thread(next, body.rest, None)
         await send({"type": "http.response.body", "body": b""})
+        return
+    if isinstance(body, list):  # pieces of one answer (arrow_answer): views of its big buffers, not joined
+        length = sum(memoryview(piece).nbytes for piece in body)
+        head = [(b"content-length", str(length).encode()), *extra]
+        await send({"type": "http.response.start", "status": status, "headers": head})
+        for i, piece in enumerate(body):
+            await send({"type": "http.response.body", "body": piece, "more_body": i < len(body) - 1})
         return
     await send(
         {

@@ -370,6 +370,55 @@ def arrow_pieces(table: Table, rows_per_batch: int = 256 * 1024):
     yield written.take()
 
 
+def arrow_answer(table: Table, big: int = 64 * 1024) -> bytes | list:
+    """``arrow_bytes`` without copying the answer's big buffers: the IPC stream as a list
+    of pieces in which each buffer of ``big`` bytes or more is a view of the answer's own
+    column (a column in a shared-memory segment goes to the socket straight from there),
+    the small ones joined between them; plain bytes when no buffer is big. The IPC writer
+    hands its body buffers to the file as Arrow buffers, so keeping them is enough (the
+    join of a 10 MiB answer cost three copies, 5-7 ms, on the event loop)."""
+    import pyarrow as pa
+
+    t = table.to_arrow()
+    out = _Pieces(big)
+    with pa.ipc.new_stream(pa.PythonFile(out, mode="w"), t.schema) as w:
+        for batch in t.to_batches():
+            w.write_batch(batch)
+    return out.result()
+
+
+class _Pieces:
+    """A write-only file that keeps big writes as views and joins the small ones."""
+
+    closed = False
+
+    def __init__(self, big: int):
+        self.big, self.pieces, self.small = big, [], []
+
+    def write(self, data) -> int:
+        view = memoryview(data)
+        if view.nbytes >= self.big:
+            if self.small:
+                self.pieces.append(b"".join(self.small))
+                self.small = []
+            self.pieces.append(view.cast("B"))
+        else:
+            self.small.append(bytes(view))
+        return view.nbytes
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def result(self) -> bytes | list:
+        tail = b"".join(self.small)
+        if not self.pieces:
+            return tail
+        return [*self.pieces, tail] if tail else self.pieces
+
+
 class _Collected:
     """A write-only file that keeps what is written until ``take()``."""
 

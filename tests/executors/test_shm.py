@@ -275,3 +275,82 @@ def test_a_cluster_serves_big_tensors_over_shared_memory_and_kill_9_leaks_nothin
             return all(segments(p) == 0 for p in pids)
 
         wait_until("no process of the cluster to hold a segment", idle, timeout=30)
+
+
+# -- the gateway's side: a request body written into a segment, an answer sent from one --
+
+
+def _address(view) -> int:
+    return np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]
+
+
+def test_a_body_segment_holds_the_pieces_written_and_is_live_for_the_transport():
+    data = np.random.default_rng(1).integers(0, 255, 3 * MB + 5, dtype=np.uint8).tobytes()
+    writer = shm.SegmentWriter()
+    for i in range(0, len(data), 65536):
+        writer.write(data[i : i + 65536])
+    view = writer.mapped()
+    assert view.readonly and bytes(view) == data
+    found = shm.find_shared(view[MB:])  # a column built on the body is found in its segment
+    assert found is not None and found[1] == MB
+    del view, found, writer
+    gc.collect()
+    assert segments() == 0
+
+
+def test_a_body_segment_dropped_unfinished_or_empty_holds_nothing():
+    writer = shm.SegmentWriter()
+    writer.write(b"x" * MB)
+    assert segments() == 1
+    del writer  # a client gone mid-body, an error while reading: no descriptor left
+    gc.collect()
+    assert segments() == 0
+    empty = shm.SegmentWriter()
+    assert bytes(empty.mapped()) == b"" and segments() == 0
+
+
+def test_a_big_arrow_answer_is_pieces_that_share_the_columns_memory():
+    """arrow_answer: the same bytes as arrow_bytes, but the big buffer is a view of the
+    column itself (no copy on the way to the socket); a small answer stays one bytes."""
+    import pyarrow as pa
+
+    from executors.httpcodec import arrow_answer, arrow_bytes
+
+    x = np.random.default_rng(2).standard_normal((2, MB // 4)).astype(np.float32)
+    table = Table.from_dict({"x": x, "k": np.array([1, 2])})
+    pieces = arrow_answer(table)
+    assert isinstance(pieces, list)
+    assert b"".join(bytes(p) for p in pieces) == arrow_bytes(table)
+    (big,) = [p for p in pieces if memoryview(p).nbytes >= 64 * 1024]
+    assert _address(big) == _address(memoryview(table["x"]).cast("B"))
+    got = pa.ipc.open_stream(b"".join(bytes(p) for p in pieces)).read_all()
+    assert np.array_equal(got.column("x").combine_chunks().to_numpy_ndarray(), x)
+    small = Table.from_dict({"k": np.array([1, 2])})
+    assert arrow_answer(small) == arrow_bytes(small)
+
+
+def test_a_client_gone_mid_body_leaves_no_segment_in_the_gateway():
+    """A big Arrow body is written into a segment as it arrives; the client closing the
+    connection halfway leaves the gateway holding none."""
+    import socket
+    from urllib.parse import urlsplit
+
+    f = Flow("sink", schema={"x": ColumnType.tensor(np.uint8, (4 * MB,))})
+    f.map(_noop, names=["x"], batching=True)
+    with LocalCluster(ClusterConfig(executors=1)) as c:
+        d = c.deploy(f)
+        gateway = int(
+            subprocess.run(
+                ["pgrep", "-f", f"executors.daemon .*{c.dir}"], capture_output=True, text=True
+            ).stdout.split()[0]
+        )
+        url = urlsplit(d.url)
+        s = socket.create_connection((url.hostname, url.port))
+        head = (
+            f"POST {url.path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/vnd.apache.arrow.stream\r\n"
+            f"Content-Length: {4 * MB}\r\n\r\n"
+        )
+        s.sendall(head.encode() + b"\0" * (2 * MB))
+        wait_until("the gateway to read the body into a segment", lambda: segments(gateway) > 0)
+        s.close()
+        wait_until("the gateway to drop the segment", lambda: segments(gateway) == 0)
