@@ -304,6 +304,8 @@ class ScalingLoop:
         and replicas), starting the executors it needs first."""
         from optimizer.slo.serving import with_rung
 
+        if dict(rung.configs) == dict(flow.plan.slo.configs):
+            return  # the same sizes as what runs: no new version to build
         plan = with_rung(flow.plan, rung)
         d = self.dispatcher
         for device in {s.device for s in plan.stages.values()}:
