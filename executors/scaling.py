@@ -144,7 +144,7 @@ class SLOTuner:
         if self.replanner is None:
             return None
         rate = self.rate_per_ms(counts) * 1000.0
-        i = self.replanner.decide(rate, now)
+        i = self.replanner.decide(counts, now)
         if i is not None:
             self.reason = {
                 n: f"re-planned for {self.replanner.rungs[i].rate_rps:.0f} req/s (saw {rate:.0f})" for n in self.per_ms
@@ -155,7 +155,7 @@ class SLOTuner:
         """True when there is no ladder, or the rate is over its top rung (replicas then grow)."""
         if self.replanner is None:
             return True
-        return self.rate_per_ms(counts) * 1000.0 > self.replanner.rungs[-1].rate_rps
+        return not self.replanner.rungs[-1].covers(counts, self.replanner.windows_ms)
 
     def rate_per_ms(self, counts) -> float:
         """The highest rate (requests per ms) over the rate windows of an envelope reading."""

@@ -197,7 +197,7 @@ def serve_under(
         from optimizer.slo.tuning import ladder as plan_ladder
 
         rate = float(rate_rps) if rate_rps is not None else served.slo.rate_rps
-        rungs = plan_ladder(shape, profile, slo, rate, result, options, factors=ladder)
+        rungs = plan_ladder(shape, profile, slo, rate, result, options, factors=ladder, trace=trace)
         served = replace(served, slo=replace(served.slo, ladder=tuple(r.to_dict() for r in rungs)))
     return served
 

@@ -5,8 +5,8 @@ with batch sizes re-planned too, issue 17 item 6).
     rungs = ladder(shape, profile, SLO(p99_ms=60), 60.0, planned_configs, options)
     # rungs[0] is the plan for 60 req/s, then one per factor: 90, 120, 180, 240, 360 req/s
     choice = RePlanner(rungs)
-    choice.decide(rate_rps=200.0, now=12.0)   # -> 4: the 240 req/s plan, at once
-    choice.decide(rate_rps=55.0, now=20.0)    # -> None: down only after 15 s below
+    choice.decide({100.0: 30, 1000.0: 200}, now=12.0)  # -> 4: the lowest rung whose envelope holds that
+    choice.decide({100.0: 6, 1000.0: 55}, now=20.0)    # -> None: down only after 15 s below
 
 A re-plan keeps each stage on the executor class it runs on (moving a stage to other
 hardware is a redeploy, not a reaction) and starts the greedy search from the
@@ -18,9 +18,10 @@ a burst: the planner costs seconds of CPU, which a burst cannot wait for.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from optimizer.slo._check import positive_number
+from optimizer.slo.envelope import envelope_of
 from optimizer.slo.errors import InfeasibleSLOError, SLOError, SLOTypeError
 from optimizer.slo.pipeline import Shape, StageConfig
 from optimizer.slo.planner import PlannerOptions, SLOPlan, plan_for_slo
@@ -42,6 +43,7 @@ class Rung:
     budgets: Mapping[str, float]
     tail_ms: float
     cost_per_s: float
+    envelope: Mapping[float, int] = field(default_factory=dict)  # window ms -> most arrivals planned for
 
     def to_dict(self) -> dict:
         return {
@@ -50,7 +52,21 @@ class Rung:
             "budgets": dict(self.budgets),
             "tail_ms": self.tail_ms,
             "cost_per_s": self.cost_per_s,
+            "envelope": [[w, n] for w, n in self.envelope.items()],
         }
+
+    def covers(self, counts: Mapping[float, int], windows_ms: Sequence[float]) -> bool:
+        """True when the arrivals now in each of ``windows_ms`` (``counts``: window ms ->
+        arrivals) are within this rung's planning envelope (InferLine: A(dt) <= A_max(dt));
+        a rung without an envelope compares the rate over each window with its rate."""
+        for w in windows_ms:
+            n = counts.get(w)
+            if n is None:
+                continue
+            limit = self.envelope.get(w) if self.envelope else self.rate_rps * w / 1000.0
+            if limit is not None and n > limit:
+                return False
+        return True
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Rung:
@@ -60,16 +76,18 @@ class Rung:
             {n: float(v) for n, v in d["budgets"].items()},
             float(d["tail_ms"]),
             float(d["cost_per_s"]),
+            {float(w): int(n) for w, n in d.get("envelope", ())},
         )
 
     @classmethod
-    def of(cls, rate_rps: float, result: SLOPlan) -> Rung:
+    def of(cls, rate_rps: float, result: SLOPlan, trace=None) -> Rung:
         return cls(
             float(rate_rps),
             result.configs(),
             {n: s.budget_ms for n, s in result.stages.items()},
             result.tail_ms,
             result.cost_per_s,
+            {} if trace is None else envelope_of(trace),
         )
 
 
@@ -99,9 +117,13 @@ def replan(
     rate_rps = positive_number("rate_rps", rate_rps)
     if not isinstance(current, Mapping) or not current:
         raise SLOTypeError(f"current must map stage -> StageConfig, got {current!r:.80}")
+    return _replan(shape, profile, slo, rate_rps, current, options, requests)[0]
+
+
+def _replan(shape, profile, slo, rate_rps, current, options, requests):
     options = PlannerOptions() if options is None else options
     trace = poisson(rate_rps, max(200, int(requests)), options.seed)
-    return plan_for_slo(shape, pinned_profile(profile, current), slo, trace, options, start=current)
+    return plan_for_slo(shape, pinned_profile(profile, current), slo, trace, options, start=current), trace
 
 
 def ladder(
@@ -114,35 +136,51 @@ def ladder(
     *,
     factors: Sequence[float] = LADDER_FACTORS,
     requests: int = 2000,
+    trace=None,
 ) -> tuple[Rung, ...]:
-    """The planned configuration (rung 0, at ``rate_rps``) and a re-plan for each of
-    ``factors`` x that rate, each searched from the rung below. Stops at the first rate
-    no configuration within the limits meets (the tuner then only adds replicas)."""
-    rungs = [Rung.of(rate_rps, planned)]
+    """The planned configuration (rung 0, at ``rate_rps``, planned on ``trace``) and a
+    re-plan for each of ``factors`` x that rate, each searched from the rung below; each
+    rung keeps the arrival envelope of the trace it was planned on. Stops at the first
+    rate no configuration within the limits meets (the tuner then only adds replicas)."""
+    rungs = [Rung.of(rate_rps, planned, trace)]
     last = planned.configs()
     for f in sorted(positive_number("ladder factor", x) for x in factors):
         if f <= 1:
             raise SLOError(f"ladder factors must be over 1 (multiples of the planning rate), got {f!r}")
         try:
-            result = replan(shape, profile, slo, rate_rps * f, last, options, requests=requests)
+            result, planned_on = _replan(shape, profile, slo, rate_rps * f, last, options, requests)
         except InfeasibleSLOError:
             break
-        rungs.append(Rung.of(rate_rps * f, result))
+        rungs.append(Rung.of(rate_rps * f, result, planned_on))
         last = result.configs()
     return tuple(rungs)
 
 
-class RePlanner:
-    """Which rung of a ladder should run, from the arrival rate: the lowest rung planned
-    for at least the rate (the top one when none is), up at once, down only when every
-    reading of the last ``downscale_after_s`` wanted a lower rung (InferLine's 15 s), and
-    then to the highest of those. Time is passed in (seconds), so tests drive it.
+#: the windows the tuner compares with a rung's envelope: from a tenth of a second (a
+#: burst shows within it) to 5 s (a rate change); the longer ones outlast the planning traces
+DECISION_WINDOWS_MS = (100.0, 200.0, 500.0, 1_000.0, 2_000.0, 5_000.0)
 
-        r = RePlanner(rungs)                 # starts on rung 0
-        r.decide(200.0, now=0.0)             # -> the rung for >= 200 req/s, or None if it runs
+
+class RePlanner:
+    """Which rung of a ladder should run: the lowest whose planning envelope covers the
+    arrivals now in every decision window (InferLine's test, A(dt) <= A_max(dt): a Poisson
+    trace's own bursts are in its envelope, so noise does not trigger it; a burst shows in
+    the short windows within a tenth of a second), the top one when none does; up at once,
+    down only when every reading of the last ``downscale_after_s`` wanted a lower rung
+    (InferLine's 15 s), and then to the highest of those. Time is passed in (seconds).
+
+        r = RePlanner(rungs)                             # starts on rung 0
+        r.decide({100.0: 25, 1000.0: 130}, now=0.0)      # -> the rung to switch to, or None
     """
 
-    def __init__(self, rungs: Sequence[Rung], *, downscale_after_s: float = 15.0, current: int = 0):
+    def __init__(
+        self,
+        rungs: Sequence[Rung],
+        *,
+        downscale_after_s: float = 15.0,
+        current: int = 0,
+        windows_ms: Sequence[float] = DECISION_WINDOWS_MS,
+    ):
         if not rungs or not all(isinstance(r, Rung) for r in rungs):
             raise SLOTypeError(f"RePlanner needs a non-empty sequence of Rungs, got {rungs!r:.80}")
         rates = [r.rate_rps for r in rungs]
@@ -151,18 +189,19 @@ class RePlanner:
         self.rungs = tuple(rungs)
         self.downscale_after_s = positive_number("downscale_after_s", downscale_after_s, allow_zero=True)
         self.current = current
+        self.windows_ms = tuple(windows_ms)
         self._wants: list[tuple[float, int]] = []
 
-    def want(self, rate_rps: float) -> int:
-        """The lowest rung planned for at least ``rate_rps`` (the top one when none is)."""
+    def want(self, counts: Mapping[float, int]) -> int:
+        """The lowest rung whose envelope covers ``counts`` (window ms -> arrivals now)."""
         for i, r in enumerate(self.rungs):
-            if r.rate_rps >= rate_rps:
+            if r.covers(counts, self.windows_ms):
                 return i
         return len(self.rungs) - 1
 
-    def decide(self, rate_rps: float, now: float) -> int | None:
+    def decide(self, counts: Mapping[float, int], now: float) -> int | None:
         """The rung to switch to now, or None to keep the one running."""
-        want = self.want(rate_rps)
+        want = self.want(counts)
         hist = self._wants
         hist.append((now, want))
         # keep the newest reading at or before the window's start: the history covers the

@@ -15,10 +15,6 @@ from optimizer.slo.tuning import RePlanner, Rung, ladder, pinned_profile, replan
 LINEAR = {b: [4.0 + b] for b in (1, 2, 4, 8, 16)}
 
 
-def rung(rate, replicas=1, batch=1):
-    return Rung(rate, {"m": StageConfig(batch, replicas, "cpu")}, {"m": 20.0}, 10.0, float(replicas))
-
-
 def test_a_replan_for_a_higher_rate_grows_the_batch_not_only_the_replicas():
     profile = Profile({"m": {"cpu": LINEAR}})
     current = {"m": StageConfig(1, 1, "cpu")}  # 200 req/s a replica at batch 1
@@ -61,32 +57,64 @@ def test_the_ladder_re_plans_each_rate_from_the_rung_below_and_stops_where_the_s
         ladder(shape, profile, SLO(40), 100.0, planned, options, factors=(0.5,))
 
 
+def env(rate):
+    """A literal envelope: at most 1.5x the rate's mean count in each window (ms -> arrivals)."""
+    return {w: int(1.5 * rate * w / 1000) for w in (100.0, 1000.0)}
+
+
+def rungs(*rates):
+    return [Rung(r, {"m": StageConfig(1, 1, "cpu")}, {"m": 20.0}, 10.0, 1.0, env(r)) for r in rates]
+
+
+def counts(rate):
+    """The arrivals now in each window at a steady ``rate`` (req/s)."""
+    return {w: int(rate * w / 1000) for w in (100.0, 1000.0)}
+
+
 def test_the_replanner_goes_up_at_once_and_down_after_15_s_below():
-    r = RePlanner([rung(60), rung(90), rung(120), rung(240)])
-    assert r.decide(50.0, now=0.0) is None  # within the planned rate
-    assert r.decide(200.0, now=1.0) == 3  # the lowest rung planned for 200 req/s or more: at once
-    assert r.decide(1000.0, now=1.5) is None  # over the top rung: stays on it (the tuner adds replicas)
+    r = RePlanner(rungs(60, 90, 120, 240))  # 100 ms windows: at most 9, 13, 18, 36 arrivals
+    assert r.decide(counts(80), now=0.0) is None  # over the mean rate, within rung 0's envelope
+    assert r.decide({100.0: 20, 1000.0: 90}, now=1.0) == 3  # a burst in the last 100 ms: at once
+    assert r.decide(counts(1000), now=1.5) is None  # over the top rung: stays on it (the tuner adds replicas)
     for t in range(2, 17):
-        assert r.decide(55.0, now=float(t)) is None, t  # below, but not yet for 15 s
-    assert r.decide(55.0, now=17.0) == 0  # every reading since 2.0 wanted rung 0
+        assert r.decide(counts(55), now=float(t)) is None, t  # below, but not yet for 15 s
+    assert r.decide(counts(55), now=17.0) == 0  # every reading since 2.0 wanted rung 0
     assert r.current == 0
 
 
+def test_a_rung_without_an_envelope_compares_rates():
+    bare = Rung(60.0, {"m": StageConfig(1, 1, "cpu")}, {"m": 20.0}, 10.0, 1.0)
+    assert bare.covers({1000.0: 60, 100.0: 6}, (100.0, 1000.0))
+    assert not bare.covers({1000.0: 61}, (100.0, 1000.0))
+
+
 def test_the_replanner_steps_down_to_the_highest_rung_wanted_within_the_window():
-    r = RePlanner([rung(60), rung(90), rung(120), rung(240)])
-    assert r.decide(230.0, now=0.0) == 3
+    r = RePlanner(rungs(60, 90, 120, 240))
+    assert r.decide(counts(230), now=0.0) == 3
     t, got = 0.0, None
     while got is None and t < 30:
         t += 0.5 + 0.0031  # the scaling loop's ticks never land on the window's edge
-        got = r.decide(100.0 if t < 10 else 80.0, now=t)
-    assert got == 2 and 15.0 <= t < 15.6  # 100 req/s was seen within the window: rung 120
-    assert r.decide(80.0, now=t + 0.5) is None
-    assert r.decide(300.0, now=t + 1.0) == 3
+        got = r.decide(counts(150 if t < 10 else 80), now=t)
+    assert got == 2 and 15.0 <= t < 15.6  # 150 req/s was seen within the window: rung 120 covers it
+    assert r.decide(counts(80), now=t + 0.5) is None
+    assert r.decide(counts(300), now=t + 1.0) == 3
+
+
+def test_the_ladder_keeps_each_rungs_planning_envelope():
+    profile = Profile({"m": {"cpu": LINEAR}})
+    shape = Shape.chain("m")
+    trace = poisson(100, 2000)
+    planned = plan_for_slo(shape, profile, SLO(40), trace)
+    low, high = ladder(shape, profile, SLO(40), 100.0, planned, factors=(4,), trace=trace)
+    # a Poisson trace's own bursts are in its envelope: 1 s at 100 req/s saw up to ~130
+    assert 100 < low.envelope[1000.0] < 160 and 400 < high.envelope[1000.0] < 500
+    assert RePlanner([low, high]).want({1000.0: 120, 100.0: 15}) == 0
+    assert Rung.from_dict(high.to_dict()) == high
 
 
 def test_rungs_must_come_in_rate_order():
     with pytest.raises(SLOError, match="increasing rate"):
-        RePlanner([rung(90), rung(60)])
+        RePlanner(rungs(90, 60))
 
 
 def test_serve_under_plans_the_ladder_and_with_rung_applies_one():
