@@ -366,6 +366,10 @@ def compare(seconds: float, only=None, profile_repeats: int = 5) -> dict:
             register(cluster, planned)
             out["runs"]["planner+tuner"] = _run_one(cluster, "cmp-planned", trace)
             cluster.undeploy("cmp-planned")
+            if "pinned" in only:  # (d) the same plan pinned: planned batch caps, no AIMD, no tuner
+                register(cluster, replace(planned, slo=replace(planned.slo, adapt=False)))
+                out["runs"]["planner, pinned"] = _run_one(cluster, "cmp-planned", trace)
+                cluster.undeploy("cmp-planned")
 
         if "fused" in only:  # (b) one fused stage on the class its most demanding stage needs, for the peak
             fused = optimize(
@@ -405,7 +409,7 @@ def _plot(out: dict) -> None:
     runs = out["runs"]
     fig, axes = pyplot.subplots(4, 1, figsize=(10, 11), sharex=True)
     ax_cost, ax_rep, ax_batch, ax_p99 = axes
-    colors = dict(zip(runs, ("C0", "C1", "C2")))
+    colors = dict(zip(runs, ("C0", "C1", "C2", "C3")))
     for name, r in runs.items():
         tl = r["timeline"]
         t = [s["t"] for s in tl]
@@ -457,7 +461,10 @@ def run(argv=None) -> dict:
     p.add_argument("--pipelines", nargs="*", choices=list(PIPELINES), help="validate: only these pipelines")
     p.add_argument("--loads", type=float, nargs="*", default=LOADS, help="validate: offered rates (req/s)")
     p.add_argument(
-        "--only", nargs="*", choices=["planned", "fused", "autoscaler"], help="compare: only these deployments"
+        "--only",
+        nargs="*",
+        choices=["planned", "pinned", "fused", "autoscaler"],
+        help="compare: only these deployments (default: planned, fused, autoscaler; pinned needs planned)",
     )
     args = p.parse_args(argv)
     progress(f"machine: {json.dumps(machine())} (shared with other engineers' work)")

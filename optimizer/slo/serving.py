@@ -90,7 +90,7 @@ class ServingSLO:
         else:
             lines[0] += (
                 f": simulated p{self.slo.percentile:g} {self.tail_ms:.1f} ms, p50 {self.p50_ms:.1f} ms at "
-                f"{self.rate_rps:.0f} req/s, cost {self.cost_per_s:g} replica/s"
+                f"{self.rate_rps:.0f} req/s, cost {self.cost_per_s:g} (replicas x price, per unit of time)"
             )
         for stage, budget in self.budgets.items():
             c = self.configs.get(stage)
