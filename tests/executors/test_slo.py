@@ -127,6 +127,38 @@ def test_profiling_times_each_stage_on_the_inputs_it_really_gets():
         stage_inputs(optimize(g, rules=RULES), [{"x": 1, "y": 1}])
 
 
+def _by_class(t):
+    import time as _t
+
+    from flow.context import current_executor_class
+
+    _t.sleep(0.002 if current_executor_class() == "gpu" else 0.02)  # a 10x faster "gpu"
+    return t.column("x").to_numpy()
+
+
+def test_profiling_per_class_runs_each_stage_as_on_that_class():
+    from flow.context import current_executor_class
+
+    f = Flow(unique("prof-class"))
+    f.map(_by_class, names=["z"], batching=True)
+    plan = optimize(f, rules=RULES)
+    p = profile_plan(plan, [{"x": 1}], max_batch=2, repeats=3, warmup=0, classes=("cpu", "gpu"))
+    assert p.classes(plan.sink) == ("cpu", "gpu")
+    assert p.latency(plan.sink, "cpu", 1) >= 20 > 5 > p.latency(plan.sink, "gpu", 1)
+    assert current_executor_class() == "cpu"  # restored after profiling
+
+
+def test_the_batch_sizes_answers_ran_in_are_counted_per_batch():
+    from executors.scaling import StageCounters
+
+    c = StageCounters()
+    # one batch of 4 (its 4 answers each say 4), then two batches of 1, within the window
+    for t, b in [(10.0, 4), (10.0, 4), (10.0, 4), (10.0, 4), (10.5, 1), (11.0, 1), (5.0, 16)]:
+        c.batches.append((t, b))
+    assert c.batch_seen(window_s=2.0, now=11.5) == {"mean": 2.0, "max": 4, "window_s": 2.0}  # 3 batches, 6 rows
+    assert c.batch_seen(window_s=2.0, now=30.0) is None
+
+
 # -- the AIMD batcher inside the executor's Batcher ----------------------------------------
 
 
