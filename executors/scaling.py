@@ -123,6 +123,7 @@ class SLOTuner:
         self.reason: dict[str, str] = {}
         rungs = plan.slo.rungs()
         self.replanner = RePlanner(rungs, downscale_after_s=downscale_after_s) if len(rungs) > 1 else None
+        self.running = 0  # the rung the served plan runs (the replanner's may be ahead of it)
         self.rebase(plan)
 
     def rebase(self, plan) -> None:
@@ -305,6 +306,7 @@ class ScalingLoop:
         from optimizer.slo.serving import with_rung
 
         if dict(rung.configs) == dict(flow.plan.slo.configs):
+            tuner.running = tuner.replanner.current
             return  # the same sizes as what runs: no new version to build
         plan = with_rung(flow.plan, rung)
         d = self.dispatcher
@@ -320,7 +322,9 @@ class ScalingLoop:
             served = await self.serve_replan(plan)
         except Exception as e:  # keep serving what runs; the next step tries again
             log.warning("flow %s: re-plan for %.0f req/s failed: %s", name, rung.rate_rps, e)
+            tuner.replanner.current = tuner.running
             return
+        tuner.running = tuner.replanner.current
         self.tuners[name] = (served.plan.slo, tuner)
         tuner.rebase(served.plan)
         for stage, ids in served.placement.items():
