@@ -2,7 +2,7 @@
 and the planner + tuner against a fused unit sized for the peak and today's autoscaler.
 
     python -m benchmarks slo validate [--seconds 12]      # 4 pipelines x 3 loads: predicted vs measured
-    python -m benchmarks slo compare  [--seconds 120]     # bursty open-loop trace, 3 deployments
+    python -m benchmarks slo compare  [--seconds 240]     # bursty open-loop trace, 3 deployments
 
 Accelerator kernels are emulated with sleeps (``latency = a + c * batch`` ms), so many
 replicas fit on this 2-core machine: a sleeping replica holds no core. Load is open loop
@@ -191,19 +191,62 @@ def validate(seconds: float, only=None, loads=LOADS) -> dict:
 
 
 # -- compare: planner + tuner vs a fused unit for the peak vs today's autoscaler -------------
-
-COMPARE_STAGES = [("decode", 2.0, 0.3), ("detect", 12.0, 1.2), ("classify", 6.0, 0.8), ("post", 1.0, 0.1)]
+#
+# Emulated hardware (README, "Serving under an SLO"): each stage sleeps a + c x batch ms,
+# with (a, c) depending on the class of the executor running it (flow.context's
+# current_executor_class(): a "gpu" executor here is a CPU process that only says so).
+# decode and post are CPU work: the GPU box's CPU runs them no faster. detect and classify
+# are models: on a GPU a fixed launch cost and a small per-row cost, on a CPU mostly per row.
+COMPARE_STAGES = {
+    "decode": {"cpu": (1.0, 6.0), "gpu": (1.0, 6.0)},  # image decode + resize, 6 ms an image
+    "detect": {"cpu": (40.0, 30.0), "gpu": (6.0, 1.0)},  # a detector: ~30x faster per image on a GPU
+    "classify": {"cpu": (8.0, 10.0), "gpu": (3.0, 0.4)},  # a classifier on the crops
+    "post": {"cpu": (0.5, 0.3), "gpu": (0.5, 0.3)},  # formatting the answer
+}
+GPU_STAGES = ("detect", "classify")  # what a user marks gpu=True without a planner
+# $ per hour (AWS on-demand, us-east-1): a cpu replica is a c5.large (2 vCPU: the stage's
+# batcher thread and the executor's IO thread), a gpu replica a g4dn.xlarge (1 T4, 4 vCPU)
+PRICES = {"cpu": 0.085, "gpu": 0.526}
 BASE_RPS = 60
-SLO_MS = 150.0
+SLO_MS = 60.0
+MAX_REPLICAS = 8
+
+
+class ClassKernel:
+    """An emulated kernel whose speed depends on the executor class running it."""
+
+    def __init__(self, name: str, per_class: dict):
+        self.__name__ = name
+        self.per_class = per_class
+
+    def __call__(self, table):
+        from flow.context import current_executor_class
+
+        a, c = self.per_class[current_executor_class()]
+        time.sleep((a + c * len(table)) / 1000.0)
+        return table.column("x").to_numpy()
+
+
+def make_class_flow(name: str, gpu_marks: bool = False):
+    from flow import Flow
+
+    f = Flow(name)
+    node = f
+    for stage, per_class in COMPARE_STAGES.items():
+        gpu = gpu_marks and stage in GPU_STAGES
+        node = node.map(ClassKernel(stage, per_class), names=["x"], batching=True, gpu=gpu)
+    return f
 
 
 def _bursts(seconds: float):
-    # 2x and 4x bursts, each a tenth of the run
-    return [(0.2 * seconds, 0.3 * seconds, 2.0), (0.6 * seconds, 0.7 * seconds, 4.0)]
+    # two 2x and two 4x bursts, each 5% of the run (12 s of a 240 s run), at these fractions
+    spans = [(0.15, 2.0), (0.35, 4.0), (0.60, 2.0), (0.80, 4.0)]
+    return [(f * seconds, (f + 0.05) * seconds, m) for f, m in spans]
 
 
 class Sampler(threading.Thread):
-    """Polls GET /flows/{name} every 0.5 s: replicas and batch caps per stage over time."""
+    """Polls GET /flows/{name} every 0.5 s: per stage its replicas, class and the batch
+    sizes its answers ran in; the flow's version (the tuner re-plans as a new version)."""
 
     def __init__(self, cluster, name: str):
         super().__init__(daemon=True)
@@ -219,30 +262,55 @@ class Sampler(threading.Thread):
                     body = http.get(f"{self.cluster.url}/flows/{self.name}").json()
                 except (httpx.HTTPError, ValueError):
                     continue
-                self.samples.append((time.perf_counter() - t0, {s["name"]: s["replicas"] for s in body["stages"]}))
+                stages = {
+                    s["name"]: {
+                        "replicas": s["replicas"],
+                        "device": s["device"],
+                        "batch_cap": (s["batch"] or {}).get("max_batch_size"),
+                        "batch_mean": (s.get("batch_seen") or {}).get("mean"),
+                    }
+                    for s in body["stages"]
+                }
+                self.samples.append({"t": time.perf_counter() - t0, "version": body["version"], "stages": stages})
 
 
-def _run_one(cluster, url, name, trace) -> dict:
+def _cost(samples) -> tuple[float, float]:
+    """(replica-seconds, dollars) over the sampled timeline (trapezoids between samples)."""
+    if len(samples) < 2:
+        return 0.0, 0.0
+    t = np.array([s["t"] for s in samples])
+    reps = np.array([sum(x["replicas"] for x in s["stages"].values()) for s in samples], dtype=float)
+    usd = np.array([sum(x["replicas"] * PRICES[x["device"]] for x in s["stages"].values()) for s in samples])
+    return float(np.trapezoid(reps, t)), float(np.trapezoid(usd, t) / 3600.0)
+
+
+def _run_one(cluster, name, trace) -> dict:
+    from optimizer.slo import poisson
+
+    url = f"{cluster.url}/flows/{name}"
+    asyncio.run(replay(url, b'{"x": 1}', poisson(BASE_RPS, BASE_RPS * 3, seed=7)))  # 3 s warm-up, not timed
     sampler = Sampler(cluster, name)
     sampler.start()
     lat, ok, done = asyncio.run(replay(url, b'{"x": 1}', trace))
     sampler.stop.set()
     sampler.join()
-    ts = [t for t, _ in sampler.samples]
-    reps = [sum(r.values()) for _, r in sampler.samples]
-    cost = float(np.trapezoid(reps, ts)) if len(ts) > 1 else 0.0
-    within = (lat <= SLO_MS) & ok
+    replica_s, usd = _cost(sampler.samples)
+    lat = np.where(ok, lat, np.inf)  # a failed request is over the SLO
+    within = lat <= SLO_MS
     return {
         "attainment": float(within.mean()),
-        "p99_ms": float(np.percentile(lat, 99)),
-        "replica_seconds": cost,
+        "p99_ms": float(np.percentile(lat, 99, method="higher")),
+        "p50_ms": float(np.percentile(lat, 50, method="higher")),
+        "replica_seconds": replica_s,
+        "cost_usd": usd,
         "errors": int((~ok).sum()),
-        "timeline": {"t": ts, "replicas": [r for _, r in sampler.samples]},
+        "versions": len({s["version"] for s in sampler.samples}),
+        "timeline": sampler.samples,
         "latency": {"sent_ms": trace.tolist(), "ms": [float(x) if np.isfinite(x) else None for x in lat]},
     }
 
 
-def compare(seconds: float) -> dict:
+def compare(seconds: float, only=None, profile_repeats: int = 5) -> dict:
     from dataclasses import replace
 
     from executors.autoscale import AutoscalingConfig
@@ -250,48 +318,86 @@ def compare(seconds: float) -> dict:
     from executors.config import ClusterConfig
     from executors.slo import profile_plan
     from optimizer import optimize
-    from optimizer.slo import SLO, PlannerOptions, bursty, serve_under
+    from optimizer.options import OptimizerOptions
+    from optimizer.slo import SLO, PlannerOptions, bursty, poisson, serve_under
+    from optimizer.slo.tuning import LADDER_FACTORS
 
+    only = set(only or ("planned", "fused", "autoscaler"))
     trace = bursty(BASE_RPS, seconds, _bursts(seconds), seed=3)
     peak = 4 * BASE_RPS
-    out = {"seconds": seconds, "base_rps": BASE_RPS, "slo_ms": SLO_MS, "stages": COMPARE_STAGES, "runs": {}}
+    out = {
+        "seconds": seconds,
+        "base_rps": BASE_RPS,
+        "bursts": _bursts(seconds),
+        "slo_ms": SLO_MS,
+        "stages": COMPARE_STAGES,
+        "prices_usd_per_h": PRICES,
+        "requests": len(trace),
+        "runs": {},
+    }
     samples = [{"x": i} for i in range(8)]
-    opts = PlannerOptions(hop_ms=0.5, max_replicas=8, max_batch=16)
+    n = MAX_REPLICAS  # executors of each class: room for the top rung and for the fused unit
+    config = ClusterConfig(executors=n, gpu_executors=n, threads=4, colocate=False, max_executors=2 * n)
+    with LocalCluster(config) as cluster:
+        # the planner's hop cost, measured here: the same 4 stages doing nothing, at a trickle
+        cluster.deploy(make_flow("cmp-hops", [(name, 0.0, 0.0) for name in COMPARE_STAGES]), rules=["batching"])
+        calib = measure(f"{cluster.url}/flows/cmp-hops", poisson(10, 100, seed=99), raw=True)
+        hop_ms = float(np.median(calib["latencies_ms"])) / (len(COMPARE_STAGES) + 1)
+        cluster.undeploy("cmp-hops")
+        out["hop_ms"] = hop_ms
+        progress(f"hop cost {hop_ms:.2f} ms (median end to end of 4 empty stages at 10 req/s, over 5 hops)")
+        opts = PlannerOptions(prices=PRICES, hop_ms=hop_ms, max_replicas=MAX_REPLICAS, max_batch=16)
+        if "planned" in only:  # (a) the planner picks class, batch and replicas per stage; the tuner re-plans
+            base = optimize(make_class_flow("cmp-planned"), rules=["batching"])
+            t0 = time.perf_counter()
+            profile = profile_plan(base, samples, max_batch=16, repeats=profile_repeats, classes=("cpu", "gpu"))
+            t1 = time.perf_counter()
+            planned = serve_under(
+                base, SLO(SLO_MS), profile=profile, rate_rps=BASE_RPS, options=opts, ladder=LADDER_FACTORS
+            )
+            t2 = time.perf_counter()
+            out["planning_s"] = {"profile": t1 - t0, "plan_and_ladder": t2 - t1}
+            out["plan_explain"] = planned.slo.explain()
+            out["ladder"] = list(planned.slo.ladder)
+            progress(f"profiled in {t1 - t0:.0f} s, planned (with the ladder) in {t2 - t1:.0f} s")
+            progress(planned.slo.explain())
+            for rung in planned.slo.rungs():
+                progress(f"  rung {rung.rate_rps:.0f} req/s: {dict(rung.configs)} tail {rung.tail_ms:.1f} ms")
+            register(cluster, planned)
+            out["runs"]["planner+tuner"] = _run_one(cluster, "cmp-planned", trace)
+            cluster.undeploy("cmp-planned")
+            if "pinned" in only:  # (d) the same plan pinned: planned batch caps, no AIMD, no tuner
+                register(cluster, replace(planned, slo=replace(planned.slo, adapt=False)))
+                out["runs"]["planner, pinned"] = _run_one(cluster, "cmp-planned", trace)
+                cluster.undeploy("cmp-planned")
 
-    # (a) planner + tuner, (b) fused unit for the peak: one cluster with room for both
-    with LocalCluster(ClusterConfig(executors=10, threads=4, colocate=False, max_executors=12)) as cluster:
-        flow = make_flow("cmp-planned", COMPARE_STAGES)
-        base = optimize(flow, rules=["batching"])
-        profile = profile_plan(base, samples, max_batch=16, repeats=5)
-        planned = serve_under(base, SLO(SLO_MS), profile=profile, rate_rps=BASE_RPS, options=opts)
-        out["plan_explain"] = planned.slo.explain()
-        progress(planned.slo.explain())
-        register(cluster, planned)
-        out["runs"]["planner+tuner"] = _run_one(cluster, f"{cluster.url}/flows/cmp-planned", "cmp-planned", trace)
-        cluster.undeploy("cmp-planned")
+        if "fused" in only:  # (b) one fused stage on the class its most demanding stage needs, for the peak
+            fused = optimize(
+                make_class_flow("cmp-fused", gpu_marks=True), options=OptimizerOptions(fuse_across_devices=True)
+            )
+            (stage,) = fused.stages.values()
+            fprofile = profile_plan(fused, samples, max_batch=16, repeats=profile_repeats, classes=(stage.device,))
+            fplan = serve_under(fused, SLO(SLO_MS), profile=fprofile, rate_rps=peak, options=opts)
+            fplan = replace(fplan, slo=replace(fplan.slo, adapt=False))  # provisioned once, for the peak
+            out["fused_explain"] = fplan.slo.explain()
+            progress(fplan.slo.explain())
+            register(cluster, fplan)
+            out["runs"]["fused-for-peak"] = _run_one(cluster, "cmp-fused", trace)
+            cluster.undeploy("cmp-fused")
 
-        fused_flow = make_flow("cmp-fused", COMPARE_STAGES)
-        fused = optimize(fused_flow)  # fusion: the whole pipeline is one stage
-        fprofile = profile_plan(fused, samples, max_batch=16, repeats=5)
-        fplan = serve_under(fused, SLO(SLO_MS), profile=fprofile, rate_rps=peak, options=opts)
-        fplan = replace(fplan, slo=replace(fplan.slo, adapt=False))  # provisioned once, for the peak
-        out["fused_explain"] = fplan.slo.explain()
-        progress(fplan.slo.explain())
-        register(cluster, fplan)
-        out["runs"]["fused-for-peak"] = _run_one(cluster, f"{cluster.url}/flows/cmp-fused", "cmp-fused", trace)
-
-    # (c) today's autoscaler, no SLO: default batching, Little's law at 0.7
-    policy = AutoscalingConfig(max_replicas=8)
-    cfg = ClusterConfig(executors=4, threads=4, colocate=False, autoscaling=policy, max_executors=12)
-    with LocalCluster(cfg) as cluster:
-        flow = make_flow("cmp-auto", COMPARE_STAGES)
-        cluster.deploy(flow, rules=["batching"])
-        out["runs"]["autoscaler"] = _run_one(cluster, f"{cluster.url}/flows/cmp-auto", "cmp-auto", trace)
+    if "autoscaler" in only:  # (c) today's autoscaler, no SLO: batch cap 20, Little's law at 0.7
+        policy = AutoscalingConfig(max_replicas=MAX_REPLICAS)
+        cfg = ClusterConfig(
+            executors=4, gpu_executors=4, threads=4, colocate=False, autoscaling=policy, max_executors=2 * n
+        )
+        with LocalCluster(cfg) as cluster:
+            cluster.deploy(make_class_flow("cmp-auto", gpu_marks=True), rules=["placement", "batching"])
+            out["runs"]["autoscaler"] = _run_one(cluster, "cmp-auto", trace)
 
     for name, r in out["runs"].items():
         progress(
-            f"{name}: attainment {r['attainment']:.2%}, p99 {r['p99_ms']:.0f} ms, "
-            f"{r['replica_seconds']:.0f} replica-s, {r['errors']} errors"
+            f"{name}: attainment {r['attainment']:.2%}, p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, "
+            f"{r['replica_seconds']:.0f} replica-s, ${r['cost_usd']:.4f}, {r['errors']} errors, {r['versions']} version(s)"
         )
     save("slo_compare", out)
     _plot(out)
@@ -300,9 +406,29 @@ def compare(seconds: float) -> dict:
 
 def _plot(out: dict) -> None:
     pyplot = plt()
-    fig, (ax1, ax2) = pyplot.subplots(2, 1, figsize=(9, 6.5), sharex=True)
-    for name, r in out["runs"].items():
-        ax1.plot(r["timeline"]["t"], [sum(x.values()) for x in r["timeline"]["replicas"]], label=name)
+    runs = out["runs"]
+    fig, axes = pyplot.subplots(4, 1, figsize=(10, 11), sharex=True)
+    ax_cost, ax_rep, ax_batch, ax_p99 = axes
+    colors = dict(zip(runs, ("C0", "C1", "C2", "C3")))
+    for name, r in runs.items():
+        tl = r["timeline"]
+        t = [s["t"] for s in tl]
+        ax_cost.plot(
+            t,
+            [sum(x["replicas"] * PRICES[x["device"]] for x in s["stages"].values()) for s in tl],
+            label=name,
+            color=colors[name],
+        )
+        stages = list(tl[0]["stages"]) if tl else []
+        for k, stage in enumerate(stages):
+            ls = ("-", "--", ":", "-.")[k % 4]
+            ax_rep.plot(
+                t, [s["stages"][stage]["replicas"] for s in tl], ls=ls, color=colors[name], label=f"{name}: {stage}"
+            )
+            mean = [s["stages"][stage]["batch_mean"] for s in tl]
+            ax_batch.plot(
+                t, [np.nan if m is None else m for m in mean], ls=ls, color=colors[name], label=f"{name}: {stage}"
+            )
         sent = np.asarray(r["latency"]["sent_ms"]) / 1000.0
         ms = np.array([np.inf if x is None else x for x in r["latency"]["ms"]])
         edges = np.arange(0, sent.max() + 2, 2.0)
@@ -310,24 +436,38 @@ def _plot(out: dict) -> None:
             np.percentile(ms[(sent >= a) & (sent < b)], 99) if ((sent >= a) & (sent < b)).any() else np.nan
             for a, b in zip(edges[:-1], edges[1:])
         ]
-        ax2.plot(edges[:-1], np.minimum(p99, 2000), label=name)
-    ax2.axhline(out["slo_ms"], color="k", ls="--", lw=0.8, label="SLO")
-    ax1.set_ylabel("replicas (all stages)")
-    ax2.set_ylabel("p99 per 2 s (ms, capped 2 s)")
-    ax2.set_xlabel("time (s); 2x burst at 20-30%, 4x at 60-70% of the run")
-    ax1.legend()
-    ax2.legend()
+        ax_p99.plot(edges[:-1], np.minimum(p99, 1000), label=name, color=colors[name])
+    for a, b, m in out["bursts"]:
+        for ax in axes:
+            ax.axvspan(a, b, color="0.9" if m < 3 else "0.8", zorder=0)
+    ax_p99.axhline(out["slo_ms"], color="k", ls="--", lw=0.8, label="SLO")
+    ax_cost.set_ylabel("$ per hour")
+    ax_rep.set_ylabel("replicas per stage")
+    ax_batch.set_ylabel("mean batch run\n(last 2 s)")
+    ax_p99.set_ylabel("p99 per 2 s (ms, capped 1 s)")
+    ax_p99.set_yscale("log")
+    ax_p99.set_xlabel(f"time (s); shaded: bursts (2x light, 4x dark) over {out['base_rps']} req/s")
+    ax_cost.legend(fontsize=8)
+    ax_rep.legend(fontsize=6, ncol=3)
+    ax_batch.legend(fontsize=6, ncol=3)
+    ax_p99.legend(fontsize=8)
     save_plot(fig, "slo_compare")
 
 
 def run(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks slo", description=__doc__.splitlines()[0])
     p.add_argument("part", choices=["validate", "compare"], nargs="?", default="validate")
-    p.add_argument("--seconds", type=float, help="trace length per run (validate 12, compare 120)")
+    p.add_argument("--seconds", type=float, help="trace length per run (validate 12, compare 240)")
     p.add_argument("--pipelines", nargs="*", choices=list(PIPELINES), help="validate: only these pipelines")
     p.add_argument("--loads", type=float, nargs="*", default=LOADS, help="validate: offered rates (req/s)")
+    p.add_argument(
+        "--only",
+        nargs="*",
+        choices=["planned", "pinned", "fused", "autoscaler"],
+        help="compare: only these deployments (default: planned, fused, autoscaler; pinned needs planned)",
+    )
     args = p.parse_args(argv)
     progress(f"machine: {json.dumps(machine())} (shared with other engineers' work)")
     if args.part == "validate":
         return validate(args.seconds or 12.0, args.pipelines, args.loads)
-    return compare(args.seconds or 120.0)
+    return compare(args.seconds or 240.0, args.only)

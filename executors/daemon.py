@@ -193,6 +193,7 @@ class ClusterDaemon:
             self.gateway.shape_placement = self.scaling.initial_placement
             self.gateway.scaling_status = self.scaling.status
             self.scaling.monitor = self.gateway.slo
+            self.scaling.serve_replan = self.gateway.serve_replan  # the tuner's re-plans
         return make_app(self.gateway, on_startup=[self._started], on_shutdown=[self._stopping])
 
     async def _started(self) -> None:

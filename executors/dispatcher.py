@@ -716,6 +716,7 @@ class Dispatcher:
             c = self.stage_counters(flow.plan.flow_name, stage)
             c.service_ms += float(ms) / max(1, int(batch))
             c.served += 1
+            c.batches.append((time.monotonic(), max(1, int(batch))))
             recent = flow.stats.setdefault(stage, [])
             recent.append(float(ms))
             if len(recent) > 200:

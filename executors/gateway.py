@@ -395,6 +395,23 @@ class Gateway:
             return _error(e.answer(winner=self.dispatcher.flows[name].version))
         return JSONResponse(describe(flow, self.dispatcher))
 
+    async def serve_replan(self, plan) -> DeployedFlow:
+        """Serve ``plan``, a re-planned configuration of a flow served here (the SLO
+        tuner's, executors/scaling.py), as the flow's next version: stored, built on the
+        executors ``place`` picks, installed (requests in flight finish on the old one)
+        and registered. Raises ``LoadFailed`` as a deploy would."""
+        from executors.placement import PLAN_KEY, next_version
+
+        name = plan.flow_name
+        version = await asyncio.to_thread(next_version, self.store.redis, name)
+        await asyncio.to_thread(self.store.put_trusted, PLAN_KEY.format(flow=name, version=version), plan)
+        flow = await self.load_flow(name, version)
+        try:
+            await self._record_change(name, register_deployed, self.store.redis, name, version)
+        except Exception as e:
+            log.warning("flow %s v%s (re-planned) serves here but is not registered for others: %s", name, version, e)
+        return flow
+
     async def undeploy(self, request: Request) -> Response:
         if not self._bearer_ok(request, self.admin_token):
             return _error(http_error("Unauthorized", "admin calls need the cluster token"))
@@ -473,6 +490,7 @@ def describe(f: DeployedFlow, dispatcher: Dispatcher, scaling_status=None, slo=N
                 if stage.batch is None
                 else {"max_batch_size": stage.batch.max_batch_size, "max_wait_ms": stage.batch.max_wait_ms},
                 "p50_ms": p50,
+                "batch_seen": dispatcher.stage_counters(f.plan.flow_name, name).batch_seen(),
                 "autoscaling": scaling.get(name),
             }
         )

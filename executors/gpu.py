@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from functools import lru_cache
 
+from flow import context
 from flow.context import set_device
 
 log = logging.getLogger("flowserve.gpu")
@@ -23,6 +24,7 @@ log = logging.getLogger("flowserve.gpu")
 def set_executor_class(device: str) -> None:
     """Executors call this at start with their class ("cpu" or "gpu"): operator code then
     finds its device in ``flow.current_device()``."""
+    context.set_executor_class(device)
     if device == "gpu" and cuda_device_count() == 0:
         log.warning("gpu executor without a usable GPU (no CUDA device visible to torch): its stages run on the CPU")
     set_device("cuda" if device == "gpu" and cuda_device_count() > 0 else "cpu")

@@ -21,8 +21,13 @@ A flow planned under an SLO (``plan.slo``, optimizer/slo/serving.py) is not size
 policy but by ``SLOTuner`` (InferLine's tuner): it reads the flow's arrival envelope (the
 gateway's ``SLOMonitor``) and gives each stage the replicas its profiled throughput at the
 planned batch size needs for the highest recent rate, at once when traffic leaves the
-planned envelope, and back down only after ``downscale_after_s`` (15 s) below it. The
-loop then runs even without an ``AutoscalingConfig`` (``config=None``: SLO flows only).
+planned envelope, and back down only after ``downscale_after_s`` (15 s) below it. A plan
+with a ladder of re-plans (``ServingSLO.ladder``, planned with the flow: batch sizes,
+replicas and budgets for higher rates, optimizer/slo/tuning.py) is re-planned instead: the
+tuner switches to the lowest rung planned for the rate (``RePlanner``), served as the
+flow's next version (the gateway's ``serve_replan``); only beyond the top rung does it
+add replicas at that rung's batch. The loop then runs even without an
+``AutoscalingConfig`` (``config=None``: SLO flows only).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -47,6 +53,16 @@ class StageCounters:
     service_ms: float = 0.0
     served: int = 0
     last: list = field(default_factory=list)  # recent decisions, for status
+    batches: deque = field(default_factory=lambda: deque(maxlen=4096))  # (monotonic s, batch size) per answer
+
+    def batch_seen(self, window_s: float = 2.0, now: float | None = None) -> dict | None:
+        """The batches the answers of the last ``window_s`` ran in: their mean size (per
+        batch, not per request) and the largest; None when none was answered."""
+        now = time.monotonic() if now is None else now
+        sizes = [b for t, b in list(self.batches) if t > now - window_s]
+        if not sizes:
+            return None
+        return {"mean": round(len(sizes) / sum(1.0 / b for b in sizes), 2), "max": max(sizes), "window_s": window_s}
 
 
 class ExecutorBackend(Protocol):
@@ -98,20 +114,49 @@ class SLOTuner:
         rate_windows_ms=(1_000, 2_000, 5_000),
         max_replicas: int = 32,
     ):
-        serving = plan.slo
-        profile = serving.profile()
-        self.plan = plan
+        from optimizer.slo.tuning import RePlanner
+
         self.utilisation = utilisation
         self.downscale_after_s = downscale_after_s
         self.rate_windows_ms = tuple(rate_windows_ms)
         self.max_replicas = max_replicas
+        self.reason: dict[str, str] = {}
+        rungs = plan.slo.rungs()
+        self.replanner = RePlanner(rungs, downscale_after_s=downscale_after_s) if len(rungs) > 1 else None
+        self.running = 0  # the rung the served plan runs (the replanner's may be ahead of it)
+        self.rebase(plan)
+
+    def rebase(self, plan) -> None:
+        """Size replicas from ``plan``'s configuration from now on (after a re-plan)."""
+        serving = plan.slo
+        profile = serving.profile()
+        self.plan = plan
         self.per_ms: dict[str, float] = {}  # one replica's throughput, requests per ms
         for name, cfg in serving.configs.items():
             lat = profile.latency(name, cfg.executor_class, cfg.batch_size)
             self.per_ms[name] = cfg.batch_size / max(lat, 1e-3)
         self.min = {n: max(1, s.competitive) for n, s in plan.stages.items()}
+        if self.replanner is not None:  # beyond the top rung: never below the rung's replicas
+            self.min = {n: max(self.min[n], serving.configs[n].replicas) for n in self.min}
         self.wants: dict[str, list[tuple[float, int]]] = {n: [] for n in self.per_ms}
-        self.reason: dict[str, str] = {}
+
+    def replan(self, counts, now: float):
+        """The rung of the ladder to switch to now (a ``Rung``), or None."""
+        if self.replanner is None:
+            return None
+        rate = self.rate_per_ms(counts) * 1000.0
+        i = self.replanner.decide(counts, now)
+        if i is not None:
+            self.reason = {
+                n: f"re-planned for {self.replanner.rungs[i].rate_rps:.0f} req/s (saw {rate:.0f})" for n in self.per_ms
+            }
+        return None if i is None else self.replanner.rungs[i]
+
+    def beyond_ladder(self, counts) -> bool:
+        """True when there is no ladder, or the rate is over its top rung (replicas then grow)."""
+        if self.replanner is None:
+            return True
+        return not self.replanner.rungs[-1].covers(counts, self.replanner.windows_ms)
 
     def rate_per_ms(self, counts) -> float:
         """The highest rate (requests per ms) over the rate windows of an envelope reading."""
@@ -169,6 +214,7 @@ class ScalingLoop:
         self.decisions: dict[tuple[str, str], list[ScalingDecision]] = {}
         self.tuners: dict[str, tuple[object, SLOTuner]] = {}  # flow -> (its plan's SLO, tuner)
         self.monitor = None  # the gateway's SLOMonitor (executors/slo.py), for SLO flows
+        self.serve_replan = None  # the gateway's serve_replan, for the tuner's re-plans
         self._last = time.monotonic()
 
     @property
@@ -243,9 +289,53 @@ class ScalingLoop:
             return  # no arrival envelope to read: keep the planned sizes
         env = self.monitor.envelopes.get(name)
         counts = {} if env is None else env.current(self.monitor.now_ms())
+        tuner = entry[1]
+        rung = tuner.replan(counts, now)
+        if rung is not None and self.serve_replan is not None:
+            await self._replan(name, flow, tuner, rung, now)
+            return
+        if not tuner.beyond_ladder(counts):
+            return
         replicas = {s: len(ids) for s, ids in flow.placement.items()}
-        for decision in entry[1].decide(replicas, counts, now):
+        for decision in tuner.decide(replicas, counts, now):
             await self.apply(name, decision)
+
+    async def _replan(self, name: str, flow, tuner: SLOTuner, rung, now: float) -> None:
+        """Serve ``rung`` of the flow's ladder as its next version (new batch sizes, budgets
+        and replicas), starting the executors it needs first."""
+        from optimizer.slo.serving import with_rung
+
+        if dict(rung.configs) == dict(flow.plan.slo.configs):
+            tuner.running = tuner.replanner.current
+            return  # the same sizes as what runs: no new version to build
+        plan = with_rung(flow.plan, rung)
+        d = self.dispatcher
+        for device in {s.device for s in plan.stages.values()}:
+            want = max(s.replicas for s in plan.stages.values() if s.device == device)
+            have = sum(1 for e in d.executors.values() if e.alive and e.device == device)
+            while have < want and len(d.executors) < self.max_executors:
+                if await self.backend.add_executor(device) is None:
+                    break
+                have += 1
+        before = {s: len(ids) for s, ids in flow.placement.items()}
+        try:
+            served = await self.serve_replan(plan)
+        except Exception as e:  # keep serving what runs; the next step tries again
+            log.warning("flow %s: re-plan for %.0f req/s failed: %s", name, rung.rate_rps, e)
+            tuner.replanner.current = tuner.running
+            return
+        tuner.running = tuner.replanner.current
+        self.tuners[name] = (served.plan.slo, tuner)
+        tuner.rebase(served.plan)
+        for stage, ids in served.placement.items():
+            old, new = flow.plan.stages[stage], served.plan.stages[stage]
+            batch = f", batch {old.batch.max_batch_size}->{new.batch.max_batch_size}" if new.batch is not None else ""
+            why = f"SLO tuner: re-planned for {rung.rate_rps:.0f} req/s{batch}"
+            decision = ScalingDecision(now, stage, new.device, before.get(stage, 0), len(ids), why)
+            self.decisions.setdefault((name, stage), []).append(decision)
+            if self.metrics and decision.from_replicas != decision.to_replicas:
+                self.metrics.scaling.labels(name, stage, decision.direction).inc()
+        log.warning("flow %s: re-planned for %.0f req/s, now v%s", name, rung.rate_rps, served.version)
 
     async def apply(self, flow_name: str, decision: ScalingDecision) -> None:
         log.warning("flow %s: %s", flow_name, decision)

@@ -34,6 +34,7 @@ from optimizer.slo import (
     measure_batches,
     serve_under,
 )
+from optimizer.slo.tuning import LADDER_FACTORS
 
 log = logging.getLogger("flowserve.slo")
 
@@ -81,29 +82,48 @@ def stage_inputs(plan: Plan, samples, kvs=None) -> dict[str, list[list[Table]]]:
     return out
 
 
-def profile_plan(plan: Plan, samples, kvs=None, *, max_batch: int = 32, repeats: int = 10, warmup: int = 2) -> Profile:
+def profile_plan(
+    plan: Plan,
+    samples,
+    kvs=None,
+    *,
+    max_batch: int = 32,
+    repeats: int = 10,
+    warmup: int = 2,
+    classes: Sequence[str] | None = None,
+) -> Profile:
     """Every stage timed per batch size (``default_batch_sizes(max_batch)`` for batching
-    stages, 1 for the others) on this machine, under the class the stage is placed on."""
+    stages, 1 for the others) on this machine, under the class the stage is placed on, or
+    under each of ``classes`` (built and run as on an executor of that class:
+    ``flow.context.current_executor_class()``), so that the planner can choose."""
+    from flow.context import using_executor_class
+
     inputs = stage_inputs(plan, samples, kvs)
     profile = Profile({})
     for name, stage in plan.stages.items():
-        bound = BoundStage(stage)
-        sizes = default_batch_sizes(max_batch) if stage.batch is not None else (1,)
-        arity = len(stage.inputs)
-
-        def merge(batch, arity=arity):
-            return [Table.concat([args[p] for args in batch]) for p in range(arity)]
-
-        measured = measure_batches(
-            lambda args, bound=bound: bound(args, kvs),
-            inputs[name],
-            batch_sizes=sizes,
-            warmup=warmup,
-            repeats=repeats,
-            make_batch=merge,
-        )
-        profile = profile.with_stage(name, stage.device, measured)
+        for cls in classes or (stage.device,):
+            with using_executor_class(cls):
+                profile = _profile_stage(profile, name, stage, cls, inputs[name], kvs, max_batch, repeats, warmup)
     return profile
+
+
+def _profile_stage(profile, name, stage, cls, inputs, kvs, max_batch, repeats, warmup) -> Profile:
+    bound = BoundStage(stage)
+    sizes = default_batch_sizes(max_batch) if stage.batch is not None else (1,)
+    arity = len(stage.inputs)
+
+    def merge(batch, arity=arity):
+        return [Table.concat([args[p] for args in batch]) for p in range(arity)]
+
+    measured = measure_batches(
+        lambda args, bound=bound: bound(args, kvs),
+        inputs,
+        batch_sizes=sizes,
+        warmup=warmup,
+        repeats=repeats,
+        make_batch=merge,
+    )
+    return profile.with_stage(name, cls, measured)
 
 
 def save_profile(kvs, flow_name: str, profile: Profile) -> None:
@@ -164,7 +184,9 @@ def plan_for_deploy(
     if profile is not None and trace is None and rate is None:
         log.warning("flow %s: an SLO without traffic=: not planned, budgets only", plan.flow_name)
         profile = None
-    return serve_under(plan, slo, profile=profile, trace=trace, rate_rps=rate, options=planner)
+    # with a load, the tuner's re-plans for higher rates are planned now too (tuning.py)
+    ladder = LADDER_FACTORS if profile is not None else ()
+    return serve_under(plan, slo, profile=profile, trace=trace, rate_rps=rate, options=planner, ladder=ladder)
 
 
 # -- the gateway's figures -----------------------------------------------------------------

@@ -98,6 +98,7 @@ class StandaloneGateway:
             self.gateway.shape_placement = self.scaling.initial_placement
             self.gateway.scaling_status = self.scaling.status
             self.scaling.monitor = self.gateway.slo  # SLO flows: the tuner's arrival envelope
+            self.scaling.serve_replan = self.gateway.serve_replan  # the tuner's re-plans
         self._failed_loads: dict[tuple[str, int], float] = {}  # (flow, version) -> retry after
         self._tasks: list[asyncio.Task] = []
 

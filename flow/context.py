@@ -20,7 +20,9 @@ from flow.exceptions import FlowError, FlowValueError
 
 _store = None
 _device = "cpu"
+_executor_class = "cpu"
 DEVICES = ("cpu", "cuda")
+EXECUTOR_CLASSES = ("cpu", "gpu")
 
 
 class NoStoreError(FlowError, LookupError):
@@ -62,3 +64,29 @@ def set_device(device: str) -> None:
     if device not in DEVICES:
         raise FlowValueError(f"device must be one of {DEVICES}, got {device!r}")
     _device = device
+
+
+def current_executor_class() -> str:
+    """The class of the executor running this code ("cpu" or "gpu"), even where a gpu
+    executor has no GPU and ``current_device()`` is "cpu" (benchmarks emulate a kernel's
+    speed per class with it; ``flow.run`` and profiling say which class they stand for)."""
+    return _executor_class
+
+
+def set_executor_class(cls: str) -> None:
+    """Set the process-wide executor class (executors call this once at start)."""
+    global _executor_class
+    if cls not in EXECUTOR_CLASSES:
+        raise FlowValueError(f"executor class must be one of {EXECUTOR_CLASSES}, got {cls!r}")
+    _executor_class = cls
+
+
+@contextlib.contextmanager
+def using_executor_class(cls: str):
+    """Run as if on an executor of class ``cls`` (the profiler times a stage per class)."""
+    before = _executor_class
+    set_executor_class(cls)
+    try:
+        yield cls
+    finally:
+        set_executor_class(before)

@@ -256,10 +256,15 @@ def _describe(configs_before, configs_after, stage) -> str:
     return ", ".join(parts)
 
 
-def plan_for_slo(shape, profile: Profile, slo: SLO, trace, options: PlannerOptions | None = None) -> SLOPlan:
+def plan_for_slo(
+    shape, profile: Profile, slo: SLO, trace, options: PlannerOptions | None = None, *, start=None
+) -> SLOPlan:
     """The cheapest configuration the greedy search finds whose simulated tail on
     ``trace`` (arrival timestamps, ms) meets ``slo``; ``shape`` is a ``Shape`` or a
-    ``Plan``. Raises ``InfeasibleSLOError`` naming the stage that cannot meet it."""
+    ``Plan``. ``start``: stage -> StageConfig to search from instead of batch 1 and the
+    fewest replicas on the cheapest class (a re-plan starts from what runs, so it
+    needs few steps; optimizer/slo/tuning.py). Raises ``InfeasibleSLOError`` naming
+    the stage that cannot meet it."""
     from optimizer.plan import Plan
 
     if isinstance(shape, Plan):
@@ -278,6 +283,8 @@ def plan_for_slo(shape, profile: Profile, slo: SLO, trace, options: PlannerOptio
     _check_feasible(search)
 
     configs = {s.name: StageConfig(1, s.competitive, search.classes[s.name][0]) for s in shape.stages}
+    if start is not None:
+        configs = _check_start(search, start)
     start = configs
 
     for _ in range(options.max_steps):  # phase 1: meet the SLO
@@ -314,6 +321,23 @@ def plan_for_slo(shape, profile: Profile, slo: SLO, trace, options: PlannerOptio
         configs = best[1]
 
     return _result(search, start, met, configs)
+
+
+def _check_start(search, start) -> dict:
+    if not isinstance(start, Mapping):
+        raise SLOTypeError(f"start must map stage -> StageConfig, got {type(start).__name__}")
+    out = {}
+    for s in search.shape.stages:
+        c = start.get(s.name)
+        if not isinstance(c, StageConfig):
+            raise SLOTypeError(f"start: stage {s.name!r} needs a StageConfig, got {c!r:.80}")
+        if c.executor_class not in search.classes[s.name]:
+            raise SLOError(
+                f"start: stage {s.name!r} on {c.executor_class!r}, which has no price or profile "
+                f"(priced and profiled: {search.classes[s.name]})"
+            )
+        out[s.name] = StageConfig(c.batch_size, max(c.replicas, s.competitive), c.executor_class)
+    return out
 
 
 def _relieve_bottleneck(search, configs):

@@ -16,7 +16,7 @@ attached: budgets are equal shares of the critical path, stages keep their size,
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from optimizer.plan import DEVICES, INPUT, BatchConfig, Plan
@@ -47,7 +47,9 @@ class ServingSLO:
     - ``profile_json``: the profile it was planned from (``Profile.from_json``);
     - ``options``: the planner options' plain fields, so that the tuner re-plans alike;
     - ``adapt``: True (default) lets the runtime adapt the plan (AIMD batch sizes, the
-      tuner's replicas); False pins the planned configuration (to check the simulator).
+      tuner's replicas); False pins the planned configuration (to check the simulator);
+    - ``ladder``: the tuner's re-plans (``optimizer.slo.tuning.Rung.to_dict()`` each, by
+      rate; the first is this plan's configuration), computed when the flow was planned.
     """
 
     slo: SLO
@@ -62,6 +64,7 @@ class ServingSLO:
     profile_json: str | None = None
     options: Mapping | None = None
     adapt: bool = True
+    ladder: tuple = ()
 
     @property
     def planned(self) -> bool:
@@ -69,6 +72,12 @@ class ServingSLO:
 
     def profile(self) -> Profile | None:
         return None if self.profile_json is None else Profile.from_json(self.profile_json)
+
+    def rungs(self) -> tuple:
+        """The ladder as ``Rung`` objects (optimizer/slo/tuning.py)."""
+        from optimizer.slo.tuning import Rung
+
+        return tuple(Rung.from_dict(d) for d in self.ladder)
 
     def planner_options(self) -> PlannerOptions:
         return PlannerOptions(**dict(self.options or {}))
@@ -81,7 +90,7 @@ class ServingSLO:
         else:
             lines[0] += (
                 f": simulated p{self.slo.percentile:g} {self.tail_ms:.1f} ms, p50 {self.p50_ms:.1f} ms at "
-                f"{self.rate_rps:.0f} req/s, cost {self.cost_per_s:g} replica/s"
+                f"{self.rate_rps:.0f} req/s, cost {self.cost_per_s:g} (replicas x price, per unit of time)"
             )
         for stage, budget in self.budgets.items():
             c = self.configs.get(stage)
@@ -105,6 +114,7 @@ class ServingSLO:
             "simulated_p50_ms": self.p50_ms,
             "cost_per_s": self.cost_per_s,
             "planning_rate_rps": self.rate_rps,
+            "ladder_rates_rps": [d["rate_rps"] for d in self.ladder],
         }
 
     def shares(self) -> dict[str, float]:
@@ -138,10 +148,13 @@ def serve_under(
     trace=None,
     rate_rps: float | None = None,
     options: PlannerOptions | None = None,
+    ladder: Sequence[float] = (),
 ) -> Plan:
     """``plan`` configured to meet ``slo``: with a profile and a planning load (``trace``
     of arrival ms, or ``rate_rps`` for a Poisson one) each stage gets the planner's batch
-    size, replicas and class; else the SLO is attached with equal budgets. Raises
+    size, replicas and class; else the SLO is attached with equal budgets. ``ladder``:
+    multiples of the planning rate to re-plan for now (``tuning.LADDER_FACTORS``), what
+    the runtime's tuner switches to when traffic leaves the planned envelope. Raises
     ``InfeasibleSLOError`` naming the stage that cannot meet the SLO."""
     if not isinstance(plan, Plan):
         raise SLOTypeError(f"serve_under needs an optimizer Plan, got {type(plan).__name__}")
@@ -177,8 +190,42 @@ def serve_under(
             )
         trace = planning_trace(rate_rps)
     trace = check_trace(trace)
-    result = plan_for_slo(Shape.from_plan(plan), profile, slo, trace, options)
-    return apply_plan(plan, result, profile, trace, opts)
+    shape = Shape.from_plan(plan)
+    result = plan_for_slo(shape, profile, slo, trace, options)
+    served = apply_plan(plan, result, profile, trace, opts)
+    if ladder:
+        from optimizer.slo.tuning import ladder as plan_ladder
+
+        rate = float(rate_rps) if rate_rps is not None else served.slo.rate_rps
+        rungs = plan_ladder(shape, profile, slo, rate, result, options, factors=ladder, trace=trace)
+        served = replace(served, slo=replace(served.slo, ladder=tuple(r.to_dict() for r in rungs)))
+    return served
+
+
+def with_rung(plan: Plan, rung) -> Plan:
+    """``plan`` (served under an SLO) running ``rung`` of its ladder: each stage's batch
+    size and replicas, the budgets (what AIMD keeps batches within) and the rate the tuner
+    compares traffic with; the ladder, profile and options are kept."""
+    serving = plan.slo
+    if serving is None or not serving.planned:
+        raise SLOError(f"flow {plan.flow_name!r}: only a plan served under a profiled SLO has re-plans")
+    stages = {}
+    for name, stage in plan.stages.items():
+        c = rung.configs[name]
+        changes = {"replicas": max(c.replicas, stage.competitive)}
+        if stage.batch is not None:
+            changes["batch"] = BatchConfig(max_batch_size=c.batch_size, max_wait_ms=stage.batch.max_wait_ms)
+        stages[name] = replace(stage, **changes)
+    attached = replace(
+        serving,
+        budgets=dict(rung.budgets),
+        configs=dict(rung.configs),
+        reasons={n: f"tuner: re-planned for {rung.rate_rps:.0f} req/s" for n in rung.configs},
+        tail_ms=rung.tail_ms,
+        cost_per_s=rung.cost_per_s,
+        rate_rps=rung.rate_rps,
+    )
+    return replace(plan.replace_stages(stages), slo=attached)
 
 
 def apply_plan(plan: Plan, result: SLOPlan, profile: Profile, trace, options: Mapping) -> Plan:

@@ -127,6 +127,38 @@ def test_profiling_times_each_stage_on_the_inputs_it_really_gets():
         stage_inputs(optimize(g, rules=RULES), [{"x": 1, "y": 1}])
 
 
+def _by_class(t):
+    import time as _t
+
+    from flow.context import current_executor_class
+
+    _t.sleep(0.002 if current_executor_class() == "gpu" else 0.02)  # a 10x faster "gpu"
+    return t.column("x").to_numpy()
+
+
+def test_profiling_per_class_runs_each_stage_as_on_that_class():
+    from flow.context import current_executor_class
+
+    f = Flow(unique("prof-class"))
+    f.map(_by_class, names=["z"], batching=True)
+    plan = optimize(f, rules=RULES)
+    p = profile_plan(plan, [{"x": 1}], max_batch=2, repeats=3, warmup=0, classes=("cpu", "gpu"))
+    assert p.classes(plan.sink) == ("cpu", "gpu")
+    assert p.latency(plan.sink, "cpu", 1) >= 20 > 5 > p.latency(plan.sink, "gpu", 1)
+    assert current_executor_class() == "cpu"  # restored after profiling
+
+
+def test_the_batch_sizes_answers_ran_in_are_counted_per_batch():
+    from executors.scaling import StageCounters
+
+    c = StageCounters()
+    # one batch of 4 (its 4 answers each say 4), then two batches of 1, within the window
+    for t, b in [(10.0, 4), (10.0, 4), (10.0, 4), (10.0, 4), (10.5, 1), (11.0, 1), (5.0, 16)]:
+        c.batches.append((t, b))
+    assert c.batch_seen(window_s=2.0, now=11.5) == {"mean": 2.0, "max": 4, "window_s": 2.0}  # 3 batches, 6 rows
+    assert c.batch_seen(window_s=2.0, now=30.0) is None
+
+
 # -- the AIMD batcher inside the executor's Batcher ----------------------------------------
 
 
@@ -258,4 +290,38 @@ def test_the_tuner_grows_a_planned_stage_on_the_real_cluster_under_a_burst(own_c
     assert not failures, failures[:3]
     st = _flow_json(cluster, f.name)["stages"][0]["autoscaling"]
     assert "SLO tuner" in st["last_decision"]
+    d.undeploy()
+
+
+def test_the_tuner_re_plans_batch_sizes_on_the_real_cluster_under_a_burst(cluster):
+    # the ladder planned with the flow (traffic 10 req/s, re-plans up to 60) is switched to as
+    # the flow's next version: the stage runs bigger batches, on the same replica
+    from tests.executors.processes import steady_load
+
+    f = Flow(unique("replan-live"))
+
+    def slow_batch(t):
+        import time as _t
+
+        _t.sleep(0.02)
+        return t.column("x").to_numpy()
+
+    f.map(slow_batch, names=["z"], batching=True)
+    plan = optimize(f, rules=["batching"])
+    # batch 1 serves 50 req/s a replica, batch 8 nearly 300: a re-plan for more grows the batch
+    profile = Profile({plan.sink: {"cpu": {1: [20.0] * 5, 2: [21.0] * 5, 4: [23.0] * 5, 8: [27.0] * 5}}})
+    d = cluster.deploy(f, rules=["batching"], slo=SLO(p99_ms=80), profile=profile, traffic=10)
+    before = _flow_json(cluster, f.name)
+    assert before["stages"][0]["batch"]["max_batch_size"] == 1 and len(before["slo"]["ladder_rates_rps"]) > 1
+    with steady_load(d.url, {"x": 1}) as failures:
+        deadline = time.monotonic() + 30
+        while (now := _flow_json(cluster, f.name))["stages"][0]["batch"]["max_batch_size"] == 1:
+            assert time.monotonic() < deadline, "the tuner did not re-plan the batch size"
+            time.sleep(0.1)
+    assert not failures, failures[:3]  # requests in flight during the switch finish
+    stage = now["stages"][0]
+    assert stage["batch"]["max_batch_size"] > 1 and stage["replicas"] == 1
+    assert "re-planned for" in stage["autoscaling"]["last_decision"]
+    assert now["version"] > before["version"] and now["slo"]["planning_rate_rps"] >= 30
+    assert stage["batch_seen"] is not None and stage["batch_seen"]["max"] >= 1
     d.undeploy()
