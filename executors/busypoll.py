@@ -59,11 +59,11 @@ class BusyPoll:
         If one took it for a time slice (the yield came back over LOST_YIELD_S late), the
         machine is busy with other work: this process stops polling for BUSY_BACKOFF_S. A
         poller that yields to a busy process gets the CPU back only when that one's slice
-        ends, while a sleeper is run as soon as its message wakes it: measured on this
-        project's 2-core VM with two CPU-bound processes beside a ping-pong of two processes,
-        a round trip took 1.2-3.6 ms polling and 40-55 us sleeping or backing off (45-55 us
-        sleeping, 30-40 us polling without them). Polling pays where it keeps an otherwise
-        idle CPU awake; after the back-off it is tried again."""
+        ends, while a sleeper is run as soon as its message wakes it: on this project's 2-core
+        VM, a two-process round trip beside two CPU-bound processes had a p90 of 2-7.6 ms
+        polling and 36-51 us sleeping or backing off (``python -m benchmarks polling``).
+        Polling pays where it keeps an otherwise idle CPU awake; after the back-off it is
+        tried again."""
         t0 = time.perf_counter()
         os.sched_yield()
         t1 = time.perf_counter()
