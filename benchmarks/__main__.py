@@ -11,6 +11,8 @@ import sys
 
 BENCHMARKS = {
     "e2e": "Ensemble and Cascade over HTTP: FlowServe vs Ray Serve vs the in-process floor",
+    "overhead": "the e2e Ensemble's CPU per request in each process beside the floor's; the pieces in a hot loop",
+    "polling": "a round trip between two processes: busy polling, sleeping, the runtime's back-off; idle and beside CPU hogs",
     "chain": "added latency per stage on a chain of no-op stages",
     "autoscale": "a 2x load step: time until a new replica serves; replicas and p99 over time",
     "kvs_cache": "8 MB reads: local cache vs Redis vs Redis + decode",

@@ -86,6 +86,29 @@ def default_executors(cores: int | None = None) -> int:
     return max(1, cores - 1)
 
 
+#: the math libraries' thread settings an executor is started with (torch reads OMP's)
+MATH_THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def default_math_threads(executors: int, cores: int | None = None) -> int:
+    """Threads each executor's math libraries (torch, BLAS) may use: the cores the gateway
+    leaves, shared out among the executors, at least one.
+
+    Left alone, every executor's torch and BLAS start one thread per core of the machine:
+    15 executors on 16 cores would run 240 compute threads fighting for 15 cores. A user's
+    own OMP_NUM_THREADS (or the others of MATH_THREAD_ENV) wins."""
+    cores = machine_cores() if cores is None else cores
+    return max(1, (cores - 1) // max(1, executors))
+
+
+def math_thread_env(executors: int, environ=None, cores: int | None = None) -> dict[str, str]:
+    """The MATH_THREAD_ENV settings to start an executor with: ``default_math_threads`` for
+    each one ``environ`` (default: this process's) does not set already."""
+    environ = os.environ if environ is None else environ
+    n = str(default_math_threads(executors, cores))
+    return {name: n for name in MATH_THREAD_ENV if not environ.get(name)}
+
+
 @dataclass(frozen=True)
 class ClusterConfig(Config):
     """How the embedded local cluster runs.

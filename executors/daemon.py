@@ -24,7 +24,7 @@ from pathlib import Path
 
 import uvicorn
 
-from executors.config import CONFIG_ENV, KEY_ENV, STATE_FILE, ClusterConfig
+from executors.config import CONFIG_ENV, KEY_ENV, STATE_FILE, ClusterConfig, math_thread_env
 from executors.dispatcher import Dispatcher
 from executors.durability import StoreWatch, mark_started, registry_if_intact
 from executors.gateway import Gateway, LoadFailed, make_app
@@ -80,6 +80,7 @@ class ExecutorProcess:
         # never the command line (any local user reads that with `ps`)
         env = dict(os.environ, FLOWSERVE_KVS_URL=self.kvs_url, **{KEY_ENV: self.cluster_key.hex()})
         env.pop(CONFIG_ENV, None)
+        env.update(math_thread_env(self.config.executors + self.config.gpu_executors))
         self.proc = popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         logfile.close()
 

@@ -268,11 +268,9 @@ def _tensor(value, t: ColumnType, name: str, i: int) -> np.ndarray:
         what = _tensor_what(t, name, i)  # built only for an error: formatting a type costs ~10 us
         raise DataTypeError(f"{what}, got {raw.dtype.name} values" if got in "biuf" else what)
     if got in "iu" and want in "iu" and raw.size and raw.dtype != t.dtype:
-        info = _iinfo(t.dtype)
-        if raw.min() < info.min or raw.max() > info.max:
-            raise DataTypeError(
-                f"row {i}: column {name!r}: values out of range for {t.dtype.name} ({info.min}..{info.max})"
-            )
+        low, high = _bounds(t.dtype)
+        if raw.min() < low or raw.max() > high:
+            raise DataTypeError(f"row {i}: column {name!r}: values out of range for {t.dtype.name} ({low}..{high})")
     return raw.astype(t.dtype, copy=False)
 
 
@@ -280,14 +278,16 @@ def _tensor_what(t: ColumnType, name: str, i: int) -> str:
     return f"row {i}: column {name!r} should be {t} (nested lists of numbers)"
 
 
-_IINFO: dict = {}
+_BOUNDS: dict = {}
 
 
-def _iinfo(dtype: np.dtype):
-    info = _IINFO.get(dtype)
-    if info is None:
-        info = _IINFO[dtype] = np.iinfo(dtype)
-    return info
+def _bounds(dtype: np.dtype) -> tuple[int, int]:
+    """An integer dtype's (min, max) as ints (np.iinfo computes them on each access)."""
+    bounds = _BOUNDS.get(dtype)
+    if bounds is None:
+        info = np.iinfo(dtype)
+        bounds = _BOUNDS[dtype] = (int(info.min), int(info.max))
+    return bounds
 
 
 def to_table(rows, qids: np.ndarray, schema) -> Table:

@@ -43,7 +43,7 @@ from flow.exceptions import (
     RowRejectedError,
     SchemaError,
 )
-from flow.table import Column, Row, Table
+from flow.table import Column, Row, Table, built_column
 from flow.types import ColumnType, build_column, unify
 
 AGGREGATES = ("count", "sum", "min", "max", "mean")
@@ -247,7 +247,7 @@ def _columns_from_values(name, names, outputs, qid) -> dict[str, Column]:
             ctype, arr, valid = build_column(values, n)
         except DataTypeError as e:
             raise OperatorOutputError(f"operator {name!r}: {e}", operator=name, qid=qid) from None
-        cols[n] = Column(ctype, arr, valid)
+        cols[n] = built_column(ctype, arr, valid)
     return cols
 
 
@@ -298,7 +298,7 @@ def _map_batch(name, call, names, col, table: Table) -> Table:
                 ctype, arr, valid = build_column(v, c)
             except DataTypeError as e:
                 raise OperatorOutputError(f"operator {name!r}: {e}", operator=name) from None
-            cols[c] = Column(ctype, arr, valid)
+            cols[c] = built_column(ctype, arr, valid)
     for c, column in cols.items():
         if len(column) != n:
             raise OperatorOutputError(
@@ -627,7 +627,7 @@ def _unique_qid_pairs(lq: np.ndarray, rq: np.ndarray, how: str):
     """Row pairs of a join on qid, vectorised, when each side has every qid once (the
     common case: two branches of the same requests); None otherwise. Same order as the
     general path: left rows in order, then (outer) unmatched right rows in order."""
-    if np.array_equal(lq, rq):
+    if lq is rq or np.array_equal(lq, rq):  # two branches of one input often share its qid array
         if not _distinct(lq):
             return None
         return SAME_ROWS, SAME_ROWS

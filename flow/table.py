@@ -60,10 +60,9 @@ class Column:
     def cell(self, i: int):
         if self.valid is not None and not self.valid[i]:
             return None
-        v = self.values[i]
         if self.type.kind == "tensor":
-            return v
-        return v.item() if isinstance(v, np.generic) else v
+            return self.values[i]
+        return self.values.item(i)  # a Python scalar (an object column's own object): no numpy scalar between
 
     def take(self, idx: np.ndarray) -> Column:
         """Rows at ``idx``; an index of -1 gives a missing value (outer joins).
@@ -142,6 +141,17 @@ class Column:
         return bool(np.array_equal(a, b))
 
 
+def built_column(type_: ColumnType, values: np.ndarray, valid: np.ndarray | None) -> Column:
+    """A Column of what ``types.build_column`` returned: that has checked it already (float
+    storage is float64, a mask only where a value is missing, NaN where it is), so with no
+    mask the constructor's checks would change nothing. Operators' outputs are built so."""
+    if valid is not None:
+        return Column(type_, values, valid)
+    col = Column.__new__(Column)
+    col.type, col.values, col.valid = type_, values, None
+    return col
+
+
 class Row:
     """A view of one row: ``row.conf``, ``row["conf"]``, ``row.qid``, ``row.as_dict()``."""
 
@@ -165,12 +175,14 @@ class Row:
         return col.cell(self._i)
 
     def __getattr__(self, name: str):
+        # ``row.qid`` is the property above; any other name is a column (row-wise operators
+        # read these in their inner loop: one lookup, no detour through __getitem__)
         if name.startswith("__"):
             raise AttributeError(name)
-        try:
-            return self[name]
-        except KeyError as e:
-            raise AttributeError(e.args[0]) from None
+        col = self._table._cols.get(name)
+        if col is None:
+            raise AttributeError(f"row has no column {name!r}; columns are {self._table.columns}")
+        return col.cell(self._i)
 
     def keys(self) -> list[str]:
         return list(self._table.columns)

@@ -59,6 +59,8 @@ def check_schema(flow_name: str, schema, table: Table) -> Table:
             cast[name] = col.as_type(want)  # all missing, or a lossless widening
             continue
         raise DataTypeError(f"flow {flow_name!r}: column {name!r} should be {want}, got {got}")
+    if not cast and table.columns == tuple(schema):
+        return table  # the usual request: typed and ordered as the schema says already
     return table.with_columns(cast).select(list(schema))
 
 

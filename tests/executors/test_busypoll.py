@@ -4,7 +4,7 @@ it off."""
 
 import pytest
 
-from executors.busypoll import BusyPoll
+from executors.busypoll import BUSY_BACKOFF_S, LOST_YIELD_S, BusyPoll
 from executors.config import ClusterConfig
 from executors.executor import main as executor_main
 
@@ -49,3 +49,24 @@ def test_executor_cli_refuses_a_bad_window(capsys):
             ["--id", "e", "--address", "ipc:///tmp/unused", "--kvs", "redis://127.0.0.1:1", "--busy-poll-ms", "5000"]
         )
     assert "--busy-poll-ms must be in 0..1000" in capsys.readouterr().err
+
+
+def test_a_yield_that_lost_the_cpu_stops_polling_for_a_while(monkeypatch):
+    # a busy machine: the yield came back a time slice later, so sleeping (and being woken
+    # by the next message) beats waiting out other work's slices, for BUSY_BACKOFF_S
+    now = [100.0]
+    monkeypatch.setattr("executors.busypoll.time.perf_counter", lambda: now[0])
+    monkeypatch.setattr("executors.busypoll.os.sched_yield", lambda: now.__setitem__(0, now[0] + delay))
+    poll = BusyPoll(10)
+    poll.touch()
+    delay = LOST_YIELD_S / 4  # another process ran a moment (a client's turn): keep polling
+    poll.pause()
+    assert poll.hot()
+    delay = LOST_YIELD_S * 2  # a time slice went to other work
+    poll.pause()
+    assert not poll.hot()
+    poll.touch()  # messages meanwhile do not start polling again...
+    assert not poll.hot()
+    now[0] += BUSY_BACKOFF_S
+    poll.touch()  # ...until the back-off is over
+    assert poll.hot()

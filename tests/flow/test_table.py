@@ -8,7 +8,8 @@ import pyarrow as pa
 import pytest
 
 from flow import ColumnType, DataError, DataTypeError, Row, SchemaError, Table
-from flow.table import Column
+from flow.table import Column, built_column
+from flow.types import build_column
 
 T2 = ColumnType.tensor(np.float64, (2,))
 
@@ -450,3 +451,29 @@ def test_select_with_columns_with_qid_and_equals():
     assert "Table(2 rows" in repr(t)
     with pytest.raises(TypeError):
         hash(t)
+
+
+def test_cells_are_python_values_of_their_kind():
+    t = Table.from_pylist(
+        [
+            {"i": 1, "f": 0.5, "b": True, "s": "x", "y": b"\x00", "n": None},
+            {"i": 2, "f": None, "b": False, "s": "", "y": b"", "n": None},
+        ]
+    )
+    rows = [r.as_dict() for r in t.rows()]
+    assert rows == [
+        {"i": 1, "f": 0.5, "b": True, "s": "x", "y": b"\x00", "n": None},
+        {"i": 2, "f": None, "b": False, "s": "", "y": b"", "n": None},
+    ]
+    assert [type(v) for v in rows[0].values()] == [int, float, bool, str, bytes, type(None)]
+    row = next(iter(t.rows()))
+    assert (type(row.i), type(row.f), type(row.b)) == (int, float, bool)
+
+
+def test_an_operator_output_column_is_what_the_constructor_makes():
+
+    for values in ([1.0, float("nan"), None], [0.5, 2.0], np.array([1.5, np.nan], dtype=np.float32), [1, 2], ["a"]):
+        ctype, arr, valid = build_column(values, "c")
+        a, b = built_column(ctype, arr, valid), Column(ctype, arr, valid)
+        assert a.type == b.type and a.equals(b) and (a.valid is None) == (b.valid is None)
+        assert a.values.dtype == b.values.dtype
