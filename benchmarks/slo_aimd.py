@@ -123,11 +123,14 @@ def at_rate(url: str, rate: float, seconds: float) -> dict:
     }
 
 
-def ladders(urls: dict, seconds: float, rates=RATES) -> dict:
-    """Every configuration (label -> url) up the ladder of rates, interleaved: at each rate
-    each configuration still holding runs once, in turn, so that what the shared machine
-    does meanwhile falls on all of them alike; then one bisection step per configuration
-    between its last rate held and its first missed (interleaved too)."""
+def ladders(urls: dict, seconds: float, rates=RATES, reps: int = 1) -> dict:
+    """Every configuration (label -> url or callable) up the ladder of rates, interleaved:
+    at each rate, ``reps`` rounds in which each configuration still holding runs once (the
+    order rotates per round), so that what the shared machine does meanwhile falls on all
+    of them alike. A configuration holds a rate when the median of its rounds' p99 is within
+    the SLO and nothing failed; its throughput at the SLO is the last rate it held before
+    its first miss (a later rate is not tried: one lucky step does not count). With one
+    round, one bisection step between the last rate held and the first missed follows."""
     from benchmarks.common import progress
 
     steps = {k: [] for k in urls}
@@ -138,32 +141,47 @@ def ladders(urls: dict, seconds: float, rates=RATES) -> dict:
         target = urls[label]
         r = target(rate, seconds) if callable(target) else at_rate(target, rate, seconds)
         steps[label].append(r)
+        extra = f", cap {r['mean_cap']:.1f} (min {r['min_cap']})" if r.get("mean_cap") is not None else ""
         progress(
             f"{label} @ {rate:g}/s: p50 {r['p50_ms']:.1f} p99 {r['p99_ms']:.1f} ms, {r['answered_rps']:.0f}/s, "
-            f"{r['errors']} errors -> {'held' if r['held'] else 'missed'}"
+            f"{r['errors']} errors, batch {r.get('mean_batch', 0):.1f}{extra}"
         )
-        return r["held"]
+        return r
+
+    def held(label, rate):
+        got = [r for r in steps[label] if r["rate_rps"] == rate]
+        p99 = float(np.median([r["p99_ms"] for r in got]))
+        ok = p99 <= SLO_MS and not any(r["errors"] for r in got)
+        progress(f"{label} @ {rate:g}/s: median p99 of {len(got)} {p99:.1f} ms -> {'held' if ok else 'missed'}")
+        return ok
 
     for rate in rates:
         alive = [k for k in urls if k not in failed]
         if not alive:
             break
+        for rnd in range(reps):
+            for label in alive[rnd % len(alive) :] + alive[: rnd % len(alive)]:
+                step(label, rate)
         for label in alive:
-            if step(label, rate):
+            if held(label, rate):
                 best[label] = rate
             else:
                 failed[label] = rate
-    for label, rate in failed.items():
-        if best[label] > 0:
-            mid = (best[label] + rate) / 2
-            if step(label, mid):
-                best[label] = mid
+    if reps == 1:
+        for label, rate in failed.items():
+            if best[label] > 0:
+                mid = (best[label] + rate) / 2
+                step(label, mid)
+                if held(label, mid):
+                    best[label] = mid
     return {k: {"throughput_at_slo_rps": best[k], "steps": steps[k]} for k in urls}
 
 
 # -- the stage alone: the executor's Batcher and the model, no HTTP ---------------------------------
 
-STAGE_RATES = (100, 200, 300, 400, 600, 800, 1000, 1200, 1500, 2000)
+STAGE_RATES = (200, 400, 500, 600, 700, 800, 900, 1000, 1100, 1200, 1400)
+STAGE_SWEEP = (4, 8, 12, 16, 24, 32, 64)
+WARMUP_S = 0.5  # before each step, at the step's rate (AIMD adapts to it; the batcher is kept)
 
 
 def stage_plan(name: str, cap: int, budget: float | None):
@@ -188,11 +206,11 @@ def stage_plan(name: str, cap: int, budget: float | None):
 
 class StageTarget:
     """One configuration of the stage alone: the executor's own ``Batcher`` (AIMD or the
-    fixed cap, as the runtime builds it) in front of the net, fed open loop by a thread.
-    Latency: from a request's scheduled arrival to the end of its batch. The batcher is
-    kept across the ladder (AIMD keeps its state, as a live replica would)."""
+    fixed cap, as the runtime builds it from the plan) in front of the net, fed open loop
+    by a thread. Latency: from a request's scheduled arrival to the end of its batch. The
+    batcher is kept across the ladder (AIMD keeps its state, as a live replica would)."""
 
-    def __init__(self, label: str, cap: int, budget: float | None, model):
+    def __init__(self, label: str, cap: int, budget: float | None, model, samples: dict | None = None):
         import threading
 
         from executors.batcher import Batcher
@@ -206,14 +224,21 @@ class StageTarget:
         self.all_done = threading.Event()
         self.lock = threading.Lock()
         self.sizes: list[int] = []
+        self.caps: list[int] = []  # AIMD's cap when each batch was formed
+        self.samples = {} if samples is None else samples  # batch size -> measured ms (the profile)
+        self.cap, self.budget = cap, budget
         self.batcher = Batcher(HostedStage(plan, stage, 1), self._run, threading.Event())
 
     def _run(self, _hosted, batch) -> None:
         import time
 
+        t0 = time.perf_counter()
         predict(self.model, np.stack([img for _, img in batch]))
         now = time.perf_counter()
+        self.samples.setdefault(len(batch), []).append((now - t0) * 1000.0)
         self.sizes.append(len(batch))
+        if self.batcher.aimd is not None:
+            self.caps.append(self.batcher.aimd.batch_size)
         with self.lock:
             for i, _ in batch:
                 self.done_at[i] = now
@@ -240,36 +265,78 @@ class StageTarget:
     def __call__(self, rate: float, seconds: float) -> dict:
         from optimizer.slo import poisson
 
-        self.feed(poisson(rate, max(int(rate), 20), seed=11))  # 1 s warm-up
-        del self.sizes[:]
-        lat = self.feed(poisson(rate, int(rate * seconds), seed=int(rate)))
+        self.feed(poisson(rate, max(int(rate * WARMUP_S), 20), seed=11))
+        del self.sizes[:], self.caps[:]
+        self.seed = getattr(self, "seed", 0) + 1  # each round its own trace
+        trace_seed = int(rate) * 1000 + self.seed
+        lat = self.feed(poisson(rate, int(rate * seconds), seed=trace_seed))
         p99 = float(np.percentile(lat, 99))
         return {
             "rate_rps": rate,
+            "trace_seed": trace_seed,
             "p50_ms": float(np.percentile(lat, 50)),
             "p99_ms": p99,
             "answered_rps": rate,
             "errors": 0,
             "mean_batch": float(np.mean(self.sizes)),
             "max_batch": int(max(self.sizes)),
+            "mean_cap": float(np.mean(self.caps)) if self.caps else None,
+            "min_cap": int(min(self.caps)) if self.caps else None,
             "held": bool(p99 <= SLO_MS),
         }
 
 
-def stage_runs(seconds: float, rates=STAGE_RATES) -> dict:
+def stage_configs(only=None) -> list:
+    """(label, cap, stage budget or None): the fixed sweep and AIMD (one stage: its budget
+    is the whole SLO; ``aimd_config`` gives a batch ``BATCH_SHARE`` of it)."""
+    configs = [(f"fixed-{b}", b, None) for b in STAGE_SWEEP] + [("aimd", AIMD_CAP, SLO_MS)]
+    return [c for c in configs if not only or c[0] in only]
+
+
+def stage_runs(seconds: float, rates=STAGE_RATES, reps: int = 3, only=None) -> dict:
     model = net()
-    configs = [(f"fixed-{b}", b, None) for b in SWEEP] + [
-        ("aimd", AIMD_CAP, SLO_MS),  # the runtime's rule: a batch gets half the stage's budget (10 ms)
-        ("aimd-batch-20ms", AIMD_CAP, 2 * SLO_MS),  # the rule before: a batch got the whole SLO
-    ]
-    targets = {label: StageTarget(label, cap, budget, model) for label, cap, budget in configs}
-    return ladders(targets, seconds, rates)
+    samples: dict[int, list] = {}
+    targets = {label: StageTarget(label, cap, budget, model, samples) for label, cap, budget in stage_configs(only)}
+    runs = ladders(targets, seconds, rates, reps)
+    simulated(targets, runs, samples, seconds)
+    return runs
+
+
+def simulated(targets: dict, runs: dict, samples: dict, seconds: float) -> None:
+    """The simulator's prediction of every step (same trace, the stage's profile from the
+    batches the run measured, AIMD modelled as the runtime runs it): ``sim_p99_ms``,
+    ``sim_mean_batch``, ``sim_mean_cap`` beside the measured figures."""
+    from optimizer import INPUT
+    from optimizer.slo import Profile, SimPipeline, SimStage, poisson, profile_service, simulate
+    from optimizer.slo.aimd import aimd_config
+    from optimizer.slo.serving import ServingSLO
+    from optimizer.slo.spec import SLO
+
+    profile = Profile({"cnn": {"cpu": {b: ms for b, ms in sorted(samples.items())}}})
+    for label, target in targets.items():
+        serving = None if target.budget is None else ServingSLO(SLO(SLO_MS), budgets={"cnn": target.budget})
+        stage = SimStage(
+            "cnn",
+            (INPUT,),
+            profile_service(profile, "cnn", "cpu"),
+            max_batch=target.cap,
+            aimd=aimd_config(serving, "cnn", target.cap),
+        )
+        for step in runs[label]["steps"]:
+            rate = step["rate_rps"]
+            warm = poisson(rate, max(int(rate * WARMUP_S), 20), seed=11)  # as the run: warm-up, then the step
+            trace = poisson(rate, int(rate * seconds), seed=step["trace_seed"])
+            both = np.concatenate([warm, warm[-1] + 1000.0 / rate + trace])
+            result = simulate(SimPipeline((stage,), "cnn"), both, seed=step["trace_seed"])
+            st = result.stages["cnn"]
+            p99 = float(np.percentile(result.latencies_ms[len(warm) :], 99))
+            step.update(sim_p99_ms=p99, sim_mean_batch=st.mean_batch, sim_mean_cap=st.mean_cap)
 
 
 # -- FlowServe configurations -------------------------------------------------------------------
 
 
-def flowserve_runs(seconds: float, only=None, rates=RATES) -> dict:
+def flowserve_runs(seconds: float, only=None, rates=RATES, reps: int = 1) -> dict:
     from dataclasses import replace
 
     from benchmarks.common import progress
@@ -302,7 +369,7 @@ def flowserve_runs(seconds: float, only=None, rates=RATES) -> dict:
             register(cluster, plan)  # all on the one executor: an idle flow costs nothing
             urls[label] = f"{cluster.url}/flows/{name}"
         progress(f"deployed {list(urls)}")
-        return ladders(urls, seconds, rates)
+        return ladders(urls, seconds, rates, reps)
 
 
 # -- Ray Serve -----------------------------------------------------------------------------------
@@ -363,6 +430,21 @@ def serve_ray(port: int, max_batch: int, wait_s: float) -> None:
         time.sleep(3600)
 
 
+def summarise(out: dict) -> None:
+    """AIMD against the best fixed size of the sweep: ``out["best_fixed"]``, ``out["aimd_vs_best"]``."""
+    from benchmarks.common import progress
+
+    runs = out["runs"]
+    fixed = {k: v["throughput_at_slo_rps"] for k, v in runs.items() if k.startswith("fixed-")}
+    for k, v in runs.items():
+        progress(f"{k}: {v['throughput_at_slo_rps']:.0f} req/s with median p99 <= {SLO_MS:g} ms")
+    if fixed and "aimd" in runs:
+        best = max(fixed, key=lambda k: (fixed[k], -int(k.split("-")[1])))
+        out["best_fixed"] = best
+        out["aimd_vs_best"] = runs["aimd"]["throughput_at_slo_rps"] / max(fixed[best], 1e-9)
+        progress(f"aimd / best fixed ({best}): {out['aimd_vs_best']:.2f}")
+
+
 def run(argv=None) -> dict:
     from benchmarks.common import machine, progress, save
 
@@ -373,20 +455,27 @@ def run(argv=None) -> dict:
     p.add_argument("--no-ray", action="store_true")
     p.add_argument("--mode", choices=["http", "stage"], default="http", help="over HTTP, or the stage alone")
     p.add_argument("--rates", type=float, nargs="*", default=RATES, help="the ladder of offered rates (req/s)")
+    p.add_argument("--reps", type=int, help="rounds per rate, median p99 over them (default: 3 stage, 1 http)")
     args = p.parse_args(argv)
     progress(f"machine: {json.dumps(machine())} (shared with other engineers' work)")
     if args.mode == "stage":
         rates = args.rates if args.rates != RATES else STAGE_RATES
-        out = {"slo_ms": SLO_MS, "rates": rates, "seconds": args.seconds, "runs": stage_runs(args.seconds, rates)}
-        for k, v in out["runs"].items():
-            progress(f"{k}: {v['throughput_at_slo_rps']:.0f} req/s with p99 <= {SLO_MS:g} ms (stage alone)")
+        reps = args.reps or 3
+        out = {
+            "slo_ms": SLO_MS,
+            "rates": list(rates),
+            "seconds": args.seconds,
+            "reps": reps,
+            "runs": stage_runs(args.seconds, rates, reps, args.only),
+        }
+        summarise(out)
         save("slo_aimd_stage", out)
         return out
     out = {
         "slo_ms": SLO_MS,
         "rates": args.rates,
         "seconds": args.seconds,
-        "runs": flowserve_runs(args.seconds, args.only, args.rates),
+        "runs": flowserve_runs(args.seconds, args.only, args.rates, args.reps or 1),
     }
     fixed = {k: v["throughput_at_slo_rps"] for k, v in out["runs"].items() if k.startswith("fixed-")}
     best = max(fixed, key=lambda k: fixed[k]) if fixed else None

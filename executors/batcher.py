@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from executors.messages import StageInput
 from optimizer.slo import AIMDBatcher
-from optimizer.slo.serving import AIMD_HEADROOM
+from optimizer.slo.aimd import aimd_config
 
 PROBE_EVERY = 50  # batches run without waiting before a batcher that stopped tries again
 
@@ -155,16 +155,7 @@ class Batcher:
 
 
 def aimd_for(hosted) -> AIMDBatcher | None:
-    """The stage's AIMD batcher when its plan is served under an SLO, else None."""
-    serving = getattr(hosted.plan, "slo", None)
-    budget = None if serving is None or not serving.adapt else serving.budgets.get(hosted.stage.name)
-    if not budget:
-        return None
-    planned = hosted.stage.batch.max_batch_size
-    # a request that arrives while a batch runs waits for it, then runs in the next: its time
-    # at the stage is up to two batches (or a delay window and a batch), so each gets half
-    # the stage's budget (measured: benchmarks/README.md, AIMD on a torch model)
-    budget = budget / 2
-    if serving.planned:  # start where the planner put it, grow up to AIMD_HEADROOM times that
-        return AIMDBatcher(budget, start=planned, max_batch=planned * AIMD_HEADROOM)
-    return AIMDBatcher(budget, max_batch=planned)  # unplanned: climb from 1 to the fixed cap
+    """The stage's AIMD batcher when its plan is served under an SLO, else None
+    (optimizer/slo/aimd.py ``aimd_config``: the simulator models the same one)."""
+    config = aimd_config(getattr(hosted.plan, "slo", None), hosted.stage.name, hosted.stage.batch.max_batch_size)
+    return None if config is None else config.batcher()
