@@ -11,7 +11,9 @@ size, and a delay window chosen from the arrival rate.
   by ``step`` when it was full (the queue could have used a bigger one) or when the
   stage's latency curve, fitted on the batches seen, puts a batch of cap + step within
   the budget (a stage that is seldom full still finds the largest batch within budget,
-  so that it has it when a backlog comes);
+  so that it has it when a backlog comes) and no full batch of that size went over the
+  budget in the last ``CEILING_BATCHES`` batches (a curve with a knee no line shows);
+  when the curve puts the cap itself over the budget, the cap steps back by one;
 - multiplicative decrease: a batch over the budget cuts the cap by 10% (at least one),
   Clipper's back-off. It cuts the *cap*, whatever the slow batch's size: on a shared
   machine one stalled batch of 3 used to drop the cap to 2 (90% of the slow batch),
@@ -19,7 +21,8 @@ size, and a delay window chosen from the arrival rate.
 - delay window: wait for a batch only when the arrival rate needs one: the smallest
   batch b whose throughput b / latency(b) keeps the replica under ``utilisation`` at the
   current rate; the window is the time b - 1 more requests take to arrive, at most the
-  budget left by latency(b). A rate that a batch of one keeps up with waits for nothing.
+  budget left by latency(b) and ``max_delay_ms`` (default ``DELAY_SHARE`` of the budget).
+  A rate that a batch of one keeps up with waits for nothing.
 
 latency(b) is an exponentially weighted least-squares fit ``a + c*b`` of the batches
 seen (one sample's pull bounded to twice the prediction, so that a stall moves it
@@ -47,7 +50,13 @@ FIT_WEIGHT = 0.05  # weight of the newest batch in the latency fit (about the la
 EPS_MS = 1e-6  # the fit's rounding: a batch the curve puts at the budget is within it
 OUTLIER = 2.0  # a batch this many times slower than the fit is a stall...
 OUTLIER_RUN = 3  # ...unless this many come in a row
+CEILING_BATCHES = 200  # a full batch over budget stops the curve's increases past it this long
 
+#: the longest delay window, as a share of the budget (Clipper: 2 ms at a 20 ms SLO). A
+#: replica that waits for a batch serves the rate with less work, but each waiting request
+#: pays the wait in full: simulated on the torch stage's curve, a window of up to the
+#: whole headroom lost 5-10% of the throughput at the SLO, one of 10% of it lost none
+DELAY_SHARE = 0.1
 #: the share of a stage's budget one batch may take (``aimd_config``): a request that
 #: arrives while a batch runs waits for it, then runs in its own (measured,
 #: benchmarks/README.md "AIMD on a torch model")
@@ -129,7 +138,7 @@ class AIMDBatcher:
         if self.size > self.max_batch:
             raise SLOError(f"AIMDBatcher.start ({start!r}) exceeds max_batch ({max_batch!r})")
         self.max_delay_ms = (
-            self.budget_ms
+            self.budget_ms * DELAY_SHARE
             if max_delay_ms is None
             else positive_number("AIMDBatcher.max_delay_ms", max_delay_ms, allow_zero=True)
         )
@@ -143,6 +152,8 @@ class AIMDBatcher:
         self._arrivals: deque[float] = deque()  # ms timestamps within the rate window
         self.fit = _LatencyFit()
         self.increases = self.decreases = 0
+        self.ceiling: int | None = None  # the last full batch over budget (the curve may not pass it)
+        self._since_over = 0
 
     @property
     def batch_size(self) -> int:
@@ -164,12 +175,19 @@ class AIMDBatcher:
         if latency_ms > self.budget_ms:
             # cut 10% from the largest batch the curve (before this one) puts within budget:
             # from this batch's size when nothing is known yet; not from a stalled small batch
+            if batch >= self.size:  # a full batch: the knee may be where no line bends
+                self.ceiling, self._since_over = batch, 0
             base = min(batch, self.size) if fits is None else min(fits, self.size)
             self.size = max(self.min_batch, min(self.size - 1, math.floor(base * self.decrease)))
             self.decreases += 1
-        elif self.size < self.max_batch and (
-            batch >= self.size or self.fit(self.size + self.step) <= self.budget_ms + EPS_MS
-        ):
+            return self.size
+        self._since_over += 1
+        if self.ceiling is not None and self._since_over >= CEILING_BATCHES:
+            self.ceiling = None
+        curve_allows = (self.ceiling is None or self.size + self.step < self.ceiling) and self.fit(
+            self.size + self.step
+        ) <= self.budget_ms + EPS_MS
+        if self.size < self.max_batch and (batch >= self.size or curve_allows):
             self.size = min(self.max_batch, self.size + self.step)
             self.increases += 1
         elif self.fit.line and self.size > self.min_batch and self.fit(self.size) > self.budget_ms + EPS_MS:

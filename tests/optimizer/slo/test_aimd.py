@@ -134,6 +134,28 @@ def test_backs_off_under_slow_batches_and_recovers_after_a_stall():
     assert 2 * latency(16) <= 20 < 2 * latency(17)
 
 
+def test_a_full_batch_over_budget_stops_the_curve_from_probing_past_it():
+    """A knee no line shows (1 ms up to 6 rows, 40 ms from 7): once a full batch of 7 went
+    over budget, small batches within budget do not take the cap back to 7 on the curve's
+    word for CEILING_BATCHES batches; a full batch within budget (Clipper's evidence) may."""
+    from optimizer.slo.aimd import CEILING_BATCHES
+
+    batcher = AIMDBatcher(budget_ms=12.5, start=7, max_batch=20)
+    batcher.observe(2, 1.0)
+    batcher.observe(3, 1.0)  # the curve: flat, everything fits
+    assert batcher.batch_size == 9
+    batcher.observe(9, 40.0)
+    assert batcher.ceiling == 9 and batcher.batch_size == 8
+    for _ in range(CEILING_BATCHES - 1):
+        batcher.observe(2, 1.0)
+    assert batcher.batch_size == 8  # the curve alone does not reach the ceiling again
+    batcher.observe(2, 1.0)
+    assert batcher.ceiling is None and batcher.batch_size == 9  # the ceiling expired: probe again
+    batcher.observe(9, 40.0)
+    assert batcher.batch_size == 8
+    assert batcher.observe(8, 1.0) == 9  # a full batch within budget still raises it
+
+
 def test_saturated_and_backlogged_batches_take_the_cap_at_once():
     """Over capacity at batch 1 (0.6/ms against 1 per 2.5 ms): the queue builds up, batches
     grow to what the rate needs and stay within the budget."""
@@ -149,7 +171,7 @@ def test_saturated_and_backlogged_batches_take_the_cap_at_once():
 
 def test_delay_window_follows_the_arrival_rate():
     clock = Clock()
-    batcher = AIMDBatcher(budget_ms=20, start=30, max_batch=30, clock=clock)
+    batcher = AIMDBatcher(budget_ms=20, start=30, max_batch=30, max_delay_ms=20, clock=clock)
     assert batcher.delay_ms() == 0.0  # nothing observed yet
     batcher.observe(2, latency(2))
     batcher.observe(10, latency(10))  # the fit: 2 + 0.5 b
@@ -179,6 +201,11 @@ def test_delay_window_follows_the_arrival_rate():
     assert batcher.needed_batch(1.5) == 30
     assert batcher.delay_ms() == pytest.approx(3.0)
     assert AIMDBatcher(budget_ms=20, start=10, clock=clock, max_delay_ms=2).delay_ms() == 0.0
+    default = AIMDBatcher(budget_ms=20, start=30, max_batch=30, clock=clock)
+    default.observe(2, latency(2))
+    default.observe(10, latency(10))
+    default.arrived(1200)  # 1.2/ms: b = 12, 9.2 ms to fill, but the default window is 10% of the budget
+    assert default.delay_ms() == pytest.approx(2.0)
     clock.s += 1.0  # no traffic: nothing to wait for
     assert batcher.delay_ms() == 0.0
 

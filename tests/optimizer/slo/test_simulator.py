@@ -269,7 +269,7 @@ def test_aimd_stage_batches_as_the_runtime_loop_does():
     seen = run_open(AIMDBatcher(budget_ms=20, clock=clock), clock, rate_per_ms=0.5, ms=3000)
     result = simulate(SimPipeline((aimd_stage(),), "s"), np.arange(1500) * 2.0)
     stats = result.stages["s"]
-    assert stats.batches == len(seen) == 822
+    assert stats.batches == len(seen) == 838
     assert stats.mean_batch == pytest.approx(np.mean([b for _, b, _ in seen]))
     assert stats.mean_cap == pytest.approx(np.mean([c for c, _, _ in seen]))
     assert seen[-1][0] == 36  # the cap found the largest batch within budget
@@ -290,8 +290,9 @@ def test_aimd_keeps_up_where_a_small_fixed_cap_falls_behind():
 def test_aimd_delay_window_in_the_simulation():
     """The torch stage's curve (1.5 + 0.7 b ms) at 0.6 requests/ms, 10 ms per batch: a batch
     of one (2.2 ms) would keep the replica 130% busy, so a lone request waits for the
-    batch the rate needs; fewer, bigger batches (less busy), each request later by at most
-    the window. Without the window (max_delay_ms=0) the queue that forms sets the batches."""
+    batch the rate needs, up to the default window (10% of the budget, 1 ms): fewer,
+    bigger batches (less busy), each request later by about the window. Without the window
+    (max_delay_ms=0) the queue that forms sets the batches."""
     from optimizer.slo.aimd import AIMDConfig
 
     def run(**kw):
@@ -300,10 +301,10 @@ def test_aimd_delay_window_in_the_simulation():
 
     windowed, eager = run(), run(max_delay_ms=0)
     w, e = windowed.stages["s"], eager.stages["s"]
-    assert w.mean_batch > e.mean_batch + 0.5
-    assert w.utilisation < e.utilisation - 0.1
-    assert eager.p50_ms < windowed.p50_ms < eager.p50_ms + 10.0
-    assert windowed.p99_ms < 20.0
+    assert w.mean_batch > e.mean_batch + 0.25
+    assert w.utilisation < e.utilisation - 0.05
+    assert eager.p50_ms < windowed.p50_ms < eager.p50_ms + 1.0
+    assert windowed.p99_ms < eager.p99_ms + 1.0
 
 
 def test_pipeline_from_a_plan_served_under_an_slo_batches_with_aimd():
