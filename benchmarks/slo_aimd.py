@@ -179,7 +179,8 @@ def ladders(urls: dict, seconds: float, rates=RATES, reps: int = 1) -> dict:
 
 # -- the stage alone: the executor's Batcher and the model, no HTTP ---------------------------------
 
-STAGE_RATES = (200, 400, 500, 600, 700, 800, 900, 1000, 1100, 1200, 1400)
+# 50 req/s apart from 500 on: 10% of 500 (a coarser ladder cannot tell "within 10%")
+STAGE_RATES = (200, 400, 500, 550, 600, 650, 700, 750, 800, 850, 900, 950, 1000, 1100, 1200, 1400)
 STAGE_SWEEP = (4, 8, 12, 16, 24, 32, 64)
 WARMUP_S = 0.5  # before each step, at the step's rate (AIMD adapts to it; the batcher is kept)
 
@@ -375,7 +376,7 @@ def flowserve_runs(seconds: float, only=None, rates=RATES, reps: int = 1) -> dic
 # -- Ray Serve -----------------------------------------------------------------------------------
 
 
-def ray_runs(python: str, seconds: float, settings, rates=RATES) -> dict:
+def ray_runs(python: str, seconds: float, settings, rates=RATES, reps: int = 1) -> dict:
     from benchmarks.common import ROOT, free_port, progress, wait_http
 
     runs = {}
@@ -392,7 +393,7 @@ def ray_runs(python: str, seconds: float, settings, rates=RATES) -> dict:
             url = f"http://127.0.0.1:{port}/cnn"
             wait_http(url, body(), timeout=180, proc=proc)
             progress(f"{label}: serving")
-            runs.update(ladders({label: url}, seconds, rates))
+            runs.update(ladders({label: url}, seconds, rates, reps))
         finally:
             proc.terminate()
             proc.wait()
@@ -443,6 +444,27 @@ def summarise(out: dict) -> None:
         out["best_fixed"] = best
         out["aimd_vs_best"] = runs["aimd"]["throughput_at_slo_rps"] / max(fixed[best], 1e-9)
         progress(f"aimd / best fixed ({best}): {out['aimd_vs_best']:.2f}")
+    # per rate: the median over rounds of each measured (and simulated) figure
+    table = {}
+    for k, v in runs.items():
+        by_rate: dict[float, list] = {}
+        for st in v["steps"]:
+            by_rate.setdefault(st["rate_rps"], []).append(st)
+        table[k] = {
+            rate: {
+                f: float(np.median([st[f] for st in sts]))
+                for f in ("p50_ms", "p99_ms", "mean_batch", "mean_cap", "sim_p99_ms", "sim_mean_batch", "sim_mean_cap")
+                if all(st.get(f) is not None for st in sts)
+            }
+            for rate, sts in by_rate.items()
+        }
+        for rate, m in table[k].items():
+            sim = f", simulated p99 {m['sim_p99_ms']:.1f} batch {m['sim_mean_batch']:.1f}" if "sim_p99_ms" in m else ""
+            cap = f" cap {m['mean_cap']:.1f}" if "mean_cap" in m else ""
+            progress(
+                f"  {k} @ {rate:g}: p50 {m['p50_ms']:.1f} p99 {m['p99_ms']:.1f} batch {m.get('mean_batch', 0):.1f}{cap}{sim}"
+            )
+    out["medians"] = table
 
 
 def run(argv=None) -> dict:
@@ -454,12 +476,12 @@ def run(argv=None) -> dict:
     p.add_argument("--only", nargs="*", help="FlowServe configurations to run (default all)")
     p.add_argument("--no-ray", action="store_true")
     p.add_argument("--mode", choices=["http", "stage"], default="http", help="over HTTP, or the stage alone")
-    p.add_argument("--rates", type=float, nargs="*", default=RATES, help="the ladder of offered rates (req/s)")
+    p.add_argument("--rates", type=float, nargs="*", help="the ladder of offered rates (req/s; default per mode)")
     p.add_argument("--reps", type=int, help="rounds per rate, median p99 over them (default: 3 stage, 1 http)")
     args = p.parse_args(argv)
     progress(f"machine: {json.dumps(machine())} (shared with other engineers' work)")
     if args.mode == "stage":
-        rates = args.rates if args.rates != RATES else STAGE_RATES
+        rates = args.rates or STAGE_RATES
         reps = args.reps or 3
         out = {
             "slo_ms": SLO_MS,
@@ -471,18 +493,21 @@ def run(argv=None) -> dict:
         summarise(out)
         save("slo_aimd_stage", out)
         return out
+    rates = args.rates or RATES
     out = {
         "slo_ms": SLO_MS,
-        "rates": args.rates,
+        "rates": list(rates),
         "seconds": args.seconds,
-        "runs": flowserve_runs(args.seconds, args.only, args.rates, args.reps or 1),
+        "runs": flowserve_runs(args.seconds, args.only, rates, args.reps or 1),
     }
     fixed = {k: v["throughput_at_slo_rps"] for k, v in out["runs"].items() if k.startswith("fixed-")}
     best = max(fixed, key=lambda k: fixed[k]) if fixed else None
     out["best_fixed"] = best
     if not args.no_ray and Path(args.ray_python).exists():
         best_b = int(best.split("-")[1]) if best else 10
-        out["runs"].update(ray_runs(args.ray_python, args.seconds, [(10, 0.01), (best_b, 0.001)], args.rates))
+        out["runs"].update(
+            ray_runs(args.ray_python, args.seconds, [(10, 0.01), (best_b, 0.001)], rates, args.reps or 1)
+        )
     else:
         out["ray"] = f"no Python with ray[serve] at {args.ray_python}"
     for k, v in out["runs"].items():

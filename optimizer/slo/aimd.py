@@ -14,10 +14,13 @@ size, and a delay window chosen from the arrival rate.
   so that it has it when a backlog comes) and no full batch of that size went over the
   budget in the last ``CEILING_BATCHES`` batches (a curve with a knee no line shows);
   when the curve puts the cap itself over the budget, the cap steps back by one;
-- multiplicative decrease: a batch over the budget cuts the cap by 10% (at least one),
-  Clipper's back-off. It cuts the *cap*, whatever the slow batch's size: on a shared
-  machine one stalled batch of 3 used to drop the cap to 2 (90% of the slow batch),
-  and the next backlog then drained 2 at a time;
+- multiplicative decrease: a batch over the budget cuts the cap (at least one) to 90% of
+  the largest batch the fitted curve puts within the budget, Clipper's back-off; not to
+  90% of the slow batch: on a shared machine one stalled batch of 3 used to drop the cap
+  to 2, and the next backlog then drained 2 at a time. Nor below the batch the arrival
+  rate needs to keep up (``stable_batch``, from each size's recent latency), and a full batch over
+  budget whose throughput is below the arrival rate raises the cap instead: on a machine
+  too slow for the budget the cap fell to 1 and the queue grew without bound;
 - delay window: wait for a batch only when the arrival rate needs one: the smallest
   batch b whose throughput b / latency(b) keeps the replica under ``utilisation`` at the
   current rate; the window is the time b - 1 more requests take to arrive, at most the
@@ -50,6 +53,7 @@ FIT_WEIGHT = 0.05  # weight of the newest batch in the latency fit (about the la
 EPS_MS = 1e-6  # the fit's rounding: a batch the curve puts at the budget is within it
 OUTLIER = 2.0  # a batch this many times slower than the fit is a stall...
 OUTLIER_RUN = 3  # ...unless this many come in a row
+BY_SIZE_WEIGHT = 0.2  # weight of a batch in its size's recent latency
 CEILING_BATCHES = 200  # a full batch over budget stops the curve's increases past it this long
 
 #: the longest delay window, as a share of the budget (Clipper: 2 ms at a 20 ms SLO). A
@@ -153,6 +157,7 @@ class AIMDBatcher:
         self.fit = _LatencyFit()
         self.increases = self.decreases = 0
         self.ceiling: int | None = None  # the last full batch over budget (the curve may not pass it)
+        self.by_size: dict[int, float] = {}  # batch size -> its latency (ms), weighted to the recent
         self._since_over = 0
 
     @property
@@ -171,14 +176,25 @@ class AIMDBatcher:
         latency_ms = positive_number("latency_ms", latency_ms, allow_zero=True)
         known = self.fit.n > 0
         fits = self.fitted_cap() if known else None
-        self.fit.add(batch, latency_ms)
+        if self.fit.add(batch, latency_ms):
+            seen = self.by_size.get(batch)
+            self.by_size[batch] = latency_ms if seen is None else seen + BY_SIZE_WEIGHT * (latency_ms - seen)
         if latency_ms > self.budget_ms:
+            rate = self.rate_per_ms()
+            if batch >= self.size and batch < rate * latency_ms and self.size < self.max_batch:
+                # a full batch over budget that does not even keep up with the arrivals: a
+                # smaller cap would let the queue grow without bound, and then no request
+                # meets any budget (a machine too slow for it): keep up first
+                self.size = min(self.max_batch, self.size + self.step)
+                self.increases += 1
+                return self.size
             # cut 10% from the largest batch the curve (before this one) puts within budget:
             # from this batch's size when nothing is known yet; not from a stalled small batch
             if batch >= self.size:  # a full batch: the knee may be where no line bends
                 self.ceiling, self._since_over = batch, 0
             base = min(batch, self.size) if fits is None else min(fits, self.size)
-            self.size = max(self.min_batch, min(self.size - 1, math.floor(base * self.decrease)))
+            cut = max(self.min_batch, min(self.size - 1, math.floor(base * self.decrease)))
+            self.size = max(cut, min(self.size, self.stable_batch()))  # not below what keeps up
             self.decreases += 1
             return self.size
         self._since_over += 1
@@ -231,6 +247,15 @@ class AIMDBatcher:
             if b >= need * self.fit(b):
                 return b
         return self.size
+
+    def stable_batch(self) -> int:
+        """The smallest batch size seen whose throughput (its recent latency) keeps up with
+        the arrival rate; ``min_batch`` when none does or no traffic."""
+        rate = self.rate_per_ms()
+        for b in sorted(self.by_size):
+            if rate > 0 and b >= rate * self.by_size[b]:
+                return b
+        return self.min_batch
 
     def delay_ms(self) -> float:
         """How long a free replica holding one request should wait for more (0: run it)."""
