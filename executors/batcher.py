@@ -11,11 +11,14 @@ answer comes arrives often, yet nothing ever comes during a wait. A batcher that
 waiting tries again every ``PROBE_EVERY`` batches. Whatever is already queued is always taken.
 
 Under a latency SLO (``plan.slo``, optimizer/slo/serving.py) the cap and the window are
-Clipper's AIMD instead (optimizer/slo/aimd.py): the batch size grows by one while full
-batches run within half the stage's budget (a request may wait for the batch in progress,
-then run in its own) and drops 10% when one does not, starting at the
-planned size and growing to at most ``AIMD_HEADROOM`` times it; the window is what the
-arrival rate fills before the budget runs out. Without an SLO the fixed cap stays."""
+Clipper's AIMD instead (optimizer/slo/aimd.py ``aimd_config``, which the simulator models
+too): each batch gets half the stage's budget (a request may wait for the batch in
+progress, then run in its own); the cap grows by one after a batch within it (full, or
+one the fitted latency curve says could have been bigger) and drops 10% after one over
+it, never below what keeps up with the arrival rate; it starts at the planned size and
+grows to at most ``HEADROOM`` times it (unplanned: from 1 to the fixed cap). The window
+waits for the batch the arrival rate needs, up to 10% of the budget. Without an SLO the
+fixed cap stays."""
 
 from __future__ import annotations
 
