@@ -334,6 +334,58 @@ def simulated(targets: dict, runs: dict, samples: dict, seconds: float) -> None:
             step.update(sim_p99_ms=p99, sim_mean_batch=st.mean_batch, sim_mean_cap=st.mean_cap)
 
 
+# -- the stage in the simulator: the rules side by side on the stage's curve --------------------
+
+SIM_CURVE = (1.5, 0.7)  # ms per call + ms per row: the net on this machine, quiet (2026-11-25)
+SIM_NOISE = ((0.0, 0.0), (0.01, 4.0))  # (share of batches stalled, mean extra ms of a stall)
+
+
+def sim_runs(seeds: int = 7, seconds: float = 4.0, rates=None) -> dict:
+    """Throughput at the SLO in the simulator (median p99 over ``seeds`` Poisson traces),
+    for the fixed sweep, the runtime's AIMD and variants of its rules, on the stage's
+    curve with +-10% noise per batch and, in the second setting, 1% of batches stalled by
+    an exponential extra 4 ms. No machine noise: what the rules alone are worth."""
+    from optimizer import INPUT
+    from optimizer.slo import SimPipeline, SimStage, poisson, simulate
+    from optimizer.slo.aimd import AIMDConfig
+
+    a, c = SIM_CURVE
+    rates = rates or tuple(range(700, 1425, 25))
+    batch_budget = SLO_MS / 2  # aimd_config: a batch gets half the stage's budget
+    configs = {f"fixed-{b}": {"max_batch": b} for b in STAGE_SWEEP}
+    configs["aimd"] = {"aimd": AIMDConfig(batch_budget, max_batch=AIMD_CAP)}
+    configs["aimd-window-to-headroom"] = {"aimd": AIMDConfig(batch_budget, max_batch=AIMD_CAP, max_delay_ms=SLO_MS)}
+    configs["aimd-no-window"] = {"aimd": AIMDConfig(batch_budget, max_batch=AIMD_CAP, max_delay_ms=0)}
+    configs["aimd-whole-budget"] = {"aimd": AIMDConfig(SLO_MS, max_batch=AIMD_CAP)}
+    out = {}
+    for stalled, stall_ms in SIM_NOISE:
+
+        def service(b, rng, stalled=stalled, stall_ms=stall_ms):
+            ms = (a + c * b) * (0.9 + 0.2 * rng.random())
+            return ms + (rng.expovariate(1 / stall_ms) if stalled and rng.random() < stalled else 0.0)
+
+        setting = f"stalls {stalled:.0%} x {stall_ms:g} ms"
+        out[setting] = {}
+        for label, kw in configs.items():
+            best, steps = 0.0, []
+            for rate in rates:
+                p99s, batches = [], []
+                for seed in range(seeds):
+                    stage = SimStage(
+                        "cnn", (INPUT,), service, max_batch=kw.get("max_batch", AIMD_CAP), aimd=kw.get("aimd")
+                    )
+                    r = simulate(SimPipeline((stage,), "cnn"), poisson(rate, int(rate * seconds), seed=seed), seed=seed)
+                    p99s.append(r.p99_ms)
+                    batches.append(r.stages["cnn"].mean_batch)
+                p99 = float(np.median(p99s))
+                steps.append({"rate_rps": rate, "p99_ms": p99, "mean_batch": float(np.median(batches))})
+                if p99 > SLO_MS:
+                    break
+                best = rate
+            out[setting][label] = {"throughput_at_slo_rps": best, "steps": steps}
+    return out
+
+
 # -- FlowServe configurations -------------------------------------------------------------------
 
 
@@ -475,11 +527,20 @@ def run(argv=None) -> dict:
     p.add_argument("--ray-python", default=os.environ.get("RAY_PYTHON", "/tmp/peer-ray/bin/python"))
     p.add_argument("--only", nargs="*", help="FlowServe configurations to run (default all)")
     p.add_argument("--no-ray", action="store_true")
-    p.add_argument("--mode", choices=["http", "stage"], default="http", help="over HTTP, or the stage alone")
+    p.add_argument(
+        "--mode", choices=["http", "stage", "sim"], default="http", help="over HTTP, the stage alone, or simulated"
+    )
     p.add_argument("--rates", type=float, nargs="*", help="the ladder of offered rates (req/s; default per mode)")
     p.add_argument("--reps", type=int, help="rounds per rate, median p99 over them (default: 3 stage, 1 http)")
     args = p.parse_args(argv)
     progress(f"machine: {json.dumps(machine())} (shared with other engineers' work)")
+    if args.mode == "sim":
+        out = {"slo_ms": SLO_MS, "curve_ms": SIM_CURVE, "settings": sim_runs()}
+        for setting, runs in out["settings"].items():
+            for k, v in runs.items():
+                progress(f"{setting}: {k}: {v['throughput_at_slo_rps']:.0f} req/s at median p99 <= {SLO_MS:g} ms")
+        save("slo_aimd_sim", out)
+        return out
     if args.mode == "stage":
         rates = args.rates or STAGE_RATES
         reps = args.reps or 3
