@@ -18,9 +18,9 @@ size, and a delay window chosen from the arrival rate.
   the largest batch the fitted curve puts within the budget, Clipper's back-off; not to
   90% of the slow batch: on a shared machine one stalled batch of 3 used to drop the cap
   to 2, and the next backlog then drained 2 at a time. Nor below the batch the arrival
-  rate needs to keep up (``stable_batch``, from each size's recent latency), and a full batch over
-  budget whose throughput is below the arrival rate raises the cap instead: on a machine
-  too slow for the budget the cap fell to 1 and the queue grew without bound;
+  rate needs to keep up (``stable_batch``, from each size's recent latency); and a full
+  batch over budget whose throughput is below the arrival rate raises the cap instead:
+  on a machine too slow for the budget the cap fell to 1 and the queue grew without bound;
 - delay window: wait for a batch only when the arrival rate needs one: the smallest
   batch b whose throughput b / latency(b) keeps the replica under ``utilisation`` at the
   current rate; the window is the time b - 1 more requests take to arrive, at most the
@@ -28,9 +28,9 @@ size, and a delay window chosen from the arrival rate.
   A rate that a batch of one keeps up with waits for nothing.
 
 latency(b) is an exponentially weighted least-squares fit ``a + c*b`` of the batches
-seen (one sample's pull bounded to twice the prediction, so that a stall moves it
-little); with a single batch size seen it scales that size's latency linearly (a
-cautious guess: it charges the fixed cost per row).
+seen (a batch over twice the prediction is a stall and left out, unless three come in a
+row); with a single batch size seen, or a line with a negative part, it scales the mean
+batch's latency linearly (a cautious guess: it charges the fixed cost per row).
 
 Time comes from ``clock`` (seconds, default ``time.monotonic``) so that tests and the
 simulator drive it. ``AIMDConfig`` holds the settings (plain values: the runtime and
@@ -58,12 +58,11 @@ CEILING_BATCHES = 200  # a full batch over budget stops the curve's increases pa
 
 #: the longest delay window, as a share of the budget (Clipper: 2 ms at a 20 ms SLO). A
 #: replica that waits for a batch serves the rate with less work, but each waiting request
-#: pays the wait in full: simulated on the torch stage's curve, a window of up to the
-#: whole headroom lost 5-10% of the throughput at the SLO, one of 10% of it lost none
+#: pays the wait in full (docs/slo.md "AIMD batcher")
 DELAY_SHARE = 0.1
 #: the share of a stage's budget one batch may take (``aimd_config``): a request that
-#: arrives while a batch runs waits for it, then runs in its own (measured,
-#: benchmarks/README.md "AIMD on a torch model")
+#: arrives while a batch runs waits for it, then runs in its own (benchmarks/README.md
+#: "AIMD on a torch model")
 BATCH_SHARE = 0.5
 #: a planned stage's batch may grow to this many times the planned size
 HEADROOM = 2
@@ -181,8 +180,9 @@ class AIMDBatcher:
             self.by_size[batch] = latency_ms if seen is None else seen + BY_SIZE_WEIGHT * (latency_ms - seen)
         if latency_ms > self.budget_ms:
             rate = self.rate_per_ms()
-            if batch >= self.size and batch < rate * latency_ms and self.size < self.max_batch:
-                # a full batch over budget that does not even keep up with the arrivals: a
+            if batch >= self.size and batch * self.utilisation < rate * latency_ms and self.size < self.max_batch:
+                # a full batch over budget that does not even keep up with the arrivals (with the
+                # replica at most ``utilisation`` busy): a
                 # smaller cap would let the queue grow without bound, and then no request
                 # meets any budget (a machine too slow for it): keep up first
                 self.size = min(self.max_batch, self.size + self.step)
@@ -250,10 +250,11 @@ class AIMDBatcher:
 
     def stable_batch(self) -> int:
         """The smallest batch size seen whose throughput (its recent latency) keeps up with
-        the arrival rate; ``min_batch`` when none does or no traffic."""
+        the arrival rate with the replica at most ``utilisation`` busy (a queue at 100%
+        grows without bound); ``min_batch`` when none does or no traffic."""
         rate = self.rate_per_ms()
         for b in sorted(self.by_size):
-            if rate > 0 and b >= rate * self.by_size[b]:
+            if rate > 0 and b * self.utilisation >= rate * self.by_size[b]:
                 return b
         return self.min_batch
 
