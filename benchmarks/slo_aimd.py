@@ -2,34 +2,46 @@
 SLO with AIMD vs the best fixed batch size of a sweep, and Ray Serve's ``@serve.batch``
 on the same model.
 
-    python -m benchmarks slo_aimd [--seconds 5] [--ray-python /tmp/peer-ray/bin/python]
+    python -m benchmarks slo_aimd --mode stage --seconds 2 --reps 3   # the goal's run (~13 min)
+    python -m benchmarks slo_aimd --mode sim                          # the rules, simulated (~1 min)
+    python -m benchmarks slo_aimd [--seconds 5] [--ray-python /tmp/peer-ray/bin/python]  # HTTP + Ray
 
 The model: AlexNet's proportions scaled to a 28x28 image (two 3x3 conv + pool layers,
 dense 3136 -> 2048 -> 2048 -> 10, 10.6 M random weights, one torch thread; the same net as
-``benchmarks/batching.py``'s ``mini_alexnet``): about 2 ms for one image, 10 ms for 20.
-One flow, one stage, one executor (one replica), one image per request (JSON).
+``benchmarks/batching.py``'s ``mini_alexnet``): about 1.5 + 0.7 b ms for a batch of b on
+this machine when it is quiet.
 
-"Throughput at the SLO" of a configuration: the highest open-loop Poisson rate (ladder
-``RATES``, then one bisection step between the last rate that held and the first that
-did not) at which p99 <= 20 ms and nothing failed (open loop: a server that cannot keep up
-shows it in its p99); each step ``--seconds`` long after a 1 s warm-up at the same rate, the
-deployment kept across the ladder (AIMD carries its state from one rate to the next, as
-a live service would). The FlowServe configurations are all deployed at once (one flow
-each, on the one executor) and interleaved at every rate, so that what the shared machine
-does meanwhile falls on all of them alike; Ray Serve runs after them, at the same rates.
-Configurations:
+"Throughput at the SLO" of a configuration: the highest open-loop Poisson rate of a
+ladder at which p99 <= 20 ms and nothing failed (open loop: a server that cannot keep up
+shows it in its p99). At each rate, ``--reps`` rounds: in each, every configuration still
+holding runs one step (``--seconds`` long, after a warm-up at the same rate), the order
+rotating per round, so that what the shared machine does meanwhile falls on all of them
+alike; a configuration holds the rate when the *median* of its rounds' p99 is within the
+SLO, and its throughput is the last rate it held before its first miss (a later lucky
+step does not count). With one round, one bisection step follows the first miss. The
+deployments are kept across the ladder (AIMD carries its state, as a live service would).
 
-- ``fixed-b``: ``BatchConfig(max_batch_size=b)``, no SLO (no wait window: a batch is what
-  is queued when the replica is free), b in ``SWEEP``;
-- ``aimd``: the flow served under ``SLO(p99_ms=20)`` unplanned (AIMD climbs from 1 to
-  the cap of 64); one stage's budget is the whole SLO, and the runtime keeps each batch
-  within half of it (a request that arrives while a batch runs waits for it, then runs
-  in the next); ``aimd-batch-20ms``: the rule before (a batch within the whole SLO);
-- ``ray``: Ray Serve 2.60 ``@serve.batch`` on the same net, at its documented defaults
-  (``max_batch_size=10, batch_wait_timeout_s=0.01``) and at the sweep's best size with
-  a 1 ms wait (the docs: raise the size for throughput, shorten the wait for latency).
+Modes:
 
-Results: benchmarks/results/slo_aimd.json. The 2-core machine is shared: read the
+- ``stage`` (the goal's measurement): the executor's own ``Batcher`` (AIMD or the fixed
+  cap, built from the plan as an executor builds it) in front of the net, fed open loop by
+  a thread, no HTTP; latency from a request's scheduled arrival to the end of its batch.
+  Ladder ``STAGE_RATES`` (50 req/s apart from 500: a coarser one cannot tell "within
+  10%"). Each step also records the batch sizes, AIMD's cap, and the simulator's
+  prediction of that step (same trace, the profile the run measured, AIMD modelled):
+  ``results/slo_aimd_stage.json``;
+- ``sim``: the fixed sweep, AIMD and variants of its rules in the simulator on the stage's
+  curve, with and without stalls: what the rules are worth without machine noise
+  (``results/slo_aimd_sim.json``);
+- ``http``: one flow per configuration on one executor of a local cluster, JSON bodies of
+  one image, then Ray Serve 2.60 ``@serve.batch`` on the same net at its documented
+  defaults (``max_batch_size=10, batch_wait_timeout_s=0.01``) and at the sweep's best size
+  with a 1 ms wait (``results/slo_aimd.json``).
+
+Configurations: ``fixed-b``: ``BatchConfig(max_batch_size=b)``, no SLO (a batch is what is
+queued when the replica is free); ``aimd``: the flow served under ``SLO(p99_ms=20)``
+unplanned (one stage: its budget is the whole SLO; ``aimd_config`` gives a batch half of
+it; the cap climbs from 1 up to 64). The 2-core machine is shared: read the
 configurations of one run side by side, not across runs.
 """
 
@@ -141,10 +153,11 @@ def ladders(urls: dict, seconds: float, rates=RATES, reps: int = 1) -> dict:
         target = urls[label]
         r = target(rate, seconds) if callable(target) else at_rate(target, rate, seconds)
         steps[label].append(r)
-        extra = f", cap {r['mean_cap']:.1f} (min {r['min_cap']})" if r.get("mean_cap") is not None else ""
+        extra = f", batch {r['mean_batch']:.1f}" if "mean_batch" in r else ""
+        extra += f", cap {r['mean_cap']:.1f} (min {r['min_cap']})" if r.get("mean_cap") is not None else ""
         progress(
             f"{label} @ {rate:g}/s: p50 {r['p50_ms']:.1f} p99 {r['p99_ms']:.1f} ms, {r['answered_rps']:.0f}/s, "
-            f"{r['errors']} errors, batch {r.get('mean_batch', 0):.1f}{extra}"
+            f"{r['errors']} errors{extra}"
         )
         return r
 
