@@ -18,9 +18,12 @@ size, and a delay window chosen from the arrival rate.
   the largest batch the fitted curve puts within the budget, Clipper's back-off; not to
   90% of the slow batch: on a shared machine one stalled batch of 3 used to drop the cap
   to 2, and the next backlog then drained 2 at a time. Nor below the batch the arrival
-  rate needs to keep up (``stable_batch``, from each size's recent latency); and a full
-  batch over budget whose throughput is below the arrival rate raises the cap instead:
-  on a machine too slow for the budget the cap fell to 1 and the queue grew without bound;
+  rate needs to keep up (``stable_batch``, from each size's recent cost: a batch that
+  started while requests waited costs the time since the previous one ended, CPU waits
+  included); a full batch over budget whose throughput is below the arrival rate raises
+  the cap instead; and when even the smallest batch is over the budget (the curve says
+  so) a cut buys nothing and is not made: on a machine too slow for the budget the cap
+  fell to 1 and the queue grew without bound;
 - delay window: wait for a batch only when the arrival rate needs one: the smallest
   batch b whose throughput b / latency(b) keeps the replica under ``utilisation`` at the
   current rate; the window is the time b - 1 more requests take to arrive, at most the
@@ -156,7 +159,10 @@ class AIMDBatcher:
         self.fit = _LatencyFit()
         self.increases = self.decreases = 0
         self.ceiling: int | None = None  # the last full batch over budget (the curve may not pass it)
-        self.by_size: dict[int, float] = {}  # batch size -> its latency (ms), weighted to the recent
+        self.by_size: dict[int, float] = {}  # batch size -> its cost (ms), weighted to the recent
+        self._last_done: float | None = None  # clock when the last batch was observed
+        self._arrived = self._served = 0  # requests counted by arrived() / observe()
+        self._waiting_at_done = 0  # requests left waiting when the last batch ended
         self._since_over = 0
 
     @property
@@ -175,22 +181,35 @@ class AIMDBatcher:
         latency_ms = positive_number("latency_ms", latency_ms, allow_zero=True)
         known = self.fit.n > 0
         fits = self.fitted_cap() if known else None
+        now = self.clock()
+        full = batch >= self.size
+        # a batch that started while requests were waiting ran back to back with the one
+        # before: the time between their ends is what the replica really spends on it (on a
+        # loaded machine the thread also waits for a CPU between calls, which the call's own
+        # latency does not show)
+        cost = latency_ms
+        if self._waiting_at_done > 0 and self._last_done is not None:
+            cost = max(latency_ms, (now - self._last_done) * 1000.0)
+        self._last_done = now
+        self._served += batch
+        self._waiting_at_done = self._arrived - self._served
         if self.fit.add(batch, latency_ms):
             seen = self.by_size.get(batch)
-            self.by_size[batch] = latency_ms if seen is None else seen + BY_SIZE_WEIGHT * (latency_ms - seen)
+            self.by_size[batch] = cost if seen is None else seen + BY_SIZE_WEIGHT * (cost - seen)
         if latency_ms > self.budget_ms:
-            rate = self.rate_per_ms()
-            if batch >= self.size and batch * self.utilisation < rate * latency_ms and self.size < self.max_batch:
-                # a full batch over budget that does not even keep up with the arrivals (with the
-                # replica at most ``utilisation`` busy): a
-                # smaller cap would let the queue grow without bound, and then no request
-                # meets any budget (a machine too slow for it): keep up first
+            if full and batch * self.utilisation < self.rate_per_ms() * cost and self.size < self.max_batch:
+                # a full batch over budget that does not even keep up with the arrivals (with
+                # the replica at most ``utilisation`` busy): a smaller cap would let the queue
+                # grow without bound, and then no request meets any budget (a machine too
+                # slow for it): keep up first
                 self.size = min(self.max_batch, self.size + self.step)
                 self.increases += 1
                 return self.size
+            if known and self.fit(self.min_batch) > self.budget_ms:
+                return self.size  # out of reach even for the smallest batch: a cut buys nothing
             # cut 10% from the largest batch the curve (before this one) puts within budget:
             # from this batch's size when nothing is known yet; not from a stalled small batch
-            if batch >= self.size:  # a full batch: the knee may be where no line bends
+            if full:  # a full batch: the knee may be where no line bends
                 self.ceiling, self._since_over = batch, 0
             base = min(batch, self.size) if fits is None else min(fits, self.size)
             cut = max(self.min_batch, min(self.size - 1, math.floor(base * self.decrease)))
@@ -224,7 +243,9 @@ class AIMDBatcher:
     def arrived(self, n: int = 1) -> None:
         """Count ``n`` requests arriving now (for the arrival rate)."""
         now = self.clock() * 1000.0
-        for _ in range(positive_int("n", n)):
+        n = positive_int("n", n)
+        self._arrived += n
+        for _ in range(n):
             self._arrivals.append(now)
         self._trim(now)
 
@@ -254,7 +275,7 @@ class AIMDBatcher:
         grows without bound); ``min_batch`` when none does or no traffic."""
         rate = self.rate_per_ms()
         for b in sorted(self.by_size):
-            if rate > 0 and b * self.utilisation >= rate * self.by_size[b]:
+            if rate > 0 and b * self.utilisation >= rate * self.by_size[b] - EPS_MS:
                 return b
         return self.min_batch
 

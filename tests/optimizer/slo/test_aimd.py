@@ -162,7 +162,7 @@ def test_a_budget_out_of_reach_does_not_cut_the_cap_below_what_the_rate_needs():
     stops at the batch that keeps up with the replica at most 80% busy (0.8 b >= 0.8 (2 +
     0.5 b): 4)."""
     clock = Clock()
-    batcher = AIMDBatcher(budget_ms=2, start=10, clock=clock)
+    batcher = AIMDBatcher(budget_ms=2, start=10, max_delay_ms=0, clock=clock)
     seen = run_open(batcher, clock, rate_per_ms=0.8, ms=3000)
     settled = seen[len(seen) // 2 :]
     assert min(c for c, _, _ in settled) >= 4
