@@ -2,7 +2,7 @@
 SLO with AIMD vs the best fixed batch size of a sweep, and Ray Serve's ``@serve.batch``
 on the same model.
 
-    python -m benchmarks slo_aimd --mode stage --seconds 2 --reps 3   # the goal's run (~13 min)
+    python -m benchmarks slo_aimd --mode stage --seconds 2 --reps 3   # the goal's run (~15 min)
     python -m benchmarks slo_aimd --mode sim                          # the rules, simulated (~1 min)
     python -m benchmarks slo_aimd [--seconds 5] [--ray-python /tmp/peer-ray/bin/python]  # HTTP + Ray
 
