@@ -270,9 +270,9 @@ class AIMDBatcher:
         return self.size
 
     def stable_batch(self) -> int:
-        """The smallest batch size seen whose throughput (its recent latency) keeps up with
-        the arrival rate with the replica at most ``utilisation`` busy (a queue at 100%
-        grows without bound); ``min_batch`` when none does or no traffic."""
+        """The smallest batch size seen whose throughput (its recent cost) keeps up with the
+        arrival rate with the replica at most ``utilisation`` busy (a queue at 100% grows
+        without bound); ``min_batch`` when none does or no traffic."""
         rate = self.rate_per_ms()
         for b in sorted(self.by_size):
             if rate > 0 and b * self.utilisation >= rate * self.by_size[b] - EPS_MS:
