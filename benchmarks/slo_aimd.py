@@ -2,34 +2,46 @@
 SLO with AIMD vs the best fixed batch size of a sweep, and Ray Serve's ``@serve.batch``
 on the same model.
 
-    python -m benchmarks slo_aimd [--seconds 5] [--ray-python /tmp/peer-ray/bin/python]
+    python -m benchmarks slo_aimd --mode stage --seconds 2 --reps 3   # the goal's run (~15 min)
+    python -m benchmarks slo_aimd --mode sim                          # the rules, simulated (~1 min)
+    python -m benchmarks slo_aimd [--seconds 5] [--ray-python /tmp/peer-ray/bin/python]  # HTTP + Ray
 
 The model: AlexNet's proportions scaled to a 28x28 image (two 3x3 conv + pool layers,
 dense 3136 -> 2048 -> 2048 -> 10, 10.6 M random weights, one torch thread; the same net as
-``benchmarks/batching.py``'s ``mini_alexnet``): about 2 ms for one image, 10 ms for 20.
-One flow, one stage, one executor (one replica), one image per request (JSON).
+``benchmarks/batching.py``'s ``mini_alexnet``): about 1.5 + 0.7 b ms for a batch of b on
+this machine when it is quiet.
 
-"Throughput at the SLO" of a configuration: the highest open-loop Poisson rate (ladder
-``RATES``, then one bisection step between the last rate that held and the first that
-did not) at which p99 <= 20 ms and nothing failed (open loop: a server that cannot keep up
-shows it in its p99); each step ``--seconds`` long after a 1 s warm-up at the same rate, the
-deployment kept across the ladder (AIMD carries its state from one rate to the next, as
-a live service would). The FlowServe configurations are all deployed at once (one flow
-each, on the one executor) and interleaved at every rate, so that what the shared machine
-does meanwhile falls on all of them alike; Ray Serve runs after them, at the same rates.
-Configurations:
+"Throughput at the SLO" of a configuration: the highest open-loop Poisson rate of a
+ladder at which p99 <= 20 ms and nothing failed (open loop: a server that cannot keep up
+shows it in its p99). At each rate, ``--reps`` rounds: in each, every configuration still
+holding runs one step (``--seconds`` long, after a warm-up at the same rate), the order
+rotating per round, so that what the shared machine does meanwhile falls on all of them
+alike; a configuration holds the rate when the *median* of its rounds' p99 is within the
+SLO, and its throughput is the last rate it held before its first miss (a later lucky
+step does not count). With one round, one bisection step follows the first miss. The
+deployments are kept across the ladder (AIMD carries its state, as a live service would).
 
-- ``fixed-b``: ``BatchConfig(max_batch_size=b)``, no SLO (no wait window: a batch is what
-  is queued when the replica is free), b in ``SWEEP``;
-- ``aimd``: the flow served under ``SLO(p99_ms=20)`` unplanned (AIMD climbs from 1 to
-  the cap of 64); one stage's budget is the whole SLO, and the runtime keeps each batch
-  within half of it (a request that arrives while a batch runs waits for it, then runs
-  in the next); ``aimd-batch-20ms``: the rule before (a batch within the whole SLO);
-- ``ray``: Ray Serve 2.60 ``@serve.batch`` on the same net, at its documented defaults
-  (``max_batch_size=10, batch_wait_timeout_s=0.01``) and at the sweep's best size with
-  a 1 ms wait (the docs: raise the size for throughput, shorten the wait for latency).
+Modes:
 
-Results: benchmarks/results/slo_aimd.json. The 2-core machine is shared: read the
+- ``stage`` (the goal's measurement): the executor's own ``Batcher`` (AIMD or the fixed
+  cap, built from the plan as an executor builds it) in front of the net, fed open loop by
+  a thread, no HTTP; latency from a request's scheduled arrival to the end of its batch.
+  Ladder ``STAGE_RATES`` (50 req/s apart from 500: a coarser one cannot tell "within
+  10%"). Each step also records the batch sizes, AIMD's cap, and the simulator's
+  prediction of that step (same trace, the profile the run measured, AIMD modelled):
+  ``results/slo_aimd_stage.json``;
+- ``sim``: the fixed sweep, AIMD and variants of its rules in the simulator on the stage's
+  curve, with and without stalls: what the rules are worth without machine noise
+  (``results/slo_aimd_sim.json``);
+- ``http``: one flow per configuration on one executor of a local cluster, JSON bodies of
+  one image, then Ray Serve 2.60 ``@serve.batch`` on the same net at its documented
+  defaults (``max_batch_size=10, batch_wait_timeout_s=0.01``) and at the sweep's best size
+  with a 1 ms wait (``results/slo_aimd.json``).
+
+Configurations: ``fixed-b``: ``BatchConfig(max_batch_size=b)``, no SLO (a batch is what is
+queued when the replica is free); ``aimd``: the flow served under ``SLO(p99_ms=20)``
+unplanned (one stage: its budget is the whole SLO; ``aimd_config`` gives a batch half of
+it; the cap climbs from 1 up to 64). The 2-core machine is shared: read the
 configurations of one run side by side, not across runs.
 """
 
@@ -123,11 +135,14 @@ def at_rate(url: str, rate: float, seconds: float) -> dict:
     }
 
 
-def ladders(urls: dict, seconds: float, rates=RATES) -> dict:
-    """Every configuration (label -> url) up the ladder of rates, interleaved: at each rate
-    each configuration still holding runs once, in turn, so that what the shared machine
-    does meanwhile falls on all of them alike; then one bisection step per configuration
-    between its last rate held and its first missed (interleaved too)."""
+def ladders(urls: dict, seconds: float, rates=RATES, reps: int = 1) -> dict:
+    """Every configuration (label -> url or callable) up the ladder of rates, interleaved:
+    at each rate, ``reps`` rounds in which each configuration still holding runs once (the
+    order rotates per round), so that what the shared machine does meanwhile falls on all
+    of them alike. A configuration holds a rate when the median of its rounds' p99 is within
+    the SLO and nothing failed; its throughput at the SLO is the last rate it held before
+    its first miss (a later rate is not tried: one lucky step does not count). With one
+    round, one bisection step between the last rate held and the first missed follows."""
     from benchmarks.common import progress
 
     steps = {k: [] for k in urls}
@@ -138,32 +153,49 @@ def ladders(urls: dict, seconds: float, rates=RATES) -> dict:
         target = urls[label]
         r = target(rate, seconds) if callable(target) else at_rate(target, rate, seconds)
         steps[label].append(r)
+        extra = f", batch {r['mean_batch']:.1f}" if "mean_batch" in r else ""
+        extra += f", cap {r['mean_cap']:.1f} (min {r['min_cap']})" if r.get("mean_cap") is not None else ""
         progress(
             f"{label} @ {rate:g}/s: p50 {r['p50_ms']:.1f} p99 {r['p99_ms']:.1f} ms, {r['answered_rps']:.0f}/s, "
-            f"{r['errors']} errors -> {'held' if r['held'] else 'missed'}"
+            f"{r['errors']} errors{extra}"
         )
-        return r["held"]
+        return r
+
+    def held(label, rate):
+        got = [r for r in steps[label] if r["rate_rps"] == rate]
+        p99 = float(np.median([r["p99_ms"] for r in got]))
+        ok = p99 <= SLO_MS and not any(r["errors"] for r in got)
+        progress(f"{label} @ {rate:g}/s: median p99 of {len(got)} {p99:.1f} ms -> {'held' if ok else 'missed'}")
+        return ok
 
     for rate in rates:
         alive = [k for k in urls if k not in failed]
         if not alive:
             break
+        for rnd in range(reps):
+            for label in alive[rnd % len(alive) :] + alive[: rnd % len(alive)]:
+                step(label, rate)
         for label in alive:
-            if step(label, rate):
+            if held(label, rate):
                 best[label] = rate
             else:
                 failed[label] = rate
-    for label, rate in failed.items():
-        if best[label] > 0:
-            mid = (best[label] + rate) / 2
-            if step(label, mid):
-                best[label] = mid
+    if reps == 1:
+        for label, rate in failed.items():
+            if best[label] > 0:
+                mid = (best[label] + rate) / 2
+                step(label, mid)
+                if held(label, mid):
+                    best[label] = mid
     return {k: {"throughput_at_slo_rps": best[k], "steps": steps[k]} for k in urls}
 
 
 # -- the stage alone: the executor's Batcher and the model, no HTTP ---------------------------------
 
-STAGE_RATES = (100, 200, 300, 400, 600, 800, 1000, 1200, 1500, 2000)
+# 50 req/s apart from 500 on: 10% of 500 (a coarser ladder cannot tell "within 10%")
+STAGE_RATES = (200, 400, 500, 550, 600, 650, 700, 750, 800, 850, 900, 950, 1000, 1100, 1200, 1400)
+STAGE_SWEEP = (4, 8, 12, 16, 24, 32, 64)
+WARMUP_S = 0.5  # before each step, at the step's rate (AIMD adapts to it; the batcher is kept)
 
 
 def stage_plan(name: str, cap: int, budget: float | None):
@@ -188,11 +220,11 @@ def stage_plan(name: str, cap: int, budget: float | None):
 
 class StageTarget:
     """One configuration of the stage alone: the executor's own ``Batcher`` (AIMD or the
-    fixed cap, as the runtime builds it) in front of the net, fed open loop by a thread.
-    Latency: from a request's scheduled arrival to the end of its batch. The batcher is
-    kept across the ladder (AIMD keeps its state, as a live replica would)."""
+    fixed cap, as the runtime builds it from the plan) in front of the net, fed open loop
+    by a thread. Latency: from a request's scheduled arrival to the end of its batch. The
+    batcher is kept across the ladder (AIMD keeps its state, as a live replica would)."""
 
-    def __init__(self, label: str, cap: int, budget: float | None, model):
+    def __init__(self, label: str, cap: int, budget: float | None, model, samples: dict | None = None):
         import threading
 
         from executors.batcher import Batcher
@@ -206,14 +238,21 @@ class StageTarget:
         self.all_done = threading.Event()
         self.lock = threading.Lock()
         self.sizes: list[int] = []
+        self.caps: list[int] = []  # AIMD's cap when each batch was formed
+        self.samples = {} if samples is None else samples  # batch size -> measured ms (the profile)
+        self.cap, self.budget = cap, budget
         self.batcher = Batcher(HostedStage(plan, stage, 1), self._run, threading.Event())
 
     def _run(self, _hosted, batch) -> None:
         import time
 
+        t0 = time.perf_counter()
         predict(self.model, np.stack([img for _, img in batch]))
         now = time.perf_counter()
+        self.samples.setdefault(len(batch), []).append((now - t0) * 1000.0)
         self.sizes.append(len(batch))
+        if self.batcher.aimd is not None:
+            self.caps.append(self.batcher.aimd.batch_size)
         with self.lock:
             for i, _ in batch:
                 self.done_at[i] = now
@@ -240,36 +279,130 @@ class StageTarget:
     def __call__(self, rate: float, seconds: float) -> dict:
         from optimizer.slo import poisson
 
-        self.feed(poisson(rate, max(int(rate), 20), seed=11))  # 1 s warm-up
-        del self.sizes[:]
-        lat = self.feed(poisson(rate, int(rate * seconds), seed=int(rate)))
+        self.feed(poisson(rate, max(int(rate * WARMUP_S), 20), seed=11))
+        del self.sizes[:], self.caps[:]
+        self.seed = getattr(self, "seed", 0) + 1  # each round its own trace
+        trace_seed = int(rate) * 1000 + self.seed
+        lat = self.feed(poisson(rate, int(rate * seconds), seed=trace_seed))
         p99 = float(np.percentile(lat, 99))
         return {
             "rate_rps": rate,
+            "trace_seed": trace_seed,
             "p50_ms": float(np.percentile(lat, 50)),
             "p99_ms": p99,
             "answered_rps": rate,
             "errors": 0,
             "mean_batch": float(np.mean(self.sizes)),
             "max_batch": int(max(self.sizes)),
+            "mean_cap": float(np.mean(self.caps)) if self.caps else None,
+            "min_cap": int(min(self.caps)) if self.caps else None,
             "held": bool(p99 <= SLO_MS),
         }
 
 
-def stage_runs(seconds: float, rates=STAGE_RATES) -> dict:
+def stage_configs(only=None) -> list:
+    """(label, cap, stage budget or None): the fixed sweep and AIMD (one stage: its budget
+    is the whole SLO; ``aimd_config`` gives a batch ``BATCH_SHARE`` of it)."""
+    configs = [(f"fixed-{b}", b, None) for b in STAGE_SWEEP] + [("aimd", AIMD_CAP, SLO_MS)]
+    return [c for c in configs if not only or c[0] in only]
+
+
+def stage_runs(seconds: float, rates=STAGE_RATES, reps: int = 3, only=None) -> dict:
     model = net()
-    configs = [(f"fixed-{b}", b, None) for b in SWEEP] + [
-        ("aimd", AIMD_CAP, SLO_MS),  # the runtime's rule: a batch gets half the stage's budget (10 ms)
-        ("aimd-batch-20ms", AIMD_CAP, 2 * SLO_MS),  # the rule before: a batch got the whole SLO
-    ]
-    targets = {label: StageTarget(label, cap, budget, model) for label, cap, budget in configs}
-    return ladders(targets, seconds, rates)
+    samples: dict[int, list] = {}
+    targets = {label: StageTarget(label, cap, budget, model, samples) for label, cap, budget in stage_configs(only)}
+    runs = ladders(targets, seconds, rates, reps)
+    simulated(targets, runs, samples, seconds)
+    return runs
+
+
+def simulated(targets: dict, runs: dict, samples: dict, seconds: float) -> None:
+    """The simulator's prediction of every step (same trace, the stage's profile from the
+    batches the run measured, AIMD modelled as the runtime runs it): ``sim_p99_ms``,
+    ``sim_mean_batch``, ``sim_mean_cap`` beside the measured figures."""
+    from optimizer import INPUT
+    from optimizer.slo import Profile, SimPipeline, SimStage, poisson, profile_service, simulate
+    from optimizer.slo.aimd import aimd_config
+    from optimizer.slo.serving import ServingSLO
+    from optimizer.slo.spec import SLO
+
+    profile = Profile({"cnn": {"cpu": {b: ms for b, ms in sorted(samples.items())}}})
+    for label, target in targets.items():
+        serving = None if target.budget is None else ServingSLO(SLO(SLO_MS), budgets={"cnn": target.budget})
+        stage = SimStage(
+            "cnn",
+            (INPUT,),
+            profile_service(profile, "cnn", "cpu"),
+            max_batch=target.cap,
+            aimd=aimd_config(serving, "cnn", target.cap),
+        )
+        for step in runs[label]["steps"]:
+            rate = step["rate_rps"]
+            warm = poisson(rate, max(int(rate * WARMUP_S), 20), seed=11)  # as the run: warm-up, then the step
+            trace = poisson(rate, int(rate * seconds), seed=step["trace_seed"])
+            both = np.concatenate([warm, warm[-1] + 1000.0 / rate + trace])
+            result = simulate(SimPipeline((stage,), "cnn"), both, seed=step["trace_seed"])
+            st = result.stages["cnn"]
+            p99 = float(np.percentile(result.latencies_ms[len(warm) :], 99))
+            step.update(sim_p99_ms=p99, sim_mean_batch=st.mean_batch, sim_mean_cap=st.mean_cap)
+
+
+# -- the stage in the simulator: the rules side by side on the stage's curve --------------------
+
+SIM_CURVE = (1.5, 0.7)  # ms per call + ms per row: the net on this machine, quiet (2026-11-25)
+SIM_NOISE = ((0.0, 0.0), (0.01, 4.0))  # (share of batches stalled, mean extra ms of a stall)
+
+
+def sim_runs(seeds: int = 7, seconds: float = 4.0, rates=None) -> dict:
+    """Throughput at the SLO in the simulator (median p99 over ``seeds`` Poisson traces),
+    for the fixed sweep, the runtime's AIMD and variants of its rules, on the stage's
+    curve with +-10% noise per batch and, in the second setting, 1% of batches stalled by
+    an exponential extra 4 ms. No machine noise: what the rules alone are worth."""
+    from optimizer import INPUT
+    from optimizer.slo import SimPipeline, SimStage, poisson, simulate
+    from optimizer.slo.aimd import AIMDConfig
+
+    a, c = SIM_CURVE
+    rates = rates or tuple(range(700, 1425, 25))
+    batch_budget = SLO_MS / 2  # aimd_config: a batch gets half the stage's budget
+    configs = {f"fixed-{b}": {"max_batch": b} for b in STAGE_SWEEP}
+    configs["aimd"] = {"aimd": AIMDConfig(batch_budget, max_batch=AIMD_CAP)}
+    configs["aimd-window-to-headroom"] = {"aimd": AIMDConfig(batch_budget, max_batch=AIMD_CAP, max_delay_ms=SLO_MS)}
+    configs["aimd-no-window"] = {"aimd": AIMDConfig(batch_budget, max_batch=AIMD_CAP, max_delay_ms=0)}
+    configs["aimd-whole-budget"] = {"aimd": AIMDConfig(SLO_MS, max_batch=AIMD_CAP)}
+    out = {}
+    for stalled, stall_ms in SIM_NOISE:
+
+        def service(b, rng, stalled=stalled, stall_ms=stall_ms):
+            ms = (a + c * b) * (0.9 + 0.2 * rng.random())
+            return ms + (rng.expovariate(1 / stall_ms) if stalled and rng.random() < stalled else 0.0)
+
+        setting = f"stalls {stalled:.0%} x {stall_ms:g} ms"
+        out[setting] = {}
+        for label, kw in configs.items():
+            best, steps = 0.0, []
+            for rate in rates:
+                p99s, batches = [], []
+                for seed in range(seeds):
+                    stage = SimStage(
+                        "cnn", (INPUT,), service, max_batch=kw.get("max_batch", AIMD_CAP), aimd=kw.get("aimd")
+                    )
+                    r = simulate(SimPipeline((stage,), "cnn"), poisson(rate, int(rate * seconds), seed=seed), seed=seed)
+                    p99s.append(r.p99_ms)
+                    batches.append(r.stages["cnn"].mean_batch)
+                p99 = float(np.median(p99s))
+                steps.append({"rate_rps": rate, "p99_ms": p99, "mean_batch": float(np.median(batches))})
+                if p99 > SLO_MS:
+                    break
+                best = rate
+            out[setting][label] = {"throughput_at_slo_rps": best, "steps": steps}
+    return out
 
 
 # -- FlowServe configurations -------------------------------------------------------------------
 
 
-def flowserve_runs(seconds: float, only=None, rates=RATES) -> dict:
+def flowserve_runs(seconds: float, only=None, rates=RATES, reps: int = 1) -> dict:
     from dataclasses import replace
 
     from benchmarks.common import progress
@@ -302,13 +435,13 @@ def flowserve_runs(seconds: float, only=None, rates=RATES) -> dict:
             register(cluster, plan)  # all on the one executor: an idle flow costs nothing
             urls[label] = f"{cluster.url}/flows/{name}"
         progress(f"deployed {list(urls)}")
-        return ladders(urls, seconds, rates)
+        return ladders(urls, seconds, rates, reps)
 
 
 # -- Ray Serve -----------------------------------------------------------------------------------
 
 
-def ray_runs(python: str, seconds: float, settings, rates=RATES) -> dict:
+def ray_runs(python: str, seconds: float, settings, rates=RATES, reps: int = 1) -> dict:
     from benchmarks.common import ROOT, free_port, progress, wait_http
 
     runs = {}
@@ -325,7 +458,7 @@ def ray_runs(python: str, seconds: float, settings, rates=RATES) -> dict:
             url = f"http://127.0.0.1:{port}/cnn"
             wait_http(url, body(), timeout=180, proc=proc)
             progress(f"{label}: serving")
-            runs.update(ladders({label: url}, seconds, rates))
+            runs.update(ladders({label: url}, seconds, rates, reps))
         finally:
             proc.terminate()
             proc.wait()
@@ -363,6 +496,42 @@ def serve_ray(port: int, max_batch: int, wait_s: float) -> None:
         time.sleep(3600)
 
 
+def summarise(out: dict) -> None:
+    """AIMD against the best fixed size of the sweep: ``out["best_fixed"]``, ``out["aimd_vs_best"]``."""
+    from benchmarks.common import progress
+
+    runs = out["runs"]
+    fixed = {k: v["throughput_at_slo_rps"] for k, v in runs.items() if k.startswith("fixed-")}
+    for k, v in runs.items():
+        progress(f"{k}: {v['throughput_at_slo_rps']:.0f} req/s with median p99 <= {SLO_MS:g} ms")
+    if fixed and "aimd" in runs:
+        best = max(fixed, key=lambda k: (fixed[k], -int(k.split("-")[1])))
+        out["best_fixed"] = best
+        out["aimd_vs_best"] = runs["aimd"]["throughput_at_slo_rps"] / max(fixed[best], 1e-9)
+        progress(f"aimd / best fixed ({best}): {out['aimd_vs_best']:.2f}")
+    # per rate: the median over rounds of each measured (and simulated) figure
+    table = {}
+    for k, v in runs.items():
+        by_rate: dict[float, list] = {}
+        for st in v["steps"]:
+            by_rate.setdefault(st["rate_rps"], []).append(st)
+        table[k] = {
+            rate: {
+                f: float(np.median([st[f] for st in sts]))
+                for f in ("p50_ms", "p99_ms", "mean_batch", "mean_cap", "sim_p99_ms", "sim_mean_batch", "sim_mean_cap")
+                if all(st.get(f) is not None for st in sts)
+            }
+            for rate, sts in by_rate.items()
+        }
+        for rate, m in table[k].items():
+            sim = f", simulated p99 {m['sim_p99_ms']:.1f} batch {m['sim_mean_batch']:.1f}" if "sim_p99_ms" in m else ""
+            cap = f" cap {m['mean_cap']:.1f}" if "mean_cap" in m else ""
+            progress(
+                f"  {k} @ {rate:g}: p50 {m['p50_ms']:.1f} p99 {m['p99_ms']:.1f} batch {m.get('mean_batch', 0):.1f}{cap}{sim}"
+            )
+    out["medians"] = table
+
+
 def run(argv=None) -> dict:
     from benchmarks.common import machine, progress, save
 
@@ -371,29 +540,48 @@ def run(argv=None) -> dict:
     p.add_argument("--ray-python", default=os.environ.get("RAY_PYTHON", "/tmp/peer-ray/bin/python"))
     p.add_argument("--only", nargs="*", help="FlowServe configurations to run (default all)")
     p.add_argument("--no-ray", action="store_true")
-    p.add_argument("--mode", choices=["http", "stage"], default="http", help="over HTTP, or the stage alone")
-    p.add_argument("--rates", type=float, nargs="*", default=RATES, help="the ladder of offered rates (req/s)")
+    p.add_argument(
+        "--mode", choices=["http", "stage", "sim"], default="http", help="over HTTP, the stage alone, or simulated"
+    )
+    p.add_argument("--rates", type=float, nargs="*", help="the ladder of offered rates (req/s; default per mode)")
+    p.add_argument("--reps", type=int, help="rounds per rate, median p99 over them (default: 3 stage, 1 http)")
     args = p.parse_args(argv)
     progress(f"machine: {json.dumps(machine())} (shared with other engineers' work)")
+    if args.mode == "sim":
+        out = {"slo_ms": SLO_MS, "curve_ms": SIM_CURVE, "settings": sim_runs()}
+        for setting, runs in out["settings"].items():
+            for k, v in runs.items():
+                progress(f"{setting}: {k}: {v['throughput_at_slo_rps']:.0f} req/s at median p99 <= {SLO_MS:g} ms")
+        save("slo_aimd_sim", out)
+        return out
     if args.mode == "stage":
-        rates = args.rates if args.rates != RATES else STAGE_RATES
-        out = {"slo_ms": SLO_MS, "rates": rates, "seconds": args.seconds, "runs": stage_runs(args.seconds, rates)}
-        for k, v in out["runs"].items():
-            progress(f"{k}: {v['throughput_at_slo_rps']:.0f} req/s with p99 <= {SLO_MS:g} ms (stage alone)")
+        rates = args.rates or STAGE_RATES
+        reps = args.reps or 3
+        out = {
+            "slo_ms": SLO_MS,
+            "rates": list(rates),
+            "seconds": args.seconds,
+            "reps": reps,
+            "runs": stage_runs(args.seconds, rates, reps, args.only),
+        }
+        summarise(out)
         save("slo_aimd_stage", out)
         return out
+    rates = args.rates or RATES
     out = {
         "slo_ms": SLO_MS,
-        "rates": args.rates,
+        "rates": list(rates),
         "seconds": args.seconds,
-        "runs": flowserve_runs(args.seconds, args.only, args.rates),
+        "runs": flowserve_runs(args.seconds, args.only, rates, args.reps or 1),
     }
     fixed = {k: v["throughput_at_slo_rps"] for k, v in out["runs"].items() if k.startswith("fixed-")}
     best = max(fixed, key=lambda k: fixed[k]) if fixed else None
     out["best_fixed"] = best
     if not args.no_ray and Path(args.ray_python).exists():
         best_b = int(best.split("-")[1]) if best else 10
-        out["runs"].update(ray_runs(args.ray_python, args.seconds, [(10, 0.01), (best_b, 0.001)], args.rates))
+        out["runs"].update(
+            ray_runs(args.ray_python, args.seconds, [(10, 0.01), (best_b, 0.001)], rates, args.reps or 1)
+        )
     else:
         out["ray"] = f"no Python with ray[serve] at {args.ray_python}"
     for k, v in out["runs"].items():

@@ -11,11 +11,14 @@ answer comes arrives often, yet nothing ever comes during a wait. A batcher that
 waiting tries again every ``PROBE_EVERY`` batches. Whatever is already queued is always taken.
 
 Under a latency SLO (``plan.slo``, optimizer/slo/serving.py) the cap and the window are
-Clipper's AIMD instead (optimizer/slo/aimd.py): the batch size grows by one while full
-batches run within half the stage's budget (a request may wait for the batch in progress,
-then run in its own) and drops 10% when one does not, starting at the
-planned size and growing to at most ``AIMD_HEADROOM`` times it; the window is what the
-arrival rate fills before the budget runs out. Without an SLO the fixed cap stays."""
+Clipper's AIMD instead (optimizer/slo/aimd.py ``aimd_config``, which the simulator models
+too): each batch gets half the stage's budget (a request may wait for the batch in
+progress, then run in its own); the cap grows by one after a batch within it (full, or
+one the fitted latency curve says could have been bigger) and drops 10% after one over
+it, never below what keeps up with the arrival rate; it starts at the planned size and
+grows to at most ``HEADROOM`` times it (unplanned: from 1 to the fixed cap). The window
+waits for the batch the arrival rate needs, up to 10% of the budget. Without an SLO the
+fixed cap stays."""
 
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field
 
 from executors.messages import StageInput
 from optimizer.slo import AIMDBatcher
-from optimizer.slo.serving import AIMD_HEADROOM
+from optimizer.slo.aimd import aimd_config
 
 PROBE_EVERY = 50  # batches run without waiting before a batcher that stopped tries again
 
@@ -155,16 +158,7 @@ class Batcher:
 
 
 def aimd_for(hosted) -> AIMDBatcher | None:
-    """The stage's AIMD batcher when its plan is served under an SLO, else None."""
-    serving = getattr(hosted.plan, "slo", None)
-    budget = None if serving is None or not serving.adapt else serving.budgets.get(hosted.stage.name)
-    if not budget:
-        return None
-    planned = hosted.stage.batch.max_batch_size
-    # a request that arrives while a batch runs waits for it, then runs in the next: its time
-    # at the stage is up to two batches (or a delay window and a batch), so each gets half
-    # the stage's budget (measured: benchmarks/README.md, AIMD on a torch model)
-    budget = budget / 2
-    if serving.planned:  # start where the planner put it, grow up to AIMD_HEADROOM times that
-        return AIMDBatcher(budget, start=planned, max_batch=planned * AIMD_HEADROOM)
-    return AIMDBatcher(budget, max_batch=planned)  # unplanned: climb from 1 to the fixed cap
+    """The stage's AIMD batcher when its plan is served under an SLO, else None
+    (optimizer/slo/aimd.py ``aimd_config``: the simulator models the same one)."""
+    config = aimd_config(getattr(hosted.plan, "slo", None), hosted.stage.name, hosted.stage.batch.max_batch_size)
+    return None if config is None else config.batcher()

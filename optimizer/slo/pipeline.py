@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from optimizer.plan import INPUT, Plan
 from optimizer.slo._check import name, positive_int, positive_number
+from optimizer.slo.aimd import AIMDConfig, aimd_config
 from optimizer.slo.errors import SLOError, SLOTypeError
 from optimizer.slo.profile import Profile
 
@@ -73,7 +74,10 @@ class SimStage:
       as in the runtime: a queued copy costs what a proactive redundancy costs);
     - ``threads``: calls one replica runs at once. 1 for a batching stage (an executor runs
       each batching stage on one batcher thread); a stage that does not batch runs on the
-      executor's pool of worker threads, so one replica serves up to that many at once.
+      executor's pool of worker threads, so one replica serves up to that many at once;
+    - ``aimd``: an ``AIMDConfig``: each replica batches as the runtime does under an SLO
+      (Clipper's AIMD cap and the delay window from the arrival rate, optimizer/slo/aimd.py)
+      instead of ``max_batch`` / ``max_wait_ms``.
     """
 
     name: str
@@ -85,6 +89,7 @@ class SimStage:
     competitive: int = 1
     wait: str = "all"
     threads: int = 1
+    aimd: AIMDConfig | None = None
 
     def __post_init__(self):
         name("SimStage.name", self.name)
@@ -107,6 +112,13 @@ class SimStage:
             )
         if self.wait not in WAITS:
             raise SLOError(f"stage {self.name!r}: wait={self.wait!r}; expected one of {WAITS}")
+        if self.aimd is not None:
+            if not isinstance(self.aimd, AIMDConfig):
+                raise SLOTypeError(f"stage {self.name!r}: aimd must be an AIMDConfig, got {self.aimd!r:.80}")
+            if self.threads != 1:
+                raise SLOError(
+                    f"stage {self.name!r}: an AIMD stage runs one batch at a time, got threads={self.threads}"
+                )
 
 
 @dataclass(frozen=True)
@@ -248,10 +260,12 @@ class Shape:
         hop_ms: float = 0.0,
         routing: str = "least_loaded",
         threads: int = 1,
+        aimd: Mapping[str, AIMDConfig] | None = None,
     ) -> SimPipeline:
         """The stages with each one's configuration and service times drawn from ``profile``;
         ``threads``: the executors' worker threads, what a replica of a stage that does not
-        batch runs at once (a batching stage runs one batch at a time).
+        batch runs at once (a batching stage runs one batch at a time); ``aimd``: per stage,
+        the AIMD batching it runs with (stages not named batch at their fixed size).
 
         Every request is assumed to pass every stage (a filter that drops rows makes the
         real pipeline cheaper, never dearer, than simulated)."""
@@ -276,6 +290,7 @@ class Shape:
                     competitive=s.competitive,
                     wait=s.wait,
                     threads=1 if s.batchable else threads,
+                    aimd=(aimd or {}).get(s.name) if s.batchable else None,
                 )
             )
         return SimPipeline(tuple(out), self.sink, hop_ms, routing)
@@ -288,6 +303,15 @@ def pipeline_from_plan(
     hop_ms: float = 0.0,
     routing: str = "least_loaded",
     threads: int = 1,
+    adapt: bool = True,
 ) -> SimPipeline:
-    """``Shape.from_plan(plan).pipeline(...)``: the plan's stages, configured and profiled."""
-    return Shape.from_plan(plan).pipeline(profile, configs, hop_ms, routing, threads)
+    """``Shape.from_plan(plan).pipeline(...)``: the plan's stages, configured and profiled.
+    A plan served under an SLO (``plan.slo``) that lets the runtime adapt it batches with
+    AIMD as the runtime does (``aimd_config``); ``adapt=False`` simulates the fixed sizes."""
+    serving = getattr(plan, "slo", None) if adapt else None
+    aimd = {}
+    for n, s in plan.stages.items():
+        config = aimd_config(serving, n, configs[n].batch_size) if s.batch is not None and n in configs else None
+        if config is not None:
+            aimd[n] = config
+    return Shape.from_plan(plan).pipeline(profile, configs, hop_ms, routing, threads, aimd)

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from optimizer.plan import DEVICES, INPUT, BatchConfig, Plan
+from optimizer.slo.aimd import HEADROOM
 from optimizer.slo.envelope import envelope_of
 from optimizer.slo.errors import SLOError, SLOTypeError
 from optimizer.slo.pipeline import Shape, StageConfig
@@ -29,7 +30,7 @@ from optimizer.slo.spec import SLO
 from optimizer.slo.traces import check_trace, poisson
 
 #: AIMD may grow a stage's batch to this many times the planned size (docs/slo.md)
-AIMD_HEADROOM = 2
+AIMD_HEADROOM = HEADROOM
 
 
 @dataclass(frozen=True)

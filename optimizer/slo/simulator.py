@@ -29,12 +29,14 @@ _ARRIVE, _DONE, _TIMER, _ENTER, _FINISH = 0, 1, 2, 3, 4
 @dataclass(frozen=True)
 class StageStats:
     """Per stage: batches run, mean requests per batch, mean queueing delay (ms, from being
-    ready at the stage to its batch starting) and busy share of its replicas' time."""
+    ready at the stage to its batch starting) and busy share of its replicas' time; with
+    AIMD, the mean cap the batches were formed under."""
 
     batches: int
     mean_batch: float
     mean_wait_ms: float
     utilisation: float
+    mean_cap: float | None = None
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ class SimResult:
 class _Stage:
     """A stage's mutable state during one run."""
 
-    def __init__(self, spec, index, routing):
+    def __init__(self, spec, index, routing, clock):
         self.spec = spec
         self.index = index
         self.service = spec.service
@@ -103,6 +105,10 @@ class _Stage:
         self.batches = 0
         self.rows = 0
         self.wait_ms = 0.0
+        # AIMD (the runtime under an SLO): a batcher per replica, on the simulation's clock
+        self.aimd = None if spec.aimd is None else [spec.aimd.batcher(clock) for _ in range(n)]
+        self.collect = [None] * n  # AIMD: when the delay window of a replica's forming batch ends
+        self.caps: list[int] = []  # AIMD: the cap each batch was formed under
 
 
 def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
@@ -122,7 +128,11 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
             return req_hop[req]
         return hops[int(hop_rng.random() * len(hops))] if hops else hop
 
-    stages = [_Stage(s, i, pipe.routing) for i, s in enumerate(pipe.stages)]
+    sim_now = [0.0]  # ms: the AIMD batchers' clock (seconds) reads it
+    for s in pipe.stages:
+        if s.aimd is not None and pipe.routing == "shared":
+            raise SLOError(f"stage {s.name!r}: AIMD batches per replica; routing='shared' has one queue per stage")
+    stages = [_Stage(s, i, pipe.routing, lambda: sim_now[0] / 1000.0) for i, s in enumerate(pipe.stages)]
     index = {s.spec.name: s for s in stages}
     entry = []
     for s in stages:
@@ -156,6 +166,8 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
 
     def start(st, qi, now):
         nonlocal seq
+        if st.aimd is not None:
+            return start_aimd(st, qi, now)
         q = st.queues[qi]
         while q and (st.idle if st.shared else st.running[qi] < st.threads):
             n = len(q)
@@ -167,20 +179,48 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
                         seq += 1
                         push(events, (deadline, seq, _TIMER, st.index, qi))
                     return
-            b = min(st.max_batch, n)
-            batch = []
-            for _ in range(b):
-                req, ready_at = q.popleft()
-                batch.append(req)
-                st.wait_ms += now - ready_at
-            r = st.idle.pop() if st.shared else qi
-            st.running[r] += 1
-            ms = st.service(b, rng)
-            st.busy_ms += ms
-            st.batches += 1
-            st.rows += b
-            seq += 1
-            push(events, (now + ms, seq, _DONE, st.index, (r, batch)))
+            run_batch(st, qi, min(st.max_batch, n), now)
+
+    def run_batch(st, qi, b, now):
+        nonlocal seq
+        q = st.queues[qi]
+        batch = []
+        for _ in range(b):
+            req, ready_at = q.popleft()
+            batch.append(req)
+            st.wait_ms += now - ready_at
+        r = st.idle.pop() if st.shared else qi
+        st.running[r] += 1
+        ms = st.service(b, rng)
+        st.busy_ms += ms
+        st.batches += 1
+        st.rows += b
+        seq += 1
+        push(events, (now + ms, seq, _DONE, st.index, (r, batch, ms)))
+
+    def start_aimd(st, qi, now):
+        """The executor's batcher loop under an SLO (executors/batcher.py): a free replica
+        takes up to the AIMD cap of what is queued; holding a single request, it waits up
+        to the delay window (from now) for the batch to fill, else it runs at once."""
+        nonlocal seq
+        q, ab = st.queues[qi], st.aimd[qi]
+        if not q or st.running[qi]:
+            return
+        cap, n = ab.batch_size, len(q)
+        if n < cap:
+            window_end = st.collect[qi]
+            if window_end is None and n == 1:
+                wait = ab.delay_ms()
+                if wait > 0:
+                    st.collect[qi] = now + wait
+                    seq += 1
+                    push(events, (now + wait, seq, _TIMER, st.index, qi))
+                    return
+            elif window_end is not None and now < window_end:
+                return
+        st.collect[qi] = None
+        st.caps.append(cap)
+        run_batch(st, qi, min(cap, n), now)
 
     def ready(st, req, now):
         if st.shared:
@@ -200,6 +240,8 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
         for r in targets:
             st.queues[r].append((req, now))
             st.load[r] += 1
+            if st.aimd is not None:
+                st.aimd[r].arrived()
             start(st, r, now)
 
     def emit(st, req, now):
@@ -248,6 +290,7 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
                     assigned[si][r] -= 1
             continue
         st = stages[si]
+        sim_now[0] = now
         if kind == _ARRIVE:
             req = data
             if st.first:
@@ -262,8 +305,10 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
                 del st.joins[req]
             ready(st, data, now)
         elif kind == _DONE:
-            r, batch = data
+            r, batch, ms = data
             st.running[r] -= 1
+            if st.aimd is not None:
+                st.aimd[r].observe(len(batch), ms)
             if st.shared:
                 st.idle.append(r)
             else:
@@ -283,7 +328,11 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
     span_ms = max(float(np.max(finish) - arrivals[0]), 1e-9)
     stats = {
         s.spec.name: StageStats(
-            s.batches, s.rows / max(s.batches, 1), s.wait_ms / max(s.rows, 1), s.busy_ms / (s.n * s.threads * span_ms)
+            s.batches,
+            s.rows / max(s.batches, 1),
+            s.wait_ms / max(s.rows, 1),
+            s.busy_ms / (s.n * s.threads * span_ms),
+            float(np.mean(s.caps)) if s.caps else None,
         )
         for s in stages
     }

@@ -37,7 +37,8 @@ def test_converges_to_the_largest_batch_within_the_budget():
     sizes = run_saturated(batcher, clock, 400)
     assert sizes[:5] == [1, 2, 3, 4, 5]  # additive increase from 1
     settled = sizes[100:]
-    assert min(settled) == 33 and max(settled) == 37  # 37 is over budget: back to floor(0.9 * 37)
+    # 37 is over budget: back to 90% of 36, the largest batch the fitted curve puts within it
+    assert min(settled) == 32 and max(settled) == 37
     # throughput within 10% of the best fixed batch size (36 rows per 20 ms)
     rows = sum(settled)
     ms = sum(latency(b) for b in settled)
@@ -46,38 +47,196 @@ def test_converges_to_the_largest_batch_within_the_budget():
     assert over / len(settled) < 0.25  # only the probes past the knee miss the budget
 
 
-def test_a_short_batch_says_nothing_about_bigger_ones():
-    batcher = AIMDBatcher(budget_ms=20, start=10)
-    assert batcher.observe(3, 1.0) == 10
-    assert batcher.observe(10, 1.0) == 11
+def run_open(batcher, clock, rate_per_ms, ms, lat=latency, slow=()):
+    """The runtime's batcher loop on a deterministic clock: requests every 1/rate ms; a free
+    replica takes up to the cap of what is queued, or, holding one request, waits up to the
+    delay window for more; ``slow``: batch numbers that take 50 ms (a stall). Returns the
+    (cap, batch size, window) of each batch."""
+    gap = 1.0 / rate_per_ms
+    t, next_arrival, queue, seen = 0.0, 0.0, 0, []
+
+    def arrive_until(until):
+        nonlocal next_arrival, queue
+        while next_arrival <= until:
+            clock.s = next_arrival / 1000
+            batcher.arrived()
+            queue += 1
+            next_arrival += gap
+
+    while t < ms:
+        arrive_until(t)
+        if queue == 0:
+            t = next_arrival
+            continue
+        clock.s = t / 1000
+        cap, window = batcher.batch_size, 0.0
+        if queue == 1:
+            window = batcher.delay_ms()
+            end = t + window
+            while queue < cap and next_arrival <= end:
+                arrive_until(next_arrival)
+            t = end if queue < cap else max(t, next_arrival - gap)
+        b = min(cap, queue)
+        queue -= b
+        took = 50.0 if len(seen) in slow else lat(b)
+        t += took
+        arrive_until(t)
+        clock.s = t / 1000
+        batcher.observe(b, took)
+        seen.append((cap, b, window))
+    return seen
 
 
-def test_decrease_cuts_ten_percent_of_the_batch_that_was_too_slow():
-    batcher = AIMDBatcher(budget_ms=20, start=30)
-    assert batcher.observe(30, 25.0) == 27
-    assert batcher.observe(5, 25.0) == 4  # a small slow batch: cut from its size, at least by one
+def test_increase_without_full_batches_finds_the_largest_batch_within_budget():
+    """At a moderate rate batches are small and never full: the fitted curve still takes
+    the cap to the largest batch within the budget (36), ready for a backlog."""
+    clock = Clock()
+    batcher = AIMDBatcher(budget_ms=20, clock=clock)
+    seen = run_open(batcher, clock, rate_per_ms=0.5, ms=5000)
+    assert max(b for _, b, _ in seen) < 10  # batches stay small
+    assert batcher.batch_size == 36
+    assert latency(36) <= 20 < latency(37)
+    assert batcher.decreases == 0
+
+
+def test_a_slow_batch_cuts_ten_percent_from_the_batch_or_the_curve():
+    batcher = AIMDBatcher(budget_ms=20, start=30, max_batch=30)
+    batcher.observe(2, latency(2))
+    batcher.observe(10, latency(10))  # the curve: 2 + 0.5 b, 36 within budget
+    assert batcher.batch_size == 30
+    assert batcher.observe(30, 25.0) == 27  # a full batch over budget: Clipper's 10%
+    assert batcher.fitted_cap() == 24  # the curve has learnt that 30 was too slow
+    # a batch of 3 over budget is a stall (the curve says 4 ms): 10% below the curve's
+    # largest batch, where the rule before cut to 90% of the slow batch (2), and the backlog
+    # the stall left then drained 2 at a time
+    assert batcher.observe(3, 25.0) == 21
+    assert batcher.observe(21, 30.0) == 18  # at least one less
+    fresh = AIMDBatcher(budget_ms=20, start=3)
+    assert fresh.observe(3, 25.0) == 2  # nothing known: cut from the batch
     assert AIMDBatcher(budget_ms=20).observe(1, 50.0) == 1  # never below min_batch
 
 
-def test_delay_window_follows_the_arrival_rate_and_the_headroom():
+def test_backs_off_under_slow_batches_and_recovers_after_a_stall():
     clock = Clock()
-    batcher = AIMDBatcher(budget_ms=20, start=10, clock=clock)
+    batcher = AIMDBatcher(budget_ms=20, clock=clock)
+    seen = run_open(batcher, clock, rate_per_ms=0.5, ms=3000)
+    assert batcher.batch_size == 36
+    n = len(seen)
+    seen += run_open(batcher, clock, rate_per_ms=0.5, ms=1000, slow={0, 1})  # two stalled batches
+    caps = [c for c, _, _ in seen[n:]]
+    assert caps[:3] == [36, 32, 28]  # each slow batch cuts 10%...
+    assert caps[-1] == 36  # ...and the curve, which left the stalls out, brings it back
+    # a stage that got slower for good (latency doubled) settles lower, within budget, though
+    # no batch went over it (batches of 2 and 3): the curve takes the cap down step by step
+    seen = run_open(batcher, clock, rate_per_ms=0.35, ms=5000, lat=lambda b: 2 * latency(b))
+    assert max(b for _, b, _ in seen[-100:]) <= 3 and batcher.decreases == 2
+    assert batcher.batch_size == 16
+    assert 2 * latency(16) <= 20 < 2 * latency(17)
+
+
+def test_a_full_batch_over_budget_stops_the_curve_from_probing_past_it():
+    """A knee no line shows (1 ms up to 6 rows, 40 ms from 7): once a full batch of 7 went
+    over budget, small batches within budget do not take the cap back to 7 on the curve's
+    word for CEILING_BATCHES batches; a full batch within budget (Clipper's evidence) may."""
+    from optimizer.slo.aimd import CEILING_BATCHES
+
+    batcher = AIMDBatcher(budget_ms=12.5, start=7, max_batch=20)
+    batcher.observe(2, 1.0)
+    batcher.observe(3, 1.0)  # the curve: flat, everything fits
+    assert batcher.batch_size == 9
+    batcher.observe(9, 40.0)
+    assert batcher.ceiling == 9 and batcher.batch_size == 8
+    for _ in range(CEILING_BATCHES - 1):
+        batcher.observe(2, 1.0)
+    assert batcher.batch_size == 8  # the curve alone does not reach the ceiling again
+    batcher.observe(2, 1.0)
+    assert batcher.ceiling is None and batcher.batch_size == 9  # the ceiling expired: probe again
+    batcher.observe(9, 40.0)
+    assert batcher.batch_size == 8
+    assert batcher.observe(8, 1.0) == 9  # a full batch within budget still raises it
+
+
+def test_a_budget_out_of_reach_does_not_cut_the_cap_below_what_the_rate_needs():
+    """Every batch over a 2 ms budget (a batch of one takes 2.5 ms), 0.8 requests/ms: cutting
+    to one request per batch would serve 0.4/ms and the queue would grow without end; the cap
+    stops at the batch that keeps up with the replica at most 80% busy (0.8 b >= 0.8 (2 +
+    0.5 b): 4)."""
+    clock = Clock()
+    batcher = AIMDBatcher(budget_ms=2, start=10, max_delay_ms=0, clock=clock)
+    seen = run_open(batcher, clock, rate_per_ms=0.8, ms=3000)
+    settled = seen[len(seen) // 2 :]
+    assert min(c for c, _, _ in settled) >= 4
+    rows = sum(b for _, b, _ in settled)
+    assert rows / sum(latency(b) for _, b, _ in settled) >= 0.8 * 0.95  # it keeps up
+    assert batcher.stable_batch() == 4
+
+
+def test_saturated_and_backlogged_batches_take_the_cap_at_once():
+    """Over capacity at batch 1 (0.6/ms against 1 per 2.5 ms): the queue builds up, batches
+    grow to what the rate needs and stay within the budget."""
+    clock = Clock()
+    batcher = AIMDBatcher(budget_ms=20, clock=clock)
+    seen = run_open(batcher, clock, rate_per_ms=0.6, ms=5000)
+    settled = seen[len(seen) // 2 :]
+    assert max(b for _, b, _ in settled) <= 36
+    assert all(latency(b) <= 20 for _, b, _ in settled)
+    rows = sum(b for _, b, _ in settled)
+    assert rows / sum(latency(b) for _, b, _ in settled) > 0.6  # it keeps up
+
+
+def test_delay_window_follows_the_arrival_rate():
+    clock = Clock()
+    batcher = AIMDBatcher(budget_ms=20, start=30, max_batch=30, max_delay_ms=20, clock=clock)
     assert batcher.delay_ms() == 0.0  # nothing observed yet
-    for _ in range(1000):  # one request per ms for a second
-        clock.s += 0.001
-        batcher.arrived()
-    assert batcher.rate_per_ms() == pytest.approx(1.0)
-    batcher.observe(5, 2.5)  # 0.5 ms per row seen: a batch of 10 ~ 5 ms, 15 ms of headroom
-    assert batcher.batch_size == 10
-    assert batcher.delay_ms() == pytest.approx(9.0)  # 9 more requests take 9 ms to arrive
-    batcher.observe(5, 6.0)  # slower: a batch of 10 ~ 12 ms leaves 8 ms
-    assert batcher.delay_ms() == pytest.approx(8.0)
-    clock.s += 0.5  # half the window empties: the batch now takes 18 ms to fill
-    assert batcher.rate_per_ms() == pytest.approx(0.5)
-    assert batcher.delay_ms() == pytest.approx(8.0)
+    batcher.observe(2, latency(2))
+    batcher.observe(10, latency(10))  # the fit: 2 + 0.5 b
+    assert batcher.latency_ms(20) == pytest.approx(12.0)
+
+    def at_rate(per_ms):
+        clock.s += 2.0  # the old arrivals leave the 1 s window
+        for _ in range(int(per_ms * 1000)):
+            clock.s += 0.001 / per_ms
+            batcher.arrived()
+        return batcher.rate_per_ms()
+
+    # 0.2/ms: a batch of one (2.5 ms) keeps the replica at 50% busy: no waiting
+    assert at_rate(0.2) == pytest.approx(0.2)
+    assert batcher.needed_batch(0.2) == 1 and batcher.delay_ms() == 0.0
+    # 0.5/ms: at 80% busy it needs b / (2 + 0.5 b) >= 0.625: b = 2, wait for one more, 2 ms
+    at_rate(0.5)
+    assert batcher.needed_batch(0.5) == 2
+    assert batcher.delay_ms() == pytest.approx(2.0)
+    # 1.2/ms: b >= 1.5 (2 + 0.5 b): b = 12, 11 more take 9.2 ms (a batch of 12 leaves 12 ms)
+    at_rate(1.2)
+    assert batcher.needed_batch(1.2) == 12
+    assert batcher.delay_ms() == pytest.approx(11 / 1.2)
+    # 1.5/ms: no batch up to the cap (30) serves it at 80%: the cap, as long as a batch of
+    # 30 (17 ms) leaves in the budget: 3 ms
+    at_rate(1.5)
+    assert batcher.needed_batch(1.5) == 30
+    assert batcher.delay_ms() == pytest.approx(3.0)
     assert AIMDBatcher(budget_ms=20, start=10, clock=clock, max_delay_ms=2).delay_ms() == 0.0
+    default = AIMDBatcher(budget_ms=20, start=30, max_batch=30, clock=clock)
+    default.observe(2, latency(2))
+    default.observe(10, latency(10))
+    default.arrived(1200)  # 1.2/ms: b = 12, 9.2 ms to fill, but the default window is 10% of the budget
+    assert default.delay_ms() == pytest.approx(2.0)
     clock.s += 1.0  # no traffic: nothing to wait for
     assert batcher.delay_ms() == 0.0
+
+
+def test_config_builds_the_runtime_batcher():
+    from optimizer.slo import SLO, ServingSLO, StageConfig
+    from optimizer.slo.aimd import BATCH_SHARE, HEADROOM, AIMDConfig, aimd_config
+
+    unplanned = ServingSLO(SLO(20), budgets={"m": 20.0})
+    assert aimd_config(unplanned, "m", 32) == AIMDConfig(20 * BATCH_SHARE, max_batch=32)
+    planned = ServingSLO(SLO(20), budgets={"m": 20.0}, configs={"m": StageConfig(batch_size=8)})
+    assert aimd_config(planned, "m", 8) == AIMDConfig(20 * BATCH_SHARE, start=8, max_batch=8 * HEADROOM)
+    assert aimd_config(None, "m", 8) is None
+    assert aimd_config(ServingSLO(SLO(20), budgets={"m": 20.0}, adapt=False), "m", 8) is None
+    with pytest.raises(SLOError, match=r"AIMDBatcher.start \(9\) exceeds max_batch \(4\)"):
+        AIMDConfig(10, start=9, max_batch=4)
 
 
 @pytest.mark.parametrize(
@@ -87,6 +246,7 @@ def test_delay_window_follows_the_arrival_rate_and_the_headroom():
         ({"budget_ms": 5, "decrease": 1.5}, r"AIMDBatcher.decrease must be in \(0, 1\), got 1.5"),
         ({"budget_ms": 5, "start": 8, "max_batch": 4}, r"AIMDBatcher.start \(8\) exceeds max_batch \(4\)"),
         ({"budget_ms": 5, "min_batch": 4, "max_batch": 2}, "AIMDBatcher.max_batch must be >= 4, got 2"),
+        ({"budget_ms": 5, "utilisation": 1.5}, r"AIMDBatcher.utilisation must be in \(0, 1\], got 1.5"),
     ],
 )
 def test_bad_settings_are_quoted(kwargs, message):

@@ -251,3 +251,82 @@ def test_stages_that_do_not_batch_get_the_executors_threads():
     profile = Profile({"pre": {"cpu": {1: [1.0]}}, "m": {"cpu": {1: [1.0], 4: [2.0]}}})
     pipe = shape.pipeline(profile, {"pre": StageConfig(1, 2), "m": StageConfig(4, 1)}, threads=4)
     assert [(s.name, s.threads) for s in pipe.stages] == [("pre", 4), ("m", 1)]
+
+
+def aimd_stage(budget_ms=20.0, **kw):
+    from optimizer.slo.aimd import AIMDConfig
+
+    return SimStage("s", (INPUT,), linear(2.0, 0.5), max_batch=64, aimd=AIMDConfig(budget_ms, **kw))
+
+
+def test_aimd_stage_batches_as_the_runtime_loop_does():
+    """The simulator's AIMD replica against the runtime's batcher loop written out on a
+    deterministic clock (tests/optimizer/slo/test_aimd.py ``run_open``): one request every
+    2 ms, latency 2 + 0.5 b ms: the same batches under the same caps."""
+    from optimizer.slo import AIMDBatcher
+    from tests.optimizer.slo.test_aimd import Clock, run_open
+
+    clock = Clock()
+    seen = run_open(AIMDBatcher(budget_ms=20, clock=clock), clock, rate_per_ms=0.5, ms=3000)
+    result = simulate(SimPipeline((aimd_stage(),), "s"), np.arange(1500) * 2.0)
+    stats = result.stages["s"]
+    assert stats.batches == len(seen) == 838
+    assert stats.mean_batch == pytest.approx(np.mean([b for _, b, _ in seen]))
+    assert stats.mean_cap == pytest.approx(np.mean([c for c, _, _ in seen]))
+    assert seen[-1][0] == 36  # the cap found the largest batch within budget
+
+
+def test_aimd_keeps_up_where_a_small_fixed_cap_falls_behind():
+    """1.2 requests/ms against 2 + 0.5 b ms: a cap of 2 serves 0.67/ms and its queue grows
+    without end; AIMD (from 1) grows its batches to what the rate needs, within budget."""
+    trace = poisson(1200, 6000, seed=3)
+    capped = simulate(one_stage(linear(2.0, 0.5), max_batch=2), trace, seed=1)
+    adaptive = simulate(SimPipeline((aimd_stage(),), "s"), trace, seed=1)
+    assert capped.p99_ms > 1000
+    assert adaptive.p99_ms < 25 and adaptive.throughput_rps == pytest.approx(1200, rel=0.05)
+    stats = adaptive.stages["s"]
+    assert 4 < stats.mean_batch < 10 and stats.mean_cap > 30
+
+
+def test_aimd_delay_window_in_the_simulation():
+    """The torch stage's curve (1.5 + 0.7 b ms) at 0.6 requests/ms, 10 ms per batch: a batch
+    of one (2.2 ms) would keep the replica 130% busy, so a lone request waits for the
+    batch the rate needs, up to the default window (10% of the budget, 1 ms): fewer,
+    bigger batches (less busy), each request later by about the window. Without the window
+    (max_delay_ms=0) the queue that forms sets the batches."""
+    from optimizer.slo.aimd import AIMDConfig
+
+    def run(**kw):
+        stage = SimStage("s", (INPUT,), linear(1.5, 0.7), max_batch=64, aimd=AIMDConfig(10.0, **kw))
+        return simulate(SimPipeline((stage,), "s"), poisson(600, 5000, seed=5), seed=1)
+
+    windowed, eager = run(), run(max_delay_ms=0)
+    w, e = windowed.stages["s"], eager.stages["s"]
+    assert w.mean_batch > e.mean_batch + 0.25
+    assert w.utilisation < e.utilisation - 0.05
+    assert eager.p50_ms < windowed.p50_ms < eager.p50_ms + 1.0
+    assert windowed.p99_ms < eager.p99_ms + 1.0
+
+
+def test_pipeline_from_a_plan_served_under_an_slo_batches_with_aimd():
+    from dataclasses import replace
+
+    from optimizer.slo import SLO, ServingSLO
+    from optimizer.slo.aimd import BATCH_SHARE, AIMDConfig
+
+    plan = optimize(ex.ensemble())
+    names = list(plan.stages)
+    batching = [n for n, s in plan.stages.items() if s.batch is not None]
+    profile = Profile({n: {"cpu": {1: [1.0], 4: [2.0]}} for n in names})
+    configs = {n: StageConfig(batch_size=4 if n in batching else 1) for n in names}
+    served = replace(plan, slo=ServingSLO(SLO(40), budgets={n: 10.0 for n in names}, configs=configs))
+    pipe = pipeline_from_plan(served, profile, configs)
+    for s in pipe.stages:
+        assert s.aimd == (AIMDConfig(10.0 * BATCH_SHARE, start=4, max_batch=8) if s.name in batching else None)
+    assert all(s.aimd is None for s in pipeline_from_plan(served, profile, configs, adapt=False).stages)
+    assert all(s.aimd is None for s in pipeline_from_plan(plan, profile, configs).stages)
+    assert simulate(pipe, poisson(100, 200, seed=1)).throughput_rps > 0
+    with pytest.raises(SLOError, match="AIMD batches per replica; routing='shared'"):
+        simulate(SimPipeline((aimd_stage(),), "s", routing="shared"), [0.0])
+    with pytest.raises(SLOError, match="an AIMD stage runs one batch at a time, got threads=4"):
+        SimStage("s", (INPUT,), fixed(1.0), threads=4, aimd=AIMDConfig(10.0))
