@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import threading
 import time
@@ -238,6 +239,27 @@ def make_class_flow(name: str, gpu_marks: bool = False):
     return f
 
 
+def cg_peak(profile, stage: str, cls: str, trace, hop_ms: float, max_batch: int) -> dict:
+    """InferLine's coarse-grained baseline, CG-Peak (its section 6.1): the pipeline profiled
+    as one black box; the largest batch size whose latency meets the SLO; replicated as one
+    unit for the peak throughput of the arrival trace over a sliding window as long as the
+    SLO. (The trace here is the run's own, bursts included: the baseline knows the peak.)"""
+    fits = [b for b in range(1, max_batch + 1) if profile.latency(stage, cls, b, 99.0) + 2 * hop_ms <= SLO_MS] or [1]
+    batch = max(fits)
+    replica_rps = batch / profile.latency(stage, cls, batch, 50.0) * 1000.0
+    t = np.asarray(trace, dtype=float)
+    peak_arrivals = int((np.searchsorted(t, t + SLO_MS, side="left") - np.arange(len(t))).max())
+    peak_rps = peak_arrivals / (SLO_MS / 1000.0)
+    return {
+        "batch": batch,
+        "batch_p99_ms": profile.latency(stage, cls, batch, 99.0),
+        "replica_rps": replica_rps,
+        "peak_arrivals": peak_arrivals,
+        "peak_rps": peak_rps,
+        "replicas": max(1, math.ceil(peak_rps / replica_rps)),
+    }
+
+
 def _bursts(seconds: float):
     # two 2x and two 4x bursts, each 5% of the run (12 s of a 240 s run), at these fractions
     spans = [(0.15, 2.0), (0.35, 4.0), (0.60, 2.0), (0.80, 4.0)]
@@ -310,7 +332,7 @@ def _run_one(cluster, name, trace) -> dict:
     }
 
 
-def compare(seconds: float, only=None, profile_repeats: int = 5) -> dict:
+def compare(seconds: float, only=None, profile_repeats: int = 5, ladder: bool = False) -> dict:
     from dataclasses import replace
 
     from executors.autoscale import AutoscalingConfig
@@ -324,7 +346,6 @@ def compare(seconds: float, only=None, profile_repeats: int = 5) -> dict:
 
     only = set(only or ("planned", "fused", "autoscaler"))
     trace = bursty(BASE_RPS, seconds, _bursts(seconds), seed=3)
-    peak = 4 * BASE_RPS
     out = {
         "seconds": seconds,
         "base_rps": BASE_RPS,
@@ -333,6 +354,7 @@ def compare(seconds: float, only=None, profile_repeats: int = 5) -> dict:
         "stages": COMPARE_STAGES,
         "prices_usd_per_h": PRICES,
         "requests": len(trace),
+        "ladder": ladder,
         "runs": {},
     }
     samples = [{"x": i} for i in range(8)]
@@ -353,7 +375,12 @@ def compare(seconds: float, only=None, profile_repeats: int = 5) -> dict:
             profile = profile_plan(base, samples, max_batch=16, repeats=profile_repeats, classes=("cpu", "gpu"))
             t1 = time.perf_counter()
             planned = serve_under(
-                base, SLO(SLO_MS), profile=profile, rate_rps=BASE_RPS, options=opts, ladder=LADDER_FACTORS
+                base,
+                SLO(SLO_MS),
+                profile=profile,
+                rate_rps=BASE_RPS,
+                options=opts,
+                ladder=LADDER_FACTORS if ladder else (),
             )
             t2 = time.perf_counter()
             out["planning_s"] = {"profile": t1 - t0, "plan_and_ladder": t2 - t1}
@@ -377,10 +404,16 @@ def compare(seconds: float, only=None, profile_repeats: int = 5) -> dict:
             )
             (stage,) = fused.stages.values()
             fprofile = profile_plan(fused, samples, max_batch=16, repeats=profile_repeats, classes=(stage.device,))
-            fplan = serve_under(fused, SLO(SLO_MS), profile=fprofile, rate_rps=peak, options=opts)
-            fplan = replace(fplan, slo=replace(fplan.slo, adapt=False))  # provisioned once, for the peak
-            out["fused_explain"] = fplan.slo.explain()
-            progress(fplan.slo.explain())
+            sized = cg_peak(fprofile, stage.name, stage.device, trace, hop_ms, max_batch=16)
+            fplan = pinned(fused, [(sized["batch"], sized["replicas"])], fprofile, SLO_MS)
+            out["fused_sizing"] = sized
+            out["fused_explain"] = (
+                f"CG-Peak: one stage {stage.name} on {stage.device}, batch {sized['batch']} (the largest whose "
+                f"p99 {sized['batch_p99_ms']:.1f} ms + hops is within the SLO), x{sized['replicas']} for the peak "
+                f"{sized['peak_rps']:.0f} req/s ({sized['peak_arrivals']} arrivals in {SLO_MS:g} ms) at "
+                f"{sized['replica_rps']:.0f} req/s a replica"
+            )
+            progress(out["fused_explain"])
             register(cluster, fplan)
             out["runs"]["fused-for-peak"] = _run_one(cluster, "cmp-fused", trace)
             cluster.undeploy("cmp-fused")
@@ -466,8 +499,13 @@ def run(argv=None) -> dict:
         choices=["planned", "pinned", "fused", "autoscaler"],
         help="compare: only these deployments (default: planned, fused, autoscaler; pinned needs planned)",
     )
+    p.add_argument(
+        "--ladder",
+        action="store_true",
+        help="compare: (a) with the tuner's ladder of re-plans (switched as new versions), not only replicas",
+    )
     args = p.parse_args(argv)
     progress(f"machine: {json.dumps(machine())} (shared with other engineers' work)")
     if args.part == "validate":
         return validate(args.seconds or 12.0, args.pipelines, args.loads)
-    return compare(args.seconds or 240.0, args.only)
+    return compare(args.seconds or 240.0, args.only, ladder=args.ladder)

@@ -34,7 +34,6 @@ from optimizer.slo import (
     measure_batches,
     serve_under,
 )
-from optimizer.slo.tuning import LADDER_FACTORS
 
 log = logging.getLogger("flowserve.slo")
 
@@ -184,8 +183,9 @@ def plan_for_deploy(
     if profile is not None and trace is None and rate is None:
         log.warning("flow %s: an SLO without traffic=: not planned, budgets only", plan.flow_name)
         profile = None
-    # with a load, the tuner's re-plans for higher rates are planned now too (tuning.py)
-    ladder = LADDER_FACTORS if profile is not None else ()
+    # with a load, the tuner's re-plans for higher rates are planned now too, if asked for
+    # (PlannerOptions.ladder, tuning.py): a switch rebuilds every stage, so it is opt-in
+    ladder = planner.ladder if planner is not None and profile is not None else ()
     return serve_under(plan, slo, profile=profile, trace=trace, rate_rps=rate, options=planner, ladder=ladder)
 
 

@@ -320,6 +320,23 @@ class AIMDConfig:
         )
 
 
+def _planned_batch_ms(serving, stage: str, batch_size: int) -> float:
+    """What the planned batch takes at the SLO's percentile in the plan's profile (0 if not
+    known). The planner checked the whole configuration in the simulator, queueing
+    included, and a stage's budget is its share of the SLO at the batch it *usually* ran
+    there (smaller than the cap), so half of it may be less than the planned batch, or
+    even a batch of one, takes: AIMD would then hold the stage at batch 1 and undo the plan.
+    A planned stage's batch may always take what its planned batch takes."""
+    config = serving.configs.get(stage)
+    profile = serving.profile()
+    if config is None or profile is None or stage not in profile.stages:
+        return 0.0
+    try:
+        return profile.latency(stage, config.executor_class, batch_size, serving.slo.percentile)
+    except SLOError:  # not profiled on that class or size
+        return 0.0
+
+
 def aimd_config(serving, stage: str, batch_size: int) -> AIMDConfig | None:
     """What AIMD a stage gets in a plan served under ``serving`` (a ``ServingSLO``, or None)
     whose batch size is ``batch_size`` (planned, or the fixed cap): None without an SLO,
@@ -332,5 +349,9 @@ def aimd_config(serving, stage: str, batch_size: int) -> AIMDConfig | None:
     if not budget:
         return None
     if serving.planned:
-        return AIMDConfig(budget * BATCH_SHARE, start=batch_size, max_batch=batch_size * HEADROOM)
+        return AIMDConfig(
+            max(budget * BATCH_SHARE, _planned_batch_ms(serving, stage, batch_size)),
+            start=batch_size,
+            max_batch=batch_size * HEADROOM,
+        )
     return AIMDConfig(budget * BATCH_SHARE, max_batch=batch_size)

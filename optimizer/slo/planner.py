@@ -43,7 +43,13 @@ class PlannerOptions:
       that does not batch runs at once (default 1, the cautious guess; a batching stage
       always runs one batch at a time);
     - ``seed``: the simulator's seed (plans are reproducible); ``max_steps``: a bound on
-      moves per phase.
+      moves per phase;
+    - ``ladder``: multiples (> 1) of the planning rate to plan the tuner's re-plans for at
+      deploy (``optimizer/slo/tuning.py``; e.g. ``tuning.LADDER_FACTORS``). Opt-in: each
+      costs a planner run at deploy, and a switch serves the re-plan as the flow's next
+      version, rebuilding every stage (a stall while models load). Empty (the default):
+      the tuner adds and removes replicas at the planned batch sizes, and AIMD moves the
+      batch sizes.
 
         PlannerOptions(prices={"cpu": 1.0, "gpu": 4.0}, hop_ms=0.3)
     """
@@ -56,6 +62,7 @@ class PlannerOptions:
     seed: int = 0
     max_steps: int = 500
     threads: int = 1
+    ladder: tuple = ()
 
     def __post_init__(self):
         if not isinstance(self.prices, Mapping) or not self.prices:
@@ -74,6 +81,13 @@ class PlannerOptions:
         positive_int("PlannerOptions.max_batch", self.max_batch)
         positive_int("PlannerOptions.max_steps", self.max_steps)
         positive_int("PlannerOptions.threads", self.threads)
+        if isinstance(self.ladder, (str, bytes)) or not all(
+            isinstance(f, (int, float)) and not isinstance(f, bool) and f > 1 for f in self.ladder
+        ):
+            raise SLOError(
+                f"PlannerOptions.ladder must be multiples of the planning rate above 1, got {self.ladder!r:.80}"
+            )
+        object.__setattr__(self, "ladder", tuple(float(f) for f in self.ladder))
 
 
 @dataclass(frozen=True)

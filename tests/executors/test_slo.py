@@ -294,8 +294,8 @@ def test_the_tuner_grows_a_planned_stage_on_the_real_cluster_under_a_burst(own_c
 
 
 def test_the_tuner_re_plans_batch_sizes_on_the_real_cluster_under_a_burst(cluster):
-    # the ladder planned with the flow (traffic 10 req/s, re-plans up to 60) is switched to as
-    # the flow's next version: the stage runs bigger batches, on the same replica
+    # the ladder planned with the flow when asked for (traffic 10 req/s, re-plans up to 60) is
+    # switched to as the flow's next version: the stage runs bigger batches, on the same replica
     from tests.executors.processes import steady_load
 
     f = Flow(unique("replan-live"))
@@ -310,7 +310,17 @@ def test_the_tuner_re_plans_batch_sizes_on_the_real_cluster_under_a_burst(cluste
     plan = optimize(f, rules=["batching"])
     # batch 1 serves 50 req/s a replica, batch 8 nearly 300: a re-plan for more grows the batch
     profile = Profile({plan.sink: {"cpu": {1: [20.0] * 5, 2: [21.0] * 5, 4: [23.0] * 5, 8: [27.0] * 5}}})
-    d = cluster.deploy(f, rules=["batching"], slo=SLO(p99_ms=80), profile=profile, traffic=10)
+    from optimizer.slo import PlannerOptions
+    from optimizer.slo.tuning import LADDER_FACTORS
+
+    d = cluster.deploy(
+        f,
+        rules=["batching"],
+        slo=SLO(p99_ms=80),
+        profile=profile,
+        traffic=10,
+        planner=PlannerOptions(ladder=LADDER_FACTORS),
+    )
     before = _flow_json(cluster, f.name)
     assert before["stages"][0]["batch"]["max_batch_size"] == 1 and len(before["slo"]["ladder_rates_rps"]) > 1
     with steady_load(d.url, {"x": 1}) as failures:

@@ -252,3 +252,22 @@ def test_config_builds_the_runtime_batcher():
 def test_bad_settings_are_quoted(kwargs, message):
     with pytest.raises(SLOError, match=message):
         AIMDBatcher(**kwargs)
+
+
+def test_a_planned_batch_may_always_take_what_the_profile_says_it_takes():
+    # the planner's budget for "m" is its share at the batch it usually ran (20 ms); half
+    # of it (10 ms) is less than the planned batch of 8 takes (4 + 2 x 8 = 20 ms), and less
+    # than a batch of 1 (6 ms) would leave room for: AIMD must not undo the plan
+    from optimizer.slo import SLO, Profile, ServingSLO, StageConfig
+    from optimizer.slo.aimd import BATCH_SHARE, HEADROOM, AIMDConfig, aimd_config
+
+    profile = Profile({"m": {"cpu": {b: [4.0 + 2.0 * b] * 5 for b in (1, 2, 4, 8)}}})
+    planned = ServingSLO(
+        SLO(40), budgets={"m": 20.0}, configs={"m": StageConfig(batch_size=8)}, profile_json=profile.to_json()
+    )
+    assert aimd_config(planned, "m", 8) == AIMDConfig(20.0, start=8, max_batch=8 * HEADROOM)
+    # a budget that leaves more than the planned batch takes is kept
+    roomy = ServingSLO(
+        SLO(80), budgets={"m": 60.0}, configs={"m": StageConfig(batch_size=8)}, profile_json=profile.to_json()
+    )
+    assert aimd_config(roomy, "m", 8) == AIMDConfig(60.0 * BATCH_SHARE, start=8, max_batch=8 * HEADROOM)

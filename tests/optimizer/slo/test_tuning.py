@@ -133,3 +133,14 @@ def test_serve_under_plans_the_ladder_and_with_rung_applies_one():
     assert top.slo.ladder == served.slo.ladder and "re-planned for 400 req/s" in top.slo.reasons[stage]
     with pytest.raises(SLOError, match="re-plans"):
         with_rung(plan, rungs[0])
+
+
+@pytest.mark.parametrize("ladder", [(1.0,), (0.5, 2), ("2",), "23", (True,)])
+def test_a_ladder_that_is_not_multiples_above_1_is_refused(ladder):
+    with pytest.raises(SLOError, match=r"PlannerOptions.ladder must be multiples of the planning rate above 1"):
+        PlannerOptions(ladder=ladder)
+
+
+def test_the_ladder_is_opt_in_and_kept_as_floats():
+    assert PlannerOptions().ladder == ()
+    assert PlannerOptions(ladder=(2, 4)).ladder == (2.0, 4.0)
