@@ -335,3 +335,27 @@ def test_the_tuner_re_plans_batch_sizes_on_the_real_cluster_under_a_burst(cluste
     assert now["version"] > before["version"] and now["slo"]["planning_rate_rps"] >= 30
     assert stage["batch_seen"] is not None and stage["batch_seen"]["max"] >= 1
     d.undeploy()
+
+
+def test_the_tuner_keeps_the_planned_replicas_and_scales_them_with_the_envelope():
+    # the planner gave "m" 3 replicas at 50 req/s for the queueing, not the throughput
+    # (1 would carry 50 req/s at 0.8): the tuner never goes below 3, and traffic at twice
+    # the planning envelope doubles them
+    from dataclasses import replace
+
+    from executors.scaling import SLOTuner
+    from optimizer.slo import StageConfig
+
+    plan = _tuned_plan()
+    stage = plan.sink
+    serving = replace(plan.slo, configs={stage: StageConfig(1, 3, "cpu")})
+    plan = replace(plan, slo=serving)
+    tuner = SLOTuner(plan)
+    env = tuner.envelope
+    assert env[1000] > 0  # the planning trace's most arrivals in 1 s, 2 s, 5 s
+    within = {w: n for w, n in env.items()}
+    for t in range(0, 20):
+        assert tuner.decide({stage: 3}, within, now=float(t)) == []  # no scale-down below the plan
+    twice = {w: 2 * n for w, n in env.items()}
+    (up,) = tuner.decide({stage: 3}, twice, now=21.0)
+    assert up.to_replicas == 6
