@@ -38,6 +38,7 @@ from executors.errors import FlowUnavailableError, OperatorTimeoutError, status_
 from executors.gpu import gpu_stats, set_executor_class
 from executors.membership import HEARTBEAT_S, Heartbeat, Member
 from executors.messages import (
+    Cancel,
     Failure,
     Load,
     Loaded,
@@ -71,6 +72,8 @@ COSTLY_MS = 2 * CHEAP_MS  # ...until they average more than this (a hysteresis, 
 DEFAULT_CACHE_BYTES = KVSOptions.cache_max_bytes
 EVICTION_QUIET_S = 10.0  # a cache that evicted within this long serves only the keys it owns
 DONE_MEMORY = 100_000  # (request, stage) pairs remembered to drop late competing copies
+CANCEL_MEMORY = 100_000  # races won (request attempt, stage) remembered to drop their losing copies
+CANCEL_TTL_S = 60.0  # ...each until the request's deadline, or this long if it has none
 BATCHER_EXIT_S = 2.0  # a batcher notices it was unloaded within its 0.2 s poll
 RELEASE_WAIT_S = 30.0  # how long an unload keeps collecting until its stages are gone
 RETIRED_MEMORY = 10_000  # (flow, version) pairs remembered as unloaded, not to be rebuilt
@@ -144,6 +147,9 @@ class Executor:
         self.retired: OrderedDict = OrderedDict()
         self.pending: dict[tuple, Pending] = {}
         self.done: OrderedDict = OrderedDict()
+        # (gateway, request, attempt, stage) -> expiry (wall clock): races won, whose other
+        # copies are dropped if still queued here or yet to arrive (Cancel; _cancel_rivals)
+        self.cancelled: OrderedDict = OrderedDict()
         self._stopping = threading.Event()
         self._inline: dict = {}  # id(hosted) -> (hosted, ready items) to run after a drain
         self._inline_runs: deque = deque()  # (hosted, items): batches cut from _inline, next to run
@@ -265,6 +271,8 @@ class Executor:
         if kind is StageInput:
             for hosted, item in self.gather(msg):
                 self.dispatch(hosted, item)
+        elif kind is Cancel:
+            self._cancel((msg.gateway, msg.req, msg.attempt, msg.stage), None)
         elif kind is Load:
             self.pool.submit(self.on_load, msg)
         elif kind is Unload:
@@ -355,6 +363,8 @@ class Executor:
         if stage.continuation is not None:
             rid += (path,)  # each key group of a request runs on its own
         if stage.competitive > 1:
+            if self.cancelled and rid in self.cancelled:
+                return []  # a losing copy that arrives after its race was won
             rid += (h.copy,)  # racing copies placed on one executor all run
         if rid in self.done:
             return []  # a late competing copy, or a retry's leftover
@@ -465,6 +475,47 @@ class Executor:
         with self._lock:
             for rid in [r for r, p in self.pending.items() if p.deadline < now]:
                 del self.pending[rid]
+            for key in [k for k, until in self.cancelled.items() if until < now]:
+                del self.cancelled[key]
+
+    # -- cancelling the losing copies of a race -------------------------------------------------
+
+    def _cancel(self, key: tuple, deadline: float | None) -> bool:
+        """Remember that the race of ``key`` (gateway, request, attempt, stage) was won: its
+        copies still queued here are dropped when their turn comes (``_lost``), and copies
+        arriving later are not gathered. False if it was known already."""
+        with self._lock:
+            if key in self.cancelled:
+                return False
+            self.cancelled[key] = (deadline if deadline is not None else time.time()) + (
+                1.0 if deadline is not None else CANCEL_TTL_S
+            )
+            if len(self.cancelled) > CANCEL_MEMORY:
+                self.cancelled.popitem(last=False)
+            return True
+
+    def _lost(self, hosted: HostedStage, h: StageInput) -> bool:
+        """True if ``h`` is a copy of a race already won (a copy that was queued here)."""
+        return (
+            hosted.stage.competitive > 1
+            and bool(self.cancelled)
+            and (h.gateway, h.req, h.attempt, h.stage) in self.cancelled
+        )
+
+    def _cancel_rivals(self, hosted: HostedStage, h: StageInput) -> None:
+        """This copy of a racing stage finished first here: tell the executors of the other
+        copies to drop theirs if still queued (before the output goes, so a rival reads the
+        cancel first). A crash of this executor after it still answers: the gateway re-runs
+        what was in flight on a dead executor as a new attempt, which no cancel names."""
+        if hosted.stage.continuation is not None:
+            return  # each key group races on its own: a cancel would name them all
+        if not self._cancel((h.gateway, h.req, h.attempt, h.stage), h.deadline):
+            return  # another copy won (it told us) or a copy here already told the rivals
+        rivals = {a for a in h.routes.get(h.stage, ()) if a != self.address}
+        if rivals:
+            frames = Cancel(h.gateway, h.req, h.attempt, h.stage).encode()
+            for address in rivals:
+                self.send(address, frames)
 
     # -- running ------------------------------------------------------------------------------
 
@@ -641,6 +692,8 @@ class Executor:
     def run_one(self, hosted: HostedStage, item: WorkItem) -> None:
         if _expired(item.message):
             return self._too_late(hosted, item)
+        if self._lost(hosted, item.message):
+            return  # its race was won while it waited: another copy answers
         key, run = self._begin(hosted, [item])
         t0 = time.perf_counter()
         try:
@@ -672,6 +725,8 @@ class Executor:
 
     def run_batch(self, hosted: HostedStage, items: list[WorkItem]) -> None:
         """Run several requests as one merged Table, then split the output back by qid."""
+        if hosted.stage.competitive > 1 and self.cancelled:
+            items = [it for it in items if not self._lost(hosted, it.message)]  # races won meanwhile
         late = [it for it in items if _expired(it.message)]
         if late:
             for it in late:
@@ -780,6 +835,8 @@ class Executor:
             if extra is not None:
                 trace[-1].append(extra)
         local = []
+        if hosted.stage.competitive > 1:
+            self._cancel_rivals(hosted, h)
         if hosted.is_sink:
             self.send(h.gateway, Result(h.req, h.attempt, item.path, trace, out).encode())
         for consumer in hosted.consumers:
