@@ -495,7 +495,7 @@ class Executor:
             return True
 
     def _lost(self, hosted: HostedStage, h: StageInput) -> bool:
-        """True if ``h`` is a copy of a race already won (a copy that was queued here)."""
+        """True if ``h`` is a copy of a race already won (queued here, or just run)."""
         return (
             hosted.stage.competitive > 1
             and bool(self.cancelled)
@@ -503,12 +503,12 @@ class Executor:
         )
 
     def _cancel_rivals(self, hosted: HostedStage, h: StageInput) -> None:
-        """This copy of a racing stage finished first here: tell the executors of the other
-        copies to drop theirs if still queued (before the output goes, so a rival reads the
-        cancel first). A crash of this executor after it still answers: the gateway re-runs
-        what was in flight on a dead executor as a new attempt, which no cancel names."""
-        if hosted.stage.continuation is not None:
-            return  # each key group races on its own: a cancel would name them all
+        """This copy of a racing stage finished first here and its output has gone (in the
+        same corked write, after it): tell the executors of the other copies to drop theirs
+        if still queued, or their output if still running. A crash of this executor after
+        the cancel still answers: the gateway re-runs what was in flight on a dead executor
+        as a new attempt, which no cancel names. Not for continuation stages (each key group
+        races on its own: a cancel would name them all)."""
         if not self._cancel((h.gateway, h.req, h.attempt, h.stage), h.deadline):
             return  # another copy won (it told us) or a copy here already told the rivals
         rivals = {a for a in h.routes.get(h.stage, ()) if a != self.address}
@@ -692,7 +692,7 @@ class Executor:
     def run_one(self, hosted: HostedStage, item: WorkItem) -> None:
         if _expired(item.message):
             return self._too_late(hosted, item)
-        if self._lost(hosted, item.message):
+        if hosted.stage.continuation is None and self._lost(hosted, item.message):
             return  # its race was won while it waited: another copy answers
         key, run = self._begin(hosted, [item])
         t0 = time.perf_counter()
@@ -725,7 +725,7 @@ class Executor:
 
     def run_batch(self, hosted: HostedStage, items: list[WorkItem]) -> None:
         """Run several requests as one merged Table, then split the output back by qid."""
-        if hosted.stage.competitive > 1 and self.cancelled:
+        if hosted.stage.competitive > 1 and hosted.stage.continuation is None and self.cancelled:
             items = [it for it in items if not self._lost(hosted, it.message)]  # races won meanwhile
         late = [it for it in items if _expired(it.message)]
         if late:
@@ -834,9 +834,10 @@ class Executor:
             extra = hosted.report(item)  # cache hits, hedges: the gateway's /metrics (clipper.py)
             if extra is not None:
                 trace[-1].append(extra)
+        racing = hosted.stage.competitive > 1 and hosted.stage.continuation is None
+        if racing and self._lost(hosted, h):
+            return []  # another copy won (and sent its output) while this one ran: drop this one's
         local = []
-        if hosted.stage.competitive > 1:
-            self._cancel_rivals(hosted, h)
         if hosted.is_sink:
             self.send(h.gateway, Result(h.req, h.attempt, item.path, trace, out).encode())
         for consumer in hosted.consumers:
@@ -849,6 +850,8 @@ class Executor:
                     local.extend(self.gather(msg))
                 else:
                     self.send(d.address, msg.encode())
+        if racing:
+            self._cancel_rivals(hosted, h)
         return local
 
     def _kept_keys(self):
