@@ -475,7 +475,10 @@ class Executor:
         with self._lock:
             for rid in [r for r, p in self.pending.items() if p.deadline < now]:
                 del self.pending[rid]
-            for key in [k for k, until in self.cancelled.items() if until < now]:
+            while self.cancelled:  # oldest first (deadlines come roughly in order): stop at a live one
+                key, until = next(iter(self.cancelled.items()))
+                if until >= now:
+                    break
                 del self.cancelled[key]
 
     # -- cancelling the losing copies of a race -------------------------------------------------
@@ -690,10 +693,10 @@ class Executor:
                 self.send(gw, frames)
 
     def run_one(self, hosted: HostedStage, item: WorkItem) -> None:
+        if hosted.stage.continuation is None and self._lost(hosted, item.message):
+            return  # its race was won while it waited: another copy answered
         if _expired(item.message):
             return self._too_late(hosted, item)
-        if hosted.stage.continuation is None and self._lost(hosted, item.message):
-            return  # its race was won while it waited: another copy answers
         key, run = self._begin(hosted, [item])
         t0 = time.perf_counter()
         try:
