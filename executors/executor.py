@@ -38,6 +38,7 @@ from executors.errors import FlowUnavailableError, OperatorTimeoutError, status_
 from executors.gpu import gpu_stats, set_executor_class
 from executors.membership import HEARTBEAT_S, Heartbeat, Member
 from executors.messages import (
+    Cancel,
     Failure,
     Load,
     Loaded,
@@ -71,6 +72,8 @@ COSTLY_MS = 2 * CHEAP_MS  # ...until they average more than this (a hysteresis, 
 DEFAULT_CACHE_BYTES = KVSOptions.cache_max_bytes
 EVICTION_QUIET_S = 10.0  # a cache that evicted within this long serves only the keys it owns
 DONE_MEMORY = 100_000  # (request, stage) pairs remembered to drop late competing copies
+CANCEL_MEMORY = 100_000  # races won (request attempt, stage) remembered to drop their losing copies
+CANCEL_TTL_S = 60.0  # ...each until the request's deadline, or this long if it has none
 BATCHER_EXIT_S = 2.0  # a batcher notices it was unloaded within its 0.2 s poll
 RELEASE_WAIT_S = 30.0  # how long an unload keeps collecting until its stages are gone
 RETIRED_MEMORY = 10_000  # (flow, version) pairs remembered as unloaded, not to be rebuilt
@@ -144,6 +147,9 @@ class Executor:
         self.retired: OrderedDict = OrderedDict()
         self.pending: dict[tuple, Pending] = {}
         self.done: OrderedDict = OrderedDict()
+        # (gateway, request, attempt, stage) -> expiry (wall clock): races won, whose other
+        # copies are dropped if still queued here or yet to arrive (Cancel; _cancel_rivals)
+        self.cancelled: OrderedDict = OrderedDict()
         self._stopping = threading.Event()
         self._inline: dict = {}  # id(hosted) -> (hosted, ready items) to run after a drain
         self._inline_runs: deque = deque()  # (hosted, items): batches cut from _inline, next to run
@@ -265,6 +271,8 @@ class Executor:
         if kind is StageInput:
             for hosted, item in self.gather(msg):
                 self.dispatch(hosted, item)
+        elif kind is Cancel:
+            self._cancel((msg.gateway, msg.req, msg.attempt, msg.stage), None)
         elif kind is Load:
             self.pool.submit(self.on_load, msg)
         elif kind is Unload:
@@ -355,6 +363,8 @@ class Executor:
         if stage.continuation is not None:
             rid += (path,)  # each key group of a request runs on its own
         if stage.competitive > 1:
+            if self.cancelled and rid in self.cancelled:
+                return []  # a losing copy that arrives after its race was won
             rid += (h.copy,)  # racing copies placed on one executor all run
         if rid in self.done:
             return []  # a late competing copy, or a retry's leftover
@@ -465,6 +475,50 @@ class Executor:
         with self._lock:
             for rid in [r for r, p in self.pending.items() if p.deadline < now]:
                 del self.pending[rid]
+            while self.cancelled:  # oldest first (deadlines come roughly in order): stop at a live one
+                key, until = next(iter(self.cancelled.items()))
+                if until >= now:
+                    break
+                del self.cancelled[key]
+
+    # -- cancelling the losing copies of a race -------------------------------------------------
+
+    def _cancel(self, key: tuple, deadline: float | None) -> bool:
+        """Remember that the race of ``key`` (gateway, request, attempt, stage) was won: its
+        copies still queued here are dropped when their turn comes (``_lost``), and copies
+        arriving later are not gathered. False if it was known already."""
+        with self._lock:
+            if key in self.cancelled:
+                return False
+            self.cancelled[key] = (deadline if deadline is not None else time.time()) + (
+                1.0 if deadline is not None else CANCEL_TTL_S
+            )
+            if len(self.cancelled) > CANCEL_MEMORY:
+                self.cancelled.popitem(last=False)
+            return True
+
+    def _lost(self, hosted: HostedStage, h: StageInput) -> bool:
+        """True if ``h`` is a copy of a race already won (queued here, or just run)."""
+        return (
+            hosted.stage.competitive > 1
+            and bool(self.cancelled)
+            and (h.gateway, h.req, h.attempt, h.stage) in self.cancelled
+        )
+
+    def _cancel_rivals(self, hosted: HostedStage, h: StageInput) -> None:
+        """This copy of a racing stage finished first here and its output has gone (in the
+        same corked write, after it): tell the executors of the other copies to drop theirs
+        if still queued, or their output if still running. A crash of this executor after
+        the cancel still answers: the gateway re-runs what was in flight on a dead executor
+        as a new attempt, which no cancel names. Not for continuation stages (each key group
+        races on its own: a cancel would name them all)."""
+        if not self._cancel((h.gateway, h.req, h.attempt, h.stage), h.deadline):
+            return  # another copy won (it told us) or a copy here already told the rivals
+        rivals = {a for a in h.routes.get(h.stage, ()) if a != self.address}
+        if rivals:
+            frames = Cancel(h.gateway, h.req, h.attempt, h.stage).encode()
+            for address in rivals:
+                self.send(address, frames)
 
     # -- running ------------------------------------------------------------------------------
 
@@ -639,6 +693,8 @@ class Executor:
                 self.send(gw, frames)
 
     def run_one(self, hosted: HostedStage, item: WorkItem) -> None:
+        if hosted.stage.continuation is None and self._lost(hosted, item.message):
+            return  # its race was won while it waited: another copy answered
         if _expired(item.message):
             return self._too_late(hosted, item)
         key, run = self._begin(hosted, [item])
@@ -672,6 +728,8 @@ class Executor:
 
     def run_batch(self, hosted: HostedStage, items: list[WorkItem]) -> None:
         """Run several requests as one merged Table, then split the output back by qid."""
+        if hosted.stage.competitive > 1 and hosted.stage.continuation is None and self.cancelled:
+            items = [it for it in items if not self._lost(hosted, it.message)]  # races won meanwhile
         late = [it for it in items if _expired(it.message)]
         if late:
             for it in late:
@@ -779,6 +837,9 @@ class Executor:
             extra = hosted.report(item)  # cache hits, hedges: the gateway's /metrics (clipper.py)
             if extra is not None:
                 trace[-1].append(extra)
+        racing = hosted.stage.competitive > 1 and hosted.stage.continuation is None
+        if racing and self._lost(hosted, h):
+            return []  # another copy won (and sent its output) while this one ran: drop this one's
         local = []
         if hosted.is_sink:
             self.send(h.gateway, Result(h.req, h.attempt, item.path, trace, out).encode())
@@ -792,6 +853,8 @@ class Executor:
                     local.extend(self.gather(msg))
                 else:
                     self.send(d.address, msg.encode())
+        if racing:
+            self._cancel_rivals(hosted, h)
         return local
 
     def _kept_keys(self):

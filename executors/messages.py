@@ -29,6 +29,8 @@ travel with every request on every hop. Keys, by message (-> who sends it):
               [[index, count], ...]), copy (which racing copy; omitted: 0), solo (a retry
               that must run unbatched; omitted: false); table t. A run without a table
               says the producing alternative gave no valid result (first_valid stages).
+    cancel    executor -> executor  gw, req, att, stage: a racing stage's copy of this request
+              attempt finished first; drop the other copies still queued or yet to come
     result    executor -> gateway   req, att, path, trace; table t (the sink's output)
     error     executor -> gateway   req, att, status (HTTP), error (exception class name),
                                     message, operator and qid (omitted when unknown)
@@ -331,6 +333,18 @@ class StageInput(Message):
         )
 
 
+@message("cancel")
+class Cancel(Message):
+    """Executor -> executor: one copy of racing stage ``stage`` finished first for this
+    request attempt (request ids are per ``gateway``); the receiver drops the other copies
+    it holds queued and any that arrive later. A copy already running is not interrupted."""
+
+    gateway: str = wire(_STR, key="gw")
+    req: int = wire(_INT)
+    attempt: int = wire(_INT, key="att")
+    stage: str = wire(_STR)
+
+
 @message("result")
 class Result(Message):
     """Executor -> gateway: the sink's output for a request attempt (one part of it, when
@@ -402,7 +416,21 @@ class Recycling(Message):
 
 
 MESSAGES: dict[str, type[Message]] = {
-    cls.TYPE: cls for cls in (Ping, Pong, Load, Loaded, Unload, StageInput, Result, Failure, Stuck, Unstuck, Recycling)
+    cls.TYPE: cls
+    for cls in (
+        Ping,
+        Pong,
+        Load,
+        Loaded,
+        Unload,
+        StageInput,
+        Cancel,
+        Result,
+        Failure,
+        Stuck,
+        Unstuck,
+        Recycling,
+    )
 }
 
 

@@ -39,6 +39,9 @@ class OptimizerOptions(Config):
       feeds and the stage that joins them) into one stage that runs the branches one after
       the other (default True: a hop costs more than most branches; operators that race,
       route by key or choose among alternatives are never merged this way).
+    - ``fuse_into_race``: let fusion merge cheap neighbouring maps and filters into a
+      racing stage, so each copy runs them too (default True: a stage boundary costs more
+      than such an operator; see ``optimizer.rules.fusion.cheap_to_race`` for "cheap").
     - ``fuse_across_devices``: let fusion merge CPU operators into GPU stages (default
       False: a CPU operator in a GPU stage would hold the GPU while it runs).
 
@@ -52,6 +55,7 @@ class OptimizerOptions(Config):
     batch: BatchConfig = setting(default_factory=BatchConfig, check=Nested(BatchConfig))
     fuse_branches: bool = setting(True, Bool())
     fuse_across_devices: bool = setting(False, Bool())
+    fuse_into_race: bool = setting(True, Bool())
 
 
 def check_rules(rules) -> tuple[str, ...]:

@@ -4,8 +4,10 @@
   ``competitive=k`` (``OptimizerOptions.competitive_replicas``, default 3) and at least k
   replicas: all k run each input and the consumer goes on with the first result (the
   seed's wait-for-one; 1 -> 3 replicas cut p99 by 71-94%). Racing a whole fused stage
-  would run its deterministic operators k times too, so they are kept out of it;
-  consecutive high-variance operators race together.
+  would run its deterministic operators k times too, so they are cut out of it here;
+  consecutive high-variance operators race together. Fusion then takes cheap neighbouring
+  maps and filters back into the racing stage (``OptimizerOptions.fuse_into_race``,
+  ``fusion.cheap_to_race``): each copy runs them, at the cost of one boundary instead of three.
 - A hedged operator (``map(..., hedge="p95")``) gets a stage of its own: one replica runs
   each input, a second gets a backup copy only when the first has not
   answered by the stage's observed percentile (reactive redundancy, cheaper than racing).

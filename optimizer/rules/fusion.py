@@ -11,7 +11,9 @@ its upstream stage ``a`` (giving ``a+b``) when ``why_not_fuse`` finds no reason 
    is cached), and if ``a`` is a continuation stage, ``b`` is row-wise (a continuation
    stage runs per key group, which only row-wise operators tolerate);
 4. both race with the same number of replicas (``competitive``): racing a merged stage
-   would run the other's deterministic operators k times;
+   would run the other's deterministic operators k times -- except that a racing stage
+   takes in a cheap neighbour (``OptimizerOptions.fuse_into_race``, see ``cheap_to_race``):
+   each copy then runs it too, one stage boundary instead of three, as without racing;
 5. both need the same device, or ``OptimizerOptions.fuse_across_devices`` is set. This
    is the rule's cost check: without profiles it assumes the GPU time a CPU operator
    would hold costs more than the hop it saves (see optimizer.rules.placement);
@@ -54,7 +56,7 @@ def why_not_fuse(plan: Plan, a: Stage, b: Stage, options) -> str | None:
         return f"{a.name!r} runs per key group and {b.name!r} mixes rows"
     if b.wait != "all":
         return f"{b.name!r} waits for the first valid of several inputs"
-    if a.competitive != b.competitive:
+    if a.competitive != b.competitive and not _joins_race(a, b, options):
         return f"{a.name!r} and {b.name!r} race different numbers of replicas"
     if a.hedge != b.hedge:
         return f"{a.name!r} and {b.name!r} are hedged differently (a backup replays only its stage)"
@@ -66,6 +68,52 @@ def why_not_fuse(plan: Plan, a: Stage, b: Stage, options) -> str | None:
         # a fused fork-join region holds only plain operators, so no later rule cuts it
         return f"{a.name!r} and {b.name!r} would put a marked operator into a fork-join region"
     return None
+
+
+# -- racing copies take in their cheap neighbours ------------------------------------------
+
+#: Operator kinds that may run in every racing copy: row-wise Python over the request's own
+#: rows, no store, no model state of their own that racing would multiply.
+CHEAP_KINDS = frozenset({"map", "filter"})
+
+
+def cheap_to_race(stage: Stage) -> bool:
+    """True if ``stage`` may run inside each copy of a neighbouring racing stage.
+
+    The optimizer has no profiles, so "cheap relative to the raced operator" is read off
+    the flags the user gave: the raced operator is the one declared ``high_variance``
+    (slow, or slow at times); a neighbour is cheap when nothing says otherwise -- a plain
+    row-wise map or filter that is not itself high-variance, not on the GPU (k copies
+    would hold k GPUs), not batching (racing copies of one request never batch together),
+    not hedged or cached (their runtime state is per stage), and reading no store (a lookup
+    would read k times). Such an operator costs each copy its own run, which a stage
+    boundary (a message, a wake-up, ~0.2 ms here) costs anyway. A user who knows better
+    turns it off: ``OptimizerOptions(fuse_into_race=False)``.
+    """
+    return (
+        stage.competitive == 1
+        and stage.hedge is None
+        and stage.continuation is None
+        and stage.wait == "all"
+        and stage.batch is None
+        and all(
+            n.op.kind in CHEAP_KINDS
+            and not n.op.high_variance
+            and not n.op.gpu
+            and not n.op.batching
+            and getattr(n.op, "hedge", None) is None
+            and getattr(n.op, "cache", None) is None
+            for n in stage.nodes
+        )
+    )
+
+
+def _joins_race(a: Stage, b: Stage, options) -> bool:
+    """``a`` and ``b`` race differently, but one races and the other is cheap to race."""
+    if not options.fuse_into_race or a.continuation is not None or b.continuation is not None:
+        return False
+    racing, other = (a, b) if a.competitive > 1 else (b, a)
+    return racing.competitive > 1 and racing.hedge is None and cheap_to_race(other)
 
 
 def can_fuse(plan: Plan, a: Stage, b: Stage, options) -> bool:
@@ -83,7 +131,7 @@ def fuse(plan: Plan, a: Stage, b: Stage) -> Plan:
         nodes=nodes,
         inputs=a.inputs,
         replicas=max(a.replicas, b.replicas),
-        competitive=a.competitive,
+        competitive=max(a.competitive, b.competitive),
         device="gpu" if "gpu" in (a.device, b.device) else "cpu",
         batch=(a.batch or b.batch) if wants_batching(nodes) else None,
         wait=a.wait,

@@ -16,6 +16,7 @@ from executors.dispatcher import RequestFailed
 from executors.errors import DeadlineExceededError, NoExecutorError, OperatorCrashedError, status_for
 from executors.messages import (
     MESSAGES,
+    Cancel,
     Failure,
     Load,
     Loaded,
@@ -72,6 +73,7 @@ EVERY = [
     Unload("cascade", 3),
     RUN,
     StageInput(12, 0, "cascade", 3, "pick", "slow", {"pick": ["ipc:///tmp/e0"]}, "ipc:///tmp/gw"),  # no table
+    Cancel("ipc:///tmp/gw", 12, 1, "slow"),
     Result(12, 1, [[1, 2]], [["pick", "e0", 0.1, 1]], table()),
     Failure(
         12, 1, 422, "NoValidResultError", "operator 'pick': no alternative gave a valid result", operator="pick", qid=7

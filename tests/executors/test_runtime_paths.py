@@ -212,12 +212,23 @@ def test_consecutive_cheap_batching_stages_on_one_executor_never_stall():
 def counted(row):
     from flow import current_store
 
-    current_store().redis.incr("race3-runs")  # every copy that runs counts itself
+    redis = current_store().redis
+    redis.incr("race3-runs")  # every copy that runs counts itself
+    # each copy waits until all 3 of its request have started, so none is still queued when
+    # the race is won (a queued loser is dropped: test_competition.py); and each costs 5 ms
+    # of work, so the stage stays on the worker threads (a cheap one runs on the IO thread,
+    # one copy after the other, and the first would wait for the second in vain)
+    redis.incr(f"race3-started:{row.x}")
+    deadline = time.monotonic() + 10
+    while int(redis.get(f"race3-started:{row.x}")) < 3 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(0.005)
     return row.x * 10
 
 
 def test_racing_copies_on_one_executor_all_run():
-    """competitive=3 on 2 executors: the third copy shares an executor and still runs."""
+    """competitive=3 on 2 executors: the third copy shares an executor and still runs
+    (its copy number keeps it apart from the other copy there)."""
     with LocalCluster(ClusterConfig(executors=2, threads=4)) as c:
         f = Flow("race3")
         f.map(counted, names=["y"], high_variance=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 
 from executors.interpreter import Interpreter
-from optimizer import DEFAULT_RULES, optimize
+from optimizer import DEFAULT_RULES, OptimizerOptions, optimize
 from tests.flowgen import assert_same_rows, flows_and_inputs
 
 RULE_LISTS = {
@@ -94,3 +94,33 @@ def test_default_rules_are_a_fixed_point(case):
     once = optimize(case.flow)
     twice = optimize(once)
     assert list(twice.stages.values()) == list(once.stages.values())
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(case=flows_and_inputs(max_rows=10, race_lookups=50))
+def test_racing_stages_with_fused_neighbours_match_flow_run(case):
+    """Cheap maps and filters fused into racing copies (``fuse_into_race``, on by default)
+    give flow.run's rows, alone, routed by key and batched; with it off, the same rows."""
+    check_plan_matches_reference(case, list(DEFAULT_RULES))
+    plan = optimize(case.flow)
+    off = optimize(case.flow, options=OptimizerOptions(fuse_into_race=False))
+    raced = [s for s in plan.stages.values() if s.competitive > 1]
+    if any(not n.op.high_variance for s in raced for n in s.nodes):
+        assert len(plan.stages) < len(off.stages)  # the fused neighbours saved stage boundaries
+    expected = case.flow.run(case.table, kvs=case.store)
+    assert Interpreter(off).run(case.table, kvs=case.store).equals(expected)
+
+
+def test_generated_flows_fuse_neighbours_into_racing_stages():
+    """The generator does produce racing stages that took in a cheap neighbour, so the
+    test above is not vacuous."""
+    from hypothesis import find
+
+    case = find(
+        flows_and_inputs(max_rows=10, race_lookups=50),
+        lambda c: any(
+            s.competitive > 1 and any(not n.op.high_variance for n in s.nodes) for s in optimize(c.flow).stages.values()
+        ),
+        settings=settings(max_examples=200, **SETTINGS),
+    )
+    assert case is not None

@@ -182,12 +182,47 @@ def test_fusion_merges_neighbouring_gpu_operators():
 
 def test_fusion_keeps_racing_stages_apart_but_races_neighbours_together():
     flow = chain_flow(g={"high_variance": True}, h={"high_variance": True})
-    assert layout(optimize(flow, rules=["competition", "fusion"])) == [
+    apart = OptimizerOptions(fuse_into_race=False)
+    assert layout(optimize(flow, rules=["competition", "fusion"], options=apart)) == [
         ("f", (REQ,), {}),
         ("g+h", ("f",), {"replicas": 3, "competitive": 3}),
     ]
+    # by default the cheap map f runs inside each racing copy: one stage boundary, not two
+    assert layout(optimize(flow, rules=["competition", "fusion"])) == [
+        ("f+g+h", (REQ,), {"replicas": 3, "competitive": 3}),
+    ]
     # without competition marks there is nothing to keep apart
     assert layout(optimize(flow, rules=["fusion"])) == [("f+g+h", (REQ,), {})]
+
+
+def test_racing_stage_takes_in_cheap_neighbours_on_both_sides():
+    flow = chain_flow(g={"high_variance": True})
+    assert layout(optimize(flow)) == [("f+g+h", (REQ,), {"replicas": 3, "competitive": 3})]
+    off = optimize(flow, options=OptimizerOptions(fuse_into_race=False))
+    assert layout(off) == [("f", (REQ,), {}), ("g", ("f",), {"replicas": 3, "competitive": 3}), ("h", ("g",), {})]
+    # no racing (k=1): the three maps fuse as before
+    assert layout(optimize(flow, options=OptimizerOptions(competitive_replicas=1))) == [("f+g+h", (REQ,), {})]
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        # a gpu neighbour would hold k GPUs; a batching one cannot batch racing copies
+        ({"gpu": True}, [("f", (REQ,), {"device": "gpu"}), ("g+h", ("f",), {"replicas": 3, "competitive": 3})]),
+        ({"batching": True}, [("f", (REQ,), {"batch": B}), ("g+h", ("f",), {"replicas": 3, "competitive": 3})]),
+    ],
+)
+def test_racing_stage_keeps_costly_neighbours_out(flags, expected):
+    flow = chain_flow(f=flags, g={"high_variance": True})
+    assert layout(optimize(flow)) == expected
+
+
+def test_racing_stage_keeps_a_lookup_out():
+    flow = Flow("lk", schema={"y": int})
+    flow.lookup(key="weights", name="w").map(g, names=["y"], high_variance=True).map(h, names=["y"])
+    stages = list(optimize(flow).stages.values())
+    assert [s.competitive for s in stages] == [1, 3]
+    assert all(n.op.kind != "lookup" for n in stages[1].nodes)
 
 
 def test_fusion_does_not_take_batching_away():
