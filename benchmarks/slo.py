@@ -386,7 +386,7 @@ def compare(seconds: float, only=None, profile_repeats: int = 5, ladder: bool = 
             out["planning_s"] = {"profile": t1 - t0, "plan_and_ladder": t2 - t1}
             out["plan_explain"] = planned.slo.explain()
             out["ladder"] = list(planned.slo.ladder)
-            progress(f"profiled in {t1 - t0:.0f} s, planned (with the ladder) in {t2 - t1:.0f} s")
+            progress(f"profiled in {t1 - t0:.0f} s, planned{' (with the ladder)' if ladder else ''} in {t2 - t1:.0f} s")
             progress(planned.slo.explain())
             for rung in planned.slo.rungs():
                 progress(f"  rung {rung.rate_rps:.0f} req/s: {dict(rung.configs)} tail {rung.tail_ms:.1f} ms")
