@@ -66,7 +66,9 @@ AIMD_CAP = 64
 
 
 def net():
-    """The model (fixed seed, one torch thread)."""
+    """The model (fixed seed, one torch thread): batching.cnn("mini_alexnet") written out
+    again on purpose, because this file also runs in the Ray Serve venv (``--serve-ray``),
+    which has torch but not FlowServe, so it cannot import benchmarks.batching."""
     import torch
 
     nn = torch.nn
