@@ -405,16 +405,11 @@ def sim_runs(seeds: int = 7, seconds: float = 4.0, rates=None) -> dict:
 
 
 def flowserve_runs(seconds: float, only=None, rates=RATES, reps: int = 1) -> dict:
-    from dataclasses import replace
-
+    """Each FlowServe configuration (the fixed sweep and AIMD) on one executor, up the ladder over HTTP."""
     from benchmarks.common import progress
     from benchmarks.slo import register
     from executors.cluster import LocalCluster
     from executors.config import ClusterConfig
-    from flow import ColumnType, Flow
-    from optimizer import optimize
-    from optimizer.plan import BatchConfig
-    from optimizer.slo import SLO, ServingSLO
 
     configs = [(f"fixed-{b}", b, None) for b in SWEEP] + [
         ("aimd", AIMD_CAP, SLO_MS),  # the runtime's rule: a batch gets half the stage's budget (10 ms)
@@ -426,14 +421,7 @@ def flowserve_runs(seconds: float, only=None, rates=RATES, reps: int = 1) -> dic
             if only and label not in only:
                 continue
             name = f"aimd-cnn-{i}"
-            flow = Flow(name, schema={"img": ColumnType.tensor(np.uint8, (28, 28))})
-            flow.map(CNN, names=["cls"], batching=True)
-            plan = optimize(flow, rules=["batching"])
-            (stage_name,) = plan.stages
-            stage = replace(plan.stages[stage_name], batch=BatchConfig(max_batch_size=cap), replicas=1)
-            plan = plan.replace_stages({stage_name: stage})
-            if budget is not None:  # unplanned SLO: AIMD from 1 up to the cap, within the budget
-                plan = replace(plan, slo=ServingSLO(SLO(SLO_MS), budgets={stage_name: budget}))
+            plan, _ = stage_plan(name, cap, budget)
             register(cluster, plan)  # all on the one executor: an idle flow costs nothing
             urls[label] = f"{cluster.url}/flows/{name}"
         progress(f"deployed {list(urls)}")
