@@ -211,6 +211,7 @@ PRICES = {"cpu": 0.085, "gpu": 0.526}
 BASE_RPS = 60
 SLO_MS = 60.0
 MAX_REPLICAS = 8
+PLAN_SECONDS = 40.0  # the planning trace's length (the planner simulates it for each move)
 
 
 class ClassKernel:
@@ -332,7 +333,25 @@ def _run_one(cluster, name, trace) -> dict:
     }
 
 
-def compare(seconds: float, only=None, profile_repeats: int = 5, ladder: bool = False) -> dict:
+def planning_trace(kind: str, seconds: float = PLAN_SECONDS):
+    """The planner's sample of the workload (InferLine plans on a sample trace): ``bursty``,
+    the run's shape (Poisson at the base rate with 2x and 4x bursts) drawn with another
+    seed and shorter, or ``poisson`` at the base rate (the tuner then meets every burst)."""
+    from optimizer.slo import bursty, poisson
+
+    if kind == "poisson":
+        return poisson(BASE_RPS, int(BASE_RPS * seconds), seed=11)
+    return bursty(BASE_RPS, seconds, _bursts(seconds), seed=11)
+
+
+def compare(
+    seconds: float,
+    only=None,
+    profile_repeats: int = 5,
+    ladder: bool = False,
+    plan_on: str = "bursty",
+    fuse: bool = True,
+) -> dict:
     from dataclasses import replace
 
     from executors.autoscale import AutoscalingConfig
@@ -355,6 +374,8 @@ def compare(seconds: float, only=None, profile_repeats: int = 5, ladder: bool = 
         "prices_usd_per_h": PRICES,
         "requests": len(trace),
         "ladder": ladder,
+        "plan_on": plan_on,
+        "planner_fuses": fuse,
         "runs": {},
     }
     samples = [{"x": i} for i in range(8)]
@@ -368,7 +389,7 @@ def compare(seconds: float, only=None, profile_repeats: int = 5, ladder: bool = 
         cluster.undeploy("cmp-hops")
         out["hop_ms"] = hop_ms
         progress(f"hop cost {hop_ms:.2f} ms (median end to end of 4 empty stages at 10 req/s, over 5 hops)")
-        opts = PlannerOptions(prices=PRICES, hop_ms=hop_ms, max_replicas=MAX_REPLICAS, max_batch=16)
+        opts = PlannerOptions(prices=PRICES, hop_ms=hop_ms, max_replicas=MAX_REPLICAS, max_batch=16, fuse=fuse)
         if "planned" in only:  # (a) the planner picks class, batch and replicas per stage; the tuner re-plans
             base = optimize(make_class_flow("cmp-planned"), rules=["batching"])
             t0 = time.perf_counter()
@@ -378,7 +399,7 @@ def compare(seconds: float, only=None, profile_repeats: int = 5, ladder: bool = 
                 base,
                 SLO(SLO_MS),
                 profile=profile,
-                rate_rps=BASE_RPS,
+                trace=planning_trace(plan_on),
                 options=opts,
                 ladder=LADDER_FACTORS if ladder else (),
             )
@@ -504,8 +525,15 @@ def run(argv=None) -> dict:
         action="store_true",
         help="compare: (a) with the tuner's ladder of re-plans (switched as new versions), not only replicas",
     )
+    p.add_argument(
+        "--plan-on",
+        choices=["bursty", "poisson"],
+        default="bursty",
+        help="compare: (a)'s planning trace: a sample with the run's bursts (default) or Poisson at the base rate",
+    )
+    p.add_argument("--no-fuse", action="store_true", help="compare: (a) without the planner's fusion of stages")
     args = p.parse_args(argv)
     progress(f"machine: {json.dumps(machine())} (shared with other engineers' work)")
     if args.part == "validate":
         return validate(args.seconds or 12.0, args.pipelines, args.loads)
-    return compare(args.seconds or 240.0, args.only, ladder=args.ladder)
+    return compare(args.seconds or 240.0, args.only, ladder=args.ladder, plan_on=args.plan_on, fuse=not args.no_fuse)

@@ -63,6 +63,7 @@ class PlannerOptions:
     max_steps: int = 500
     threads: int = 1
     ladder: tuple = ()
+    fuse: bool = True
 
     def __post_init__(self):
         if not isinstance(self.prices, Mapping) or not self.prices:
@@ -88,6 +89,8 @@ class PlannerOptions:
                 f"PlannerOptions.ladder must be multiples of the planning rate above 1, got {self.ladder!r:.80}"
             )
         object.__setattr__(self, "ladder", tuple(float(f) for f in self.ladder))
+        if not isinstance(self.fuse, bool):
+            raise SLOTypeError(f"PlannerOptions.fuse must be True or False, got {self.fuse!r:.80}")
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,7 @@ class _Search:
     def batches(self, stage, cls) -> list[int]:
         if not next(s for s in self.shape.stages if s.name == stage).batchable:
             return [1]
-        return [b for b in self.profile.batch_sizes(stage, cls) if b <= self.opt.max_batch] or [1]
+        return _geometric([b for b in self.profile.batch_sizes(stage, cls) if b <= self.opt.max_batch]) or [1]
 
     def cost_rate(self, configs) -> float:
         return sum(c.replicas * self.opt.prices[c.executor_class] for c in configs.values())
@@ -169,6 +172,22 @@ class _Search:
     def meets(self, configs) -> bool:
         _, tail, p50, _ = self.evaluate(configs)
         return self.slo.met_by(tail, p50)
+
+
+#: the batch sizes the search steps through grow by at least this factor
+BATCH_STEP = 1.5
+
+
+def _geometric(sizes: list[int]) -> list[int]:
+    """The profiled batch sizes thinned to steps of at least ``BATCH_STEP`` (the largest
+    kept): a profile measured at every size from 1 to 16 gives 1, 2, 3, 5, 8, 12, 16. Each
+    size is a move the search simulates, and the runtime's AIMD batcher tunes the size
+    between the steps anyway."""
+    kept: list[int] = []
+    for b in sorted(sizes):
+        if not kept or b >= kept[-1] * BATCH_STEP or b == max(sizes):
+            kept.append(b)
+    return kept
 
 
 def _with(configs, stage, **changes):
@@ -258,7 +277,7 @@ def _shrink_moves(search, configs):
                     break
 
 
-def _describe(configs_before, configs_after, stage) -> str:
+def describe_change(configs_before, configs_after, stage) -> str:
     a, b = configs_before[stage], configs_after[stage]
     parts = []
     if a.executor_class != b.executor_class:
@@ -396,7 +415,7 @@ def _result(search, start, met, configs) -> SLOPlan:
     stages = {}
     for s in search.shape.stages:
         steps = []
-        grown, shrunk = _describe(start, met, s.name), _describe(met, configs, s.name)
+        grown, shrunk = describe_change(start, met, s.name), describe_change(met, configs, s.name)
         if grown:
             steps.append(f"{grown} to meet the SLO (pipeline tail {start_tail:.1f} -> {met_tail:.1f} ms)")
         if shrunk:

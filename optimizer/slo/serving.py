@@ -24,7 +24,7 @@ from optimizer.slo.aimd import HEADROOM
 from optimizer.slo.envelope import envelope_of
 from optimizer.slo.errors import SLOError, SLOTypeError
 from optimizer.slo.pipeline import Shape, StageConfig
-from optimizer.slo.planner import PlannerOptions, SLOPlan, plan_for_slo
+from optimizer.slo.planner import PlannerOptions, SLOPlan, describe_change, plan_for_slo
 from optimizer.slo.profile import Profile
 from optimizer.slo.spec import SLO
 from optimizer.slo.traces import check_trace, poisson
@@ -171,6 +171,7 @@ def serve_under(
         "max_replicas": options.max_replicas,
         "max_batch": options.max_batch,
         "seed": options.seed,
+        "fuse": options.fuse,
     }
     if profile is None:
         attached = ServingSLO(slo, equal_budgets(plan, slo, options.hop_ms), options=opts)
@@ -191,8 +192,10 @@ def serve_under(
             )
         trace = planning_trace(rate_rps)
     trace = check_trace(trace)
+    result = plan_for_slo(Shape.from_plan(plan), profile, slo, trace, options)
+    if options.fuse:
+        plan, profile, result = _fused(plan, profile, slo, trace, options, result)
     shape = Shape.from_plan(plan)
-    result = plan_for_slo(shape, profile, slo, trace, options)
     served = apply_plan(plan, result, profile, trace, opts)
     if ladder:
         from optimizer.slo.tuning import ladder as plan_ladder
@@ -201,6 +204,28 @@ def serve_under(
         rungs = plan_ladder(shape, profile, slo, rate, result, options, factors=ladder, trace=trace)
         served = replace(served, slo=replace(served.slo, ladder=tuple(r.to_dict() for r in rungs)))
     return served
+
+
+def _fused(plan: Plan, profile: Profile, slo: SLO, trace, options: PlannerOptions, first: SLOPlan):
+    """The planner's fusions of neighbouring stages (optimizer/slo/fusing.py), each merged
+    stage's reason saying what it holds and what merging saved."""
+    from optimizer.slo.fusing import plan_with_fusion
+
+    plan, profile, result, merged = plan_with_fusion(plan, profile, slo, trace, options, first=first)
+    if merged:
+        saved = f"cost {first.cost_per_s:g} -> {result.cost_per_s:g} a unit of time"
+        stages = dict(result.stages)
+        for name, s in stages.items():
+            if name in merged:
+                why = f"fused {', '.join(merged[name])} by the planner ({saved}); {s.reason}"
+            else:  # planned apart first; the merges' searches started from that
+                before, now = first.stages[name], s.config
+                why = before.reason
+                if now != before.config:
+                    why += f"; after the merges {describe_change({name: before.config}, {name: now}, name)}"
+            stages[name] = replace(s, reason=why)
+        result = replace(result, stages=stages)
+    return plan, profile, result
 
 
 def with_rung(plan: Plan, rung) -> Plan:

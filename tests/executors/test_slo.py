@@ -15,7 +15,7 @@ from executors.executor import HostedStage
 from executors.slo import load_profile, profile_plan, stage_inputs
 from flow import Flow
 from optimizer import optimize
-from optimizer.slo import SLO, InfeasibleSLOError, Profile, SLOError, serve_under
+from optimizer.slo import SLO, InfeasibleSLOError, PlannerOptions, Profile, SLOError, serve_under
 from tests.executors.conftest import unique
 
 
@@ -34,6 +34,7 @@ def two_stage(name: str) -> Flow:
 
 
 RULES = ["batching"]  # keep the two stages apart (no fusion), both batching
+APART = PlannerOptions(fuse=False)  # nor the planner's fusion (optimizer/slo/fusing.py)
 
 # pre: 1 ms a call; model: 4 ms + 0.5 ms a request, measured up to batch 16
 PROFILE = Profile(
@@ -50,7 +51,7 @@ def _flow_json(cluster, name):
 
 def test_a_planned_slo_sizes_the_stages_and_is_shown_everywhere(cluster):
     f = two_stage("slo")
-    d = cluster.deploy(f, rules=RULES, slo=SLO(p99_ms=40), profile=PROFILE, traffic=300)
+    d = cluster.deploy(f, rules=RULES, slo=SLO(p99_ms=40), profile=PROFILE, traffic=300, planner=APART)
     # 300 req/s at 4.5 ms a request needs batching on the model stage, one replica each
     planned = d.plan.slo.configs
     assert planned["plus_one"].batch_size > 1 and d.plan.stages["plus_one"].batch.max_batch_size > 1
@@ -73,6 +74,19 @@ def test_a_planned_slo_sizes_the_stages_and_is_shown_everywhere(cluster):
     d.undeploy()
 
 
+def test_the_planner_merges_stages_where_one_stage_costs_less_and_rows_are_unchanged(cluster):
+    f = two_stage("slo-fused")
+    d = cluster.deploy(f, rules=RULES, slo=SLO(p99_ms=40), profile=PROFILE, traffic=300)
+    # apart: a replica each (cost 2); merged, one replica batches both (cost 1)
+    assert list(d.plan.stages) == ["double+plus_one"]
+    body = _flow_json(cluster, f.name)
+    assert [s["name"] for s in body["stages"]] == ["double+plus_one"]
+    assert "fused double, plus_one by the planner (cost 2 -> 1" in body["explain"]
+    rows = [{"x": i} for i in range(20)]
+    assert [d.invoke(r)["z"].tolist() for r in rows] == [f.run([r])["z"].tolist() for r in rows]
+    d.undeploy()
+
+
 def test_an_slo_without_a_profile_attaches_equal_budgets_and_says_to_profile(cluster):
     f = two_stage("slo-bare")
     d = cluster.deploy(f, rules=RULES, slo=SLO(p99_ms=30))
@@ -91,7 +105,7 @@ def test_samples_are_profiled_once_stored_and_reused(cluster):
     assert stored is not None and set(stored.stages) == {"double", "plus_one"}
     assert stored.batch_sizes("plus_one", "cpu")[:3] == (1, 2, 3)
     # a second deploy with no samples plans from the stored profile
-    d = cluster.deploy(f, rules=RULES, slo=SLO(p99_ms=200), traffic=20)
+    d = cluster.deploy(f, rules=RULES, slo=SLO(p99_ms=200), traffic=20, planner=APART)
     assert d.plan.slo.planned and Profile.from_json(d.plan.slo.profile_json) == stored
     d.undeploy()
 
