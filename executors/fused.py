@@ -26,7 +26,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from flow.exceptions import DataTypeError, OperatorOutputError
 from flow.operators import (
     BoundOperator,
     _BoundJoin,
@@ -38,7 +37,7 @@ from flow.operators import (
     batch_output,
 )
 from flow.table import Column, Row, Table, built_column
-from flow.types import build_column
+from flow.types import ColumnType
 
 ENABLED = True  # tests compare the compiled chain against the generic loop by turning it off
 
@@ -108,21 +107,74 @@ class _BatchMap:
             values = result
         else:
             values = None
-        if values is not None:
-            for v in values:
-                if type(v) is not np.ndarray or v.ndim == 0 or len(v) != n or v.dtype.kind not in "biuf":
-                    values = None
-                    break
-        if values is None:  # anything else: the generic checks, errors and conversions
-            return batch_output(name, self.names, table, result)
         cols = {}
-        for c, v in zip(self.names, values):
-            try:
-                ctype, arr, valid = build_column(v, c)
-            except DataTypeError as e:
-                raise OperatorOutputError(f"operator {name!r}: {e}", operator=name) from None
-            cols[c] = built_column(ctype, arr, valid)
-        return _table(cols, qid)
+        if values is not None:
+            for c, v in zip(self.names, values):
+                column = _array_column(v, n) if type(v) is np.ndarray else None
+                if column is None:
+                    break
+                cols[c] = column
+            else:
+                return _table(cols, qid)
+        # anything else: the generic checks, errors and conversions
+        return batch_output(name, self.names, table, result)
+
+
+def _array_column(v: np.ndarray, n: int) -> Column | None:
+    """The column ``build_column`` makes of a numpy array of ``n`` rows that is already in a
+    storage form (contiguous; int64, float64 or bool, or a numeric tensor): the same type,
+    the array itself, the NaN mask of a float one. None for any other array (the generic
+    path converts it, or names what is wrong with it)."""
+    if v.ndim == 0 or len(v) != n or not v.flags.c_contiguous:
+        return None
+    dt = v.dtype
+    if v.ndim > 1:
+        if dt.kind not in "biuf":
+            return None
+        return built_column(ColumnType.tensor(dt, v.shape[1:]), v, None)
+    ctype = _SCALARS.get(dt)
+    if ctype is None:
+        return None
+    if ctype is _FLOAT:
+        if n == 1:
+            x = v.item(0)
+            if x != x:  # NaN: a missing value
+                return Column(ctype, v, np.zeros(1, dtype=bool))
+        else:
+            nan = np.isnan(v)
+            if np.count_nonzero(nan):
+                return Column(ctype, v, ~nan)
+    return built_column(ctype, v, None)
+
+
+_FLOAT = ColumnType.scalar("float")
+_SCALARS = {np.dtype(np.int64): ColumnType.scalar("int"), np.dtype(np.float64): _FLOAT}
+_SCALARS[np.dtype(np.bool_)] = ColumnType.scalar("bool")
+
+
+def _values_column(values: list) -> Column | None:
+    """The column ``build_column`` makes of a row-wise map's values when they are all Python
+    floats or all Python ints (not bools) that fit in int64; None otherwise."""
+    first = type(values[0])
+    if first is not float and first is not int:
+        return None
+    for x in values:
+        if type(x) is not first:
+            return None
+    if first is int:
+        for x in values:
+            if not _INT64_MIN <= x <= _INT64_MAX:
+                return None
+        return built_column(_INT, np.array(values, dtype=np.int64), None)
+    arr = np.array(values, dtype=np.float64)
+    missing = [x != x for x in values]  # NaN: a missing value
+    if any(missing):
+        return Column(_FLOAT, arr, ~np.array(missing, dtype=bool))
+    return built_column(_FLOAT, arr, None)
+
+
+_INT = ColumnType.scalar("int")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 class _RowMap:
@@ -147,7 +199,13 @@ class _RowMap:
                 raise arity_error(name, self.names, r, q)
             results.append(r)
         outputs = [results] if k == 1 else [list(c) for c in zip(*results)]
-        return _table(_columns_from_values(name, self.names, outputs, None), qid)
+        cols = {}
+        for c, values in zip(self.names, outputs):
+            column = _values_column(values)
+            if column is None:
+                return _table(_columns_from_values(name, self.names, outputs, None), qid)
+            cols[c] = column
+        return _table(cols, qid)
 
 
 class _SameRowsJoin:

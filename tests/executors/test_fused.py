@@ -269,3 +269,78 @@ def test_generated_flows_fused_into_stages_match_the_generic_loop(case):
         many = Interpreter(plan).run_many(list(case.requests), kvs=case.store)
         for req, got_i in zip(case.requests, many.tables()):
             assert_same_rows(got_i, case.flow.run(req, kvs=case.store))
+
+
+# -- the columns the short paths build are the ones build_column builds ----------------------------
+
+
+class Returns:
+    """A batching map returning ``make(x)`` for the input column x (an int array)."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def __call__(self, t):
+        return self.make(t["x"])
+
+
+ARRAYS = {
+    "int64": lambda x: x.astype(np.int64),
+    "int32": lambda x: x.astype(np.int32),
+    "float64 with NaN": lambda x: np.where(x % 2 == 0, np.nan, x * 0.5),
+    "float32": lambda x: x.astype(np.float32) / 3,
+    "bool": lambda x: x % 2 == 0,
+    "not contiguous": lambda x: np.repeat(x * 1.5, 2)[::2],
+    "big-endian": lambda x: x.astype(">i8"),
+    "uint64": lambda x: x.astype(np.uint64),
+    "tensor": lambda x: np.stack([x, x * 2], axis=1).astype(np.float32),
+    "strings": lambda x: x.astype(str),
+}
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("kind", list(ARRAYS))
+def test_batching_map_arrays_make_the_same_columns(kind, rows):
+    flow = _flow()
+    flow.map(Returns(ARRAYS[kind]), names=["y"], batching=True).join(flow).map(pick_row, names=["p"])
+    got = _same(flow, _ints(rows))
+    assert got.num_rows == rows
+
+
+def pick_row(row):
+    return row.y if not isinstance(row.y, np.ndarray) else float(row.y.sum())
+
+
+class RowReturns:
+    def __init__(self, values):
+        self.values = values
+
+    def __call__(self, row):
+        return self.values[row.x % len(self.values)]
+
+
+VALUES = {
+    "ints": [1, -2, 3],
+    "floats with NaN": [1.5, float("nan"), 2.0],
+    "all NaN": [float("nan")],
+    "ints and floats": [1, 2.5],
+    "bools": [True, False],
+    "None": [None, 1.0],
+    "strings": ["a", "b"],
+}
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("kind", list(VALUES))
+def test_row_map_values_make_the_same_columns(kind, rows):
+    flow = _flow()
+    flow.map(RowReturns(VALUES[kind]), names=["y"]).join(flow.map(plus_one, names=["a", "b"], batching=True))
+    _same(flow, _ints(rows))
+
+
+def test_row_map_int_beyond_int64_fails_as_the_generic_loop_does():
+    flow = _flow()
+    flow.map(RowReturns([2**70]), names=["y"]).join(flow)
+    compiled, generic = _errors(flow, _ints(2))
+    assert isinstance(compiled, OperatorOutputError) and str(compiled) == str(generic)
+    assert "RowReturns" in str(compiled) and "int64" in str(compiled)
