@@ -7,7 +7,8 @@ work timed in a hot loop.
 Part 1 (in-process, one process, a hot loop, min of 9 reps): parsing the JSON body, the
 input Table, the run message out and the answer back (encode + decode), the answer's JSON,
 and the fused stage against its operators' own code called back to back (what the floor
-runs) -- the Table machinery between operators is the difference.
+runs) -- the Table machinery between operators is the difference -- and against the generic
+per-operator loop (``executors.fused`` off: the stage as it ran before its compiled chain).
 
 Part 2 (processes): the floor (one uvicorn process), FlowServe in its default shape (and
 ``--baseline``: the same from another checkout), all up at once; wrk at concurrency 1 and 8
@@ -45,6 +46,7 @@ def in_process() -> dict:
 
     import torch
 
+    from executors import fused
     from executors.gateway import _input_table
     from executors.httpcodec import json_rows, parse_body
     from executors.messages import Result, StageInput, decode
@@ -97,10 +99,20 @@ def in_process() -> dict:
             "gateway: the answer message decoded": _hot(lambda: decode(answer), 2000),
             "gateway: the answer's JSON": _hot(lambda: json_rows(out), 2000),
         }
-        stage, alone = [], []
-        for _ in range(9):  # interleaved: the machine's drift hits both alike
+
+        def generic_loop():  # the stage as the generic per-operator loop runs it (before fused.py)
+            fused.ENABLED = False
+            try:
+                return bound([table])
+            finally:
+                fused.ENABLED = True
+
+        stage, alone, generic = [], [], []
+        for _ in range(9):  # interleaved: the machine's drift hits them alike
             stage.append(_hot(lambda: bound([table]), 100))
             alone.append(_hot(operators_alone, 100))
+            generic.append(_hot(generic_loop, 100))
+    figures["executor: the fused stage, generic per-operator loop (before executors/fused.py)"] = min(generic)
     figures["executor: the fused stage (5 operators)"] = min(stage)
     figures["executor: its operators' own code back to back (the floor's work)"] = min(alone)
     figures["executor: the stage's Table machinery (difference)"] = min(stage) - min(alone)

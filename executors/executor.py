@@ -108,6 +108,9 @@ class HostedStage:
         self.batcher: Batcher | None = None
         self.ewma_ms = COSTLY_MS * 2  # unknown cost: start on the pool until measured
         self.cheap = False  # run on the IO thread (no thread hop) rather than on the pool
+        s = self.stage  # one whole input makes it ready (Executor._gather's short path)
+        one = len(s.inputs) == 1 and s.continuation is None and s.competitive <= 1 and s.wait != "first_valid"
+        self.single_input = s.inputs[0] if one else None
 
     def observe(self, ms: float) -> None:
         """Record a run's cost. A stage whose average sits near one threshold would flip
@@ -368,6 +371,10 @@ class Executor:
             rid += (h.copy,)  # racing copies placed on one executor all run
         if rid in self.done:
             return []  # a late competing copy, or a retry's leftover
+        if not path and src == hosted.single_input and table is not None and rid not in self.pending:
+            # the stage's one input, whole: ready as it is (what the general path below does)
+            self._mark_done(rid)
+            return [(hosted, WorkItem(h, [table], (), list(h.trace)))]
         if stage.continuation is not None:
             # a continuation runs on its own key group; its consumer merges the groups
             self._mark_done(rid)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from executors import prediction_cache
+from executors import fused, prediction_cache
 from flow.operators import BoundOperator
 from flow.table import Table
 from optimizer.plan import PlanError, Stage
@@ -31,6 +31,7 @@ class BoundStage:
             b.name = node.name
             self.bound.append(prediction_cache.wrap(b))  # map(..., cache=...): prediction_cache.py
         self.caches = [b for b in self.bound if isinstance(b, prediction_cache.CachedOperator)]
+        self.chain = fused.FusedChain(stage.nodes, self.bound)  # the operators as one compiled chain
 
     @property
     def head(self) -> BoundOperator:
@@ -42,6 +43,8 @@ class BoundStage:
         if self.stage.continuation is not None and POS in inputs[0].columns:
             # a key-split part: keep its rows' positions
             return self._run_part(inputs[0], store, on_node)
+        if fused.ENABLED:
+            return self.chain(inputs, store, on_node)
         results: dict[str, Table] = {}
         last = None
         for node, b in zip(self.stage.nodes, self.bound):

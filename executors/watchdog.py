@@ -68,6 +68,7 @@ class Run:
     lost: bool = False  # abandoned, and its thread replaced
     slot: int = -1
     owner: object = None  # the executor's HostedStage
+    record_parts: tuple = ()  # the Blackbox's line around the operator's name, encoded
 
     def enter(self, node: str, timeout_s: float | None) -> None:
         """The stage moved on to operator ``node`` (with its ``timeout_s``, if any)."""
@@ -204,18 +205,25 @@ class Blackbox:
             return  # more threads than slots: this one runs unrecorded
         reqs = ",".join(f"{m.req}:{m.attempt}" for m in run.messages)
         gw = run.messages[0].gateway if run.messages else ""
-        line = f"{run.flow}\t{run.stage}\t{run.node}\t{gw}\t{'' if run.qid is None else run.qid}\t{reqs}"
-        data = line.encode("utf-8", "replace")[: self.SLOT - 1]
+        head = f"{run.flow}\t{run.stage}\t".encode("utf-8", "replace")
+        tail = f"\t{gw}\t{'' if run.qid is None else run.qid}\t{reqs}".encode("utf-8", "replace")
+        run.record_parts = (head, tail)
+        self._write(slot, head + run.node.encode("utf-8", "replace") + tail)
+        self._map[slot * self.SLOT] = 1  # written last: a slot is valid once its first byte is set
+        run.slot = slot
+
+    def _write(self, slot: int, data: bytes) -> None:
+        data = data[: self.SLOT - 1]
         start = slot * self.SLOT
         self._map[start + 1 : start + 1 + len(data)] = data
         self._map[start + 1 + len(data)] = 0
-        self._map[start] = 1  # written last: a slot is valid once its first byte is set
-        run.slot = slot
 
     def note_node(self, run: Run) -> None:
-        """The run moved to another operator: rewrite its record (only while it is recorded)."""
+        """The run moved to another operator: rewrite its record (only while it is recorded);
+        only the operator's name is new."""
         if run.slot >= 0:
-            self.record(run)
+            head, tail = run.record_parts
+            self._write(run.slot, head + run.node.encode("utf-8", "replace") + tail)
 
     def clear(self, run: Run) -> None:
         if run.slot >= 0:

@@ -229,15 +229,20 @@ def _map_rows(name, call, names, col, table: Table) -> Table:
             outputs[0].append(result)
             continue
         if not isinstance(result, (tuple, list)) or len(result) != k:
-            got = f"{len(result)} values" if isinstance(result, (tuple, list)) else type(result).__name__
-            raise OperatorOutputError(
-                f"operator {name!r} returned {got}; expected a tuple of {k} values for {list(names)}",
-                operator=name,
-                qid=int(qids[i]),
-            )
+            raise arity_error(name, names, result, int(qids[i]))
         for j in range(k):
             outputs[j].append(result[j])
     return Table(_columns_from_values(name, names, outputs, None), qids)
+
+
+def arity_error(name, names, result, qid: int) -> OperatorOutputError:
+    """A row-wise map of several columns returned something else than one value per column."""
+    got = f"{len(result)} values" if isinstance(result, (tuple, list)) else type(result).__name__
+    return OperatorOutputError(
+        f"operator {name!r} returned {got}; expected a tuple of {len(names)} values for {list(names)}",
+        operator=name,
+        qid=qid,
+    )
 
 
 def _columns_from_values(name, names, outputs, qid) -> dict[str, Column]:
@@ -256,7 +261,13 @@ def _map_batch(name, call, names, col, table: Table) -> Table:
     if n == 0:  # a batching function is never called with an empty batch
         return Table({c: Column(ColumnType("null"), np.empty(0, dtype=object)) for c in names}, table.qid)
     arg = table[col] if col is not None else table
-    result = _invoke(name, call, arg, None)
+    return batch_output(name, names, table, _invoke(name, call, arg, None))
+
+
+def batch_output(name, names, table: Table, result) -> Table:
+    """A batching map's output Table from what its function returned for ``table``'s rows
+    (checked: one value per input row for each of ``names``)."""
+    n = len(table)
     if _is_dataframe_like(result):
         try:
             result = Table.from_any(result)
