@@ -333,15 +333,20 @@ def _run_one(cluster, name, trace) -> dict:
     }
 
 
-def planning_trace(kind: str, seconds: float = PLAN_SECONDS):
-    """The planner's sample of the workload (InferLine plans on a sample trace): ``bursty``,
-    the run's shape (Poisson at the base rate with 2x and 4x bursts) drawn with another
-    seed and shorter, or ``poisson`` at the base rate (the tuner then meets every burst)."""
+def planning_trace(kind: str, run_seconds: float, seconds: float = PLAN_SECONDS):
+    """The planner's sample of the workload (InferLine plans on a sample trace), drawn with
+    another seed than the run's: ``bursty``, Poisson at the base rate with one 2x and one
+    4x burst as long as the run's (so that its arrival envelope, what the tuner compares
+    traffic with, covers windows as long as the run's bursts), or ``poisson`` at the base
+    rate (the tuner then meets every burst)."""
     from optimizer.slo import bursty, poisson
 
     if kind == "poisson":
         return poisson(BASE_RPS, int(BASE_RPS * seconds), seed=11)
-    return bursty(BASE_RPS, seconds, _bursts(seconds), seed=11)
+    span = 0.05 * run_seconds  # each of the run's bursts lasts 5% of it (_bursts)
+    seconds = max(seconds, 6 * span)
+    spans = [(seconds / 6, seconds / 6 + span, 2.0), (seconds * 4 / 6, seconds * 4 / 6 + span, 4.0)]
+    return bursty(BASE_RPS, seconds, spans, seed=11)
 
 
 def compare(
@@ -399,7 +404,7 @@ def compare(
                 base,
                 SLO(SLO_MS),
                 profile=profile,
-                trace=planning_trace(plan_on),
+                trace=planning_trace(plan_on, seconds),
                 options=opts,
                 ladder=LADDER_FACTORS if ladder else (),
             )
