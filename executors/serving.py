@@ -155,6 +155,7 @@ def limited_protocol(limits: HttpLimits):
             self._heads_done = 0
             self._in_head = True
             self._timer = None
+            self._began = False
             # the app answers invocations itself (gateway.InvokeFastPath.answer): the lean path
             app = self.app
             self._invoker = app if hasattr(app, "answer") and self.limit_concurrency is None else None
@@ -165,15 +166,22 @@ def limited_protocol(limits: HttpLimits):
 
         def data_received(self, data: bytes) -> None:
             in_head = self._in_head
-            if in_head and self._head_bytes == 0 and data:
-                self._arm(limits.header_timeout_s, f"request headers not received within {limits.header_timeout_s:g} s")
             heads = self._heads_done
             super().data_received(data)
             if in_head and self._heads_done == heads:  # no head completed in it: count what it holds so far
                 self._head_bytes += len(data)
                 if self._head_bytes > limits.max_header_bytes:
-                    self._reject(
+                    return self._reject(
                         "HeadersTooLarge", f"request headers over the limit of {limits.max_header_bytes} bytes"
+                    )
+            # a head or body left incomplete by this packet waits under its timer, armed once (a
+            # request that came whole, most, arms none: two timers less per request)
+            if self._timer is None and not self.transport.is_closing():
+                if not self._in_head:
+                    self._arm(limits.body_timeout_s, f"request body not received within {limits.body_timeout_s:g} s")
+                elif self._began or self._head_bytes:
+                    self._arm(
+                        limits.header_timeout_s, f"request headers not received within {limits.header_timeout_s:g} s"
                     )
 
         def on_url(self, url: bytes) -> None:
@@ -196,12 +204,13 @@ def limited_protocol(limits: HttpLimits):
                 return self._reject(
                     "HeadersTooLarge", f"request headers over the limit of {limits.max_header_bytes} bytes"
                 )
+            self._began = False
             self._begin()
-            self._arm(limits.body_timeout_s, f"request body not received within {limits.body_timeout_s:g} s")
 
         def on_message_begin(self) -> None:
             # the ASGI scope is built in _begin, for a request the lean path does not take
             self.url, self.expect_100_continue, self.headers = b"", False, []
+            self._began = True  # a head has started
 
         def _begin(self) -> None:
             """An invocation to the lean path (leanhttp.py), anything else to the ASGI app."""
