@@ -307,3 +307,13 @@ def test_invocations_take_the_lean_path_and_the_rest_the_asgi_app(two_doors):
             doc = json.loads(body)
             assert status == 200 and {k: doc.get(k) for k in want} == want
             assert headers["server"] == "uvicorn" and "date" in headers  # uvicorn's own headers on both
+
+
+def test_a_client_gone_before_its_answer_harms_no_one(c):
+    for _ in range(5):
+        with _conn(c.url) as s:
+            s.sendall(_post("inc", b'{"x": 1}'))  # and closes at once, before the answer
+    with _conn(c.url) as s, s.makefile("rb") as f:
+        s.sendall(_post("inc", b'{"x": 2}'))
+        status, _, body = _read(f)
+        assert status == 200 and _rows(body)[0]["y"] == 3
