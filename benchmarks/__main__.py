@@ -27,6 +27,7 @@ BENCHMARKS = {
     "hop": "one 10 MB Table between two processes: through the socket vs shared memory (fresh, forwarded)",
     "bigpayload": "10 MB through a fused 10-stage chain over HTTP vs a bare HTTP echo of the same bytes",
     "soak": "N requests at concurrency C while kill -9, hangs, poison inputs and redeploys are injected",
+    "leanhttp": "the gateway's HTTP layer alone: the lean invocation path vs the same through the ASGI app",
     "large_requests": "5/50 MB JSON and 200 MB Arrow bodies: time, gateway memory / body, other clients' p99",
 }
 

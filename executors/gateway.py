@@ -621,12 +621,21 @@ class InvokeFastPath:
             if scope["type"] == "http" and not self._authorized(path, scope["headers"]):
                 return await _send(send, *_error_body(http_error("Unauthorized", "missing or wrong bearer token")))
             return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        await _send(send, *await self.answer(path[7:], scope["headers"], receive))
+
+    async def answer(self, name: str, raw_headers, receive) -> tuple[int, bytes, list]:
+        """Flow ``name``'s answer to a request: (status, body, extra headers). ``raw_headers``
+        as the server parsed them (lower-case names, bytes). The server's lean path
+        (leanhttp.py) calls this directly, and ``send`` for an answer that is not one piece."""
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in raw_headers}
         try:
-            status, body, extra = await self.gateway.invoke(path[7:], headers, receive)
+            return await self.gateway.invoke(name, headers, receive)
         except Exception as exc:  # last resort: never a traceback to a client
-            log.exception("unhandled error on %s", path)
-            status, body, extra = _error_body(http_error("InternalError", f"{type(exc).__name__}: {exc}"))
+            log.exception("unhandled error on /flows/%s", name)
+            return _error_body(http_error("InternalError", f"{type(exc).__name__}: {exc}"))
+
+    @staticmethod
+    async def send(send, status: int, body, extra: list) -> None:
         await _send(send, status, body, extra)
 
     def _authorized(self, path: str, raw_headers) -> bool:

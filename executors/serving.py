@@ -19,6 +19,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from executors.errors import http_error
+from executors.leanhttp import LeanCycle, flow_name
 
 log = logging.getLogger("flowserve.gateway")
 
@@ -99,6 +100,15 @@ class OneWrite:
         for data in lines:
             self.write(data)
 
+    def write_now(self, data) -> None:
+        """``data`` (a whole answer) to the socket now, after what is pending: no turn of
+        the loop waited for (leanhttp.py)."""
+        if self._pending:
+            self.write(data)
+            return self.flush()
+        if not self._transport.is_closing():
+            self._transport.write(data)
+
     def flush(self) -> None:
         pending, size = self._pending, self._size
         if not pending:
@@ -145,6 +155,10 @@ def limited_protocol(limits: HttpLimits):
             self._heads_done = 0
             self._in_head = True
             self._timer = None
+            self._began = False
+            # the app answers invocations itself (gateway.InvokeFastPath.answer): the lean path
+            app = self.app
+            self._invoker = app if hasattr(app, "answer") and self.limit_concurrency is None else None
             if len(self.connections) > limits.max_connections:
                 self._reject(
                     "TooManyConnections", f"over the limit of {limits.max_connections} open connections; retry shortly"
@@ -152,15 +166,22 @@ def limited_protocol(limits: HttpLimits):
 
         def data_received(self, data: bytes) -> None:
             in_head = self._in_head
-            if in_head and self._head_bytes == 0 and data:
-                self._arm(limits.header_timeout_s, f"request headers not received within {limits.header_timeout_s:g} s")
             heads = self._heads_done
             super().data_received(data)
             if in_head and self._heads_done == heads:  # no head completed in it: count what it holds so far
                 self._head_bytes += len(data)
                 if self._head_bytes > limits.max_header_bytes:
-                    self._reject(
+                    return self._reject(
                         "HeadersTooLarge", f"request headers over the limit of {limits.max_header_bytes} bytes"
+                    )
+            # a head or body left incomplete by this packet waits under its timer, armed once (a
+            # request that came whole, most, arms none: two timers less per request)
+            if self._timer is None and not self.transport.is_closing():
+                if not self._in_head:
+                    self._arm(limits.body_timeout_s, f"request body not received within {limits.body_timeout_s:g} s")
+                elif self._began or self._head_bytes:
+                    self._arm(
+                        limits.header_timeout_s, f"request headers not received within {limits.header_timeout_s:g} s"
                     )
 
         def on_url(self, url: bytes) -> None:
@@ -183,8 +204,34 @@ def limited_protocol(limits: HttpLimits):
                 return self._reject(
                     "HeadersTooLarge", f"request headers over the limit of {limits.max_header_bytes} bytes"
                 )
+            self._began = False
+            self._begin()
+
+        def on_message_begin(self) -> None:
+            # the ASGI scope is built in _begin, for a request the lean path does not take
+            self.url, self.expect_100_continue, self.headers = b"", False, []
+            self._began = True  # a head has started
+
+        def _begin(self) -> None:
+            """An invocation to the lean path (leanhttp.py), anything else to the ASGI app."""
+            invoker, parser = self._invoker, self.parser
+            if invoker is not None and parser.get_method() == b"POST" and not parser.should_upgrade():
+                name = flow_name(self.url)
+                if name is not None:
+                    keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
+                    existing = self.cycle
+                    self.cycle = cycle = LeanCycle(self, invoker, name, keep_alive)
+                    if existing is None or existing.response_complete:
+                        self._start_asgi_task(cycle, None)
+                    else:  # pipelined: started when the answers before it are written (uvicorn's queue)
+                        self.flow.pause_reading()
+                        self.pipeline.appendleft((cycle, None))
+                    return
+            url, headers, expect = self.url, self.headers, self.expect_100_continue
+            HttpToolsProtocol.on_message_begin(self)  # the scope, as uvicorn builds it
+            self.url, self.expect_100_continue = url, expect
+            self.headers = self.scope["headers"] = headers
             super().on_headers_complete()
-            self._arm(limits.body_timeout_s, f"request body not received within {limits.body_timeout_s:g} s")
 
         def on_message_complete(self) -> None:
             self._disarm()

@@ -1,0 +1,116 @@
+"""The data plane's HTTP path: ``POST /flows/{name}`` answered by the connection's protocol
+itself, without the ASGI layers; every other request goes to the ASGI app unchanged.
+
+uvicorn's httptools protocol turns each request into an ASGI scope (a dict, the URL parsed
+again, the app state copied), runs the app, and takes the answer back as two ASGI messages
+whose headers it checks one by one against two regular expressions. For the gateway's hot
+path that is a quarter of its own CPU per small request (benchmarks/README.md, #20). Here
+the protocol (serving.LimitedHttpTools) recognises an invocation when its head is complete
+and runs a ``LeanCycle`` instead: a uvicorn request cycle, so the body, ``Expect:
+100-continue``, flow control, disconnects, pipelining (answers in order, one request at a
+time per connection), keep-alive, draining and the connection limits are uvicorn's own code
+as before, but the request goes straight to ``Gateway.invoke`` with the headers as they
+were parsed, and a whole answer (head and body) leaves in one write. Streamed and
+multi-piece answers (big ones) go through the ASGI ``send`` as before.
+
+What the client sees is the same as on the ASGI path: the same statuses, error bodies,
+headers (uvicorn's ``server``/``date`` included) and metrics; a request the lean path does
+not take (another method or route, a percent-encoded name, an upgrade) is the ASGI app's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
+
+log = logging.getLogger("flowserve.gateway")
+
+_PREFIX = b"/flows/"
+
+
+def flow_name(url: bytes) -> str | None:
+    """The flow named by an invocation's request target (``/flows/{name}``, a query string
+    ignored), or None when the target is anything else or needs decoding (the ASGI path
+    decodes it)."""
+    if not url.startswith(_PREFIX):
+        return None
+    end = len(url)
+    for sep in (b"?", b"#"):
+        i = url.find(sep, 7)
+        if i >= 0 and i < end:
+            end = i
+    name = url[7:end]
+    if not name or b"/" in name or b"%" in name or not name.isascii():
+        return None
+    return name.decode("ascii")
+
+
+class LeanCycle(RequestResponseCycle):
+    """One invocation on a connection: uvicorn's request cycle (body, flow control,
+    disconnect, pipelining) with the gateway called directly in place of an ASGI app."""
+
+    def __init__(self, protocol, invoker, name: str, keep_alive: bool):
+        super().__init__(
+            scope={"method": "POST", "type": "http"},  # what send() reads, for a streamed answer
+            transport=protocol.transport,
+            flow=protocol.flow,
+            logger=protocol.logger,
+            access_logger=protocol.access_logger,
+            access_log=False,
+            default_headers=protocol.server_state.default_headers,
+            message_event=asyncio.Event(),
+            expect_100_continue=protocol.expect_100_continue,
+            keep_alive=keep_alive,
+            on_response=protocol.on_response_complete,
+        )
+        self.invoker, self.name, self.raw_headers = invoker, name, protocol.headers
+
+    async def run_asgi(self, app) -> None:  # the protocol starts every cycle by this name
+        try:
+            status, body, extra = await self.invoker.answer(self.name, self.raw_headers, self.receive)
+            if type(body) is bytes:
+                await self.write_answer(status, body, extra)
+            else:  # a streamed answer or the pieces of a big one: through the ASGI send, as before
+                await self.invoker.send(self.send, status, body, extra)
+        except BaseException as exc:
+            log.error("unhandled error answering an invocation", exc_info=exc)
+            if not self.response_started:
+                await self.send_500_response()
+            else:
+                self.transport.close()
+        finally:
+            self.on_response = _nothing
+
+    async def write_answer(self, status: int, body: bytes, extra: list) -> None:
+        """The answer's head and body, one write (what ``send`` writes for the two ASGI
+        messages of an answer with a Content-Length, but for the header checks: these
+        headers are the gateway's own)."""
+        if self.flow.write_paused and not self.disconnected:
+            await self.flow.drain()
+        if self.disconnected:
+            return
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        out = [STATUS_LINE[status]]
+        for name, value in self.default_headers:
+            out += (name, b": ", value, b"\r\n")
+        out.append(b"content-length: %d\r\n" % len(body))
+        for name, value in extra:
+            out += (name, b": ", value, b"\r\n")
+        if not self.keep_alive:
+            out.append(b"connection: close\r\n")
+        out += (b"\r\n", body)
+        transport = self.transport
+        write = getattr(transport, "write_now", transport.write)
+        write(b"".join(out))
+        self.response_complete = True
+        self.message_event.set()
+        if not self.keep_alive:
+            transport.close()
+        self.on_response()
+
+
+def _nothing() -> None:
+    pass
