@@ -20,7 +20,7 @@ ran in the simulation, on the critical path.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from optimizer.plan import INPUT
 from optimizer.slo._check import name, positive_int, positive_number
@@ -64,6 +64,7 @@ class PlannerOptions:
     threads: int = 1
     ladder: tuple = ()
     fuse: bool = True
+    headroom: float = 0.0
 
     def __post_init__(self):
         if not isinstance(self.prices, Mapping) or not self.prices:
@@ -89,6 +90,9 @@ class PlannerOptions:
                 f"PlannerOptions.ladder must be multiples of the planning rate above 1, got {self.ladder!r:.80}"
             )
         object.__setattr__(self, "ladder", tuple(float(f) for f in self.ladder))
+        positive_number("PlannerOptions.headroom", self.headroom, allow_zero=True)
+        if self.headroom >= 0.5:
+            raise SLOError(f"PlannerOptions.headroom is a share of the SLO below 0.5, got {self.headroom!r}")
         if not isinstance(self.fuse, bool):
             raise SLOTypeError(f"PlannerOptions.fuse must be True or False, got {self.fuse!r:.80}")
 
@@ -138,6 +142,9 @@ class _Search:
 
     def __init__(self, shape, profile, slo, trace, options):
         self.shape, self.profile, self.slo, self.trace, self.opt = shape, profile, slo, trace, options
+        # what a configuration must meet in simulation: the SLO less the headroom kept free
+        keep = 1.0 - options.headroom
+        self.target = replace(slo, p99_ms=slo.p99_ms * keep, p50_ms=None if slo.p50_ms is None else slo.p50_ms * keep)
         self.cache: dict = {}
         self.classes = {}
         for s in shape.stages:
@@ -165,13 +172,13 @@ class _Search:
             pipe = self.shape.pipeline(self.profile, configs, self.opt.hop_ms, self.opt.routing, self.opt.threads)
             r = simulate(pipe, self.trace, self.opt.seed)
             tail, p50 = r.quantile(self.slo.percentile), r.p50_ms
-            excess = max(0.0, p50 - self.slo.p50_ms) if self.slo.p50_ms is not None else 0.0
+            excess = max(0.0, p50 - self.target.p50_ms) if self.target.p50_ms is not None else 0.0
             self.cache[key] = (tail + excess, tail, p50, r)
         return self.cache[key]
 
     def meets(self, configs) -> bool:
         _, tail, p50, _ = self.evaluate(configs)
-        return self.slo.met_by(tail, p50)
+        return self.target.met_by(tail, p50)
 
 
 #: the batch sizes the search steps through grow by at least this factor

@@ -172,6 +172,7 @@ def serve_under(
         "max_batch": options.max_batch,
         "seed": options.seed,
         "fuse": options.fuse,
+        "headroom": options.headroom,
     }
     if profile is None:
         attached = ServingSLO(slo, equal_budgets(plan, slo, options.hop_ms), options=opts)

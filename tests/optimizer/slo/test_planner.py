@@ -134,3 +134,14 @@ def test_bad_planner_inputs_are_named():
         plan_for_slo(Shape.chain("n"), profile, SLO(10), every(1.0))
     with pytest.raises(SLOError, match="plan_for_slo needs an SLO, got float"):
         plan_for_slo(Shape.chain("m"), profile, 10.0, every(1.0))
+
+
+def test_headroom_plans_within_a_share_of_the_slo_and_reports_the_slo_itself():
+    # cpu 10 ms meets an 11 ms SLO exactly; kept 20% free (8.8 ms) only the gpu's 2 ms does
+    plain = plan_for_slo(Shape.chain("m"), GPU_OR_CPU, SLO(11), every(10.0), PRICES)
+    assert plain.configs()["m"].executor_class == "cpu"
+    options = PlannerOptions(prices={"cpu": 1.0, "gpu": 3.0}, headroom=0.2)
+    kept = plan_for_slo(Shape.chain("m"), GPU_OR_CPU, SLO(11), every(10.0), options)
+    assert kept.configs()["m"] == StageConfig(1, 1, "gpu") and kept.slo == SLO(11)
+    with pytest.raises(SLOError, match="headroom"):
+        PlannerOptions(headroom=0.6)
