@@ -32,6 +32,7 @@ from benchmarks.fusion import across_rounds, stats
 
 REPLICAS = (1, 3, 7)
 SCALES = {"low": 1.0, "medium": 2.0, "high": 4.0}  # Gamma scale in ms; shape 3
+CONSTANT_MS = 1.0  # the fixed-cost runs: every copy waits this long (no variance: nothing to win)
 SEED = {  # the seed's 1 -> 3 replica changes (report section 5)
     "p99": {"low": -71, "medium": -94, "high": -86},
     "p50": {"low": -39, "medium": -63, "high": -62},
@@ -57,7 +58,7 @@ def against_bound(single: list, raced: list, k: int, fixed: list | None = None) 
     the bound); medians over rounds. ``single``/``raced``: per round, a list of latencies.
 
     ``fixed``: per round, the machine's fixed cost of k copies in ms (``fixed_cost``: the
-    same race with the sleep at 0, k copies against 1). The bound counts copies as free;
+    same race with every copy waiting CONSTANT_MS, k copies against 1). The bound counts copies as free;
     ``{q}_gap_beyond_fixed_points`` is the gap left once that cost is added to the bound,
     ``fixed_cost_points`` the cost itself in points of the single replica's statistic."""
     out = {}
@@ -84,9 +85,11 @@ def against_bound(single: list, raced: list, k: int, fixed: list | None = None) 
 
 def fixed_cost(zero: dict, k: int) -> list:
     """Per round, the fixed cost in ms of racing k copies on this machine: the p50 of the
-    same deployment with the sleep at 0 (every copy a no-op) for k copies less for 1 copy:
-    k dispatches and encodes, k executors woken, the first answer, the Cancel messages and
-    the losers' CPU on the shared cores. ``zero``: k -> per round, a list of latencies."""
+    same deployment with every copy waiting the same CONSTANT_MS (a race with nothing to
+    win) for k copies less for 1 copy: k dispatches and encodes, k executors woken, the
+    first answer, the Cancel messages and the other copies' CPU on the shared cores (all
+    k finish together: the most any race pays for them). ``zero``: k -> per round, a list
+    of latencies."""
     return [float(np.percentile(a, 50) - np.percentile(b, 50)) for a, b in zip(zero[k], zero[1])]
 
 
@@ -151,7 +154,7 @@ class GammaSleep:
     def __call__(self, row):
         from flow import wait
 
-        wait(self.rng.gamma(3.0, row.scale) / 1000.0)
+        wait(_draw(self.rng, row.scale) / 1000.0)
         return row.x, self.pid
 
 
@@ -159,8 +162,13 @@ class GammaSleepPlain(GammaSleep):
     """The same in ``time.sleep``: a losing copy runs to its end (``--plain-sleep``)."""
 
     def __call__(self, row):
-        time.sleep(self.rng.gamma(3.0, row.scale) / 1000.0)
+        time.sleep(_draw(self.rng, row.scale) / 1000.0)
         return row.x, self.pid
+
+
+def _draw(rng, scale: float) -> float:
+    """Gamma(3, scale) ms; a scale <= 0 asks for a constant -scale ms (the fixed-cost runs)."""
+    return rng.gamma(3.0, scale) if scale > 0 else -scale
 
 
 def last(row):
@@ -184,7 +192,7 @@ def measure_setup(executors: int, threads: int, rounds: int, requests: int, plai
 
     samples = {(k, v): [] for k in REPLICAS for v in SCALES}
     winners = {(k, v): set() for k in REPLICAS for v in SCALES}
-    zero = {k: [] for k in REPLICAS}  # per round: latencies with the sleep at 0 (fixed_cost)
+    zero = {k: [] for k in REPLICAS}  # per round: latencies of the constant wait (fixed_cost)
     plans = {}
     with LocalCluster(ClusterConfig(executors=executors, threads=threads)) as cluster:
         urls = {}
@@ -213,9 +221,9 @@ def measure_setup(executors: int, threads: int, rounds: int, requests: int, plai
                     call(urls[k], 1.0)
             for r in range(rounds):
                 for k in REPLICAS:  # the fixed cost of k copies: the same race, every copy a no-op
-                    zero[k].append([call(urls[k], 0.0)[0] for _ in range(requests)])
+                    zero[k].append([call(urls[k], -CONSTANT_MS)[0] for _ in range(requests)])
                 progress(
-                    f"{executors}x{threads} round {r + 1} sleep 0: "
+                    f"{executors}x{threads} round {r + 1} constant {CONSTANT_MS:g} ms: "
                     + "  ".join(f"k={k} p50 {np.percentile(zero[k][-1], 50):6.3f} ms" for k in REPLICAS)
                 )
                 for v, scale in SCALES.items():
@@ -306,7 +314,7 @@ def measure_open(
     in rounds; latency from each request's scheduled time (openloop.py). The bound is the
     min of k draws from the single replica's latencies under the same load; the fixed cost
     of k copies (``fixed_cost``) is measured per round on the same clusters with
-    ``zero_requests`` sequential requests whose sleep is 0."""
+    ``zero_requests`` sequential requests whose copies all wait CONSTANT_MS."""
     import asyncio
     import contextlib
 
@@ -336,12 +344,12 @@ def measure_open(
                 got = []
                 for _ in range(zero_requests):
                     t0 = time.perf_counter()
-                    if http.post(urls[k], json={"x": 1.0, "scale": 0.0}).status_code != 200:
-                        raise RuntimeError(f"{urls[k]} failed with the sleep at 0")
+                    if http.post(urls[k], json={"x": 1.0, "scale": -CONSTANT_MS}).status_code != 200:
+                        raise RuntimeError(f"{urls[k]} failed with a constant wait")
                     got.append((time.perf_counter() - t0) * 1000)
                 zero[k].append(got)
             progress(
-                f"open loop round {r + 1} sleep 0, sequential: "
+                f"open loop round {r + 1} constant {CONSTANT_MS:g} ms, sequential: "
                 + "  ".join(f"k={k} p50 {np.percentile(zero[k][-1], 50):6.3f} ms" for k in REPLICAS)
             )
             for v, scale in SCALES.items():
