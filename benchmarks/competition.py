@@ -338,13 +338,13 @@ def measure_open(
         progress(f"open loop, k executors x {threads} thread(s) for k replicas; rates {rates} req/s")
         for k in REPLICAS:  # warm up
             asyncio.run(replay(urls[k], b'{"x": 1.0, "scale": 1.0}', poisson(50, 50, seed=3)))
-        http = stack.enter_context(BareClient(timeout=30))
+        http = {k: stack.enter_context(BareClient(timeout=30)) for k in REPLICAS}  # one origin each
         for r in range(rounds):
             for k in REPLICAS:  # the fixed cost of k copies: the same race, every copy a no-op
                 got = []
                 for _ in range(zero_requests):
                     t0 = time.perf_counter()
-                    if http.post(urls[k], json={"x": 1.0, "scale": -CONSTANT_MS}).status_code != 200:
+                    if http[k].post(urls[k], json={"x": 1.0, "scale": -CONSTANT_MS}).status_code != 200:
                         raise RuntimeError(f"{urls[k]} failed with a constant wait")
                     got.append((time.perf_counter() - t0) * 1000)
                 zero[k].append(got)
