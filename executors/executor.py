@@ -706,9 +706,13 @@ class Executor:
         h = item.message
         key, ev = (h.gateway, h.req, h.attempt, h.stage), threading.Event()
         with self._lock:
-            if self.cancelled and key in self.cancelled:
-                return  # its race was won while it waited: another copy answered
-            self._racing.setdefault(key, []).append(ev)
+            lost = bool(self.cancelled) and key in self.cancelled
+            if not lost:
+                self._racing.setdefault(key, []).append(ev)
+        if lost:
+            if hosted.hedger is not None:
+                hosted.hedger.forget(item)  # no backup for it: the race is over
+            return  # its race was won while it waited: another copy answered
         set_cancel(ev)  # flow.wait in the operator returns when the race is won elsewhere
         try:
             self._run_one(hosted, item)
@@ -761,7 +765,11 @@ class Executor:
     def run_batch(self, hosted: HostedStage, items: list[WorkItem]) -> None:
         """Run several requests as one merged Table, then split the output back by qid."""
         if self.cancelled and _races(hosted.stage):
-            items = [it for it in items if not self._lost(hosted, it.message)]  # races won meanwhile
+            lost = [it for it in items if self._lost(hosted, it.message)]  # races won meanwhile
+            if lost:
+                items = [it for it in items if not self._lost(hosted, it.message)]
+                for it in lost if hosted.hedger is not None else ():
+                    hosted.hedger.forget(it)
         late = [it for it in items if _expired(it.message)]
         if late:
             for it in late:
