@@ -32,6 +32,7 @@ from benchmarks.fusion import across_rounds, stats
 
 REPLICAS = (1, 3, 7)
 SCALES = {"low": 1.0, "medium": 2.0, "high": 4.0}  # Gamma scale in ms; shape 3
+CONSTANT_MS = 1.0  # the fixed-cost runs: every copy waits this long (no variance: nothing to win)
 SEED = {  # the seed's 1 -> 3 replica changes (report section 5)
     "p99": {"low": -71, "medium": -94, "high": -86},
     "p50": {"low": -39, "medium": -63, "high": -62},
@@ -51,21 +52,58 @@ def min_of_k(samples, k: int) -> dict:
     return {"p50_ms": quantile[0.5], "p99_ms": quantile[0.99], "mean_ms": mean}
 
 
-def against_bound(single: list, raced: list, k: int) -> dict:
+def against_bound(single: list, raced: list, k: int, fixed: list | None = None) -> dict:
     """Per round, the change from 1 to k replicas, measured and as the bound of the round's
     single-replica samples has it, and the gap in percentage points (positive: short of
-    the bound); medians over rounds. ``single``/``raced``: per round, a list of latencies."""
+    the bound); medians over rounds. ``single``/``raced``: per round, a list of latencies.
+
+    ``fixed``: per round, the machine's fixed cost of k copies in ms (``fixed_cost``: the
+    same race with every copy waiting CONSTANT_MS, k copies against 1). The bound counts copies as free;
+    ``{q}_gap_beyond_fixed_points`` is the gap left once that cost is added to the bound,
+    ``fixed_cost_points`` the cost itself in points of the single replica's statistic."""
     out = {}
     for q in ("p50", "p99", "mean"):
-        measured, bound = [], []
-        for one, many in zip(single, raced):
+        measured, bound, cost = [], [], []
+        for i, (one, many) in enumerate(zip(single, raced)):
             base = stats(one)[f"{q}_ms"]
             measured.append(100 * (stats(many)[f"{q}_ms"] / base - 1))
             bound.append(100 * (min_of_k(one, k)[f"{q}_ms"] / base - 1))
+            if fixed is not None:
+                cost.append(100 * fixed[i] / base)
         out[f"{q}_change_pct"] = float(np.median(measured))
         out[f"bound_{q}_change_pct"] = float(np.median(bound))
         out[f"{q}_gap_points"] = float(np.median([m - b for m, b in zip(measured, bound)]))
+        if fixed is not None:
+            out[f"{q}_fixed_cost_points"] = float(np.median(cost))
+            out[f"{q}_gap_beyond_fixed_points"] = float(
+                np.median([m - b - c for m, b, c in zip(measured, bound, cost)])
+            )
+    if fixed is not None:
+        out["fixed_cost_ms"] = float(np.median(fixed))
     return out
+
+
+def fixed_cost(zero: dict, k: int) -> list:
+    """Per round, the fixed cost in ms of racing k copies on this machine: the p50 of the
+    same deployment with every copy waiting the same CONSTANT_MS (a race with nothing to
+    win) for k copies less for 1 copy: k dispatches and encodes, k executors woken, the
+    first answer, the Cancel messages and the other copies' CPU on the shared cores (all
+    k finish together: the most any race pays for them). ``zero``: k -> per round, a list
+    of latencies."""
+    return [float(np.percentile(a, 50) - np.percentile(b, 50)) for a, b in zip(zero[k], zero[1])]
+
+
+def _gap_line(b: dict) -> str:
+    return ", ".join(
+        f"{q} {b[f'{q}_change_pct']:+.0f}% (bound {b[f'bound_{q}_change_pct']:+.0f}%, gap {b[f'{q}_gap_points']:+.1f}"
+        + (
+            f"; fixed cost {b[f'{q}_fixed_cost_points']:+.1f}, beyond it {b[f'{q}_gap_beyond_fixed_points']:+.1f}"
+            if f"{q}_fixed_cost_points" in b
+            else ""
+        )
+        + ")"
+        for q in ("p50", "p99", "mean")
+    ) + (f"  [fixed cost {b['fixed_cost_ms']:.3f} ms]" if "fixed_cost_ms" in b else "")
 
 
 def stage_bound(latency, stage, k: int, draws: int = 200_000) -> dict:
@@ -105,43 +143,61 @@ def first(row):
 
 
 class GammaSleep:
-    """Sleeps Gamma(3, scale) ms; each replica draws from its own generator."""
+    """Waits Gamma(3, scale) ms (``flow.wait``: a losing copy stops when its race is won,
+    as a copy waiting on a remote model or a device would); each replica draws from its
+    own generator."""
 
     def __init__(self):
         self.rng = np.random.default_rng()
         self.pid = os.getpid()
 
     def __call__(self, row):
-        time.sleep(self.rng.gamma(3.0, row.scale) / 1000.0)
+        from flow import wait
+
+        wait(_draw(self.rng, row.scale) / 1000.0)
         return row.x, self.pid
+
+
+class GammaSleepPlain(GammaSleep):
+    """The same in ``time.sleep``: a losing copy runs to its end (``--plain-sleep``)."""
+
+    def __call__(self, row):
+        time.sleep(_draw(self.rng, row.scale) / 1000.0)
+        return row.x, self.pid
+
+
+def _draw(rng, scale: float) -> float:
+    """Gamma(3, scale) ms; a scale <= 0 asks for a constant -scale ms (the fixed-cost runs)."""
+    return rng.gamma(3.0, scale) if scale > 0 else -scale
 
 
 def last(row):
     return row.x, row.winner
 
 
-def race_flow(k: int):
+def race_flow(k: int, plain: bool = False):
     from flow import Flow
 
     flow = Flow(f"compete_{k}", schema={"x": float, "scale": float})
     a = flow.map(first, names=["x", "scale"])
-    b = a.map(GammaSleep, names=["x", "winner"], high_variance=True)
+    b = a.map(GammaSleepPlain if plain else GammaSleep, names=["x", "winner"], high_variance=True)
     b.map(last, names=["x", "winner"])
     return flow
 
 
-def measure_setup(executors: int, threads: int, rounds: int, requests: int) -> dict:
+def measure_setup(executors: int, threads: int, rounds: int, requests: int, plain: bool = False) -> dict:
     from benchmarks.client import BareClient
     from executors import ClusterConfig, LocalCluster
     from optimizer import OptimizerOptions
 
     samples = {(k, v): [] for k in REPLICAS for v in SCALES}
     winners = {(k, v): set() for k in REPLICAS for v in SCALES}
+    zero = {k: [] for k in REPLICAS}  # per round: latencies of the constant wait (fixed_cost)
     plans = {}
     with LocalCluster(ClusterConfig(executors=executors, threads=threads)) as cluster:
         urls = {}
         for k in REPLICAS:
-            d = cluster.deploy(race_flow(k), options=OptimizerOptions(competitive_replicas=k))
+            d = cluster.deploy(race_flow(k, plain), options=OptimizerOptions(competitive_replicas=k))
             urls[k] = d.url
             plans[str(k)] = {
                 s.name: {"competitive": s.competitive, "replicas": s.replicas} for s in d.plan.stages.values()
@@ -164,6 +220,12 @@ def measure_setup(executors: int, threads: int, rounds: int, requests: int) -> d
                 for _ in range(30):
                     call(urls[k], 1.0)
             for r in range(rounds):
+                for k in REPLICAS:  # the fixed cost of k copies: the same race, every copy a no-op
+                    zero[k].append([call(urls[k], -CONSTANT_MS)[0] for _ in range(requests)])
+                progress(
+                    f"{executors}x{threads} round {r + 1} constant {CONSTANT_MS:g} ms: "
+                    + "  ".join(f"k={k} p50 {np.percentile(zero[k][-1], 50):6.3f} ms" for k in REPLICAS)
+                )
                 for v, scale in SCALES.items():
                     for k in REPLICAS:
                         got = [call(urls[k], scale) for _ in range(requests)]
@@ -203,19 +265,11 @@ def measure_setup(executors: int, threads: int, rounds: int, requests: int) -> d
                 for side, i in (("client", 0), ("gateway", 1)):
                     single = [[pair[i] for pair in s["raw"]] for s in samples[(1, v)]]
                     raced = [[pair[i] for pair in s["raw"]] for s in rs]
-                    entry[f"vs_bound_{side}"] = against_bound(single, raced, k)
+                    entry[f"vs_bound_{side}"] = against_bound(single, raced, k, fixed_cost(zero, k))
                     stage = [[pair[2] for pair in s["raw"]] for s in samples[(1, v)]]
                     entry[f"vs_stage_bound_{side}"] = against_stage_bound(single, stage, raced, k)
                 for label, key in (("min-of-k latencies", "vs_bound_client"), ("stage only", "vs_stage_bound_client")):
-                    b = entry[key]
-                    progress(
-                        f"{executors}x{threads} {v:6s} k={k} vs the bound ({label}): "
-                        + ", ".join(
-                            f"{q} {b[f'{q}_change_pct']:+.0f}% (bound {b[f'bound_{q}_change_pct']:+.0f}%, "
-                            f"gap {b[f'{q}_gap_points']:+.1f})"
-                            for q in ("p50", "p99", "mean")
-                        )
-                    )
+                    progress(f"{executors}x{threads} {v:6s} k={k} vs the bound ({label}): " + _gap_line(entry[key]))
             summary[f"{v}/{k}"] = entry
             progress(
                 f"{executors}x{threads} {v:6s} k={k}: p50 {entry['p50_ms']:6.2f} ms  p99 {entry['p99_ms']:6.2f} ms"
@@ -230,6 +284,9 @@ def measure_setup(executors: int, threads: int, rounds: int, requests: int) -> d
     return {
         "executors": executors,
         "threads": threads,
+        "plain_sleep": plain,
+        "fixed_cost_ms": {str(k): float(np.median(fixed_cost(zero, k))) for k in REPLICAS},
+        "zero_p50_ms": {str(k): float(np.median([np.percentile(a, 50) for a in zero[k]])) for k in REPLICAS},
         "summary": summary,
         "plans": plans,
         "rounds": {
@@ -240,36 +297,61 @@ def measure_setup(executors: int, threads: int, rounds: int, requests: int) -> d
     }
 
 
-def measure_open(executors: int, threads: int, rounds: int, util: float, seconds: float) -> dict:
+def measure_open(
+    executors: int,
+    threads: int,
+    rounds: int,
+    util: float,
+    seconds: float,
+    plain: bool = False,
+    zero_requests: int = 200,
+) -> dict:
     """Open-loop Poisson load at ``util`` of one replica's capacity (``threads`` worker
     threads over the mean sleep, 3 x scale ms). Each k gets its own cluster of k executors
     x ``threads`` (``executors`` is not used), so k=1 is one replica and every racing copy
     has its own executor: each replica then runs every request, at ``util`` of its
     capacity for every k (racing k copies costs k times the work). The k are interleaved
     in rounds; latency from each request's scheduled time (openloop.py). The bound is the
-    min of k draws from the single replica's latencies under the same load."""
+    min of k draws from the single replica's latencies under the same load; the fixed cost
+    of k copies (``fixed_cost``) is measured per round on the same clusters with
+    ``zero_requests`` sequential requests whose copies all wait CONSTANT_MS."""
     import asyncio
     import contextlib
 
+    from benchmarks.client import BareClient
     from benchmarks.openloop import replay
     from executors import ClusterConfig, LocalCluster
     from optimizer import OptimizerOptions
     from optimizer.slo import poisson
 
     lat = {(k, v): [] for k in REPLICAS for v in SCALES}
+    zero = {k: [] for k in REPLICAS}
     failed = {(k, v): 0 for k in REPLICAS for v in SCALES}
     rates = {v: util * threads / (3.0 * scale) * 1000.0 for v, scale in SCALES.items()}
     with contextlib.ExitStack() as stack:
         urls, hosts = {}, {}
         for k in REPLICAS:
             cluster = stack.enter_context(LocalCluster(ClusterConfig(executors=k, threads=threads)))
-            d = cluster.deploy(race_flow(k), options=OptimizerOptions(competitive_replicas=k))
+            d = cluster.deploy(race_flow(k, plain), options=OptimizerOptions(competitive_replicas=k))
             urls[k] = d.url
             hosts[k] = {s["name"]: s["executors"] for s in cluster.http.get(f"/flows/{d.name}").json()["stages"]}
         progress(f"open loop, k executors x {threads} thread(s) for k replicas; rates {rates} req/s")
         for k in REPLICAS:  # warm up
             asyncio.run(replay(urls[k], b'{"x": 1.0, "scale": 1.0}', poisson(50, 50, seed=3)))
+        http = {k: stack.enter_context(BareClient(timeout=30)) for k in REPLICAS}  # one origin each
         for r in range(rounds):
+            for k in REPLICAS:  # the fixed cost of k copies: the same race, every copy a no-op
+                got = []
+                for _ in range(zero_requests):
+                    t0 = time.perf_counter()
+                    if http[k].post(urls[k], json={"x": 1.0, "scale": -CONSTANT_MS}).status_code != 200:
+                        raise RuntimeError(f"{urls[k]} failed with a constant wait")
+                    got.append((time.perf_counter() - t0) * 1000)
+                zero[k].append(got)
+            progress(
+                f"open loop round {r + 1} constant {CONSTANT_MS:g} ms, sequential: "
+                + "  ".join(f"k={k} p50 {np.percentile(zero[k][-1], 50):6.3f} ms" for k in REPLICAS)
+            )
             for v, scale in SCALES.items():
                 body = f'{{"x": 1.0, "scale": {scale}}}'.encode()
                 for k in REPLICAS:
@@ -295,21 +377,16 @@ def measure_open(executors: int, threads: int, rounds: int, util: float, seconds
                 "rate": rates[v],
             }
             if k > 1:
-                entry["vs_bound_client"] = b = against_bound(lat[(1, v)], lat[(k, v)], k)
-                progress(
-                    f"open loop {v:6s} k={k} vs the bound: "
-                    + ", ".join(
-                        f"{q} {b[f'{q}_change_pct']:+.0f}% (bound {b[f'bound_{q}_change_pct']:+.0f}%, "
-                        f"gap {b[f'{q}_gap_points']:+.1f} points)"
-                        for q in ("p50", "p99", "mean")
-                    )
-                )
+                entry["vs_bound_client"] = b = against_bound(lat[(1, v)], lat[(k, v)], k, fixed_cost(zero, k))
+                progress(f"open loop {v:6s} k={k} vs the bound: " + _gap_line(b))
             summary[f"{v}/{k}"] = entry
     return {
         "executors": "k",
         "threads": threads,
         "utilisation": util,
         "seconds": seconds,
+        "plain_sleep": plain,
+        "fixed_cost_ms": {str(k): float(np.median(fixed_cost(zero, k))) for k in REPLICAS},
         "rates": rates,
         "hosts": {str(k): h for k, h in hosts.items()},
         "summary": summary,
@@ -330,6 +407,12 @@ def run(argv=None) -> dict:
         "sequential requests; with --seconds per configuration and round (results: competition_open.json)",
     )
     p.add_argument("--seconds", type=float, default=5.0, help="open loop: seconds per configuration and round")
+    p.add_argument(
+        "--plain-sleep",
+        action="store_true",
+        help="the racing stage sleeps in time.sleep (a losing copy runs to its end) instead of flow.wait",
+    )
+    p.add_argument("--name", help="results file name (default competition / competition_open)")
     args = p.parse_args(argv)
     os.environ.setdefault("FLOWSERVE_QUIET", "1")
     if args.quick:
@@ -339,18 +422,20 @@ def run(argv=None) -> dict:
     if args.open_loop:
         for executors, threads in setups:
             results[f"{executors}x{threads}"] = measure_open(
-                executors, threads, args.rounds, args.open_loop, args.seconds
+                executors, threads, args.rounds, args.open_loop, args.seconds, args.plain_sleep
             )
         out = {"replicas": list(REPLICAS), "scales_ms": SCALES, "gamma_shape": 3.0, "setups": results}
-        save("competition_open", out)
-        _plot_bound(results, "competition_open")
+        save(args.name or "competition_open", out)
+        _plot_bound(results, args.name or "competition_open")
         return out
     for executors, threads in setups:
         progress(
             f"competition: {executors} executors x {threads} threads, {args.rounds} round(s) "
             f"of {args.requests} requests per configuration"
         )
-        results[f"{executors}x{threads}"] = measure_setup(executors, threads, args.rounds, args.requests)
+        results[f"{executors}x{threads}"] = measure_setup(
+            executors, threads, args.rounds, args.requests, args.plain_sleep
+        )
     out = {
         "replicas": list(REPLICAS),
         "scales_ms": SCALES,
@@ -360,9 +445,10 @@ def run(argv=None) -> dict:
         "seed_1_to_3_change_pct": SEED,
         "setups": results,
     }
-    save("competition", out)
-    _plot(results)
-    _plot_bound(results, "competition_bound")
+    save(args.name or "competition", out)
+    if not args.name:
+        _plot(results)
+    _plot_bound(results, f"{args.name}_bound" if args.name else "competition_bound")
     return out
 
 

@@ -43,12 +43,13 @@ from executors.messages import (
     Stuck,
     Unload,
     Unstuck,
-    decode,
+    answer_key,
+    decode_unless,
 )
 from executors.routing import complete, deliveries, merge
 from executors.scaling import StageCounters
 from executors.transport import Outbox, Reader, TransportError, accept, listen
-from executors.wire import WireError
+from executors.wire import WireError, pack_copies
 from flow.table import Table
 from optimizer.plan import INPUT, Plan
 
@@ -527,25 +528,32 @@ class Dispatcher:
         req.parts = {}
         for consumer in self._input_consumers(plan):
             stage = plan.stages[consumer]
-            for d in deliveries(req.table, stage, routes[consumer]):
-                self._send(
-                    d.address,
-                    StageInput(
-                        req.id,
-                        req.attempt,
-                        plan.flow_name,
-                        req.flow.version,
-                        consumer,
-                        INPUT,
-                        routes,
-                        self.address,
-                        req.deadline,
-                        path=d.path,
-                        copy=d.copy,
-                        solo=req.solo,
-                        table=d.table,
-                    ).encode(),
+            sent = deliveries(req.table, stage, routes[consumer])
+            msgs = [
+                StageInput(
+                    req.id,
+                    req.attempt,
+                    plan.flow_name,
+                    req.flow.version,
+                    consumer,
+                    INPUT,
+                    routes,
+                    self.address,
+                    req.deadline,
+                    path=d.path,
+                    copy=d.copy,
+                    solo=req.solo,
+                    table=d.table,
                 )
+                for d in sent
+            ]
+            if len(sent) > 1 and all(d.copy for d in sent[1:]):
+                # racing copies: the same rows to each, the table encoded once (headers differ by copy)
+                frames = pack_copies([m.header() for m in msgs], msgs[0].tables())
+            else:
+                frames = [m.encode() for m in msgs]
+            for d, f in zip(sent, frames):
+                self._send(d.address, f)
 
     @staticmethod
     def _input_consumers(plan: Plan) -> list[str]:
@@ -630,7 +638,9 @@ class Dispatcher:
             messages, still_open = [], False
         for frames in messages:
             try:
-                self._on_message(decode(frames))
+                msg = decode_unless(frames, self._stale_answer)
+                if msg is not None:
+                    self._on_message(msg)
             except WireError as e:
                 log.warning("dropped a malformed message: %s", e)
             except Exception:
@@ -639,6 +649,15 @@ class Dispatcher:
             self._loop.remove_reader(conn.fileno())
             self._connections.pop(conn.fileno(), None)
             conn.close()
+
+    def _stale_answer(self, header: dict) -> bool:
+        """An answer no request waits for (a losing racing copy's, a superseded attempt's):
+        dropped before its tables are decoded."""
+        key = answer_key(header)
+        if key is None:
+            return False
+        req = self.requests.get(key[0])
+        return req is None or key[1] != req.attempt or req.future.done()
 
     def _on_message(self, msg: Message) -> None:
         kind = type(msg)

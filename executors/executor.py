@@ -59,7 +59,7 @@ from executors.stage_runner import BoundStage
 from executors.transport import Outbox, Reader, TransportError, accept, listen
 from executors.watchdog import DEFAULT_GRACE_S, EXIT_RECYCLED, Blackbox, Run, Watchdog, monotonic_deadline
 from executors.wire import WireError
-from flow.context import set_store
+from flow.context import cancelled, set_cancel, set_store
 from flow.exceptions import FlowError, NoValidResultError, OperatorError, OperatorOutputError
 from flow.table import Table
 from kvs.options import KVSOptions
@@ -153,6 +153,7 @@ class Executor:
         # (gateway, request, attempt, stage) -> expiry (wall clock): races won, whose other
         # copies are dropped if still queued here or yet to arrive (Cancel; _cancel_rivals)
         self.cancelled: OrderedDict = OrderedDict()
+        self._racing: dict = {}  # the same key -> Events of its copies running here (flow.wait returns on set)
         self._stopping = threading.Event()
         self._inline: dict = {}  # id(hosted) -> (hosted, ready items) to run after a drain
         self._inline_runs: deque = deque()  # (hosted, items): batches cut from _inline, next to run
@@ -365,9 +366,9 @@ class Executor:
         rid = (h.gateway, h.req, h.attempt, h.stage)  # request ids are per gateway
         if stage.continuation is not None:
             rid += (path,)  # each key group of a request runs on its own
+        if self.cancelled and rid in self.cancelled and _races(stage):
+            return []  # a losing copy (racing or a hedge's backup) that arrives after its race was won
         if stage.competitive > 1:
-            if self.cancelled and rid in self.cancelled:
-                return []  # a losing copy that arrives after its race was won
             rid += (h.copy,)  # racing copies placed on one executor all run
         if rid in self.done:
             return []  # a late competing copy, or a retry's leftover
@@ -502,14 +503,14 @@ class Executor:
             )
             if len(self.cancelled) > CANCEL_MEMORY:
                 self.cancelled.popitem(last=False)
+            for ev in self._racing.get(key, ()):
+                ev.set()  # a copy running here that waits in flow.wait stops now
             return True
 
     def _lost(self, hosted: HostedStage, h: StageInput) -> bool:
         """True if ``h`` is a copy of a race already won (queued here, or just run)."""
         return (
-            hosted.stage.competitive > 1
-            and bool(self.cancelled)
-            and (h.gateway, h.req, h.attempt, h.stage) in self.cancelled
+            _races(hosted.stage) and bool(self.cancelled) and (h.gateway, h.req, h.attempt, h.stage) in self.cancelled
         )
 
     def _cancel_rivals(self, hosted: HostedStage, h: StageInput) -> None:
@@ -700,8 +701,32 @@ class Executor:
                 self.send(gw, frames)
 
     def run_one(self, hosted: HostedStage, item: WorkItem) -> None:
-        if hosted.stage.continuation is None and self._lost(hosted, item.message):
+        if not _races(hosted.stage):
+            return self._run_one(hosted, item)
+        h = item.message
+        key, ev = (h.gateway, h.req, h.attempt, h.stage), threading.Event()
+        with self._lock:
+            lost = bool(self.cancelled) and key in self.cancelled
+            if not lost:
+                self._racing.setdefault(key, []).append(ev)
+        if lost:
+            if hosted.hedger is not None:
+                hosted.hedger.forget(item)  # no backup for it: the race is over
             return  # its race was won while it waited: another copy answered
+        set_cancel(ev)  # flow.wait in the operator returns when the race is won elsewhere
+        try:
+            self._run_one(hosted, item)
+        finally:
+            set_cancel(None)
+            with self._lock:
+                evs = self._racing.pop(key, [])
+                if len(evs) > 1:
+                    evs.remove(ev)
+                    self._racing[key] = evs
+            if ev.is_set() and hosted.hedger is not None:
+                hosted.hedger.forget(item)  # a hedge whose other copy won: no answer from this one
+
+    def _run_one(self, hosted: HostedStage, item: WorkItem) -> None:
         if _expired(item.message):
             return self._too_late(hosted, item)
         key, run = self._begin(hosted, [item])
@@ -730,13 +755,21 @@ class Executor:
         if self._end(key, run):
             return  # abandoned (answered 504): its output is dropped
         ms = (time.perf_counter() - t0) * 1000
+        if _races(hosted.stage):
+            if cancelled():
+                return  # a racing copy stopped early (flow.wait): the winner answered; its time is no sample
+            set_cancel(None)  # the run is over: consumers run next on this thread are no copy of this race
         hosted.observe(ms)
         self.forward(hosted, [(item, out)], ms, 1)
 
     def run_batch(self, hosted: HostedStage, items: list[WorkItem]) -> None:
         """Run several requests as one merged Table, then split the output back by qid."""
-        if hosted.stage.competitive > 1 and hosted.stage.continuation is None and self.cancelled:
-            items = [it for it in items if not self._lost(hosted, it.message)]  # races won meanwhile
+        if self.cancelled and _races(hosted.stage):
+            lost = [it for it in items if self._lost(hosted, it.message)]  # races won meanwhile
+            if lost:
+                items = [it for it in items if not self._lost(hosted, it.message)]
+                for it in lost if hosted.hedger is not None else ():
+                    hosted.hedger.forget(it)
         late = [it for it in items if _expired(it.message)]
         if late:
             for it in late:
@@ -840,11 +873,12 @@ class Executor:
         """Send one request's output; the ready work of consumers hosted here, to start."""
         h = item.message
         trace = item.trace + [[hosted.stage.name, self.id, round(ms, 3), batch]]
+        extra = None
         if hosted.report is not None:
             extra = hosted.report(item)  # cache hits, hedges: the gateway's /metrics (clipper.py)
             if extra is not None:
                 trace[-1].append(extra)
-        racing = hosted.stage.competitive > 1 and hosted.stage.continuation is None
+        racing = _races(hosted.stage)
         if racing and self._lost(hosted, h):
             return []  # another copy won (and sent its output) while this one ran: drop this one's
         local = []
@@ -860,8 +894,8 @@ class Executor:
                     local.extend(self.gather(msg))
                 else:
                     self.send(d.address, msg.encode())
-        if racing:
-            self._cancel_rivals(hosted, h)
+        if racing and (hosted.stage.competitive > 1 or (extra is not None and "hedge" in extra)):
+            self._cancel_rivals(hosted, h)  # a hedge: only once its backup went (clipper.Hedger)
         return local
 
     def _kept_keys(self):
@@ -873,6 +907,8 @@ class Executor:
         return None if self.store.evicted_within(EVICTION_QUIET_S) else self.store.holds
 
     def _fail(self, h: StageInput, error: BaseException, hosted: HostedStage | None = None) -> None:
+        if hosted is not None and self.cancelled and self._lost(hosted, h):
+            return  # a losing copy's failure (e.g. stopped early): the winner answered
         if (
             hosted is not None
             and hosted.consumers
@@ -912,6 +948,12 @@ class Executor:
 
 def _nothing() -> None:
     pass
+
+
+def _races(stage) -> bool:
+    """True for a stage whose copies race (competitive, or hedged: a backup copy) and whose
+    losing copies are cancelled (not a continuation: each key group races on its own)."""
+    return stage.continuation is None and (stage.competitive > 1 or stage.hedge is not None)
 
 
 def _expired(msg: StageInput) -> bool:

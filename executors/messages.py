@@ -48,7 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from executors.wire import WireError, pack, unpack
+from executors.wire import WireError, decode_table, pack, unpack, unpack_header
 from flow.table import Table
 
 
@@ -444,3 +444,29 @@ def decode(frames: list) -> Message:
             raise MessageError("message without a 'type'")
         raise MessageError(f"unknown message type {kind!r} (expected one of {', '.join(MESSAGES)})")
     return cls.from_header(header, tables)
+
+
+def decode_unless(frames: list, stale) -> Message | None:
+    """``decode``, except that a message whose header ``stale(header)`` finds no longer
+    wanted comes back None with its tables never read: the gateway drops the answers of a
+    race's losing copies (and superseded attempts) this way, at the cost of a header."""
+    header = unpack_header(frames)
+    if stale(header):
+        return None
+    body = frames[1:]
+    tables = {k: decode_table(m, body) for k, m in (header.pop("tables", None) or {}).items()}
+    kind = header.get("type")
+    cls = MESSAGES.get(kind) if kind.__class__ is str else None
+    if cls is None:
+        if kind is None:
+            raise MessageError("message without a 'type'")
+        raise MessageError(f"unknown message type {kind!r} (expected one of {', '.join(MESSAGES)})")
+    return cls.from_header(header, tables)
+
+
+def answer_key(header: dict) -> tuple | None:
+    """(request, attempt) of a Result's or Failure's header; None for other messages."""
+    kind = header.get("type")
+    if kind != "result" and kind != "error":
+        return None
+    return header.get("req"), header.get("att")

@@ -144,3 +144,27 @@ def unpack(frames: list) -> tuple[dict, dict[str, Table]]:
     body = frames[1:]
     tables = {k: decode_table(m, body) for k, m in (header.pop("tables", None) or {}).items()}
     return header, tables
+
+
+def unpack_header(frames: list) -> dict:
+    """The header of a message's frames alone (``unpack`` without reading its tables)."""
+    if not frames:
+        raise WireError("empty message")
+    try:
+        header = orjson.loads(_frame(frames, 0))
+    except (ValueError, TypeError) as e:
+        raise WireError(f"message header is not JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise WireError("message header must be a JSON object")
+    return header
+
+
+def pack_copies(headers: list[dict], tables: dict[str, Table] | None) -> list[list]:
+    """``pack`` for several messages that carry the same tables (a race's copies): the
+    tables are encoded once and their buffers shared by every message's frames."""
+    buffers: list = []
+    metas = {k: encode_table(t, buffers) for k, t in tables.items()} if tables else None
+    return [
+        [orjson.dumps(dict(h, tables=metas) if metas else h, option=orjson.OPT_SERIALIZE_NUMPY)] + buffers
+        for h in headers
+    ]

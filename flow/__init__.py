@@ -8,7 +8,7 @@ flow.run([{"x": 1}])
 
 from flow import targets
 from flow.clipper import CacheSpec, FeedbackError, feedback
-from flow.context import current_device, current_store
+from flow.context import cancelled, current_device, current_store, wait
 from flow.exceptions import (
     DataError,
     DataTypeError,
@@ -41,6 +41,7 @@ def optimize(flow, rules=None, options=None):
 
 __all__ = [
     "CacheSpec",
+    "cancelled",
     "ColumnType",
     "current_device",
     "current_store",
@@ -70,4 +71,5 @@ __all__ = [
     "Table",
     "UnknownColumnError",
     "optimize",
+    "wait",
 ]

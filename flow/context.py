@@ -15,10 +15,12 @@ imports it.
 from __future__ import annotations
 
 import contextlib
+import threading
 
 from flow.exceptions import FlowError, FlowValueError
 
 _store = None
+_run = threading.local()  # .cancel: the running copy's threading.Event (set_cancel), set when it lost its race
 _device = "cpu"
 _executor_class = "cpu"
 DEVICES = ("cpu", "cuda")
@@ -90,3 +92,25 @@ def using_executor_class(cls: str):
         yield cls
     finally:
         set_executor_class(before)
+
+
+def wait(seconds: float) -> bool:
+    """Sleep ``seconds``, or less: True if the runtime gave up on this run meanwhile (a
+    racing or hedged copy whose race another copy won: its output is dropped anyway), so
+    an operator that waits on something (a remote model, a device, I/O) frees its worker
+    thread at once. Outside a racing copy (and in ``flow.run``) it sleeps the whole time."""
+    ev = getattr(_run, "cancel", None)
+    if ev is None:
+        ev = _run.idle = getattr(_run, "idle", None) or threading.Event()  # never set: the same kind of wait
+    return ev.wait(seconds)
+
+
+def cancelled() -> bool:
+    """True if the runtime gave up on the run this thread is in (see ``wait``)."""
+    ev = getattr(_run, "cancel", None)
+    return ev is not None and ev.is_set()
+
+
+def set_cancel(event) -> None:
+    """The runtime: the event that tells this thread's run it lost its race (None: none)."""
+    _run.cancel = event

@@ -10,7 +10,8 @@
     d.invoke({"x": 1})                         # over HTTP
 
 Operator code reads the store with ``fs.current_store()``, places models on
-``fs.current_device()`` and rejects a row with ``raise fs.RejectRow(...)``. The names
+``fs.current_device()``, rejects a row with ``raise fs.RejectRow(...)`` and waits with
+``fs.wait(seconds)`` (a racing copy that lost stops waiting). The names
 come from the project's packages (``flow``, ``optimizer``, ``executors``, ``kvs``); the
 runtime's are imported on first use, so ``import flowserve`` stays light.
 """
@@ -42,9 +43,11 @@ from flow import (
     SinkError,
     Table,
     UnknownColumnError,
+    cancelled,
     current_device,
     current_store,
     optimize,
+    wait,
 )
 
 # name -> module it comes from: imported when first used (the runtime pulls in httpx,
@@ -97,6 +100,8 @@ __all__ = [
     "Table",
     "current_device",
     "current_store",
+    "cancelled",
+    "wait",
     "optimize",
     "OptimizerOptions",
     "RejectRow",

@@ -8,7 +8,7 @@ import time
 
 from executors.cluster import LocalCluster
 from executors.config import ClusterConfig
-from flow import Flow, current_store
+from flow import Flow, current_store, wait
 from optimizer import OptimizerOptions
 from tests.executors.test_runtime_paths import _metric
 
@@ -88,3 +88,55 @@ def test_a_crash_mid_race_still_answers_once():
         metrics = c.http.get("/metrics").text
         answered = _metric(metrics, f'flowserve_stage_latency_ms_count{{flow="cancel-crash",stage="{stage}"}}')
         assert answered == 6  # each request answered once: a loser's (or a re-run's) answer is dropped
+
+
+def waits_on_one(row):
+    """The first process to run this is the slow replica: its copy waits in ``flow.wait``
+    for up to 30 s and records how long it waited; the other replica answers at once."""
+    redis = current_store().redis
+    redis.set(f"wait-slow:{row.tag}", os.getpid(), nx=True)
+    if int(redis.get(f"wait-slow:{row.tag}")) == os.getpid():
+        t0 = time.monotonic()
+        stopped = wait(30.0)
+        redis.set(f"wait-stopped:{row.tag}", f"{int(stopped)} {time.monotonic() - t0:.3f}")
+    return row.x * 10
+
+
+def _stopped(redis, tag: str, seconds: float = 20.0) -> tuple[bool, float]:
+    deadline = time.monotonic() + seconds
+    while (got := redis.get(f"wait-stopped:{tag}")) is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert got is not None, "the slow copy still waits: nobody cancelled it"
+    stopped, waited = got.decode().split()
+    return stopped == "1", float(waited)
+
+
+def test_a_running_losing_copy_that_waits_is_stopped():
+    with LocalCluster(ClusterConfig(executors=2, threads=1, request_timeout_s=30)) as c:
+        f = Flow("cancel-running", schema={"x": int, "tag": str})
+        f.map(waits_on_one, names=["y"], high_variance=True)
+        d = c.deploy(f, options=TWO)
+        assert d.invoke({"x": 4, "tag": "race"})["y"].tolist() == [40]  # the fast replica's copy
+        stopped, waited = _stopped(c.kvs.redis, "race")
+        assert stopped and waited < 10, (stopped, waited)  # told by the winner's Cancel, not the 30 s
+        # the stopped copy's output was dropped: one answer, and the replica serves on
+        assert d.invoke({"x": 5, "tag": "race"})["y"].tolist() == [50]
+
+
+def test_a_hedge_cancels_the_copy_that_lost():
+    with LocalCluster(ClusterConfig(executors=2, threads=2, request_timeout_s=30)) as c:
+        f = Flow("cancel-hedge", schema={"x": int, "tag": str})
+        f.map(waits_on_one, names=["y"], hedge=0.05)
+        d = c.deploy(f)
+        for i in range(4):  # routed to each replica in turn: the slow one's are hedged
+            assert d.invoke({"x": i, "tag": "hedge"})["y"].tolist() == [10 * i]
+        # the primary on the slow replica waited until its backup answered and told it so
+        stopped, waited = _stopped(c.kvs.redis, "hedge")
+        assert stopped and waited < 10, (stopped, waited)
+        assert outside_a_deployment_wait_sleeps()
+
+
+def outside_a_deployment_wait_sleeps() -> bool:
+    """flow.wait outside a racing copy (here, in the test process) sleeps its time."""
+    t0 = time.monotonic()
+    return wait(0.02) is False and time.monotonic() - t0 >= 0.02

@@ -31,8 +31,9 @@ from executors.messages import (
     Unload,
     Unstuck,
     decode,
+    decode_unless,
 )
-from executors.wire import WireError
+from executors.wire import WireError, pack_copies
 from flow.table import Table
 from tests.flowgen import assert_same_rows
 
@@ -258,3 +259,27 @@ def test_no_other_module_spells_the_wire_keys(module):
     tree = ast.parse((ROOT / "executors" / f"{module}.py").read_text())
     spelled = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in SHORT_KEYS}
     assert not spelled, f"executors/{module}.py spells wire keys {sorted(spelled)}: use executors/messages.py"
+
+
+def test_racing_copies_share_one_encoded_table_and_decode_as_their_own():
+    import dataclasses
+
+    copies = [dataclasses.replace(RUN, copy=j) for j in range(3)]
+    frames = pack_copies([m.header() for m in copies], copies[0].tables())
+    for m, f in zip(copies, frames):
+        assert same(decode([bytes(x) for x in f]), m)
+        assert [bytes(x) for x in f] == [bytes(x) for x in m.encode()]  # what encode() writes, byte for byte
+    assert all(f[1:][i] is frames[0][1:][i] for f in frames for i in range(len(f) - 1))  # buffers shared
+
+
+def test_decode_unless_skips_a_stale_answer_without_reading_its_tables():
+    answer = Result(12, 1, [], [], table())
+    frames = [bytes(f) for f in answer.encode()]
+    assert decode_unless(frames, lambda h: h["req"] == 12) is None
+    assert same(decode_unless(frames, lambda h: False), answer)
+    broken = frames[:1] + [b"\x00"]  # a table frame that cannot be read: never looked at when stale
+    assert decode_unless(broken, lambda h: True) is None
+    with pytest.raises(WireError):
+        decode_unless(broken, lambda h: False)
+    with pytest.raises(MessageError, match="unknown message type"):
+        decode_unless([b'{"type": "nope"}'], lambda h: False)
