@@ -437,13 +437,18 @@ MESSAGES: dict[str, type[Message]] = {
 def decode(frames: list) -> Message:
     """The message in ``frames``; MessageError (a WireError) if it is not a known, well-formed one."""
     header, tables = unpack(frames)
+    return _message_class(header).from_header(header, tables)
+
+
+def _message_class(header: dict) -> type:
+    """The Message class a header's ``type`` names; MessageError if none."""
     kind = header.get("type")
     cls = MESSAGES.get(kind) if kind.__class__ is str else None
     if cls is None:
         if kind is None:
             raise MessageError("message without a 'type'")
         raise MessageError(f"unknown message type {kind!r} (expected one of {', '.join(MESSAGES)})")
-    return cls.from_header(header, tables)
+    return cls
 
 
 def decode_unless(frames: list, stale) -> Message | None:
@@ -455,13 +460,7 @@ def decode_unless(frames: list, stale) -> Message | None:
         return None
     body = frames[1:]
     tables = {k: decode_table(m, body) for k, m in (header.pop("tables", None) or {}).items()}
-    kind = header.get("type")
-    cls = MESSAGES.get(kind) if kind.__class__ is str else None
-    if cls is None:
-        if kind is None:
-            raise MessageError("message without a 'type'")
-        raise MessageError(f"unknown message type {kind!r} (expected one of {', '.join(MESSAGES)})")
-    return cls.from_header(header, tables)
+    return _message_class(header).from_header(header, tables)
 
 
 def answer_key(header: dict) -> tuple | None:
