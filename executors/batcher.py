@@ -16,9 +16,10 @@ too): each batch gets half the stage's budget (a request may wait for the batch 
 progress, then run in its own); the cap grows by one after a batch within it (full, or
 one the fitted latency curve says could have been bigger) and drops 10% after one over
 it, never below what keeps up with the arrival rate; it starts at the planned size and
-grows to at most ``HEADROOM`` times it (unplanned: from 1 to the fixed cap). The window
-waits for the batch the arrival rate needs, up to 10% of the budget. Without an SLO the
-fixed cap stays."""
+grows to at most ``HEADROOM`` times it (unplanned: from 1 to the fixed cap). The window,
+up to 10% of the budget, opens only on a stage cheap for its arrival rate, for the
+batch whose run still leaves the replica idle between batches: a busy stage's queue grows
+its batches by itself. Without an SLO the fixed cap stays."""
 
 from __future__ import annotations
 

@@ -24,11 +24,17 @@ size, and a delay window chosen from the arrival rate.
   the cap instead; and when even the smallest batch is over the budget (the curve says
   so) a cut buys nothing and is not made: on a machine too slow for the budget the cap
   fell to 1 and the queue grew without bound;
-- delay window: wait for a batch only when the arrival rate needs one: the smallest
-  batch b whose throughput b / latency(b) keeps the replica under ``utilisation`` at the
-  current rate; the window is the time b - 1 more requests take to arrive, at most the
-  budget left by latency(b) and ``max_delay_ms`` (default ``DELAY_SHARE`` of the budget).
-  A rate that a batch of one keeps up with waits for nothing.
+- delay window: a free replica holding one request waits for b - 1 more, the time they
+  take to arrive at the current rate, for the largest b whose wait fits ``max_delay_ms``
+  (default ``DELAY_SHARE`` of the budget) and the budget left by latency(b), and only while
+  the replica would otherwise idle: the requests that arrive while the batch of b runs
+  keep it at most ``utilisation`` busy (rate * latency(b) <= utilisation), so that the
+  next batch again starts from an empty queue. A wait is time the replica serves no one:
+  once requests arrive faster than that, the queue that forms during each batch makes
+  the next one bigger by itself, and a wait on top only lowers the throughput (the first
+  rule, which waited for the batch the rate needed, ran below the arrival rate over HTTP:
+  benchmarks/README.md "AIMD over HTTP"). So the window buys fewer, bigger batches (less
+  work) on a stage that is cheap for its rate, and a stage that is busy never waits.
 
 latency(b) is an exponentially weighted least-squares fit ``a + c*b`` of the batches
 seen (a batch over twice the prediction is a stall and left out, unless three come in a
@@ -258,17 +264,6 @@ class AIMDBatcher:
         self._trim(self.clock() * 1000.0)
         return len(self._arrivals) / self.rate_window_ms
 
-    def needed_batch(self, rate_per_ms: float) -> int:
-        """The smallest batch (up to the cap) whose throughput keeps the replica under
-        ``utilisation`` at ``rate_per_ms``; the cap if none does; 1 before any batch."""
-        if not self.fit.n or rate_per_ms <= 0:
-            return 1
-        need = rate_per_ms / self.utilisation
-        for b in range(1, self.size + 1):
-            if b >= need * self.fit(b):
-                return b
-        return self.size
-
     def stable_batch(self) -> int:
         """The smallest batch size seen whose throughput (its recent cost) keeps up with the
         arrival rate with the replica at most ``utilisation`` busy (a queue at 100% grows
@@ -280,13 +275,21 @@ class AIMDBatcher:
         return self.min_batch
 
     def delay_ms(self) -> float:
-        """How long a free replica holding one request should wait for more (0: run it)."""
+        """How long a free replica holding one request should wait for more (0: run it):
+        the time b - 1 more requests take to arrive, for the largest b (up to the cap) whose
+        wait fits ``max_delay_ms`` and the budget left by latency(b), and whose run keeps
+        the replica under ``utilisation`` at the current rate (else the wait is time the
+        replica owes to the queue)."""
         rate = self.rate_per_ms()
-        b = self.needed_batch(rate)
-        if b <= 1:
+        if not self.fit.n or rate <= 0:
             return 0.0
-        headroom = self.budget_ms - self.fit(b)
-        return max(0.0, min((b - 1) / rate, headroom, self.max_delay_ms))
+        window = 0.0
+        for b in range(2, self.size + 1):  # the bounds grow with b: stop at the first miss
+            wait, ms = (b - 1) / rate, self.fit(b)
+            if wait > self.max_delay_ms or wait + ms > self.budget_ms or rate * ms > self.utilisation:
+                break
+            window = wait
+        return window
 
 
 @dataclass(frozen=True)

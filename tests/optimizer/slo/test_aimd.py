@@ -184,45 +184,81 @@ def test_saturated_and_backlogged_batches_take_the_cap_at_once():
     assert rows / sum(latency(b) for _, b, _ in settled) > 0.6  # it keeps up
 
 
-def test_delay_window_follows_the_arrival_rate():
+def _batcher_on(clock, a, c, **kw):
+    """A batcher whose fitted curve is latency(b) = a + c*b (two batches observed)."""
+    batcher = AIMDBatcher(budget_ms=20, start=30, max_batch=30, clock=clock, **kw)
+    batcher.observe(2, a + 2 * c)
+    batcher.observe(10, a + 10 * c)
+    assert batcher.latency_ms(20) == pytest.approx(a + 20 * c)
+    return batcher
+
+
+def _at_rate(batcher, clock, per_ms):
+    """Arrivals at ``per_ms`` over the last second (the old ones leave the rate window)."""
+    clock.s += 2.0
+    for _ in range(round(per_ms * 1000)):
+        clock.s += 0.001 / per_ms
+        batcher.arrived()
+    assert batcher.rate_per_ms() == pytest.approx(per_ms)
+
+
+def test_delay_window_waits_only_while_the_replica_would_idle():
+    """The window: the time b - 1 more requests take to arrive, for the largest b whose
+    wait fits max_delay_ms and the budget, and whose run keeps the replica at most 80%
+    busy at the rate (rate * latency(b) <= 0.8)."""
     clock = Clock()
-    batcher = AIMDBatcher(budget_ms=20, start=30, max_batch=30, max_delay_ms=20, clock=clock)
-    assert batcher.delay_ms() == 0.0  # nothing observed yet
-    batcher.observe(2, latency(2))
-    batcher.observe(10, latency(10))  # the fit: 2 + 0.5 b
-    assert batcher.latency_ms(20) == pytest.approx(12.0)
+    assert AIMDBatcher(budget_ms=20, clock=clock).delay_ms() == 0.0  # nothing observed yet
+    wide = _batcher_on(clock, 2, 0.5, max_delay_ms=20)  # latency 2 + 0.5 b, windows up to 20 ms
+    # 0.2/ms: b = 4 runs 4 ms (80% busy at the rate); 3 more take 15 ms (4 + 15 <= 20)
+    _at_rate(wide, clock, 0.2)
+    assert wide.delay_ms() == pytest.approx(15.0)
+    # 0.25/ms: b = 2 runs 3 ms (75% busy); b = 3 would be 87.5%: one more, 4 ms
+    _at_rate(wide, clock, 0.25)
+    assert wide.delay_ms() == pytest.approx(4.0)
+    # 0.5/ms: a batch of one already keeps it 125% busy; the queue that forms while a
+    # batch runs makes the next one bigger, and a wait would be time it owes the queue
+    # (the first rule waited 2 ms here for the batch of 2 the rate needs)
+    _at_rate(wide, clock, 0.5)
+    assert wide.delay_ms() == 0.0
+    _at_rate(wide, clock, 1.2)
+    assert wide.delay_ms() == 0.0
 
-    def at_rate(per_ms):
-        clock.s += 2.0  # the old arrivals leave the 1 s window
-        for _ in range(int(per_ms * 1000)):
-            clock.s += 0.001 / per_ms
-            batcher.arrived()
-        return batcher.rate_per_ms()
+    # the default window, 10% of the budget (2 ms), on a cheap stage (0.4 + 0.1 b)
+    cheap = _batcher_on(clock, 0.4, 0.1)
+    _at_rate(cheap, clock, 1.0)  # b = 3 (0.7 ms, 70% busy): 2 more take 2 ms; b = 4 would take 3
+    assert cheap.delay_ms() == pytest.approx(2.0)
+    _at_rate(cheap, clock, 1.25)  # b = 2 (75% busy); b = 3 would be 87.5%
+    assert cheap.delay_ms() == pytest.approx(0.8)
+    _at_rate(cheap, clock, 2.0)  # a batch of 2 would keep it 120% busy
+    assert cheap.delay_ms() == 0.0
+    _at_rate(cheap, clock, 0.3)  # one more takes 3.3 ms, over the window
+    assert cheap.delay_ms() == 0.0
+    # the budget left by the batch bounds the wait; so does the cap
+    tight = _batcher_on(clock, 2, 0.5, max_delay_ms=20)
+    tight.budget_ms = 10.0
+    _at_rate(tight, clock, 0.2)  # b = 3: 10 ms + 3.5 > 10; b = 2: 5 + 3 <= 10
+    assert tight.delay_ms() == pytest.approx(5.0)
+    capped = AIMDBatcher(budget_ms=20, start=2, max_batch=2, max_delay_ms=20, clock=clock)
+    capped.observe(1, 2.5)
+    capped.observe(2, 3.0)
+    _at_rate(capped, clock, 0.2)
+    assert capped.batch_size == 2 and capped.delay_ms() == pytest.approx(5.0)
+    clock.s += 2.0  # no traffic: nothing to wait for
+    assert wide.delay_ms() == 0.0
 
-    # 0.2/ms: a batch of one (2.5 ms) keeps the replica at 50% busy: no waiting
-    assert at_rate(0.2) == pytest.approx(0.2)
-    assert batcher.needed_batch(0.2) == 1 and batcher.delay_ms() == 0.0
-    # 0.5/ms: at 80% busy it needs b / (2 + 0.5 b) >= 0.625: b = 2, wait for one more, 2 ms
-    at_rate(0.5)
-    assert batcher.needed_batch(0.5) == 2
-    assert batcher.delay_ms() == pytest.approx(2.0)
-    # 1.2/ms: b >= 1.5 (2 + 0.5 b): b = 12, 11 more take 9.2 ms (a batch of 12 leaves 12 ms)
-    at_rate(1.2)
-    assert batcher.needed_batch(1.2) == 12
-    assert batcher.delay_ms() == pytest.approx(11 / 1.2)
-    # 1.5/ms: no batch up to the cap (30) serves it at 80%: the cap, as long as a batch of
-    # 30 (17 ms) leaves in the budget: 3 ms
-    at_rate(1.5)
-    assert batcher.needed_batch(1.5) == 30
-    assert batcher.delay_ms() == pytest.approx(3.0)
-    assert AIMDBatcher(budget_ms=20, start=10, clock=clock, max_delay_ms=2).delay_ms() == 0.0
-    default = AIMDBatcher(budget_ms=20, start=30, max_batch=30, clock=clock)
-    default.observe(2, latency(2))
-    default.observe(10, latency(10))
-    default.arrived(1200)  # 1.2/ms: b = 12, 9.2 ms to fill, but the default window is 10% of the budget
-    assert default.delay_ms() == pytest.approx(2.0)
-    clock.s += 1.0  # no traffic: nothing to wait for
-    assert batcher.delay_ms() == 0.0
+
+def test_delay_window_never_holds_a_busy_replica_below_the_arrival_rate():
+    """The HTTP case that kept the first rule below fixed batch sizes, on the clock: a
+    stage whose batch of one looks 85% busy (latency 2.5 + 0.3 b at 0.3 requests/ms).
+    The first rule waited 2 ms for the batch of 2 the rate needs; a batch then took its
+    wait plus its run, and the replica fell behind the arrivals. Now it runs what is
+    queued, and keeps up."""
+    clock = Clock()
+    batcher = AIMDBatcher(budget_ms=20, start=1, max_batch=32, clock=clock)
+    seen = run_open(batcher, clock, rate_per_ms=0.3, ms=4000, lat=lambda b: 2.5 + 0.3 * b)
+    assert all(window == 0.0 for _, _, window in seen)
+    assert sum(b for _, b, _ in seen) >= 0.3 * 4000 - 1  # every arrival served as it came
+    assert max(b for _, b, _ in seen) == 1  # a request never found one ahead of it
 
 
 def test_config_builds_the_runtime_batcher():
