@@ -272,18 +272,25 @@ def _bursts(seconds: float):
 
 class Sampler(threading.Thread):
     """Polls GET /flows/{name} every 0.5 s: per stage its replicas, class and the batch
-    sizes its answers ran in; the flow's version (the tuner re-plans as a new version)."""
+    sizes its answers ran in; the flow's version (the tuner re-plans as a new version).
+    ``ready`` is set once its client exists and the first sample is in: the timed run
+    starts after it, because building the client (its TLS context) holds this process's
+    GIL for a while, and the replay client that shares the process then sent the run's
+    first requests late (the first answers measured 100-200 ms in every deployment)."""
 
     def __init__(self, cluster, name: str):
         super().__init__(daemon=True)
         self.cluster, self.name = cluster, name
         self.samples: list = []
         self.stop = threading.Event()
+        self.ready = threading.Event()
 
     def run(self):
         t0 = time.perf_counter()
         with httpx.Client(timeout=10) as http:
-            while not self.stop.wait(0.5):
+            first = True
+            while first or not self.stop.wait(0.5):
+                first = False
                 try:
                     body = http.get(f"{self.cluster.url}/flows/{self.name}").json()
                 except (httpx.HTTPError, ValueError):
@@ -298,6 +305,7 @@ class Sampler(threading.Thread):
                     for s in body["stages"]
                 }
                 self.samples.append({"t": time.perf_counter() - t0, "version": body["version"], "stages": stages})
+                self.ready.set()
 
 
 def _cost(samples) -> tuple[float, float]:
@@ -317,6 +325,8 @@ def _run_one(cluster, name, trace) -> dict:
     asyncio.run(replay(url, b'{"x": 1}', poisson(BASE_RPS, BASE_RPS * 3, seed=7)))  # 3 s warm-up, not timed
     sampler = Sampler(cluster, name)
     sampler.start()
+    if not sampler.ready.wait(30):
+        raise RuntimeError(f"GET /flows/{name} gave no sample within 30 s")
     lat, ok, done = asyncio.run(replay(url, b'{"x": 1}', trace))
     sampler.stop.set()
     sampler.join()

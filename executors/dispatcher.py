@@ -731,11 +731,15 @@ class Dispatcher:
 
     def _record(self, flow: DeployedFlow, trace) -> None:
         for entry in trace:
-            stage, _ex, ms, batch = entry[:4]
+            stage, ex, ms, batch = entry[:4]
             c = self.stage_counters(flow.plan.flow_name, stage)
             c.service_ms += float(ms) / max(1, int(batch))
             c.served += 1
-            c.batches.append((time.monotonic(), max(1, int(batch))))
+            now = time.monotonic()
+            c.batches.append((now, max(1, int(batch))))
+            extra = entry[4] if len(entry) > 4 and isinstance(entry[4], dict) else None
+            if extra is not None and isinstance(extra.get("cap"), int):
+                c.caps[str(ex)] = (now, extra["cap"])
             recent = flow.stats.setdefault(stage, [])
             recent.append(float(ms))
             if len(recent) > 200:

@@ -876,8 +876,11 @@ class Executor:
         extra = None
         if hosted.report is not None:
             extra = hosted.report(item)  # cache hits, hedges: the gateway's /metrics (clipper.py)
-            if extra is not None:
-                trace[-1].append(extra)
+        aimd = hosted.batcher.aimd if hosted.batcher is not None else None
+        if aimd is not None:  # AIMD's cap on this replica now: GET /flows/{name} shows it
+            extra = {**(extra or {}), "cap": aimd.batch_size}
+        if extra is not None:
+            trace[-1].append(extra)
         racing = _races(hosted.stage)
         if racing and self._lost(hosted, h):
             return []  # another copy won (and sent its output) while this one ran: drop this one's

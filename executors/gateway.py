@@ -476,6 +476,7 @@ def describe(f: DeployedFlow, dispatcher: Dispatcher, scaling_status=None, slo=N
     for name, stage in f.plan.stages.items():
         recent = sorted(f.stats.get(name, ()))
         p50 = recent[len(recent) // 2] if recent else None
+        counters = dispatcher.stage_counters(f.plan.flow_name, name)
         stages.append(
             {
                 "name": name,
@@ -490,7 +491,8 @@ def describe(f: DeployedFlow, dispatcher: Dispatcher, scaling_status=None, slo=N
                 if stage.batch is None
                 else {"max_batch_size": stage.batch.max_batch_size, "max_wait_ms": stage.batch.max_wait_ms},
                 "p50_ms": p50,
-                "batch_seen": dispatcher.stage_counters(f.plan.flow_name, name).batch_seen(),
+                "batch_seen": counters.batch_seen(),
+                "batch_cap": counters.batch_caps(),  # AIMD's live cap per executor (an SLO flow)
                 "autoscaling": scaling.get(name),
             }
         )

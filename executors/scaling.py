@@ -54,6 +54,7 @@ class StageCounters:
     served: int = 0
     last: list = field(default_factory=list)  # recent decisions, for status
     batches: deque = field(default_factory=lambda: deque(maxlen=4096))  # (monotonic s, batch size) per answer
+    caps: dict = field(default_factory=dict)  # executor -> (monotonic s, AIMD's cap) from its last answer
 
     def batch_seen(self, window_s: float = 2.0, now: float | None = None) -> dict | None:
         """The batches the answers of the last ``window_s`` ran in: their mean size (per
@@ -63,6 +64,13 @@ class StageCounters:
         if not sizes:
             return None
         return {"mean": round(len(sizes) / sum(1.0 / b for b in sizes), 2), "max": max(sizes), "window_s": window_s}
+
+    def batch_caps(self, window_s: float = 60.0, now: float | None = None) -> dict | None:
+        """AIMD's cap on each executor, as its latest answer of the last ``window_s`` said;
+        None when no answer carried one (no SLO, or no traffic)."""
+        now = time.monotonic() if now is None else now
+        caps = {ex: cap for ex, (t, cap) in list(self.caps.items()) if t > now - window_s}
+        return caps or None
 
 
 class ExecutorBackend(Protocol):

@@ -68,10 +68,19 @@ def test_a_planned_slo_sizes_the_stages_and_is_shown_everywhere(cluster):
         assert d.invoke(r)["z"].tolist() == f.run([r])["z"].tolist()
     body = _flow_json(cluster, f.name)
     assert body["slo"]["answered"] == 30 and 0 <= body["slo"]["attainment"] <= 1
+    for stage in body["stages"]:  # AIMD's live cap, per executor, from the answers
+        caps, size = stage["batch_cap"], planned[stage["name"]].batch_size
+        assert set(caps) <= set(stage["executors"]) and caps, stage
+        assert all(isinstance(c, int) and 1 <= c <= 2 * size for c in caps.values()), (caps, size)
     metrics = cluster.http.get("/metrics").text
     assert f'flowserve_slo_attainment{{flow="{f.name}"}}' in metrics
     assert f'flowserve_slo_budget_share{{flow="{f.name}",stage="plus_one"}}' in metrics
     d.undeploy()
+    plain = two_stage("plain")
+    p = cluster.deploy(plain, rules=RULES)
+    assert p.invoke({"x": 1})["z"].tolist() == [3]
+    assert [s["batch_cap"] for s in _flow_json(cluster, plain.name)["stages"]] == [None, None]  # no SLO: no AIMD
+    p.undeploy()
 
 
 def test_the_planner_merges_stages_where_one_stage_costs_less_and_rows_are_unchanged(cluster):
@@ -171,6 +180,16 @@ def test_the_batch_sizes_answers_ran_in_are_counted_per_batch():
         c.batches.append((t, b))
     assert c.batch_seen(window_s=2.0, now=11.5) == {"mean": 2.0, "max": 4, "window_s": 2.0}  # 3 batches, 6 rows
     assert c.batch_seen(window_s=2.0, now=30.0) is None
+
+
+def test_the_live_aimd_cap_is_each_executors_latest():
+    from executors.scaling import StageCounters
+
+    c = StageCounters()
+    assert c.batch_caps(now=10.0) is None
+    c.caps.update({"e1": (10.0, 4), "e2": (5.0, 9)})
+    assert c.batch_caps(window_s=60.0, now=11.0) == {"e1": 4, "e2": 9}
+    assert c.batch_caps(window_s=60.0, now=66.0) == {"e1": 4}  # e2 said nothing for a minute
 
 
 # -- the AIMD batcher inside the executor's Batcher ----------------------------------------
