@@ -82,3 +82,23 @@ def test_resends_once_when_a_kept_alive_connection_was_closed(server):
         # new one: one resend, then the error
         with pytest.raises(ClientError, match="without answering"):
             http.post(f"{server}/drop", content=b"x")
+
+
+def test_open_loop_replay_sends_each_request_at_its_time_and_answers_all(server):
+    """benchmarks/openloop.py: request i goes out no earlier than its trace time (open
+    loop, each request's task made at its time) and every answer is counted."""
+    import asyncio
+    import time
+
+    import numpy as np
+
+    from benchmarks.openloop import replay
+
+    trace = np.arange(40) * 5.0  # one every 5 ms
+    started = time.perf_counter()
+    lat, ok, done = asyncio.run(replay(f"{server}/a", b'{"k": 1}', trace, connections=2))
+    assert ok.all() and np.isfinite(lat).all() and len(lat) == 40
+    assert (done * 1000.0 >= trace).all()  # none answered before it was due to be sent
+    assert time.perf_counter() - started >= trace[-1] / 1000.0
+    lat, ok, _ = asyncio.run(replay(f"{server}/created", b"{}", np.zeros(3), connections=1))
+    assert not ok.any() and np.isfinite(lat).all()  # answered, but not 200: not ok
