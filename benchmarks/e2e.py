@@ -8,7 +8,7 @@ them alike; ratios are the medians of the per-rep ratios. Ray Serve, 40x slower,
 measured in a second phase against FlowServe optimized (its idle processes would disturb
 the others).
 
-    python -m benchmarks e2e [--seconds 3] [--reps 8] [--executors N] [--peers ray,litserve,bentoml]
+    python -m benchmarks e2e [--seconds 3] [--reps 8] [--executors N] [--peers ray,litserve,bentoml] [--relay]
 
 Phase 1: the floor, FlowServe optimized in the cluster's default shape (what flow.deploy()
 gives), the same with a hand-picked shape (--shape, default 2 executors), unoptimized.
@@ -127,6 +127,20 @@ class Floor(_ServerProcess):
             cwd=ROOT,
         )
         return self
+
+
+class Relay(_ServerProcess):
+    """The two-process floor (relay_server.py): an HTTP process relaying raw bodies to one
+    worker process that runs the floor's code; both busy-poll as FlowServe does."""
+
+    name = "two-process floor (relay + 1 worker)"
+
+    def __enter__(self):
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "benchmarks" / "relay_server.py"), "--port", str(self.port)], cwd=ROOT
+        )
+        return self  # measure_side_by_side waits until it answers
 
 
 class Ours:
@@ -365,6 +379,11 @@ def run(argv=None) -> dict:
     )
     p.add_argument("--busy-poll-off", action="store_true", help="also measure FlowServe with busy_poll_ms=0")
     p.add_argument(
+        "--relay",
+        action="store_true",
+        help="also measure the two-process floor (relay_server.py: raw bodies relayed to one worker process)",
+    )
+    p.add_argument(
         "--executors",
         type=int,
         default=None,
@@ -396,8 +415,12 @@ def run(argv=None) -> dict:
     ours = Ours(True, args.executors)
     if args.baseline:
         systems = [Floor(), ours, OursAt(args.baseline, args.executors)]
+        if args.relay:
+            systems.insert(1, Relay())
     else:
         systems = [Floor(), ours]
+        if args.relay:
+            systems.insert(1, Relay())
         if args.shape:
             hand = Ours(True, args.shape)
             hand.name = f"flowserve optimized, {args.shape} executors"
@@ -464,6 +487,7 @@ def _median(rounds: list[dict]) -> dict:
 
 def _ratios(results: dict) -> dict:
     floor, opt = results.get(Floor.name), results.get("flowserve optimized")
+    relay = results.get(Relay.name)
     unpolled = results.get("flowserve optimized, busy_poll_ms=0")
     base = next((v for k, v in results.items() if k.startswith("flowserve optimized @ ")), None)
     out = {}
@@ -486,6 +510,17 @@ def _ratios(results: dict) -> dict:
         if opt and floor:
             out[f"{flow}: optimized / floor throughput at c=8"] = opt[f"{flow}/c8"]["rps"] / floor[f"{flow}/c8"]["rps"]
             out[f"{flow}: optimized / floor p50 at c=1"] = opt[f"{flow}/c1"]["p50_ms"] / floor[f"{flow}/c1"]["p50_ms"]
+        if relay and floor:
+            out[f"{flow}: two-process floor / floor throughput at c=8"] = (
+                relay[f"{flow}/c8"]["rps"] / floor[f"{flow}/c8"]["rps"]
+            )
+            out[f"{flow}: two-process floor / floor p50 at c=1"] = (
+                relay[f"{flow}/c1"]["p50_ms"] / floor[f"{flow}/c1"]["p50_ms"]
+            )
+        if relay and opt:
+            out[f"{flow}: optimized / two-process floor p50 at c=1"] = (
+                opt[f"{flow}/c1"]["p50_ms"] / relay[f"{flow}/c1"]["p50_ms"]
+            )
         if unpolled and floor:
             out[f"{flow}: busy polling off / floor throughput at c=8"] = (
                 unpolled[f"{flow}/c8"]["rps"] / floor[f"{flow}/c8"]["rps"]

@@ -23,19 +23,19 @@ def _rows(body: bytes) -> list:
     return [doc] if isinstance(doc, dict) else doc
 
 
-async def ensemble(request: Request) -> Response:
-    rows = _rows(await request.body())
+def ensemble_answer(body: bytes) -> bytes:
+    rows = _rows(body)
     x = preprocess(np.asarray([r["img"] for r in rows], dtype=np.uint8))
     a, b = small(x), big(x)
     out = [
         dict(zip(("cls", "conf"), pick(a[0][i].item(), a[1][i].item(), b[0][i].item(), b[1][i].item())))
         for i in range(len(rows))
     ]
-    return Response(json.dumps({"rows": out}), media_type="application/json")
+    return json.dumps({"rows": out}).encode()
 
 
-async def cascade(request: Request) -> Response:
-    rows = _rows(await request.body())
+def cascade_answer(body: bytes) -> bytes:
+    rows = _rows(body)
     x = preprocess(np.asarray([r["img"] for r in rows], dtype=np.uint8))
     cls, conf = small(x)
     out = []
@@ -45,7 +45,20 @@ async def cascade(request: Request) -> Response:
             c2, p2 = big(x[i : i + 1])
             c, p = pick(c, p, c2[0].item(), p2[0].item())
         out.append({"cls": c, "conf": p})
-    return Response(json.dumps({"rows": out}), media_type="application/json")
+    return json.dumps({"rows": out}).encode()
+
+
+def compute(flow: int, body: bytes) -> bytes:
+    """Flow 0 (ensemble) or 1 (cascade) on a JSON body: the answer's JSON (relay_server.py's worker)."""
+    return (ensemble_answer, cascade_answer)[flow](body)
+
+
+async def ensemble(request: Request) -> Response:
+    return Response(ensemble_answer(await request.body()), media_type="application/json")
+
+
+async def cascade(request: Request) -> Response:
+    return Response(cascade_answer(await request.body()), media_type="application/json")
 
 
 app = Starlette(

@@ -47,8 +47,7 @@ def in_process() -> dict:
     import torch
 
     from executors import fused
-    from executors.gateway import _input_table
-    from executors.httpcodec import json_rows, parse_body
+    from executors.httpcodec import input_table, json_rows, parse_body
     from executors.messages import Result, StageInput, decode
     from executors.stage_runner import BoundStage
     from optimizer import optimize
@@ -59,7 +58,7 @@ def in_process() -> dict:
     schema, sink = plan.input_schema, plan.sink
     rows = parse_body(body, "application/json", schema)
     qids = np.arange(1, 2, dtype=np.int64)
-    table = _input_table("ensemble", rows, qids, schema)
+    table = input_table("ensemble", rows, qids, schema)
     routes = {s: ["ipc:///tmp/x/e0.ipc"] for s in plan.stages}
 
     def run_message():
@@ -89,7 +88,7 @@ def in_process() -> dict:
                 lambda: parse_body(body, "application/json", schema), 2000
             ),
             "gateway: the input Table (checked against the schema)": _hot(
-                lambda: _input_table("ensemble", rows, qids, schema), 2000
+                lambda: input_table("ensemble", rows, qids, schema), 2000
             ),
             "gateway: the run message, built and encoded": _hot(run_message, 2000),
             "executor: the run message decoded": _hot(lambda: decode(frames), 2000),

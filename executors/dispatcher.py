@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import itertools
 import logging
 import socket
@@ -37,7 +38,9 @@ from executors.messages import (
     Message,
     Ping,
     Pong,
+    RawInput,
     Recycling,
+    Rendered,
     Result,
     StageInput,
     Stuck,
@@ -106,12 +109,44 @@ class DeployedFlow:
     stats: dict = field(default_factory=dict)  # stage -> recent latencies (ms)
     plan_blob: bytes | None = None  # the plan as stored: re-published if the store loses it
 
+    @functools.cached_property
+    def relay_stage(self) -> str | None:
+        """The stage a request's body may go to as it came (``RawBody``; see relay_stage)."""
+        return relay_stage(self.plan)
+
+
+def relay_stage(plan: Plan) -> str | None:
+    """The flow's only stage, when it takes the request's rows whole on one replica and
+    gives the answer (not raced, hedged, key-split or a choice among alternatives): the
+    gateway may then relay a one-row JSON body to it unparsed (messages.RawInput)."""
+    if len(plan.stages) != 1:
+        return None
+    (stage,) = plan.stages.values()
+    if (
+        tuple(stage.inputs) != (INPUT,)
+        or stage.continuation is not None
+        or stage.competitive > 1
+        or stage.hedge is not None
+        or stage.wait != "all"
+    ):
+        return None
+    return stage.name
+
+
+@dataclass(frozen=True)
+class RawBody:
+    """A request's body relayed as it came: one JSON object, the row of query ``qid``."""
+
+    body: bytes
+    ctype: str
+    qid: int
+
 
 @dataclass
 class Request:
     id: int
     flow: DeployedFlow
-    table: Table
+    table: Table | None  # None: the body goes as it came (raw)
     deadline: float
     future: asyncio.Future
     attempt: int = 0
@@ -123,6 +158,7 @@ class Request:
     trace: list = field(default_factory=list)  # (stage, executor, ms, batch) of the answer
     crashes: set = field(default_factory=set)  # (executor, attempt) crashes it was running in
     solo: bool = False  # re-run alone after a crash: never merged into a batch
+    raw: RawBody | None = None
 
 
 class Dispatcher:
@@ -457,12 +493,22 @@ class Dispatcher:
         self.next_qid += n
         return np.arange(start, start + n, dtype=np.int64)
 
-    async def submit(self, name: str, table: Table, timeout: float, trace: list | None = None) -> Table:
-        """Run a request; its answer, and (into ``trace``) where each stage ran and how long."""
+    async def submit(
+        self, name: str, table: Table | None, timeout: float, trace: list | None = None, raw: RawBody | None = None
+    ) -> Table | Rendered:
+        """Run a request; its answer, and (into ``trace``) where each stage ran and how long.
+        With ``raw`` (and no table) the body goes to the flow's relay stage as it came, and
+        the answer is the client's JSON already (``Rendered``)."""
         flow = self.flows[name]
         loop = asyncio.get_running_loop()
         req = Request(
-            next(self._ids), flow, table, time.time() + timeout, loop.create_future(), retries_left=self.max_retries
+            next(self._ids),
+            flow,
+            table,
+            time.time() + timeout,
+            loop.create_future(),
+            retries_left=self.max_retries,
+            raw=raw,
         )
         self.requests[req.id] = req
         # a timer rather than asyncio.wait_for: no task per request. It fires a little after
@@ -526,6 +572,25 @@ class Dispatcher:
             self.stage_counters(plan.flow_name, stage).arrivals += 1
         self._account(req, used, assigned)
         req.parts = {}
+        raw = req.raw
+        if raw is not None:
+            stage = req.flow.relay_stage
+            msg = RawInput(
+                req.id,
+                req.attempt,
+                plan.flow_name,
+                req.flow.version,
+                stage,
+                routes,
+                self.address,
+                raw.qid,
+                raw.ctype,
+                req.deadline,
+                req.solo,
+                raw.body,
+            )
+            self._send(routes[stage][0], msg.encode())
+            return
         for consumer in self._input_consumers(plan):
             stage = plan.stages[consumer]
             sent = deliveries(req.table, stage, routes[consumer])
@@ -661,22 +726,26 @@ class Dispatcher:
 
     def _on_message(self, msg: Message) -> None:
         kind = type(msg)
-        if kind is Result or kind is Failure:
+        if kind is Result or kind is Rendered or kind is Failure:
             req = self.requests.get(msg.req)
             if req is None or msg.attempt != req.attempt or req.future.done():
                 return  # answered already (e.g. a losing racing copy), or a superseded attempt
             if kind is Failure:
                 self._resolve(req, error=RequestFailed(msg.status, msg.body()))
                 return
-            path = tuple(tuple(p) for p in msg.path)
-            req.parts.setdefault(path, msg.table)
-            if complete(req.parts):
+            if kind is Rendered:
+                out = msg  # a relayed body's answer, the client's JSON already
+            else:
+                path = tuple(tuple(p) for p in msg.path)
+                req.parts.setdefault(path, msg.table)
+                if not complete(req.parts):
+                    return
                 out = merge(req.parts)  # key-split parts: back in the request's row order
-                if self.metrics:
-                    self.metrics.observe_trace(req.flow.plan.flow_name, msg.trace)
-                self._record(req.flow, msg.trace)
-                req.trace = list(msg.trace)
-                self._resolve(req, result=out)
+            if self.metrics:
+                self.metrics.observe_trace(req.flow.plan.flow_name, msg.trace)
+            self._record(req.flow, msg.trace)
+            req.trace = list(msg.trace)
+            self._resolve(req, result=out)
         elif kind is Loaded or kind is Pong:
             fut = self._waiters.get(msg.token)
             if fut is not None and not fut.done():

@@ -36,6 +36,7 @@ from executors.busypoll import MAX_MS as BUSY_POLL_MAX_MS
 from executors.busypoll import BusyPoll
 from executors.errors import FlowUnavailableError, OperatorTimeoutError, status_for
 from executors.gpu import gpu_stats, set_executor_class
+from executors.httpcodec import OFF_LOOP_ROWS, BadRequestError, input_table, json_rows, parse_body
 from executors.membership import HEARTBEAT_S, Heartbeat, Member
 from executors.messages import (
     Cancel,
@@ -45,7 +46,9 @@ from executors.messages import (
     Message,
     Ping,
     Pong,
+    RawInput,
     Recycling,
+    Rendered,
     Result,
     StageInput,
     Stuck,
@@ -60,7 +63,7 @@ from executors.transport import Outbox, Reader, TransportError, accept, listen
 from executors.watchdog import DEFAULT_GRACE_S, EXIT_RECYCLED, Blackbox, Run, Watchdog, monotonic_deadline
 from executors.wire import WireError
 from flow.context import cancelled, set_cancel, set_store
-from flow.exceptions import FlowError, NoValidResultError, OperatorError, OperatorOutputError
+from flow.exceptions import DataError, FlowError, NoValidResultError, OperatorError, OperatorOutputError
 from flow.table import Table
 from kvs.options import KVSOptions
 from optimizer.plan import Plan
@@ -275,6 +278,9 @@ class Executor:
         if kind is StageInput:
             for hosted, item in self.gather(msg):
                 self.dispatch(hosted, item)
+        elif kind is RawInput:
+            for hosted, item in self.gather_raw(msg):
+                self.dispatch(hosted, item)
         elif kind is Cancel:
             self._cancel((msg.gateway, msg.req, msg.attempt, msg.stage), None)
         elif kind is Load:
@@ -352,6 +358,28 @@ class Executor:
         """
         with self._lock:
             return self._gather(h)
+
+    def gather_raw(self, r: RawInput) -> list:
+        """A request's body as the client sent it (the gateway relayed it unparsed): parsed
+        and checked here as the gateway would (the same functions: the same 400s), then
+        the stage's input, whose answer the sink renders as the client's JSON."""
+        key = (r.flow, r.version, r.stage)
+        hosted = self.hosted.get(key)
+        if hosted is None:
+            with self._lock:
+                hosted = self.hosted.get(key) or self._rehost(r.as_input(None), key)
+            if hosted is None:
+                return []
+        schema = hosted.plan.input_schema
+        try:
+            rows = parse_body(r.body, r.ctype, schema)
+            if len(rows) != 1:  # the gateway relays one JSON object only
+                raise BadRequestError(f"a relayed body must be one row, got {len(rows)}")
+            table = input_table(r.flow, rows, np.array([r.qid], dtype=np.int64), schema)
+        except (BadRequestError, DataError) as e:
+            self._fail(r.as_input(None), e)
+            return []
+        return self.gather(r.as_input(table))
 
     def _gather(self, h: StageInput) -> list:
         key = (h.flow, h.version, h.stage)
@@ -886,7 +914,8 @@ class Executor:
             return []  # another copy won (and sent its output) while this one ran: drop this one's
         local = []
         if hosted.is_sink:
-            self.send(h.gateway, Result(h.req, h.attempt, item.path, trace, out).encode())
+            answer = _rendered(h, trace, out) if h.render else None
+            self.send(h.gateway, answer or Result(h.req, h.attempt, item.path, trace, out).encode())
         for consumer in hosted.consumers:
             stage = hosted.plan.stages[consumer]
             kept = self._kept_keys() if keeps_rows(hosted.stage, stage) else None  # routing.keeps_rows: why
@@ -947,6 +976,20 @@ class Executor:
                 int(qid) if isinstance(qid, (int, np.integer)) else None,
             ).encode(),
         )
+
+
+def _rendered(h: StageInput, trace: list, out: Table) -> list | None:
+    """A relayed body's answer as the client's JSON (Rendered); None for an answer rendered
+    off the loop by the gateway (over OFF_LOOP_ROWS rows) or that JSON cannot carry: the
+    gateway then encodes the Table itself, and names the operator, as for any answer."""
+    if len(out) > OFF_LOOP_ROWS:
+        return None
+    try:
+        body = json_rows(out)
+    except (TypeError, ValueError):  # orjson's errors are TypeErrors; UnencodableError
+        return None
+    schema = {c: t.to_json() for c, t in out.schema.items()}
+    return Rendered(h.req, h.attempt, trace, len(out), schema, body).encode()
 
 
 def _nothing() -> None:

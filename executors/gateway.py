@@ -37,7 +37,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from executors import shm
-from executors.dispatcher import DeployedFlow, Dispatcher, RequestFailed
+from executors.dispatcher import DeployedFlow, Dispatcher, RawBody, RequestFailed
 from executors.docs_page import docs_routes
 from executors.errors import (
     JSON_CONTENT_TYPE,
@@ -52,20 +52,24 @@ from executors.errors import (
 from executors.feedback import feedback
 from executors.httpcodec import (
     ARROW,
+    OFF_LOOP_BYTES,
+    OFF_LOOP_ROWS,
     BadRequestError,
     arrow_answer,
     arrow_pieces,
+    input_table,
+    is_json,
     json_pieces,
     json_rows,
     parse_body,
-    to_table,
 )
 from executors.membership import DEPLOYED_KEY, register_deployed
+from executors.messages import Rendered
 from executors.metrics import Metrics
 from executors.openapi import openapi_document, type_doc
 from executors.slo import SLOMonitor
 from flow.exceptions import DataError, FlowError, OperatorOutputError
-from flow.validation import check_schema
+from flow.types import ColumnType
 
 log = logging.getLogger("flowserve.gateway")
 
@@ -164,6 +168,69 @@ class Gateway:
         if body is None:
             return _error_body(http_error("PayloadTooLarge", f"body is over the limit of {self.max_body_bytes} bytes"))
         t0 = time.perf_counter()
+        raw = table = None
+        if flow.relay_stage is not None and _relayable(body, headers):
+            # one JSON row for a flow of one stage: the stage's executor parses and checks it
+            # (the same code, the same errors) and answers in JSON; this process only relays
+            qid_start = self.dispatcher.next_qid
+            raw = RawBody(body, headers.get("content-type", ""), int(self.dispatcher.new_qids(1)[0]))
+        else:
+            qid_start, table, error = await self._parse(name, flow, body, headers)
+            if error is not None:
+                return _error_body(error)
+        body = None  # the rows hold what is needed; the body's memory can go now
+        timeout = flow.plan.timeout_s or self.request_timeout_s  # the flow's deadline, else the cluster's
+        asked = headers.get("x-request-timeout")
+        if asked is not None:
+            seconds = _seconds(asked)
+            if seconds is None:
+                return _error_body(
+                    http_error_for(
+                        BadRequestError(f"header X-Request-Timeout must be a number of seconds > 0, got {asked!r}")
+                    )
+                )
+            # a client may ask for less or more time than the flow's deadline, up to the cluster's maximum
+            timeout = min(seconds, self.max_request_timeout_s)
+        self.slo.arrived(name, flow.plan)
+        try:
+            trace: list = []
+            result = await self.dispatcher.submit(name, table, timeout, trace, raw)
+            table = raw = None  # answered: the request's rows can go before the answer is encoded
+        except RequestFailed as e:
+            if not (raw is not None and e.status == 400):  # a relayed body that did not parse: not served
+                self.slo.answered(name, flow.plan, float("inf"))  # an error never meets the SLO
+            return e.status, encode_error(e.body), [JSON_CONTENT_TYPE]
+        ms = (time.perf_counter() - t0) * 1000
+        self.metrics.child(self.metrics.latency, name).observe(ms)
+        self.slo.answered(name, flow.plan, ms)
+        if isinstance(result, Rendered):  # a relayed body's answer: the client's JSON already
+            if self.output_schemas.get(name, (None,))[0] != flow.version and result.rows:
+                schema = {c: ColumnType.from_json(t) for c, t in result.schema.items()}
+                self.output_schemas[name] = (flow.version, schema)
+            return 200, result.body, [JSON_CONTENT_TYPE, *self._answer_headers(ms, qid_start, trace)]
+        if self.output_schemas.get(name, (None,))[0] != flow.version and len(result):
+            self.output_schemas[name] = (flow.version, dict(result.schema))
+        extra = self._answer_headers(ms, qid_start, trace)
+        arrow = ARROW in headers.get("accept", "")
+        ctype = (b"content-type", ARROW.encode()) if arrow else JSON_CONTENT_TYPE
+        try:
+            if len(result) <= OFF_LOOP_ROWS:
+                body = arrow_answer(result) if arrow else json_rows(result)
+            else:  # a big answer is written on a worker thread and sent as it is written
+                pieces = arrow_pieces(result) if arrow else json_pieces(result)
+                body = Streamed(await asyncio.to_thread(next, pieces), pieces)
+        except (TypeError, ValueError) as e:  # orjson's errors are TypeErrors; UnencodableError
+            op = flow.plan.stages[flow.plan.sink].nodes[-1].name
+            return _error_body(
+                http_error_for(
+                    OperatorOutputError(f"operator {op!r} returned an answer JSON cannot carry: {e}", operator=op)
+                )
+            )
+        return 200, body, [ctype, *extra]
+
+    async def _parse(self, name: str, flow: DeployedFlow, body, headers: dict):
+        """(qid_start, the input Table, None) for a request body; (None, None, (status, error
+        body)) if it is bad."""
         schema = flow.plan.input_schema
         # a big body is parsed and converted on a worker thread: the event loop keeps
         # serving other requests meanwhile (the interpreter switches threads every 5 ms)
@@ -181,69 +248,28 @@ class Gateway:
             big = big and not (inline and len(rows) <= OFF_LOOP_ROWS)
             body = None  # the rows hold what is needed; the body's memory can go now
             if len(rows) > self.max_rows:
-                return _error_body(
-                    http_error(
-                        "TooManyRows", f"the request has {len(rows)} rows, over the limit of {self.max_rows} (max_rows)"
-                    )
-                )
+                why = f"the request has {len(rows)} rows, over the limit of {self.max_rows} (max_rows)"
+                return None, None, http_error("TooManyRows", why)
             qid_start = self.dispatcher.next_qid
             qids = self.dispatcher.new_qids(len(rows))
             table = (
-                await asyncio.to_thread(_input_table, name, rows, qids, schema)
+                await asyncio.to_thread(input_table, name, rows, qids, schema)
                 if big
-                else _input_table(name, rows, qids, schema)
+                else input_table(name, rows, qids, schema)
             )
-            rows = None
         except (BadRequestError, DataError) as e:
-            return _error_body(http_error_for(e))
-        timeout = flow.plan.timeout_s or self.request_timeout_s  # the flow's deadline, else the cluster's
-        asked = headers.get("x-request-timeout")
-        if asked is not None:
-            seconds = _seconds(asked)
-            if seconds is None:
-                return _error_body(
-                    http_error_for(
-                        BadRequestError(f"header X-Request-Timeout must be a number of seconds > 0, got {asked!r}")
-                    )
-                )
-            # a client may ask for less or more time than the flow's deadline, up to the cluster's maximum
-            timeout = min(seconds, self.max_request_timeout_s)
-        self.slo.arrived(name, flow.plan)
-        try:
-            trace: list = []
-            result = await self.dispatcher.submit(name, table, timeout, trace)
-            table = None  # answered: the request's rows can go before the answer is encoded
-        except RequestFailed as e:
-            self.slo.answered(name, flow.plan, float("inf"))  # an error never meets the SLO
-            return e.status, encode_error(e.body), [JSON_CONTENT_TYPE]
-        ms = (time.perf_counter() - t0) * 1000
-        self.metrics.child(self.metrics.latency, name).observe(ms)
-        self.slo.answered(name, flow.plan, ms)
-        if self.output_schemas.get(name, (None,))[0] != flow.version and len(result):
-            self.output_schemas[name] = (flow.version, dict(result.schema))
-        # row i of the request was query qid_start + i: clients can match answers to rows
-        extra = [
+            return None, None, http_error_for(e)
+        return qid_start, table, None
+
+    @staticmethod
+    def _answer_headers(ms: float, qid_start: int, trace: list) -> list:
+        return [
             (b"server-timing", f"flow;dur={ms:.3f}".encode()),
+            # row i of the request was query qid_start + i: clients can match answers to rows
             (b"x-qid-start", str(qid_start).encode()),
             # where each stage ran, for how long, in a batch of how many requests
             (b"x-flowserve-trace", json.dumps(_unique(e[:4] for e in trace), separators=(",", ":")).encode()),
         ]
-        arrow = ARROW in headers.get("accept", "")
-        ctype = (b"content-type", ARROW.encode()) if arrow else JSON_CONTENT_TYPE
-        try:
-            if len(result) <= OFF_LOOP_ROWS:
-                body = arrow_answer(result) if arrow else json_rows(result)
-            else:  # a big answer is written on a worker thread and sent as it is written
-                pieces = arrow_pieces(result) if arrow else json_pieces(result)
-                body = Streamed(await asyncio.to_thread(next, pieces), pieces)
-        except (TypeError, ValueError) as e:  # orjson's errors are TypeErrors; UnencodableError
-            op = flow.plan.stages[flow.plan.sink].nodes[-1].name
-            return _error_body(
-                http_error_for(
-                    OperatorOutputError(f"operator {op!r} returned an answer JSON cannot carry: {e}", operator=op)
-                )
-            )
-        return 200, body, [ctype, *extra]
 
     async def list_flows(self, request: Request) -> Response:
         flows = []
@@ -505,6 +531,8 @@ def describe(f: DeployedFlow, dispatcher: Dispatcher, scaling_status=None, slo=N
         "version": f.version,
         "sink": f.plan.sink,
         "timeout_s": f.plan.timeout_s,  # None: the cluster's request_timeout_s
+        # the stage a one-row JSON body goes to unparsed (messages.RawInput); None: parsed here
+        "relay_stage": f.relay_stage,
         "stages": stages,
         "explain": explained,
     }
@@ -561,16 +589,23 @@ def _bearer_matches(header: str, token: str) -> bool:
     return header.startswith("Bearer ") and hmac.compare_digest(header[7:].encode(), token.encode())
 
 
-# Bodies above this are parsed (and answers above OFF_LOOP_ROWS rows encoded) on a worker
-# thread; below it the hop to a thread would cost more than the work it moves.
-OFF_LOOP_BYTES = 256 * 1024
-OFF_LOOP_ROWS = 5_000
+# Relayed bodies are parsed on the executor's IO thread, between its reads of other
+# messages: only small ones (a 28x28 image as JSON is about 3 KiB; 64 KiB parses in about a
+# millisecond: a 112x112 tensor, 62 KB, took 1.3 ms here)
+RELAY_MAX_BYTES = 64 * 1024
 
 
-def _input_table(name: str, rows, qids, schema):
-    """The request's Table with the gateway's qids, checked against the flow's schema."""
-    table = to_table(rows, qids, schema)
-    return table if schema is None else check_schema(name, schema, table)
+def _relayable(body, headers: dict) -> bool:
+    """A body the flow's one stage may parse itself (RawInput): one JSON object (one row),
+    small (RELAY_MAX_BYTES), for a client that takes a JSON answer. Anything else is
+    parsed here as before (Arrow, lists of rows, big bodies, answers in Arrow)."""
+    return (
+        isinstance(body, (bytes, bytearray))
+        and 0 < len(body) <= RELAY_MAX_BYTES
+        and (body[:1] == b"{" or body.lstrip()[:1] == b"{")
+        and is_json(headers.get("content-type", ""))
+        and ARROW not in headers.get("accept", "")
+    )
 
 
 def _seconds(text: str) -> float | None:

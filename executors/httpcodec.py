@@ -22,6 +22,7 @@ import orjson
 from flow.exceptions import DataError, DataTypeError, SchemaError
 from flow.table import Table
 from flow.types import ColumnType
+from flow.validation import check_schema
 from optimizer.positions import POS
 
 # the runtime's row positions of key-split parts travel in this column (optimizer.positions)
@@ -30,6 +31,13 @@ _RESERVED = "{where}column " + repr(POS) + " is reserved by the runtime; rename 
 ARROW = "application/vnd.apache.arrow.stream"
 JSON = "application/json"
 
+# The gateway parses bodies above this (and encodes answers above OFF_LOOP_ROWS rows) on a
+# worker thread; below it the hop to a thread would cost more than the work it moves. Only
+# bodies below it are relayed to an executor unparsed, and only answers below OFF_LOOP_ROWS
+# are rendered there (messages.RawInput).
+OFF_LOOP_BYTES = 256 * 1024
+OFF_LOOP_ROWS = 5_000
+
 
 class BadRequestError(DataError, ValueError):
     """The body is not valid JSON/Arrow, or not rows of the flow's input."""
@@ -37,7 +45,7 @@ class BadRequestError(DataError, ValueError):
 
 def parse_body(body: bytes, content_type: str, schema: dict[str, ColumnType] | None):
     """The rows of a request body: a list of row dicts (JSON) or a pyarrow Table."""
-    ctype = (content_type or JSON).split(";")[0].strip().lower()
+    ctype = _media_type(content_type)
     if ctype == ARROW:
         import pyarrow as pa
 
@@ -45,7 +53,7 @@ def parse_body(body: bytes, content_type: str, schema: dict[str, ColumnType] | N
             return pa.ipc.open_stream(body).read_all()
         except (pa.ArrowInvalid, OSError) as e:
             raise BadRequestError(f"body is not an Arrow IPC stream: {e}") from None
-    if ctype not in (JSON, "text/json", ""):
+    if ctype not in _JSON_TYPES:
         raise BadRequestError(f"unsupported Content-Type {content_type!r}; use {JSON} or {ARROW}")
     if schema and len(body) > CHUNKED_JSON_BYTES:
         parts = _json_parts(body, schema)
@@ -59,6 +67,18 @@ def parse_body(body: bytes, content_type: str, schema: dict[str, ColumnType] | N
     if schema:
         rows = [_convert_row(r, schema, i) for i, r in enumerate(rows)]
     return rows
+
+
+_JSON_TYPES = (JSON, "text/json", "")
+
+
+def _media_type(content_type: str) -> str:
+    return (content_type or JSON).split(";")[0].strip().lower()
+
+
+def is_json(content_type: str) -> bool:
+    """Whether a request body of this Content-Type is parsed as JSON (as ``parse_body`` does)."""
+    return _media_type(content_type) in _JSON_TYPES
 
 
 def _check_rows(rows: list, first: int = 0, keys=None) -> None:
@@ -307,6 +327,13 @@ def to_table(rows, qids: np.ndarray, schema) -> Table:
 
 class UnencodableError(ValueError):
     """An answer JSON cannot carry (the client may ask for Arrow instead)."""
+
+
+def input_table(name: str, rows, qids: np.ndarray, schema) -> Table:
+    """The request's Table with the gateway's qids, checked against flow ``name``'s schema
+    (the gateway's for a parsed body; an executor's for a body relayed as it came)."""
+    table = to_table(rows, qids, schema)
+    return table if schema is None else check_schema(name, schema, table)
 
 
 def json_rows(table: Table) -> bytes:

@@ -10,7 +10,8 @@ u64 length per frame, the frames`` (bounded: at most 4096 frames and 2 GiB). wir
 fills the frames: frame 0 is a JSON object, the *header* (never pickle: frames may come
 from the network); the frames after it are the raw buffers of the Tables the message
 carries, described in the header under ``tables`` (name -> column metadata pointing at
-buffer frames; see wire.py). Every message here carries at most one Table, under ``t``.
+buffer frames; see wire.py). Every message here carries at most one Table, under ``t``,
+or, instead of a table, one *blob*: bytes as they are, frame 1 (a body and its answer).
 
 The header's ``type`` says which message it is; the other keys are short because they
 travel with every request on every hop. Keys, by message (-> who sends it):
@@ -27,11 +28,19 @@ travel with every request on every hop. Keys, by message (-> who sends it):
               address), dl (wall-clock deadline, Unix seconds), trace ([stage, executor,
               ms, batch] of the stages run so far), path (where a key-split part sits:
               [[index, count], ...]), copy (which racing copy; omitted: 0), solo (a retry
-              that must run unbatched; omitted: false); table t. A run without a table
-              says the producing alternative gave no valid result (first_valid stages).
+              that must run unbatched; omitted: false), rj (render the sink's answer
+              as JSON: set by the executor for a body's run, never sent); table t. A run
+              without a table says the producing alternative gave no valid result
+              (first_valid stages).
+    body      gateway -> executor   a request's body as the client sent it, for a flow of one
+              stage: req, att, flow, ver, stage, routes, gw, qid (the row's query id), ct
+              (Content-Type; omitted: JSON), dl, solo; the body is frame 1, not a table.
+              The executor parses and checks it as the gateway would (httpcodec.py).
     cancel    executor -> executor  gw, req, att, stage: a racing stage's copy of this request
               attempt finished first; drop the other copies still queued or yet to come
     result    executor -> gateway   req, att, path, trace; table t (the sink's output)
+    answer    executor -> gateway   req, att, trace, n (rows), schema (column -> type): a
+                                    body's answer as the client gets it, JSON in frame 1
     error     executor -> gateway   req, att, status (HTTP), error (exception class name),
                                     message, operator and qid (omitted when unknown)
     stuck     executor -> gateway   executor, flow, stage, operator, since (Unix seconds)
@@ -48,8 +57,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+import orjson
+
 from executors.wire import WireError, decode_table, pack, unpack, unpack_header
 from flow.table import Table
+from optimizer.stage import INPUT
 
 
 class MessageError(WireError):
@@ -92,6 +104,7 @@ class Message:
     TYPE: ClassVar[str]
     _FIELDS: ClassVar[tuple]
     _TABLE_FIELD: ClassVar[tuple | None] = None  # (attribute, required)
+    _BLOB_FIELD: ClassVar[str | None] = None  # the attribute holding the bytes of frame 1
 
     def header(self) -> dict:
         """The JSON header of this message (without its table)."""
@@ -109,11 +122,13 @@ class Message:
         return None if table is None else {_TABLE: table}
 
     def encode(self) -> list:
-        """The frames of this message (header, then its table's buffers)."""
+        """The frames of this message (header, then its table's buffers or its blob)."""
+        if self._BLOB_FIELD is not None:
+            return [orjson.dumps(self.header()), getattr(self, self._BLOB_FIELD)]
         return pack(self.header(), self.tables())
 
     @classmethod
-    def from_header(cls, header: dict, tables: dict[str, Table]) -> Message:
+    def from_header(cls, header: dict, tables: dict[str, Table], blob=None) -> Message:
         args = []
         for _attr, key, types, default in cls._FIELDS:
             value = header.get(key, default)
@@ -125,6 +140,10 @@ class Message:
             if table is None and cls._TABLE_FIELD[1]:
                 raise MessageError(f"{cls.TYPE!r} message: its table {_TABLE!r} is missing")
             args.append(table)
+        if cls._BLOB_FIELD is not None:
+            if blob is None:
+                raise MessageError(f"{cls.TYPE!r} message: its body (frame 1) is missing")
+            args.append(blob)
         return cls(*args)
 
 
@@ -142,6 +161,13 @@ def carried(*, required: bool):
     return field(metadata=meta) if required else field(default=None, metadata=meta)
 
 
+def blob():
+    """The field holding the bytes a message carries as they are, in frame 1 (a message
+    carries a table or a blob, never both; the blob is its last field, and a decoded
+    message without frame 1 is a MessageError whatever the default)."""
+    return field(default=b"", metadata={"blob": True})
+
+
 def message(kind: str):
     """Make a Message subclass a frozen, slotted dataclass of message type ``kind``, its
     wire description derived from its ``wire()`` and ``carried()`` fields."""
@@ -156,6 +182,8 @@ def message(kind: str):
         )
         tables = [(f.name, f.metadata["table"]) for f in fields(cls) if "table" in f.metadata]
         cls._TABLE_FIELD = tables[0] if tables else None
+        blobs = [f.name for f in fields(cls) if "blob" in f.metadata]
+        cls._BLOB_FIELD = blobs[0] if blobs else None
         return cls
 
     return declare
@@ -250,6 +278,7 @@ class StageInput(Message):
     path: list | tuple = wire(_LIST, default=_EMPTY)  # [[index, count], ...]
     copy: int = wire(_INT, default=0)
     solo: bool = wire((bool,), default=False)
+    render: bool = wire((bool,), key="rj", default=False)  # the sink answers a body's run as JSON (Rendered)
     table: Table | None = carried(required=False)
 
     # The two methods below are the generic ones written out, for the hot path (each hop of
@@ -276,6 +305,8 @@ class StageInput(Message):
             h["copy"] = self.copy
         if self.solo:
             h["solo"] = True
+        if self.render:
+            h["rj"] = True
         return h
 
     @classmethod
@@ -292,6 +323,7 @@ class StageInput(Message):
             g("gw"),
         )
         dl, trace, path, copy, solo = g("dl"), g("trace", _EMPTY), g("path", _EMPTY), g("copy", 0), g("solo", False)
+        render = g("rj", False)
         if (
             req.__class__ is int
             and att.__class__ is int
@@ -306,15 +338,19 @@ class StageInput(Message):
             and (path.__class__ is list or path is _EMPTY)
             and copy.__class__ is int
             and solo.__class__ is bool
+            and render.__class__ is bool
         ):
-            return cls(req, att, flow, ver, stage, src, routes, gw, dl, trace, path, copy, solo, tables.get(_TABLE))
+            return cls(
+                req, att, flow, ver, stage, src, routes, gw, dl, trace, path, copy, solo, render, tables.get(_TABLE)
+            )
         return Message.from_header.__func__(cls, h, tables)  # raises naming the field
 
     def to(
         self, stage: str, source: str, path, copy: int, table: Table | None, trace: list | tuple | None = None
     ) -> StageInput:
         """The same request's input for another stage (``source``'s output, or the rows).
-        Not ``solo``: the gateway marks the inputs it sends, and only those (as it always did)."""
+        Not ``solo``: the gateway marks the inputs it sends, and only those (as it always did);
+        nor ``render``: only the sink's own input asks for a JSON answer."""
         return StageInput(
             self.req,
             self.attempt,
@@ -329,7 +365,50 @@ class StageInput(Message):
             path,
             copy,
             False,
+            False,
             table,
+        )
+
+
+@message("body")
+class RawInput(Message):
+    """Gateway -> executor: a request's body as the client sent it (one JSON object: one
+    row, query id ``qid``), for a flow whose one stage takes the input and gives the answer.
+    The executor parses and checks it as the gateway would (httpcodec.py: the same errors),
+    runs the stage and answers with the rows already as the client's JSON (``Rendered``).
+
+    Why: for such a flow the gateway's work per request is then a relay's (no parse, no
+    Table, no encode or decode of one): on the e2e Ensemble that work was half of what the
+    two processes added to the one-process floor at concurrency 1 (benchmarks/README.md)."""
+
+    req: int = wire(_INT)
+    attempt: int = wire(_INT, key="att")
+    flow: str = wire(_STR)
+    version: int = wire(_INT, key="ver")
+    stage: str = wire(_STR)
+    routes: dict = wire(_DICT)  # stage -> [address]
+    gateway: str = wire(_STR, key="gw")
+    qid: int = wire(_INT)
+    ctype: str = wire(_STR, key="ct", default="")
+    deadline: float | None = wire(_optional(_NUMBER), key="dl", default=None)  # wall clock, Unix seconds
+    solo: bool = wire((bool,), default=False)
+    body: bytes = blob()
+
+    def as_input(self, table: Table | None) -> StageInput:
+        """The stage's input once the body is parsed: the rows, whose answer is rendered."""
+        return StageInput(
+            self.req,
+            self.attempt,
+            self.flow,
+            self.version,
+            self.stage,
+            INPUT,
+            self.routes,
+            self.gateway,
+            self.deadline,
+            solo=self.solo,
+            render=True,
+            table=table,
         )
 
 
@@ -355,6 +434,19 @@ class Result(Message):
     path: list | tuple = wire(_LIST, absent=_EMPTY)
     trace: list | tuple = wire(_LIST, absent=_EMPTY)
     table: Table = carried(required=True)
+
+
+@message("answer")
+class Rendered(Message):
+    """Executor -> gateway: the answer to a ``RawInput`` as the client gets it (the JSON
+    of the sink's output, ``rows`` rows whose column types are ``schema``)."""
+
+    req: int = wire(_INT)
+    attempt: int = wire(_INT, key="att")
+    trace: list | tuple = wire(_LIST, absent=_EMPTY)
+    rows: int = wire(_INT, key="n")
+    schema: dict = wire(_DICT)  # column -> ColumnType.to_json()
+    body: bytes = blob()
 
 
 @message("error")
@@ -424,8 +516,10 @@ MESSAGES: dict[str, type[Message]] = {
         Loaded,
         Unload,
         StageInput,
+        RawInput,
         Cancel,
         Result,
+        Rendered,
         Failure,
         Stuck,
         Unstuck,
@@ -437,7 +531,10 @@ MESSAGES: dict[str, type[Message]] = {
 def decode(frames: list) -> Message:
     """The message in ``frames``; MessageError (a WireError) if it is not a known, well-formed one."""
     header, tables = unpack(frames)
-    return _message_class(header).from_header(header, tables)
+    cls = _message_class(header)
+    if cls._BLOB_FIELD is not None:
+        return cls.from_header(header, tables, frames[1] if len(frames) == 2 else None)
+    return cls.from_header(header, tables)
 
 
 def _message_class(header: dict) -> type:
@@ -458,14 +555,17 @@ def decode_unless(frames: list, stale) -> Message | None:
     header = unpack_header(frames)
     if stale(header):
         return None
+    cls = _message_class(header)
+    if cls._BLOB_FIELD is not None:
+        return cls.from_header(header, {}, frames[1] if len(frames) == 2 else None)
     body = frames[1:]
     tables = {k: decode_table(m, body) for k, m in (header.pop("tables", None) or {}).items()}
-    return _message_class(header).from_header(header, tables)
+    return cls.from_header(header, tables)
 
 
 def answer_key(header: dict) -> tuple | None:
-    """(request, attempt) of a Result's or Failure's header; None for other messages."""
+    """(request, attempt) of a Result's, Rendered's or Failure's header; None for other messages."""
     kind = header.get("type")
-    if kind != "result" and kind != "error":
+    if kind != "result" and kind != "error" and kind != "answer":
         return None
     return header.get("req"), header.get("att")

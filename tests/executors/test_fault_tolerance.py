@@ -8,6 +8,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from executors.cluster import LocalCluster
 from executors.config import ClusterConfig
@@ -22,12 +23,16 @@ def work(row):
     return row.x + 1
 
 
-def test_kill_executor_under_load_loses_nothing():
+@pytest.mark.parametrize("optimize", [False, True], ids=["two stages", "one stage, bodies relayed"])
+def test_kill_executor_under_load_loses_nothing(optimize):
     c = LocalCluster(ClusterConfig(executors=2, threads=4, request_timeout_s=20, max_retries=3)).start()
     try:
         f = Flow("survivor")
         f.map(work, names=["a"]).map(lambda r: r.a * 2, names=["b"])
-        d = c.deploy(f, optimize=False)  # two stages: more hops to break
+        # two stages: more hops to break; one (fused): each body goes to its executor unparsed
+        # (messages.RawInput), and a re-run relays it again
+        d = c.deploy(f, optimize=optimize)
+        assert httpx.get(d.url).json()["relay_stage"] == ("work+lambda" if optimize else None)
         answers: dict[int, list] = {}
         failures: list = []
         lock = threading.Lock()

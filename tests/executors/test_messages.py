@@ -24,7 +24,9 @@ from executors.messages import (
     MessageError,
     Ping,
     Pong,
+    RawInput,
     Recycling,
+    Rendered,
     Result,
     StageInput,
     Stuck,
@@ -74,8 +76,13 @@ EVERY = [
     Unload("cascade", 3),
     RUN,
     StageInput(12, 0, "cascade", 3, "pick", "slow", {"pick": ["ipc:///tmp/e0"]}, "ipc:///tmp/gw"),  # no table
+    RawInput(12, 1, "ensemble", 3, "all", {"all": ["ipc:///tmp/e0"]}, "ipc:///tmp/gw", 40, body=b'{"img": [[1]]}'),
+    RawInput(
+        12, 2, "ensemble", 3, "all", {}, "gw", 41, "application/json", 1.8e9, solo=True, body=bytearray(b'{"x":1}')
+    ),
     Cancel("ipc:///tmp/gw", 12, 1, "slow"),
     Result(12, 1, [[1, 2]], [["pick", "e0", 0.1, 1]], table()),
+    Rendered(12, 1, [["all", "e0", 0.3, 1]], 1, {"cls": {"kind": "int"}}, b'{"rows":[{"cls":3}]}'),
     Failure(
         12, 1, 422, "NoValidResultError", "operator 'pick': no alternative gave a valid result", operator="pick", qid=7
     ),
@@ -101,6 +108,9 @@ def same(a: Message, b: Message) -> bool:
                 return False
             assert_same_rows(x, y)
             assert x.qid.tolist() == y.qid.tolist()
+        elif isinstance(x, (bytes, bytearray, memoryview)):
+            if bytes(x) != bytes(y):
+                return False
         elif json.loads(json.dumps(x)) != json.loads(json.dumps(y)):
             return False
     return True
@@ -146,6 +156,7 @@ def test_a_run_message_keeps_the_short_keys_and_leaves_defaults_off():
         RUN,
         StageInput(1, 0, "f", 1, "s", "__input__", {}, "gw"),
         StageInput(1, 0, "f", 1, "s", "__input__", {}, "gw", deadline=5),
+        StageInput(1, 0, "f", 1, "s", "__input__", {}, "gw", render=True, table=table()),
     ],
 )
 def test_the_hot_path_run_codec_agrees_with_the_generic_one(msg):
@@ -283,3 +294,27 @@ def test_decode_unless_skips_a_stale_answer_without_reading_its_tables():
         decode_unless(broken, lambda h: False)
     with pytest.raises(MessageError, match="unknown message type"):
         decode_unless([b'{"type": "nope"}'], lambda h: False)
+
+
+def test_a_body_and_its_answer_travel_as_they_are_in_frame_1():
+    """A relayed body and its rendered answer: the bytes are frame 1 untouched (no JSON
+    string inside the header, no table), and a message that lost its frame 1 is an error."""
+    run = EVERY[9]
+    frames = run.encode()
+    assert len(frames) == 2 and bytes(frames[1]) == b'{"img": [[1]]}'
+    assert "tables" not in json.loads(bytes(frames[0]))
+    answer = next(m for m in EVERY if isinstance(m, Rendered))
+    assert bytes(answer.encode()[1]) == b'{"rows":[{"cls":3}]}'
+    for msg in (run, answer):
+        with pytest.raises(MessageError, match=r"body \(frame 1\) is missing"):
+            decode([bytes(msg.encode()[0])])
+    stale = [bytes(f) for f in answer.encode()]
+    assert decode_unless(stale, lambda h: True) is None
+    assert same(decode_unless(stale, lambda h: False), answer)
+
+
+def test_a_bodys_run_asks_its_sink_for_json_and_the_next_stage_does_not():
+    run = EVERY[9].as_input(table())
+    assert run.render and run.source == "__input__" and (run.req, run.attempt, run.stage) == (12, 1, "all")
+    assert json.loads(bytes(run.encode()[0]))["rj"] is True
+    assert not run.to("next", "all", (), 0, None).render

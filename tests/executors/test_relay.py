@@ -1,0 +1,186 @@
+"""A one-row JSON body for a flow of one stage goes to that stage's executor unparsed
+(messages.RawInput) and comes back as the client's JSON (Rendered): which bodies and flows
+take that path, and that over real HTTP it answers exactly what the parsed path answers --
+the same rows, the same errors, byte for byte."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from executors.cluster import LocalCluster
+from executors.config import ClusterConfig
+from executors.dispatcher import relay_stage
+from executors.gateway import RELAY_MAX_BYTES, _relayable
+from executors.httpcodec import ARROW
+from flow import ColumnType, Flow
+from optimizer import OptimizerOptions, optimize
+from tests.executors.test_bad_inputs import CASES, nan_tensor, plus_one
+
+
+def twice(row):
+    return row.y * 2
+
+
+def slow(row):
+    return row.x
+
+
+def add_one_batch(table):
+    import time
+
+    time.sleep(0.005)  # requests arriving meanwhile queue into the next batch
+    return table["x"] + 1
+
+
+def typed_flow() -> Flow:
+    f = Flow("typed", schema={"x": int, "f": float, "s": str, "b": bytes, "img": ColumnType.tensor(np.uint8, (2, 2))})
+    f.map(plus_one, names=["y"])
+    return f
+
+
+# -- which flows and bodies are relayed --------------------------------------------------------
+
+
+def test_a_flow_of_one_stage_is_relayed_and_others_are_not():
+    f = Flow("two", schema={"x": int})
+    f.map(plus_one, names=["y"]).map(twice, names=["z"])
+    assert relay_stage(optimize(f)) is not None  # fused: one stage takes the rows and answers
+    assert relay_stage(optimize(f, rules=[])) is None  # one stage per operator
+    raced = Flow("raced", schema={"x": int})
+    raced.map(slow, names=["y"], high_variance=True)
+    assert relay_stage(optimize(raced, options=OptimizerOptions(competitive_replicas=3))) is None  # copies race
+    looks = Flow("looks", schema={"k": str}, key_prefixes=["emb/"])
+    looks.lookup(column="k", name="v", missing="null")
+    plan = optimize(looks)
+    assert len(plan.stages) > 1 or relay_stage(plan) is None  # rows split by key
+
+
+@pytest.mark.parametrize(
+    "body, headers, relayed",
+    [
+        (b'{"x": 1}', {}, True),
+        (b'{"x": 1}', {"content-type": "application/json; charset=utf-8"}, True),
+        (b'  \n{"x": 1}', {"content-type": "text/json"}, True),
+        (bytearray(b'{"x": 1}'), {}, True),  # a body that came in pieces
+        (b'[{"x": 1}]', {}, False),  # a list of rows: the gateway counts them and gives their qids
+        (b'{"x": 1}', {"accept": ARROW}, False),  # an Arrow answer is encoded by the gateway
+        (b'{"x": 1}', {"content-type": ARROW}, False),
+        (b'{"x": 1}', {"content-type": "text/plain"}, False),  # parsed (and refused) here
+        (memoryview(b'{"x": 1}'), {}, False),  # a body in shared memory
+        (b"", {}, False),
+        (b"{" + b" " * (RELAY_MAX_BYTES - 2) + b"}", {}, True),
+        (b"{" + b" " * (RELAY_MAX_BYTES - 1) + b"}", {}, False),  # big: parsed by the gateway, as before
+    ],
+)
+def test_which_bodies_are_relayed(body, headers, relayed):
+    assert _relayable(body, headers) is relayed
+
+
+# -- the relayed path answers what the parsed path answers -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def c():
+    with LocalCluster(ClusterConfig(executors=1, request_timeout_s=20, max_body_bytes=1 << 20)) as cluster:
+        cluster.deploy(typed_flow())
+        free = Flow("free")
+        free.map(plus_one, names=["y"])
+        cluster.deploy(free)
+        batched = Flow("batched", schema={"x": int})
+        batched.map(add_one_batch, names=["y"], batching=True)
+        cluster.deploy(batched)
+        nan = Flow("nan-tensor")
+        nan.map(nan_tensor, names=["t"])
+        cluster.deploy(nan)
+        yield cluster
+
+
+GOOD = {"x": 1, "f": 0.5, "s": "é", "b": "aGk=", "img": [[1, 2], [3, 4]]}
+# the corpus of bad inputs (test_bad_inputs.py) that is one JSON object: each is relayed
+OBJECTS = [
+    (name, flow, case["content"], case["headers"])
+    for name, flow, case, _status, _says in CASES
+    if flow in ("typed", "free") and _status == 400 and _relayable(case["content"], case["headers"])
+]
+
+
+def _post(c, flow: str, body: bytes, headers: dict) -> httpx.Response:
+    return httpx.post(f"{c.url}/flows/{flow}", content=body, headers=headers, timeout=30)
+
+
+@pytest.mark.parametrize("name, flow, body, headers", OBJECTS, ids=[o[0] for o in OBJECTS])
+def test_a_bad_relayed_body_gets_the_parsed_paths_error(c, name, flow, body, headers):
+    relayed = _post(c, flow, body, headers)
+    # the same body parsed by the gateway: a client that would take an Arrow answer is not
+    # relayed (an error is JSON either way)
+    parsed = _post(c, flow, body, {**headers, "accept": ARROW})
+    assert relayed.status_code == parsed.status_code and relayed.status_code >= 400, (relayed.text, parsed.text)
+    assert relayed.content == parsed.content  # the same error, naming the same row and column
+
+
+def test_relayed_and_parsed_bodies_answer_the_same_rows(c):
+    assert len(OBJECTS) >= 20  # the corpus really reaches the relayed path
+    for flow, row in (("typed", GOOD), ("free", {"x": 41, "s": "a", "v": [1.5, 2]}), ("free", {"x": -3})):
+        body = json.dumps(row).encode()
+        relayed = _post(c, flow, body, {})
+        parsed = _post(c, flow, b"[" + body + b"]", {})
+        assert relayed.status_code == parsed.status_code == 200, (relayed.text, parsed.text)
+        one, other = relayed.json()["rows"], parsed.json()["rows"]
+        assert [r.pop("qid") for r in one] == [int(relayed.headers["x-qid-start"])]
+        assert [r.pop("qid") for r in other] == [int(parsed.headers["x-qid-start"])]
+        assert one == other and one[0]["y"] == row["x"] + 1
+        assert (
+            json.loads(relayed.headers["x-flowserve-trace"])[0][0]
+            == httpx.get(f"{c.url}/flows/{flow}").json()["relay_stage"]
+        )
+
+
+def test_qids_stay_unique_and_consecutive_across_both_paths(c):
+    starts = []
+    for body in (json.dumps(GOOD).encode(), json.dumps([GOOD, GOOD]).encode(), json.dumps(GOOD).encode()):
+        r = _post(c, "typed", body, {})
+        assert r.status_code == 200, r.text
+        starts.append((int(r.headers["x-qid-start"]), [row["qid"] for row in r.json()["rows"]]))
+    (a, qa), (b, qb), (d, qd) = starts
+    assert qa == [a] and qb == [b, b + 1] and qd == [d] and b == a + 1 and d == b + 2
+
+
+def test_an_answer_json_cannot_carry_is_the_same_500_on_both_paths(c):
+    relayed, parsed = _post(c, "nan-tensor", b'{"x": 1}', {}), _post(c, "nan-tensor", b'[{"x": 1}]', {})
+    assert relayed.status_code == parsed.status_code == 500
+    assert relayed.content == parsed.content and b"nan_tensor" in relayed.content
+
+
+def test_an_arrow_answer_and_the_output_schema_after_relayed_answers(c):
+    body = json.dumps(GOOD).encode()
+    r = _post(c, "typed", body, {"accept": ARROW})  # not relayed: the gateway encodes Arrow
+    assert r.status_code == 200 and r.headers["content-type"] == ARROW
+    assert pa.ipc.open_stream(r.content).read_all().column("y").to_pylist() == [2]
+    fresh = Flow("fresh", schema={"x": int})
+    fresh.map(plus_one, names=["y"])
+    d = c.deploy(fresh)
+    assert _post(c, "fresh", b'{"x": 2}', {}).json()["rows"][0]["y"] == 3  # its first answer: relayed
+    answer = httpx.get(f"{c.url}/openapi.json").json()["paths"]["/flows/fresh"]["post"]["responses"]["200"]
+    assert "y" in json.dumps(answer), answer  # the answer's columns, learnt from the rendered answer
+    assert httpx.get(d.url).json()["relay_stage"] is not None
+
+
+def test_relayed_bodies_merged_into_batches_each_get_their_own_row(c):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def ask(x):
+        with httpx.Client(timeout=30) as http:
+            r = http.post(f"{c.url}/flows/batched", content=json.dumps({"x": x}).encode())
+            assert r.status_code == 200, r.text
+            return x, r.json()["rows"], json.loads(r.headers["x-flowserve-trace"])
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, range(64)))
+    assert all([row["y"] for row in rows] == [x + 1] for x, rows, _ in answers)
+    assert len({rows[0]["qid"] for _, rows, _ in answers}) == 64
+    assert max(trace[0][3] for _, _, trace in answers) > 1  # some ran in a batch of several
