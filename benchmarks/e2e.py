@@ -486,57 +486,30 @@ def _median(rounds: list[dict]) -> dict:
 
 
 def _ratios(results: dict) -> dict:
+    """Per flow, "A / B" throughput at c=8 and p50 at c=1 for each pair of systems measured."""
     floor, opt = results.get(Floor.name), results.get("flowserve optimized")
     relay = results.get(Relay.name)
     unpolled = results.get("flowserve optimized, busy_poll_ms=0")
     base = next((v for k, v in results.items() if k.startswith("flowserve optimized @ ")), None)
-    out = {}
     hand = next(
         (v for k, v in results.items() if k.startswith("flowserve optimized, ") and k.endswith(" executors")), None
     )
+    pairs = [
+        ("default shape / hand-picked shape", opt, hand, True),
+        ("this tree / baseline", opt, base, True),
+        ("optimized / floor", opt, floor, True),
+        ("two-process floor / floor", relay, floor, True),
+        ("optimized / two-process floor", opt, relay, False),
+        ("busy polling off / floor", unpolled, floor, True),
+        *((f"optimized / {peer.name}", opt, results.get(peer.name), True) for peer in (RayServe, LitServe, BentoML)),
+    ]
+    out = {}
     for flow in FLOWS:
-        if opt and hand:
-            out[f"{flow}: default shape / hand-picked shape throughput at c=8"] = (
-                opt[f"{flow}/c8"]["rps"] / hand[f"{flow}/c8"]["rps"]
-            )
-            out[f"{flow}: default shape / hand-picked shape p50 at c=1"] = (
-                opt[f"{flow}/c1"]["p50_ms"] / hand[f"{flow}/c1"]["p50_ms"]
-            )
-        if opt and base:
-            out[f"{flow}: this tree / baseline throughput at c=8"] = (
-                opt[f"{flow}/c8"]["rps"] / base[f"{flow}/c8"]["rps"]
-            )
-            out[f"{flow}: this tree / baseline p50 at c=1"] = opt[f"{flow}/c1"]["p50_ms"] / base[f"{flow}/c1"]["p50_ms"]
-        if opt and floor:
-            out[f"{flow}: optimized / floor throughput at c=8"] = opt[f"{flow}/c8"]["rps"] / floor[f"{flow}/c8"]["rps"]
-            out[f"{flow}: optimized / floor p50 at c=1"] = opt[f"{flow}/c1"]["p50_ms"] / floor[f"{flow}/c1"]["p50_ms"]
-        if relay and floor:
-            out[f"{flow}: two-process floor / floor throughput at c=8"] = (
-                relay[f"{flow}/c8"]["rps"] / floor[f"{flow}/c8"]["rps"]
-            )
-            out[f"{flow}: two-process floor / floor p50 at c=1"] = (
-                relay[f"{flow}/c1"]["p50_ms"] / floor[f"{flow}/c1"]["p50_ms"]
-            )
-        if relay and opt:
-            out[f"{flow}: optimized / two-process floor p50 at c=1"] = (
-                opt[f"{flow}/c1"]["p50_ms"] / relay[f"{flow}/c1"]["p50_ms"]
-            )
-        if unpolled and floor:
-            out[f"{flow}: busy polling off / floor throughput at c=8"] = (
-                unpolled[f"{flow}/c8"]["rps"] / floor[f"{flow}/c8"]["rps"]
-            )
-            out[f"{flow}: busy polling off / floor p50 at c=1"] = (
-                unpolled[f"{flow}/c1"]["p50_ms"] / floor[f"{flow}/c1"]["p50_ms"]
-            )
-        for peer in (RayServe, LitServe, BentoML):
-            other = results.get(peer.name)
-            if opt and other:
-                out[f"{flow}: optimized / {peer.name} throughput at c=8"] = (
-                    opt[f"{flow}/c8"]["rps"] / other[f"{flow}/c8"]["rps"]
-                )
-                out[f"{flow}: optimized / {peer.name} p50 at c=1"] = (
-                    opt[f"{flow}/c1"]["p50_ms"] / other[f"{flow}/c1"]["p50_ms"]
-                )
+        for label, a, b, throughput in pairs:
+            if a and b:
+                if throughput:
+                    out[f"{flow}: {label} throughput at c=8"] = a[f"{flow}/c8"]["rps"] / b[f"{flow}/c8"]["rps"]
+                out[f"{flow}: {label} p50 at c=1"] = a[f"{flow}/c1"]["p50_ms"] / b[f"{flow}/c1"]["p50_ms"]
     return out
 
 
