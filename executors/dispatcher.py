@@ -186,6 +186,7 @@ class Dispatcher:
         self._rr = itertools.count()
         self._last_pick: dict[tuple[str, str], str] = {}  # (flow, stage) -> executor that took it last
         self._waiters: dict[str, asyncio.Future] = {}
+        self.relays: dict[str, bool] = {}  # executor id -> its last pong said it takes bodies (RawInput)
         # executor id -> loads in progress there: a deploy's placement is not served yet, so
         # the scaler must not stop these executors as idle (scaling._stop_idle_extras)
         self.loading: collections.Counter = collections.Counter()
@@ -487,6 +488,14 @@ class Dispatcher:
 
     # -- requests -------------------------------------------------------------------------------
 
+    def relays_to(self, flow: DeployedFlow) -> str | None:
+        """The stage a one-row body of ``flow`` may be relayed to unparsed (RawInput): its
+        relay stage, when every executor hosting it said it takes bodies; else None."""
+        stage = flow.relay_stage
+        if stage is None or not all(self.relays.get(i, False) for i in flow.placement[stage]):
+            return None
+        return stage
+
     def new_qids(self, n: int) -> np.ndarray:
         """``n`` fresh query ids (consecutive; unique for this gateway's lifetime)."""
         start = self.next_qid
@@ -575,6 +584,12 @@ class Dispatcher:
         raw = req.raw
         if raw is not None:
             stage = req.flow.relay_stage
+            if not all(self.relays.get(i, False) for i in used):
+                # re-run on an executor that cannot read a body (an older release, started
+                # since the request came): the client may send it again
+                why = f"flow {plan.flow_name!r}: executor {sorted(used)} does not take relayed bodies; retry"
+                self._resolve(req, error=RequestFailed.of(NoExecutorError(why)))
+                return
             msg = RawInput(
                 req.id,
                 req.attempt,
@@ -747,6 +762,8 @@ class Dispatcher:
             req.trace = list(msg.trace)
             self._resolve(req, result=out)
         elif kind is Loaded or kind is Pong:
+            if kind is Pong:
+                self.relays[msg.executor] = msg.relays
             fut = self._waiters.get(msg.token)
             if fut is not None and not fut.done():
                 fut.set_result(msg)

@@ -289,7 +289,7 @@ class Executor:
             self.pool.submit(self.on_unload, msg)  # on a worker: gc must not stall the IO thread
         elif kind is Ping:
             gpus = gpu_stats() if self.device == "gpu" else []
-            self.send(msg.reply, Pong(self.id, msg.token, self.device, gpus).encode())
+            self.send(msg.reply, Pong(self.id, msg.token, self.device, gpus, relays=True).encode())
         else:
             log.warning("executor %s: dropped a %r message: executors do not take those", self.id, msg.TYPE)
 

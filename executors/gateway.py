@@ -169,7 +169,7 @@ class Gateway:
             return _error_body(http_error("PayloadTooLarge", f"body is over the limit of {self.max_body_bytes} bytes"))
         t0 = time.perf_counter()
         raw = table = None
-        if flow.relay_stage is not None and _relayable(body, headers):
+        if _relayable(body, headers) and self.dispatcher.relays_to(flow) is not None:
             # one JSON row for a flow of one stage: the stage's executor parses and checks it
             # (the same code, the same errors) and answers in JSON; this process only relays
             qid_start = self.dispatcher.next_qid
@@ -532,7 +532,7 @@ def describe(f: DeployedFlow, dispatcher: Dispatcher, scaling_status=None, slo=N
         "sink": f.plan.sink,
         "timeout_s": f.plan.timeout_s,  # None: the cluster's request_timeout_s
         # the stage a one-row JSON body goes to unparsed (messages.RawInput); None: parsed here
-        "relay_stage": f.relay_stage,
+        "relay_stage": dispatcher.relays_to(f),
         "stages": stages,
         "explain": explained,
     }

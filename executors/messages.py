@@ -17,7 +17,8 @@ The header's ``type`` says which message it is; the other keys are short because
 travel with every request on every hop. Keys, by message (-> who sends it):
 
     ping      gateway -> executor   reply (address for the pong), token
-    pong      executor -> gateway   executor, token, device ("cpu"/"gpu"), gpus (stats)
+    pong      executor -> gateway   executor, token, device ("cpu"/"gpu"), gpus (stats),
+                                    relays (takes bodies; omitted: false, as before there were any)
     load      gateway -> executor   flow, version, stages (names; null: all), reply, token
     loaded    executor -> gateway   executor, flow, version, token, error (null: built)
     unload    gateway -> executor   flow, version
@@ -217,12 +218,16 @@ class Ping(Message):
 
 @message("pong")
 class Pong(Message):
-    """Executor -> gateway: alive; its device class and (on a GPU executor) GPU stats."""
+    """Executor -> gateway: alive; its device class and (on a GPU executor) GPU stats;
+    whether it takes relayed bodies (``RawInput``). An executor of a release before them
+    sends no ``relays``: a newer gateway then parses every body for the stages it hosts
+    (during a rolling upgrade a body must never go where it cannot be read)."""
 
     executor: str = wire(_STR)
     token: str = wire(_STR)
     device: str = wire(_STR)
     gpus: list = wire(_LIST)
+    relays: bool = wire((bool,), default=False)
 
 
 @message("load")

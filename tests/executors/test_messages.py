@@ -69,6 +69,7 @@ RUN = StageInput(
 EVERY = [
     Ping("ipc:///tmp/gw", "ping-1"),
     Pong("e0", "ping-1", "gpu", [{"index": 0, "util": 0.5}]),
+    Pong("e1", "ping-2", "cpu", [], relays=True),
     Load("cascade", 3, ["fast", "slow"], "ipc:///tmp/gw", "load-2"),
     Load("cascade", 3, None, "ipc:///tmp/gw", "load-3"),
     Loaded("e0", "cascade", 3, "load-2"),
@@ -299,7 +300,7 @@ def test_decode_unless_skips_a_stale_answer_without_reading_its_tables():
 def test_a_body_and_its_answer_travel_as_they_are_in_frame_1():
     """A relayed body and its rendered answer: the bytes are frame 1 untouched (no JSON
     string inside the header, no table), and a message that lost its frame 1 is an error."""
-    run = EVERY[9]
+    run = next(m for m in EVERY if isinstance(m, RawInput))
     frames = run.encode()
     assert len(frames) == 2 and bytes(frames[1]) == b'{"img": [[1]]}'
     assert "tables" not in json.loads(bytes(frames[0]))
@@ -314,7 +315,7 @@ def test_a_body_and_its_answer_travel_as_they_are_in_frame_1():
 
 
 def test_a_bodys_run_asks_its_sink_for_json_and_the_next_stage_does_not():
-    run = EVERY[9].as_input(table())
+    run = next(m for m in EVERY if isinstance(m, RawInput)).as_input(table())
     assert run.render and run.source == "__input__" and (run.req, run.attempt, run.stage) == (12, 1, "all")
     assert json.loads(bytes(run.encode()[0]))["rj"] is True
     assert not run.to("next", "all", (), 0, None).render

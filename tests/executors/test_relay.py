@@ -14,9 +14,10 @@ import pytest
 
 from executors.cluster import LocalCluster
 from executors.config import ClusterConfig
-from executors.dispatcher import relay_stage
+from executors.dispatcher import DeployedFlow, Dispatcher, RawBody, Request, RequestFailed, relay_stage
 from executors.gateway import RELAY_MAX_BYTES, _relayable
 from executors.httpcodec import ARROW
+from executors.messages import Pong, decode
 from flow import ColumnType, Flow
 from optimizer import OptimizerOptions, optimize
 from tests.executors.test_bad_inputs import CASES, nan_tensor, plus_one
@@ -58,6 +59,39 @@ def test_a_flow_of_one_stage_is_relayed_and_others_are_not():
     looks.lookup(column="k", name="v", missing="null")
     plan = optimize(looks)
     assert len(plan.stages) > 1 or relay_stage(plan) is None  # rows split by key
+
+
+def test_a_body_goes_only_where_every_replica_said_it_takes_bodies(tmp_path):
+    """An executor of a release before relayed bodies answers pings without ``relays``: a
+    newer gateway must then parse (in a rolling upgrade a body must never go where it
+    cannot be read), and a re-run that lands on one fails at once, 503, not at its deadline."""
+    import asyncio
+
+    old = Pong.from_header({"type": "pong", "executor": "e0", "token": "t", "device": "cpu", "gpus": []}, {})
+    assert decode(old.encode()).relays is False
+    d = Dispatcher(f"ipc://{tmp_path}/gw")
+    try:
+        plan = optimize(typed_flow())
+        (stage,) = plan.stages
+        for i in range(2):
+            d.add_executor(f"e{i}", f"ipc://{tmp_path}/e{i}")
+            d.executors[f"e{i}"].loaded.add(("typed", 1))
+        flow = DeployedFlow(plan, 1, {stage: ["e0", "e1"]})
+        assert d.relays_to(flow) is None  # no pong yet
+        d._on_message(Pong("e0", "t", "cpu", [], relays=True))
+        d._on_message(Pong("e1", "t", "cpu", []))  # an older executor
+        assert d.relays_to(flow) is None
+        loop = asyncio.new_event_loop()
+        req = Request(1, flow, None, 0.0, loop.create_future(), raw=RawBody(b'{"x": 1}', "", 7))
+        d.executors["e0"].alive = False  # the re-run can only go to the older one
+        d._dispatch(req)
+        assert isinstance(req.future.exception(), RequestFailed) and req.future.exception().status == 503
+        assert "does not take relayed bodies" in json.dumps(req.future.exception().body)
+        loop.close()
+        d._on_message(Pong("e1", "t", "cpu", [], relays=True))  # upgraded
+        assert d.relays_to(flow) == stage
+    finally:
+        d.listener.close()
 
 
 @pytest.mark.parametrize(
