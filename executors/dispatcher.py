@@ -492,9 +492,11 @@ class Dispatcher:
         """The stage a one-row body of ``flow`` may be relayed to unparsed (RawInput): its
         relay stage, when every executor hosting it said it takes bodies; else None."""
         stage = flow.relay_stage
-        if stage is None or not all(self.relays.get(i, False) for i in flow.placement[stage]):
-            return None
-        return stage
+        return stage if stage is not None and self._take_bodies(flow.placement[stage]) else None
+
+    def _take_bodies(self, executor_ids) -> bool:
+        """Whether every one of these executors said in its last pong that it takes bodies."""
+        return all(self.relays.get(i, False) for i in executor_ids)
 
     def new_qids(self, n: int) -> np.ndarray:
         """``n`` fresh query ids (consecutive; unique for this gateway's lifetime)."""
@@ -584,7 +586,7 @@ class Dispatcher:
         raw = req.raw
         if raw is not None:
             stage = req.flow.relay_stage
-            if not all(self.relays.get(i, False) for i in used):
+            if not self._take_bodies(used):
                 # re-run on an executor that cannot read a body (an older release, started
                 # since the request came): the client may send it again
                 why = f"flow {plan.flow_name!r}: executor {sorted(used)} does not take relayed bodies; retry"

@@ -172,8 +172,8 @@ class Gateway:
         if _relayable(body, headers) and self.dispatcher.relays_to(flow) is not None:
             # one JSON row for a flow of one stage: the stage's executor parses and checks it
             # (the same code, the same errors) and answers in JSON; this process only relays
-            qid_start = self.dispatcher.next_qid
-            raw = RawBody(body, headers.get("content-type", ""), int(self.dispatcher.new_qids(1)[0]))
+            qid_start = int(self.dispatcher.new_qids(1)[0])
+            raw = RawBody(body, headers.get("content-type", ""), qid_start)
         else:
             qid_start, table, error = await self._parse(name, flow, body, headers)
             if error is not None:
