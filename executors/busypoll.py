@@ -28,9 +28,12 @@ MAX_MS = 1000.0  # a longer window is a busy loop, not a latency setting
 WINDOW_MS = Number(ge=0, le=MAX_MS, note="ms; 0: off")
 
 
-#: a yield that took longer than this gave the CPU to another process's time slice: the
-#: machine is busy with other work, and polling stops for BUSY_BACKOFF_S (BusyPoll.pause)
+#: a yield that took longer than this gave the CPU to another process's time slice;
+#: LOST_YIELDS of them within LOST_WINDOW_S mean the machine is busy with other work, and
+#: polling stops for BUSY_BACKOFF_S (BusyPoll.pause)
 LOST_YIELD_S = 1e-3
+LOST_YIELDS = 3
+LOST_WINDOW_S = 0.1
 BUSY_BACKOFF_S = 0.5
 
 
@@ -41,7 +44,9 @@ class BusyPoll:
         check_value(ms, "busy polling window", WINDOW_MS)  # a ConfigError (a ValueError) if out of range
         self.window_s = float(ms) / 1000.0
         self._until = 0.0
-        self._cold_until = 0.0  # no polling before this: the last yield lost the CPU
+        self._cold_until = 0.0  # no polling before this: yields kept losing the CPU
+        self._lost = 0  # yields lost since _first_lost
+        self._first_lost = 0.0
 
     def touch(self) -> None:
         """A message came or went: stay hot for the window from now (unless backing off)."""
@@ -56,17 +61,26 @@ class BusyPoll:
     def pause(self) -> None:
         """Between two polls: let any runnable process have this CPU first.
 
-        If one took it for a time slice (the yield came back over LOST_YIELD_S late), the
-        machine is busy with other work: this process stops polling for BUSY_BACKOFF_S. A
-        poller that yields to a busy process gets the CPU back only when that one's slice
-        ends, while a sleeper is run as soon as its message wakes it: on this project's 2-core
-        VM, a two-process round trip beside two CPU-bound processes had a p90 of 2-7.6 ms
-        polling and 36-51 us sleeping or backing off (``python -m benchmarks polling``).
-        Polling pays where it keeps an otherwise idle CPU awake; after the back-off it is
-        tried again."""
+        If others keep taking it for a time slice (LOST_YIELDS yields within LOST_WINDOW_S
+        came back over LOST_YIELD_S late), the machine is busy with other work: this process
+        stops polling for BUSY_BACKOFF_S. A poller that yields to a busy process gets the
+        CPU back only when that one's slice ends, while a sleeper is run as soon as its
+        message wakes it: on this project's 2-core VM, a two-process round trip beside two
+        CPU-bound processes had a p90 of 2-7.6 ms polling and 36-51 us sleeping or backing
+        off (``python -m benchmarks polling``). There every yield loses its slice. One lost
+        yield alone is no such sign: on the quiet VM a polling gateway lost one (1.0-1.8 ms:
+        the hypervisor, an interrupt) about 3 times a second, and backing off on each kept
+        it asleep 60-85% of the time, so an executor's answer had to wake it (+40 us a
+        request at concurrency 1; benchmarks/README.md, session 13). Polling pays where it
+        keeps an otherwise idle CPU awake; after the back-off it is tried again."""
         t0 = time.perf_counter()
         os.sched_yield()
         t1 = time.perf_counter()
         if t1 - t0 > LOST_YIELD_S:
-            self._until = 0.0
-            self._cold_until = t1 + BUSY_BACKOFF_S
+            if t1 - self._first_lost > LOST_WINDOW_S:
+                self._first_lost, self._lost = t1, 0
+            self._lost += 1
+            if self._lost >= LOST_YIELDS:
+                self._lost = 0
+                self._until = 0.0
+                self._cold_until = t1 + BUSY_BACKOFF_S

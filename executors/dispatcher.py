@@ -347,8 +347,13 @@ class Dispatcher:
 
     def _send(self, address: str, frames: list) -> None:
         """Send at the end of this turn of the event loop: the requests that arrived together
-        leave as one write per executor (one wake-up of it, and it sees them together)."""
+        leave as one write per executor (one wake-up of it, and it sees them together). A
+        lone request (concurrency 1) leaves at once."""
         if self._loop is None:
+            return self._send_now(address, [frames])
+        if not self._unsent and len(self.requests) <= 1:
+            # the only request in flight: none to wait for this turn, so no turn waited for
+            self._keep_hot()
             return self._send_now(address, [frames])
         if not self._unsent:
             self._loop.call_soon(self._flush)
@@ -497,6 +502,12 @@ class Dispatcher:
     def _take_bodies(self, executor_ids) -> bool:
         """Whether every one of these executors said in its last pong that it takes bodies."""
         return all(self.relays.get(i, False) for i in executor_ids)
+
+    def new_qid(self) -> int:
+        """One fresh query id (a one-row request's)."""
+        qid = self.next_qid
+        self.next_qid += 1
+        return qid
 
     def new_qids(self, n: int) -> np.ndarray:
         """``n`` fresh query ids (consecutive; unique for this gateway's lifetime)."""
@@ -660,22 +671,25 @@ class Dispatcher:
             # output is already there: the hop is a hand-over, not a message) -- or, with
             # colocate off, anywhere else -- then the one that took the stage last (at a
             # trickle it is still polling for messages and warm: no wake-up), then in turn
-            near = {a for i in stage.inputs for a in routes.get(i, ())}
             k = stage.competitive if stage.hedge is None else min(2, len(live))  # hedged: a backup named
-            turn = next(self._rr)
             n, replica_key = len(live), (flow.plan.flow_name, name)
-            last = self._last_pick.get(replica_key)
-            order = sorted(
-                range(n),
-                key=lambda j: (
-                    live[j].assigned.get(replica_key, 0),
-                    live[j].inflight,
-                    (live[j].address in near) != self.colocate,
-                    live[j].id != last,
-                    (j + turn) % n,
-                ),
-            )
-            chosen = [live[order[j % n]] for j in range(k)]
+            if n == 1:
+                chosen = live * k  # one replica: nothing to rank (copies race on it)
+            else:
+                near = {a for i in stage.inputs for a in routes.get(i, ())}
+                turn = next(self._rr)
+                last = self._last_pick.get(replica_key)
+                order = sorted(
+                    range(n),
+                    key=lambda j: (
+                        live[j].assigned.get(replica_key, 0),
+                        live[j].inflight,
+                        (live[j].address in near) != self.colocate,
+                        live[j].id != last,
+                        (j + turn) % n,
+                    ),
+                )
+                chosen = [live[order[j % n]] for j in range(k)]
             self._last_pick[replica_key] = chosen[0].id
             routes[name] = [e.address for e in chosen]
             running = chosen if stage.hedge is None else chosen[:1]
@@ -758,11 +772,11 @@ class Dispatcher:
                 if not complete(req.parts):
                     return
                 out = merge(req.parts)  # key-split parts: back in the request's row order
-            if self.metrics:
-                self.metrics.observe_trace(req.flow.plan.flow_name, msg.trace)
-            self._record(req.flow, msg.trace)
             req.trace = list(msg.trace)
             self._resolve(req, result=out)
+            # the stage counters and metrics once the answer is written (the request's task
+            # runs first: it was woken before this callback was queued)
+            self._loop.call_soon(self._record, req.flow, msg.trace)
         elif kind is Loaded or kind is Pong:
             if kind is Pong:
                 self.relays[msg.executor] = msg.relays
@@ -818,6 +832,8 @@ class Dispatcher:
         return out
 
     def _record(self, flow: DeployedFlow, trace) -> None:
+        if self.metrics:
+            self.metrics.observe_trace(flow.plan.flow_name, trace)
         for entry in trace:
             stage, ex, ms, batch = entry[:4]
             c = self.stage_counters(flow.plan.flow_name, stage)

@@ -30,6 +30,7 @@ import json
 import logging
 import time
 
+import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -138,12 +139,16 @@ class Gateway:
         >= 400) in ``errors_total`` too; names that are not deployed flows count as "-" (a
         client must not be able to grow the metrics with made-up names)."""
         status, body, extra = await self._invoke(name, headers, receive)
-        label = name if name in self.dispatcher.flows else "-"
+        # counted once the answer is written (the caller writes it in this same step of the
+        # event loop, before any callback runs): counting is no part of the client's latency
+        asyncio.get_running_loop().call_soon(self._count, name if name in self.dispatcher.flows else "-", status)
+        return status, body, extra
+
+    def _count(self, label: str, status: int) -> None:
         code = str(status)
         self.metrics.child(self.metrics.requests, label, code).inc()
         if status >= 400:
             self.metrics.child(self.metrics.errors, label, code).inc()
-        return status, body, extra
 
     async def _invoke(self, name: str, headers: dict[str, str], receive) -> tuple[int, bytes, list]:
         auth = headers.get("authorization", "")
@@ -172,7 +177,7 @@ class Gateway:
         if _relayable(body, headers) and self.dispatcher.relays_to(flow) is not None:
             # one JSON row for a flow of one stage: the stage's executor parses and checks it
             # (the same code, the same errors) and answers in JSON; this process only relays
-            qid_start = int(self.dispatcher.new_qids(1)[0])
+            qid_start = self.dispatcher.new_qid()
             raw = RawBody(body, headers.get("content-type", ""), qid_start)
         else:
             qid_start, table, error = await self._parse(name, flow, body, headers)
@@ -201,8 +206,7 @@ class Gateway:
                 self.slo.answered(name, flow.plan, float("inf"))  # an error never meets the SLO
             return e.status, encode_error(e.body), [JSON_CONTENT_TYPE]
         ms = (time.perf_counter() - t0) * 1000
-        self.metrics.child(self.metrics.latency, name).observe(ms)
-        self.slo.answered(name, flow.plan, ms)
+        asyncio.get_running_loop().call_soon(self._timed, name, flow.plan, ms)  # after the write, as _count
         if isinstance(result, Rendered):  # a relayed body's answer: the client's JSON already
             if self.output_schemas.get(name, (None,))[0] != flow.version and result.rows:
                 schema = {c: ColumnType.from_json(t) for c, t in result.schema.items()}
@@ -227,6 +231,10 @@ class Gateway:
                 )
             )
         return 200, body, [ctype, *extra]
+
+    def _timed(self, name: str, plan, ms: float) -> None:
+        self.metrics.child(self.metrics.latency, name).observe(ms)
+        self.slo.answered(name, plan, ms)
 
     async def _parse(self, name: str, flow: DeployedFlow, body, headers: dict):
         """(qid_start, the input Table, None) for a request body; (None, None, (status, error
@@ -268,7 +276,7 @@ class Gateway:
             # row i of the request was query qid_start + i: clients can match answers to rows
             (b"x-qid-start", str(qid_start).encode()),
             # where each stage ran, for how long, in a batch of how many requests
-            (b"x-flowserve-trace", json.dumps(_unique(e[:4] for e in trace), separators=(",", ":")).encode()),
+            (b"x-flowserve-trace", _trace_header(trace)),
         ]
 
     async def list_flows(self, request: Request) -> Response:
@@ -615,6 +623,14 @@ def _seconds(text: str) -> float | None:
     except ValueError:
         return None
     return value if 0 < value < float("inf") else None
+
+
+def _trace_header(trace: list) -> bytes:
+    """The X-Flowserve-Trace value: JSON, ASCII only (a header is Latin-1; a stage named in
+    other letters is escaped, as the json module does)."""
+    entries = _unique(e[:4] for e in trace)
+    value = orjson.dumps(entries)
+    return value if value.isascii() else json.dumps(entries, separators=(",", ":")).encode()
 
 
 def _unique(entries) -> list:

@@ -382,13 +382,18 @@ class _BoundFilter(BoundOperator):
         for i, row in enumerate(table.rows()):
             result = _invoke(self.name, self.call, row, int(qids[i]))
             if not isinstance(result, (bool, np.bool_)):
-                raise OperatorOutputError(
-                    f"filter {self.name!r} returned {type(result).__name__}; a filter predicate must return a bool",
-                    operator=self.name,
-                    qid=int(qids[i]),
-                )
+                raise predicate_error(self.name, result, int(qids[i]))
             keep[i] = result
         return keep
+
+
+def predicate_error(name: str, result, qid: int) -> OperatorOutputError:
+    """A row-wise filter's predicate returned something other than a bool."""
+    return OperatorOutputError(
+        f"filter {name!r} returned {type(result).__name__}; a filter predicate must return a bool",
+        operator=name,
+        qid=qid,
+    )
 
 
 # -- aggregation ----------------------------------------------------------------------------

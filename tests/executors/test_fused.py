@@ -79,6 +79,18 @@ def not_a_pair(row):
     return row.x
 
 
+def below_100(row):
+    return row.x < 100
+
+
+def not_a_bool(row):
+    return row.x  # an int: a filter predicate must return a bool
+
+
+def pick_left(row):
+    return row.b if row.b_right is None else row.b_right
+
+
 def as_list(t):
     return [float(v) for v in t["x"]]  # a list, not an array: the generic path builds it
 
@@ -150,6 +162,30 @@ def test_ensemble_shape_runs_the_short_paths_and_matches_flow_run():
     assert got.to_pylist()[0]["missing"] is True and got.to_pylist()[1]["missing"] is False
 
 
+def test_a_filter_keeping_every_row_passes_its_input_on_and_the_left_join_is_a_rename():
+    # the Cascade's shape: unsure rows (all of them) go to the big model, whose answers are
+    # left-joined back; the filter's output is its input, so the join pairs rows i with i
+    flow = _flow()
+    a = flow.map(plus_one, names=["x", "b"], batching=True)
+    big = a.filter(below_100).map(plus_one, names=["x", "b"], batching=True)
+    a.join(big, how="left").map(pick_left, names=["out"])
+    plan = optimize(flow, options=ONE_STAGE)
+    chain = BoundStage(plan.stages[plan.sink]).chain
+    assert [type(step).__name__ for _, step, _ in chain.steps] == [
+        "_BatchMap",
+        "_RowFilter",
+        "_BatchMap",
+        "_SameRowsJoin",
+        "_RowMap",
+    ]
+    data = _ints()
+    kept = chain.steps[1][1]([a_out := chain.steps[0][1]([data])], None)
+    assert kept is a_out  # every row kept: the same Table, the same qid array
+    assert _same(flow, data).column("out").to_list() == [(x + 1) * 0.5 for x in range(6)]
+    some = Table.from_dict({"x": [5, 150, 7, 99]})  # x + 1 >= 100 drops two: the generic filter and join
+    assert _same(flow, some).column("out").to_list() == [3.0, 75.0, 4.0, 49.5]
+
+
 def test_clashing_join_names_get_suffixes_like_flow_run():
     flow = _flow()
     a = flow.map(plus_one, names=["x", "b"], batching=True)
@@ -201,6 +237,7 @@ def test_results_that_are_not_arrays_take_the_generic_path():
         (lambda f: f.map(huge, names=["y"], batching=True), OperatorOutputError, "does not fit in int64"),
         (lambda f: f.map(not_a_pair, names=["y", "z"]), OperatorOutputError, "expected a tuple of 2"),
         (lambda f: f.map(scalar, names=["s"], batching=True), OperatorOutputError, "returned a float"),
+        (lambda f: f.filter(not_a_bool), OperatorOutputError, "must return a bool"),
     ],
 )
 def test_errors_inside_operators_match_the_generic_loop(build, error, words):
