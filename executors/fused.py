@@ -44,14 +44,6 @@ from flow.types import ColumnType
 ENABLED = True  # tests compare the compiled chain against the generic loop by turning it off
 
 
-def _table(cols: dict, qid: np.ndarray) -> Table:
-    """A Table from columns already known to have ``len(qid)`` rows (no re-check, no copy)."""
-    t = Table.__new__(Table)
-    t._cols = cols
-    t._qid = qid
-    return t
-
-
 class FusedChain:
     """The compiled form of a stage's operators: ``chain(inputs, store, on_node)``."""
 
@@ -119,7 +111,7 @@ class _BatchMap:
                     break
                 cols[c] = column
             else:
-                return _table(cols, qid)
+                return Table.built(cols, qid)
         # anything else: the generic checks, errors and conversions
         return batch_output(name, self.names, table, result)
 
@@ -207,9 +199,9 @@ class _RowMap:
         for c, values in zip(self.names, outputs):
             column = _values_column(values)
             if column is None:
-                return _table(_columns_from_values(name, self.names, outputs, None), qid)
+                return Table.built(_columns_from_values(name, self.names, outputs, None), qid)
             cols[c] = column
-        return _table(cols, qid)
+        return Table.built(cols, qid)
 
 
 class _RowFilter:
@@ -264,7 +256,7 @@ class _SameRowsJoin:
         cols: dict[str, Column] = {}
         for out, side, c in plan:
             cols[out] = (lcols if side == 0 else rcols)[c]
-        return _table(cols, lq)
+        return Table.built(cols, lq)
 
 
 def _join_plan(left: tuple, right: tuple, suffixes) -> list | bool:

@@ -20,7 +20,7 @@ import numpy as np
 import orjson
 
 from flow.exceptions import DataError, DataTypeError, SchemaError
-from flow.table import Table
+from flow.table import Table, built_column
 from flow.types import ColumnType
 from flow.validation import check_schema
 from optimizer.positions import POS
@@ -327,6 +327,33 @@ def to_table(rows, qids: np.ndarray, schema) -> Table:
 
 class UnencodableError(ValueError):
     """An answer JSON cannot carry (the client may ask for Arrow instead)."""
+
+
+def one_row_table(body, content_type: str, qid: int, schema) -> Table | None:
+    """The Table ``parse_body`` and ``input_table`` make of a one-row JSON body whose
+    schema's columns are all tensors (an image model's request), built the short way: the
+    row's values converted by the same ``_convert_value`` in schema order (so the same
+    errors), each array the column as it is, no row dicts, no restacking, no re-check. None
+    when the body is anything else (a list, other or missing columns, a null): the general
+    path reads it then, and says what is wrong. tests/executors/test_relay.py compares them."""
+    if not schema or len(body) > CHUNKED_JSON_BYTES or _media_type(content_type) not in _JSON_TYPES:
+        return None
+    if "qid" in schema or POS in schema:  # the server's columns: _check_rows' errors
+        return None
+    for t in schema.values():
+        if t.kind != "tensor":
+            return None
+    doc = _loads(body or b"null")
+    if type(doc) is not dict or doc.keys() != schema.keys():
+        return None
+    cols = {}
+    for name, t in schema.items():
+        value = doc[name]
+        if value is None:
+            return None
+        arr = _convert_value(value, t, name, 0)  # a fresh array of t's dtype and shape, or its error
+        cols[name] = built_column(t, arr[None], None)
+    return Table.built(cols, np.array([qid], dtype=np.int64))
 
 
 def input_table(name: str, rows, qids: np.ndarray, schema) -> Table:

@@ -49,6 +49,7 @@ MAX_FRAMES = 4096
 MAX_MESSAGE_BYTES = 2 << 30
 _COUNT = struct.Struct("<I")
 _LEN = struct.Struct("<Q")
+_SMALL_HEADS = ["<I" + "Q" * k for k in range(17)]  # a message of k frames' head, in one pack
 _ANC_SPACE = socket.CMSG_SPACE(shm.MAX_FDS * array("i").itemsize)
 
 
@@ -109,6 +110,9 @@ def encode(frames, local: bool = False) -> list:
     memory (shm.py): their length has the top bit set, the stream carries a 16-byte
     (offset, length) descriptor instead of the bytes, and an ``_Fds`` marker ahead of the
     message's head makes the segments' descriptors leave with its first byte."""
+    if len(frames) < len(_SMALL_HEADS) and all(type(f) is bytes and len(f) < shm.SHM_MIN_BYTES for f in frames):
+        # the usual message (a header and a small body or table): lengths without views
+        return [struct.pack(_SMALL_HEADS[len(frames)], len(frames), *map(len, frames)), *frames]
     head = bytearray(_COUNT.pack(len(frames)))
     if not local or not any(memoryview(f).nbytes >= shm.SHM_MIN_BYTES for f in frames):
         for f in frames:
@@ -516,6 +520,19 @@ def _peer_closed(sock: socket.socket) -> bool:
 
 def _send_now(sock: socket.socket, buffers: list) -> list:
     """Send what the kernel takes now; the unsent rest as memoryviews (empty: all sent)."""
+    if all(type(b) is bytes for b in buffers) and len(buffers) <= 512:
+        # the usual write (no descriptors, a few buffers): sent as they are, if it all goes
+        try:
+            n = sock.sendmsg(buffers)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                raise
+            n = 0
+        if n == sum(map(len, buffers)):
+            return []
+        return _unsent(buffers, n)
     views = [b if isinstance(b, _Fds) else memoryview(b).cast("B") for b in buffers]
     views = [v for v in views if isinstance(v, _Fds) or v.nbytes]
     while views:
@@ -549,3 +566,15 @@ def _send_now(sock: socket.socket, buffers: list) -> list:
                 views[0] = views[0][n:]
                 n = 0
     return []
+
+
+def _unsent(buffers: list, n: int) -> list:
+    """What is left of ``buffers`` (bytes) after the first ``n`` bytes went, as memoryviews."""
+    rest = []
+    for b in buffers:
+        if n >= len(b):
+            n -= len(b)
+            continue
+        rest.append(memoryview(b)[n:])
+        n = 0
+    return rest

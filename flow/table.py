@@ -219,6 +219,15 @@ class Table:
     # -- constructors ---------------------------------------------------------------
 
     @classmethod
+    def built(cls, cols: dict[str, Column], qid: np.ndarray) -> Table:
+        """A Table of columns already known to have ``len(qid)`` rows, and of a qid array
+        already int64 (no re-check, no copy): what the runtime assembles from checked parts."""
+        t = cls.__new__(cls)
+        t._cols = cols
+        t._qid = qid
+        return t
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any], qid=None, schema: Mapping[str, Any] | None = None) -> Table:
         """From a dict of columns: ``{"x": [1, 2], "img": np.zeros((2, 28, 28))}``."""
         if not isinstance(data, Mapping):

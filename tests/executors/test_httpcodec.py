@@ -7,7 +7,15 @@ import json
 import numpy as np
 import pytest
 
-from executors.httpcodec import BadRequestError, UnencodableError, json_rows, parse_body, to_table
+from executors.httpcodec import (
+    BadRequestError,
+    UnencodableError,
+    input_table,
+    json_rows,
+    one_row_table,
+    parse_body,
+    to_table,
+)
 from flow.exceptions import DataTypeError, SchemaError
 from flow.table import Table
 from flow.types import ColumnType
@@ -163,3 +171,59 @@ def test_a_big_answer_written_in_pieces_is_the_whole_answer(small_pieces):
     small_pieces.JSON_CHUNK_ROWS = 7
     assert bytes(json_rows(table)) == bytes(whole)
     assert json.loads(bytes(json_rows(table)))["rows"][4] == {"qid": 4, "x": 4.0, "s": 'a"},'}
+
+
+# -- a relayed one-row body of tensors, the short way (one_row_table) -------------------------
+
+_IMAGES = {"img": ColumnType.tensor(np.uint8, (2, 3)), "mask": ColumnType.tensor(np.float32, (2,))}
+
+
+def _general(body: bytes, schema, qid: int = 9):
+    """What the general path makes of the body: its Table, or the error it raises."""
+    try:
+        rows = parse_body(body, "application/json", schema)
+        return input_table("f", rows, np.array([qid], dtype=np.int64), schema)
+    except (BadRequestError, DataTypeError, SchemaError) as e:
+        return e
+
+
+def test_a_row_of_tensors_makes_the_general_paths_table():
+    body = json.dumps({"mask": [0.5, 1], "img": [[0, 1, 2], [253, 254, 255]]}).encode()
+    short, general = one_row_table(body, "application/json", 9, _IMAGES), _general(body, _IMAGES)
+    assert short.equals(general) and short.columns == general.columns == ("img", "mask")
+    assert short.schema == general.schema and short.qid.tolist() == [9]
+    for name in _IMAGES:
+        assert short[name].dtype == general[name].dtype and short[name].flags.c_contiguous
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"img": [[0, 1, 2], [3, 4, 1.5]], "mask": [0, 1]},  # a float for uint8
+        {"img": [[0, 1, 2], [3, 4, 256]], "mask": [0, 1]},  # out of range
+        {"img": [[0, 1], [3, 4]], "mask": [0, 1]},  # the wrong shape
+        {"img": [[0, 1, 2], [3, 4, 5]], "mask": [True, False]},  # booleans are not numbers
+        {"img": "abc", "mask": [0, 1]},
+    ],
+)
+def test_a_bad_tensor_gets_the_general_paths_error(doc):
+    body = json.dumps(doc).encode()
+    with pytest.raises(DataTypeError) as short:
+        one_row_table(body, "application/json", 9, _IMAGES)
+    general = _general(body, _IMAGES)
+    assert type(general) is type(short.value) and str(general) == str(short.value)
+
+
+@pytest.mark.parametrize(
+    "body, schema",
+    [
+        (b'[{"img": [[0, 1, 2], [3, 4, 5]], "mask": [0, 1]}]', _IMAGES),  # a list of rows
+        (b'{"img": [[0, 1, 2], [3, 4, 5]]}', _IMAGES),  # a column missing
+        (b'{"img": [[0, 1, 2], [3, 4, 5]], "mask": [0, 1], "x": 1}', _IMAGES),  # one too many
+        (b'{"img": null, "mask": [0, 1]}', _IMAGES),  # a missing value
+        (b'{"img": [[0, 1, 2], [3, 4, 5]], "qid": 1}', {"img": _IMAGES["img"], "qid": _IMAGES["mask"]}),
+        (b'{"x": 1}', {"x": ColumnType.scalar("int")}),  # not tensors
+    ],
+)
+def test_any_other_body_is_left_to_the_general_path(body, schema):
+    assert one_row_table(body, "application/json", 9, schema) is None

@@ -205,3 +205,29 @@ def test_a_closed_outbox_sends_nothing_and_connects_nowhere(tmp_path):
         assert accept(listener) is None
     finally:
         listener.close()
+
+
+def test_a_write_the_kernel_takes_in_part_leaves_the_rest_in_order():
+    # plain bytes take the short way through _send_now; what the socket buffer cannot take
+    # comes back as views of the rest, which the peer's backlog sends later
+    from executors.transport import _send_now
+
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    b.setblocking(False)
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    buffers = [bytes([k]) * 100_000 for k in range(3)] + [b"", b"tail"]
+    rest = _send_now(a, buffers)
+    assert rest and sum(len(r) for r in rest) < sum(map(len, buffers))
+    got = bytearray()
+    while rest:
+        try:
+            got += b.recv(1 << 20)
+        except BlockingIOError:
+            pass
+        rest = _send_now(a, [bytes(r) for r in rest])
+    a.close()
+    b.setblocking(True)
+    while chunk := b.recv(1 << 20):
+        got += chunk
+    assert bytes(got) == b"".join(buffers)
