@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import socket
@@ -49,6 +50,7 @@ MAX_FRAMES = 4096
 MAX_MESSAGE_BYTES = 2 << 30
 _COUNT = struct.Struct("<I")
 _LEN = struct.Struct("<Q")
+_MSG_CTRUNC = int(socket.MSG_CTRUNC)  # an int: the enum's ``&`` is a Python call per read
 _SMALL_HEADS = ["<I" + "Q" * k for k in range(17)]  # a message of k frames' head, in one pack
 _ANC_SPACE = socket.CMSG_SPACE(shm.MAX_FDS * array("i").itemsize)
 
@@ -214,7 +216,7 @@ class Reader:
                 fds = array("i")
                 fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
                 self._fds.extend(fds)
-        if flags & socket.MSG_CTRUNC:
+        if flags & _MSG_CTRUNC:
             raise TransportError(f"a peer sent more than {shm.MAX_FDS} descriptors in one message")
 
     def close(self) -> None:
@@ -269,12 +271,12 @@ class Reader:
                 need = 4 + 8 * count
                 if len(self._head) < need:
                     return
-                lengths = [_LEN.unpack_from(self._head, 4 + 8 * i)[0] for i in range(count)]
-                for length in lengths:
-                    if length & _SHARED and length != _SHARED | _SHM_DESC.size:
-                        raise TransportError(f"shared frame with a {length & ~_SHARED}-byte descriptor")
-                lengths = [_SHM_DESC.size if length & _SHARED else length for length in lengths]
-                self._shared = {i for i in range(count) if _LEN.unpack_from(self._head, 4 + 8 * i)[0] & _SHARED}
+                lengths = list(_lengths_struct(count).unpack_from(self._head, 4))
+                self._shared = {i for i, length in enumerate(lengths) if length & _SHARED}
+                for i in self._shared:
+                    if lengths[i] != _SHARED | _SHM_DESC.size:
+                        raise TransportError(f"shared frame with a {lengths[i] & ~_SHARED}-byte descriptor")
+                    lengths[i] = _SHM_DESC.size
                 if sum(lengths) > MAX_MESSAGE_BYTES:
                     raise TransportError(f"message of {sum(lengths)} bytes (at most {MAX_MESSAGE_BYTES})")
                 del self._head[:need]
@@ -566,6 +568,12 @@ def _send_now(sock: socket.socket, buffers: list) -> list:
                 views[0] = views[0][n:]
                 n = 0
     return []
+
+
+@functools.lru_cache(maxsize=64)
+def _lengths_struct(count: int) -> struct.Struct:
+    """The ``count`` frame lengths of a message's head, read in one call."""
+    return struct.Struct("<" + "Q" * count)
 
 
 def _unsent(buffers: list, n: int) -> list:
