@@ -207,8 +207,7 @@ def equip(executor, hosted) -> None:
     if caches:
         # hits are quick and misses are the model's cost: an average would mark the stage
         # cheap and run misses on the IO thread, stalling every other message. Keep it on the pool.
-        hosted.observe = lambda ms: None
-        hosted.cheap = False
+        hosted.pooled = True
     if caches or hosted.hedger is not None:
         hosted.report = lambda item: _report(hosted, caches, item)
 

@@ -111,6 +111,10 @@ class HostedStage:
         self.batcher: Batcher | None = None
         self.ewma_ms = COSTLY_MS * 2  # unknown cost: start on the pool until measured
         self.cheap = False  # run on the IO thread (no thread hop) rather than on the pool
+        # never on the IO thread, however quick: a racing copy there would run after the
+        # other copies sent here (not beside them), and its flow.wait could not be stopped,
+        # since the Cancel that stops it is read by that same thread
+        self.pooled = _races(self.stage)
         s = self.stage  # one whole input makes it ready (Executor._gather's short path)
         one = len(s.inputs) == 1 and s.continuation is None and s.competitive <= 1 and s.wait != "first_valid"
         self.single_input = s.inputs[0] if one else None
@@ -120,7 +124,7 @@ class HostedStage:
         between the IO thread and the pool (a thread hop every other request, seen on a
         slow machine): it becomes cheap below CHEAP_MS and stops being so above COSTLY_MS."""
         self.ewma_ms = 0.8 * self.ewma_ms + 0.2 * ms
-        self.cheap = self.ewma_ms < (COSTLY_MS if self.cheap else CHEAP_MS)
+        self.cheap = not self.pooled and self.ewma_ms < (COSTLY_MS if self.cheap else CHEAP_MS)
 
 
 class Executor:

@@ -1,10 +1,16 @@
 """Racing copies on a real cluster: a losing copy still queued when its race is won is
-dropped (the winner's executor sends ``Cancel``), and a crash mid-race still answers once."""
+dropped (the winner's executor sends ``Cancel``), a losing copy that waits in ``flow.wait``
+is stopped, copies on one executor run beside each other, and a crash mid-race still
+answers once."""
 
 from __future__ import annotations
 
 import os
+import re
+import threading
 import time
+
+import pytest
 
 from executors.cluster import LocalCluster
 from executors.config import ClusterConfig
@@ -111,16 +117,59 @@ def _stopped(redis, tag: str, seconds: float = 20.0) -> tuple[bool, float]:
     return stopped == "1", float(waited)
 
 
-def test_a_running_losing_copy_that_waits_is_stopped():
+def passed_on(row):
+    return row.y + 1
+
+
+@pytest.mark.parametrize("where", ["sink", "inside"])
+def test_a_running_losing_copy_that_waits_is_stopped(where):
+    """The race as the flow's sink, and inside a flow (a stage after it, not fused into it:
+    the winner's output goes on to that stage, not to the gateway)."""
     with LocalCluster(ClusterConfig(executors=2, threads=1, request_timeout_s=30)) as c:
-        f = Flow("cancel-running", schema={"x": int, "tag": str})
-        f.map(waits_on_one, names=["y"], high_variance=True)
-        d = c.deploy(f, options=TWO)
-        assert d.invoke({"x": 4, "tag": "race"})["y"].tolist() == [40]  # the fast replica's copy
-        stopped, waited = _stopped(c.kvs.redis, "race")
-        assert stopped and waited < 10, (stopped, waited)  # told by the winner's Cancel, not the 30 s
+        f = Flow(f"cancel-running-{where}", schema={"x": int, "tag": str})
+        raced = f.map(waits_on_one, names=["y"], high_variance=True)
+        options = TWO
+        if where == "inside":
+            raced.map(passed_on, names=["y"])
+            options = OptimizerOptions(competitive_replicas=2, fuse_into_race=False)
+        d = c.deploy(f, options=options)
+        racing = [s for s in d.plan.stages.values() if s.competitive > 1]
+        assert len(racing) == 1 and (racing[0].name == d.plan.sink) == (where == "sink")
+        plus = 1 if where == "inside" else 0
+        assert d.invoke({"x": 4, "tag": where})["y"].tolist() == [40 + plus]  # the fast replica's copy
+        stopped, waited = _stopped(c.kvs.redis, where)
+        assert stopped and waited < 10, (stopped, waited)  # told by a Cancel, not the 30 s
         # the stopped copy's output was dropped: one answer, and the replica serves on
-        assert d.invoke({"x": 5, "tag": "race"})["y"].tolist() == [50]
+        assert d.invoke({"x": 5, "tag": where})["y"].tolist() == [50 + plus]
+
+
+def copies_beside_each_other(row):
+    """Quick while ``row.k`` is 0 (the stage looks cheap); otherwise each copy waits until
+    ``row.k`` copies have started (or 3 s) and returns how many it saw. Either way, with
+    the thread it ran on (an executor's IO thread is named ``<id>-io<n>``)."""
+    thread = threading.current_thread().name
+    if row.k == 0:
+        return 0, thread
+    redis = current_store().redis
+    key = f"beside:{row.x}"
+    redis.incr(key)
+    _wait_for(redis, key, row.k, seconds=3.0)
+    return int(redis.get(key)), thread
+
+
+def test_copies_on_one_executor_run_beside_each_other():
+    """A racing stage never runs on the IO thread, however quick it has been: there the
+    copies sent to one executor would run one after another, and a waiting copy could not
+    read the Cancel that stops it."""
+    with LocalCluster(ClusterConfig(executors=1, threads=4, request_timeout_s=30)) as c:
+        f = Flow("race-beside", schema={"x": int, "k": int})
+        f.map(copies_beside_each_other, names=["seen", "thread"], high_variance=True)
+        d = c.deploy(f, options=OptimizerOptions(competitive_replicas=3))
+        for i in range(30):  # quick runs: a plain stage this quick would move to the IO thread
+            out = d.invoke({"x": i, "k": 0})
+            assert out["seen"].tolist() == [0] and not re.search(r"-io\d+$", out["thread"][0]), out["thread"][0]
+        out = d.invoke({"x": 100, "k": 3})
+        assert out["seen"].tolist() == [3] and not re.search(r"-io\d+$", out["thread"][0]), out["thread"][0]
 
 
 def test_a_hedge_cancels_the_copy_that_lost():

@@ -2,7 +2,7 @@
 
 from executors.executor import CHEAP_MS, COSTLY_MS, HostedStage
 from flow import Flow
-from optimizer import optimize
+from optimizer import OptimizerOptions, optimize
 
 
 def _hosted() -> HostedStage:
@@ -44,3 +44,19 @@ def test_a_stage_that_became_costly_goes_to_the_pool_and_stays_until_it_is_cheap
     assert not hosted.cheap
     _settle(hosted, CHEAP_MS / 2)
     assert hosted.cheap
+
+
+def _raced(**options) -> HostedStage:
+    f = Flow("races")
+    f.map(lambda r: r.x + 1, names=["y"], high_variance=True, **options)
+    plan = optimize(f, options=OptimizerOptions(competitive_replicas=3))
+    return HostedStage(plan, plan.sink, 1)
+
+
+def test_a_racing_or_hedged_stage_stays_on_the_pool_however_quick():
+    """Its copies on one executor must run beside each other, and a copy waiting in
+    flow.wait must be stoppable by a Cancel that the IO thread reads."""
+    for hosted in (_raced(), _raced(hedge=0.05)):
+        assert hosted.stage.competitive > 1 or hosted.stage.hedge is not None
+        _settle(hosted, CHEAP_MS / 10)
+        assert hosted.pooled and not hosted.cheap
