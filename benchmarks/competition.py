@@ -10,12 +10,14 @@ figures are medians over rounds of each round's p50 / p99, with the pooled perce
 beside them. Each answer names the process that won the race, which shows how many
 replicas really raced.
 
-Two cluster setups are measured, one after the other:
+Three cluster setups are measured, one after the other:
+- ``1x8``: one executor, as the default shape has on 2 cores, with 8 threads (a thread
+  for each of 7 copies): the copies race as threads of one process;
+- ``2x8``: 2 executors with 8 threads each;
 - ``7x4``: 7 executors with 4 worker threads each, so each of 7 copies has its own
-  executor;
-- ``2x8``: 2 executors with 8 threads each (the 2-core machine's natural shape).
+  executor.
 
-    python -m benchmarks competition [--rounds 3] [--requests 300] [--quick] [--setups 7x4,2x8]
+    python -m benchmarks competition [--rounds 3] [--requests 300] [--quick] [--setups 1x8,2x8,7x4]
 """
 
 from __future__ import annotations
@@ -397,7 +399,12 @@ def run(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks competition", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3, help="rounds over every configuration (default 3)")
     p.add_argument("--requests", type=int, default=300, help="sequential requests per configuration and round")
-    p.add_argument("--setups", default="7x4,2x8", help="EXECUTORSxTHREADS cluster setups, comma-separated")
+    p.add_argument(
+        "--setups",
+        default="1x8,2x8,7x4",
+        help="EXECUTORSxTHREADS cluster setups, comma-separated (default: one executor, as the default shape "
+        "on 2 cores, with a thread for each of 7 copies; two; one per copy)",
+    )
     p.add_argument("--quick", action="store_true", help="1 round of 100 requests per configuration")
     p.add_argument(
         "--open-loop",
