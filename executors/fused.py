@@ -28,7 +28,6 @@ import numpy as np
 
 from flow.operators import (
     BoundOperator,
-    _BoundFilter,
     _BoundJoin,
     _BoundMap,
     _columns_from_values,
@@ -36,7 +35,6 @@ from flow.operators import (
     _invoke,
     arity_error,
     batch_output,
-    predicate_error,
 )
 from flow.table import Column, Row, Table, built_column
 from flow.types import ColumnType
@@ -71,8 +69,6 @@ def _step(b: BoundOperator):
     kind = type(b)
     if kind is _BoundMap:
         return _BatchMap(b) if b.op.batching else _RowMap(b)
-    if kind is _BoundFilter and not b.op.batching:
-        return _RowFilter(b)
     on = b.op.on if kind is _BoundJoin else None
     if kind is _BoundJoin and ((on,) if isinstance(on, str) else tuple(on)) == ("qid",):
         return _SameRowsJoin(b)
@@ -202,31 +198,6 @@ class _RowMap:
                 return Table.built(_columns_from_values(name, self.names, outputs, None), qid)
             cols[c] = column
         return Table.built(cols, qid)
-
-
-class _RowFilter:
-    """A row-wise filter: the predicate on one Row per row. When it keeps every row the
-    output is its input Table itself (the same rows, and the same qid array, so a join on
-    qid of these rows with another branch of them stays a rename: a cascade's unsure rows
-    that are all of them); otherwise the generic ``Table.filter``."""
-
-    __slots__ = ("name", "call")
-
-    def __init__(self, b: _BoundFilter):
-        self.name, self.call = b.name, b.call
-
-    def __call__(self, inputs, store=None):
-        (table,) = inputs
-        name, call = self.name, self.call
-        keep = []
-        for i, q in enumerate(table._qid.tolist()):
-            r = _invoke(name, call, Row(table, i), q)
-            if r is not True and r is not False and type(r) is not np.bool_:
-                raise predicate_error(name, r, q)
-            keep.append(r)
-        if all(keep):
-            return table
-        return table.filter(np.array(keep, dtype=bool))
 
 
 class _SameRowsJoin:

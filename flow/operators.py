@@ -378,11 +378,11 @@ class _BoundFilter(BoundOperator):
                 )
             return mask
         keep = np.zeros(len(table), dtype=bool)
-        qids = table.qid
-        for i, row in enumerate(table.rows()):
-            result = _invoke(self.name, self.call, row, int(qids[i]))
-            if not isinstance(result, (bool, np.bool_)):
-                raise predicate_error(self.name, result, int(qids[i]))
+        name, call = self.name, self.call
+        for i, q in enumerate(table.qid.tolist()):
+            result = _invoke(name, call, Row(table, i), q)
+            if result is not True and result is not False and type(result) is not np.bool_:
+                raise predicate_error(name, result, q)
             keep[i] = result
         return keep
 

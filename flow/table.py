@@ -461,10 +461,14 @@ class Table:
         return Table({n: c.take(idx) for n, c in self._cols.items()}, self._qid[idx])
 
     def filter(self, mask) -> Table:
-        """The rows where ``mask`` (one bool per row) is True."""
+        """The rows where ``mask`` (one bool per row) is True. Every row kept: this Table
+        itself (the same rows and qid array, so a join on qid of it with another branch of
+        the same rows stays a rename, as a Cascade's unsure rows when all are unsure)."""
         mask = np.asarray(mask, dtype=bool)
         if mask.shape != (len(self),):
             raise ValueError(f"filter mask has shape {mask.shape}, the table has {len(self)} rows")
+        if mask.all():
+            return self
         return self.take(np.flatnonzero(mask))
 
     def select(self, names: Iterable[str]) -> Table:

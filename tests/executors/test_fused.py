@@ -173,7 +173,7 @@ def test_a_filter_keeping_every_row_passes_its_input_on_and_the_left_join_is_a_r
     chain = BoundStage(plan.stages[plan.sink]).chain
     assert [type(step).__name__ for _, step, _ in chain.steps] == [
         "_BatchMap",
-        "_RowFilter",
+        "_BoundFilter",
         "_BatchMap",
         "_SameRowsJoin",
         "_RowMap",

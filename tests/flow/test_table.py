@@ -354,6 +354,13 @@ def test_take_and_filter():
         t.filter([True])
 
 
+def test_a_filter_keeping_every_row_is_the_table_itself():
+    t = full_table()
+    assert t.filter([True, True, True]) is t  # no copy: the same rows, the same qid array
+    kept = t.filter([True, True, False])
+    assert kept is not t and kept.qid.tolist() == [0, 1]
+
+
 @pytest.mark.parametrize(
     "kind_values",
     [
