@@ -26,6 +26,8 @@ BENCHMARKS = {
     "clipper": "prediction cache (Zipf), ensemble deadline answers, hedging vs racing, Exp3/Exp4 on drifting digits",
     "hop": "one 10 MB Table between two processes: through the socket vs shared memory (fresh, forwarded)",
     "bigpayload": "10 MB through a fused 10-stage chain over HTTP vs a bare HTTP echo of the same bytes",
+    "coldcpu": "the gateway's parse of a 10 KB body hot vs right after a sleep, a 10 MiB segment written or freed",
+    "bigbeside": "a small flow's p50 / p99 while 10 MB requests arrive at a fixed rate; big requests' latency",
     "soak": "N requests at concurrency C while kill -9, hangs, poison inputs and redeploys are injected",
     "leanhttp": "the gateway's HTTP layer alone: the lean invocation path vs the same through the ASGI app",
     "large_requests": "5/50 MB JSON and 200 MB Arrow bodies: time, gateway memory / body, other clients' p99",

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import mmap
 import os
+import queue
+import threading
 import weakref
 
 import numpy as np
@@ -32,14 +34,30 @@ import numpy as np
 # environment may move it (benchmarks turn shared memory off with a size out of reach)
 SHM_MIN_BYTES = int(os.environ.get("FLOWSERVE_SHM_MIN_BYTES", 1 << 20))
 MAX_FDS = 64  # descriptors one read may bring (the ancillary buffer's room)
+# from this size a mapping is let go of on the reaper thread: freeing 4 MiB costs ~0.5 ms,
+# the hand-over tens of us
+REAP_MIN_BYTES = 4 << 20
 
 
 class SharedMap(mmap.mmap):
     """A read-only mapping of a received (or created) segment, with the descriptor that
-    can send it on; the descriptor is closed when the mapping is collected."""
+    can send it on; the descriptor is closed when the mapping is collected (a big one's
+    on the reaper thread, after its unmapping, so that the pages are freed there)."""
 
     fd: int
     addr: int
+    nbytes: int
+
+    def __del__(self):
+        fd = self.__dict__.get("fd", -1)
+        if fd < 0:  # never owned (_own failed before), or the reaper has let go of it
+            return
+        try:
+            if len(self) >= REAP_MIN_BYTES and _REAPER.take(self):
+                return  # kept alive by the reaper's queue until it unmaps and closes it
+        except Exception:  # interpreter shutdown: the module's globals may be gone
+            pass
+        os.close(fd)  # the mapping goes right after, in mmap's own deallocation
 
 
 def map_segment(fd: int, size: int) -> SharedMap:
@@ -88,8 +106,12 @@ def find_shared(view: memoryview) -> tuple[SharedMap, int] | None:
     except (ValueError, TypeError):
         return None
     end = start + view.nbytes
-    for segment in list(_LIVE):
-        if segment.addr <= start and end <= segment.addr + len(segment):
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for segment in live:
+        # a copy taken just before the reaper let go of one may still name it: it is never
+        # the one a live view lies in, and its addr and nbytes are plain numbers
+        if segment.addr <= start and end <= segment.addr + segment.nbytes:
             return segment, start - segment.addr
     return None
 
@@ -128,11 +150,78 @@ class SegmentWriter:
 
 
 def _own(m: SharedMap, fd: int) -> SharedMap:
-    m.fd = fd
+    m.fd = fd  # closed by SharedMap.__del__
+    _REAPER.start()  # here, where starting a thread is safe; it lets go of m if m is big
     m.addr = np.frombuffer(m, dtype=np.uint8).__array_interface__["data"][0]
-    weakref.finalize(m, os.close, fd)
-    _LIVE.add(m)
+    m.nbytes = len(m)  # len() of a mapping the reaper has closed would raise: find_shared reads this
+    with _LIVE_LOCK:
+        _LIVE.add(m)
     return m
 
 
+class _Reaper:
+    """One thread per process that lets go of big mappings: unmaps each (outside the GIL)
+    and then closes its descriptor, which frees the segment's pages if no other process
+    holds it. A mapping comes here from ``SharedMap.__del__``, kept alive by the queue;
+    it leaves ``_LIVE`` before it is unmapped, so a new mapping at the same address is
+    never taken for it. Finalizers may run anywhere (inside a lock, mid-``put``, during
+    a collection): so the queue is a ``SimpleQueue`` (its ``put`` is reentrant) and the
+    thread is started from ``_own``, never from a finalizer. With a backlog, or before
+    the thread runs in this process (a forked child), the caller frees inline: what
+    waits here is memory still held."""
+
+    BACKLOG = 8
+
+    def __init__(self):
+        self._pid = -1
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._start_lock = threading.Lock()
+        self.reaped = 0  # mappings let go of here (this process, since it started)
+
+    def start(self) -> None:
+        if self._pid == os.getpid():
+            return
+        with self._start_lock:
+            if self._pid != os.getpid():
+                self._queue = queue.SimpleQueue()  # before the pid: take() reads them in the other order
+                threading.Thread(target=self._run, args=(self._queue,), name="shm-reaper", daemon=True).start()
+                self._pid = os.getpid()
+
+    def take(self, m: SharedMap) -> bool:
+        if self._pid != os.getpid() or self._queue.qsize() >= self.BACKLOG:
+            return False
+        self._queue.put(m)
+        return True
+
+    def _run(self, q: queue.SimpleQueue) -> None:
+        while True:
+            m = q.get()
+            if isinstance(m, threading.Event):  # settle(): everything before it is done
+                m.set()
+                continue
+            try:
+                with _LIVE_LOCK:
+                    _LIVE.discard(m)
+                fd, m.fd = m.fd, -1  # nothing may close fd twice
+                m.close()  # unmap, and close mmap's own duplicate of the descriptor
+                os.close(fd)
+                self.reaped += 1
+            except OSError:
+                pass  # nothing to recover: the kernel frees the segment with the process at worst
+            m = None
+
+    def settle(self) -> None:
+        """Wait until every mapping handed over so far is let go of (tests count segments)."""
+        if self._pid == os.getpid():
+            done = threading.Event()
+            self._queue.put(done)
+            done.wait()
+
+
+_REAPER = _Reaper()
+settle = _REAPER.settle
+
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # this process's mapped segments
+# adds and discards come from several threads; find_shared's copy of the set must not see
+# it change size mid-iteration (the weak references' own removals are deferred by WeakSet)
+_LIVE_LOCK = threading.Lock()

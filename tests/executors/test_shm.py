@@ -186,6 +186,7 @@ def test_kill_9_of_a_sender_leaves_no_segment_behind(tmp_path):
         assert all(np.all(np.frombuffer(m[1], dtype=np.uint8) == 7) for m in got)
         del got
         gc.collect()
+        shm.settle()  # 4 MiB frames: let go of on the reaper thread
         assert segments() == 0
     finally:
         child.kill()
@@ -222,8 +223,9 @@ def _noop(table):
 def test_a_cluster_serves_big_tensors_over_shared_memory_and_kill_9_leaks_nothing():
     """10-stage chains of big tensors over HTTP (unfused and spread: every stage a hop):
     the answers are flow.run's; an executor killed with SIGKILL under that load loses no
-    request, and once the cluster is idle no process of it holds a segment."""
-    n = 2 * MB
+    request, and once the cluster is idle no process of it holds a segment (big enough
+    that every process lets go of them on its reaper thread)."""
+    n = shm.REAP_MIN_BYTES
     f = Flow("big", schema={"x": ColumnType.tensor(np.uint8, (n,))})
     node = f
     for _ in range(4):
@@ -296,6 +298,46 @@ def test_a_body_segment_holds_the_pieces_written_and_is_live_for_the_transport()
     del view, found, writer
     gc.collect()
     assert segments() == 0
+
+
+def test_a_big_mapping_is_let_go_of_on_the_reaper_thread_and_a_small_one_at_once():
+    """Freeing a big segment's pages costs milliseconds: the caller (an event loop, an IO
+    thread) only hands the mapping over; the reaper unmaps it and closes the descriptor."""
+    before = shm._REAPER.reaped
+    small = shm.SegmentWriter()
+    small.write(b"s" * MB)
+    view = small.mapped()
+    del small, view
+    gc.collect()
+    assert segments() == 0 and shm._REAPER.reaped == before  # inline: gone at once
+
+    big = shm.SegmentWriter()
+    data = np.random.default_rng(2).integers(0, 255, shm.REAP_MIN_BYTES, dtype=np.uint8).tobytes()
+    big.write(data)
+    view = big.mapped()
+    del big
+    assert bytes(view[-MB:]) == data[-MB:] and segments() > 0
+    del view
+    gc.collect()
+    shm.settle()
+    assert shm._REAPER.reaped == before + 1 and segments() == 0
+
+
+def test_many_big_mappings_dropped_at_once_all_end_up_freed():
+    """More mappings than the reaper's queue holds, dropped together: the overflow is freed
+    inline, the rest by the reaper; none is left behind and none is closed twice."""
+    before = shm._REAPER.reaped
+    views = []
+    for i in range(40):
+        w = shm.SegmentWriter()
+        w.write(bytes([i]) * shm.REAP_MIN_BYTES)
+        views.append(w.mapped())
+    assert [v[0] for v in views] == list(range(40))
+    views.clear()
+    gc.collect()
+    shm.settle()
+    assert segments() == 0
+    assert 0 < shm._REAPER.reaped - before <= 40
 
 
 def test_a_body_segment_dropped_unfinished_or_empty_holds_nothing():
