@@ -22,6 +22,7 @@ of it is alive (``SharedMap``: closed when the mapping is collected).
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import queue
@@ -29,6 +30,8 @@ import threading
 import weakref
 
 import numpy as np
+
+log = logging.getLogger("flowserve.shm")
 
 # below this a socket copy is cheaper than a segment (syscalls, page faults); the
 # environment may move it (benchmarks turn shared memory off with a size out of reach)
@@ -203,11 +206,16 @@ class _Reaper:
                 with _LIVE_LOCK:
                     _LIVE.discard(m)
                 fd, m.fd = m.fd, -1  # nothing may close fd twice
-                m.close()  # unmap, and close mmap's own duplicate of the descriptor
+                try:
+                    m.close()  # unmap, and close mmap's own duplicate of the descriptor
+                except BufferError:
+                    # a collected cycle still holds views of it (finalizers run before the
+                    # cycle is cleared): it is unmapped when they go, wherever that is
+                    pass
                 os.close(fd)
                 self.reaped += 1
-            except OSError:
-                pass  # nothing to recover: the kernel frees the segment with the process at worst
+            except Exception:  # the thread must live on: what waits behind holds memory
+                log.exception("could not let go of a shared-memory mapping")
             m = None
 
     def settle(self) -> None:

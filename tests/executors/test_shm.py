@@ -323,6 +323,33 @@ def test_a_big_mapping_is_let_go_of_on_the_reaper_thread_and_a_small_one_at_once
     assert shm._REAPER.reaped == before + 1 and segments() == 0
 
 
+def test_the_reaper_lets_go_of_a_mapping_whose_views_are_still_alive_and_lives_on():
+    """A collected cycle's finalizers run before the cycle is cleared, so a mapping can
+    reach the reaper while a view of it is still alive: it closes the descriptor, leaves
+    the mapping (and the view's bytes) to go with the view, and serves the next one."""
+    reaper = shm._Reaper()
+    reaper.start()
+    w = shm.SegmentWriter()
+    w.write(b"v" * shm.REAP_MIN_BYTES)
+    view = w.mapped()
+    del w
+    held = view.obj
+    assert reaper.take(held)
+    reaper.settle()
+    assert reaper.reaped == 1 and held.fd == -1
+    assert bytes(view[:2]) == b"vv"  # the mapping is intact under its view
+    del held, view
+    gc.collect()
+    assert segments() == 0  # the mapping went with its last view, the descriptor before it
+    w = shm.SegmentWriter()
+    w.write(b"n" * shm.REAP_MIN_BYTES)
+    second = w.mapped().obj
+    del w
+    assert reaper.take(second)
+    reaper.settle()
+    assert reaper.reaped == 2
+
+
 def test_many_big_mappings_dropped_at_once_all_end_up_freed():
     """More mappings than the reaper's queue holds, dropped together: the overflow is freed
     inline, the rest by the reaper; none is left behind and none is closed twice."""
