@@ -55,6 +55,7 @@ from executors.httpcodec import (
     ARROW,
     OFF_LOOP_BYTES,
     OFF_LOOP_ROWS,
+    WRITE_SLICE,
     BadRequestError,
     arrow_answer,
     arrow_pieces,
@@ -710,31 +711,40 @@ class Streamed:
         self.first, self.rest = first, rest
 
 
-async def _send(send, status: int, body: bytes | Streamed, extra: list) -> None:
+async def _send(send, status: int, body: bytes | list | Streamed, extra: list) -> None:
     if isinstance(body, Streamed):
         await send({"type": "http.response.start", "status": status, "headers": extra})
         piece = body.first
         while piece is not None:
             # the server applies flow control: each send waits until the client takes it
-            await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await _body(send, [piece], more=True)
             piece = await asyncio.to_thread(next, body.rest, None)
         await send({"type": "http.response.body", "body": b""})
         return
-    if isinstance(body, list):  # pieces of one answer (arrow_answer): views of its big buffers, not joined
-        length = sum(memoryview(piece).nbytes for piece in body)
-        head = [(b"content-length", str(length).encode()), *extra]
-        await send({"type": "http.response.start", "status": status, "headers": head})
-        for i, piece in enumerate(body):
-            await send({"type": "http.response.body", "body": piece, "more_body": i < len(body) - 1})
-        return
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-length", str(len(body)).encode()), *extra],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    # pieces of one answer (arrow_answer: views of its big buffers, not joined), or one big body
+    pieces = body if isinstance(body, list) else [body]
+    length = sum(memoryview(piece).nbytes for piece in pieces)
+    head = [(b"content-length", str(length).encode()), *extra]
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await _body(send, pieces, more=False)
+
+
+async def _body(send, pieces: list, more: bool) -> None:
+    """Send ``pieces`` as the body's next messages (the last one ending the body unless
+    ``more``), none longer than WRITE_SLICE, the event loop running others between slices."""
+    last = len(pieces) - 1
+    for i, piece in enumerate(pieces):
+        view = memoryview(piece)
+        n = view.nbytes
+        if n <= WRITE_SLICE:
+            await send({"type": "http.response.body", "body": piece, "more_body": more or i < last})
+            continue
+        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        for at in range(0, n, WRITE_SLICE):
+            end = min(at + WRITE_SLICE, n)
+            await send({"type": "http.response.body", "body": view[at:end], "more_body": more or i < last or end < n})
+            if end < n:
+                await asyncio.sleep(0)  # a ready callback (another request's) runs before the next slice
 
 
 def make_app(gateway: Gateway, on_startup=(), on_shutdown=()) -> InvokeFastPath:

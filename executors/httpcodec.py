@@ -37,6 +37,12 @@ JSON = "application/json"
 # are rendered there (messages.RawInput).
 OFF_LOOP_BYTES = 256 * 1024
 OFF_LOOP_ROWS = 5_000
+# An answer's body goes to the socket in slices of at most this many bytes, the event loop
+# serving other requests between them: one write of a 10 MiB answer held it 3-5 ms (the
+# copy into the kernel, faulting in the shared pages it is read from); in 1 MiB slices
+# the loop's p99 lag beside 25 such answers a second went from 3-5 ms to 0.55-0.75 ms
+# (benchmarks/README.md, session 15).
+WRITE_SLICE = 1 << 20
 
 
 class BadRequestError(DataError, ValueError):

@@ -10,8 +10,9 @@ and runs a ``LeanCycle`` instead: a uvicorn request cycle, so the body, ``Expect
 100-continue``, flow control, disconnects, pipelining (answers in order, one request at a
 time per connection), keep-alive, draining and the connection limits are uvicorn's own code
 as before, but the request goes straight to ``Gateway.invoke`` with the headers as they
-were parsed, and a whole answer (head and body) leaves in one write. Streamed and
-multi-piece answers (big ones) go through the ASGI ``send`` as before.
+were parsed, and a whole answer (head and body) leaves in one write. Streamed,
+multi-piece and big answers (over ``WRITE_SLICE``: written in slices, gateway._body) go
+through the ASGI ``send`` as before.
 
 What the client sees is the same as on the ASGI path: the same statuses, error bodies,
 headers (uvicorn's ``server``/``date`` included) and metrics; a request the lean path does
@@ -24,6 +25,8 @@ import asyncio
 import logging
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
+
+from executors.httpcodec import WRITE_SLICE
 
 log = logging.getLogger("flowserve.gateway")
 
@@ -70,9 +73,9 @@ class LeanCycle(RequestResponseCycle):
     async def run_asgi(self, app) -> None:  # the protocol starts every cycle by this name
         try:
             status, body, extra = await self.invoker.answer(self.name, self.raw_headers, self.receive)
-            if type(body) is bytes:
+            if type(body) is bytes and len(body) <= WRITE_SLICE:
                 await self.write_answer(status, body, extra)
-            else:  # a streamed answer or the pieces of a big one: through the ASGI send, as before
+            else:  # streamed, in pieces, or big (written in slices): through the ASGI send, as before
                 await self.invoker.send(self.send, status, body, extra)
         except BaseException as exc:
             log.error("unhandled error answering an invocation", exc_info=exc)

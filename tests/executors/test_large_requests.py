@@ -14,7 +14,7 @@ import pytest
 from executors.cluster import LocalCluster
 from executors.config import ClusterConfig, ClusterConfigError
 from executors.errors import DeployError
-from flow import Flow
+from flow import ColumnType, Flow
 from tests.executors.conftest import unique
 
 
@@ -75,6 +75,93 @@ def test_a_big_arrow_request_is_answered_in_arrow_with_the_rows_of_flow_run(room
     got = pa.ipc.open_stream(r.content).read_all()
     assert got.num_rows == n and got.column_names == ["qid", "y"]
     assert np.allclose(got.column("y").to_numpy(), np.arange(n) * 0.5 * 2.0 + np.arange(n) % 5)
+
+
+def _double(table):
+    return table["v"] * 2
+
+
+def test_a_big_one_row_answer_comes_whole_in_arrow_and_in_json(roomy):
+    """A one-row answer of 3 MiB (over WRITE_SLICE): Arrow pieces and a JSON body both
+    leave in slices over the lean path, and arrive as flow.run's rows."""
+    import pyarrow as pa
+
+    from executors.httpcodec import WRITE_SLICE
+
+    n = 3 * WRITE_SLICE // 4
+    f = Flow(unique("wide"), schema={"v": ColumnType.tensor(np.float32, (n,))})
+    f.map(_double, names=["w"], batching=True)
+    d = roomy.deploy(f, timeout_s=3)
+    v = np.arange(n, dtype=np.float32)
+    expected = f.run([{"v": v}])["w"][0]
+    t = pa.table({"v": pa.FixedSizeListArray.from_arrays(pa.array(v), n)})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    arrow = "application/vnd.apache.arrow.stream"
+    r = httpx.post(
+        d.url, content=sink.getvalue().to_pybytes(), headers={"content-type": arrow, "accept": arrow}, timeout=60
+    )
+    assert r.status_code == 200, r.text[:300]
+    assert int(r.headers["content-length"]) == len(r.content) > WRITE_SLICE
+    got = pa.ipc.open_stream(r.content).read_all().column("w").combine_chunks().to_numpy_ndarray()[0]
+    assert np.array_equal(got, expected)
+    r = httpx.post(d.url, content=sink.getvalue().to_pybytes(), headers={"content-type": arrow}, timeout=60)
+    assert r.status_code == 200 and len(r.content) > WRITE_SLICE, r.text[:300]
+    assert np.array_equal(np.asarray(r.json()["rows"][0]["w"], dtype=np.float32), expected)
+
+
+def test_a_big_answer_is_sent_in_slices_with_the_event_loop_running_others_between():
+    """gateway._send as uvicorn calls it: the messages carry the answer's bytes in order,
+    none over WRITE_SLICE, the length declared up front; another task runs between slices."""
+    import asyncio
+
+    from executors.gateway import Streamed, _send
+    from executors.httpcodec import WRITE_SLICE
+
+    big = np.random.default_rng(3).integers(0, 255, 2 * WRITE_SLICE + 12345, dtype=np.uint8)
+
+    def run(body):
+        log: list = []
+
+        async def send(message):
+            log.append(message)
+
+        async def other():
+            while True:
+                log.append("other")
+                await asyncio.sleep(0)
+
+        async def main():
+            task = asyncio.ensure_future(other())
+            await asyncio.sleep(0)
+            await _send(send, 200, body, [(b"x-a", b"1")])
+            task.cancel()
+
+        asyncio.run(main())
+        return log
+
+    for body in ([b"head", memoryview(big), b"tail"], big.tobytes()):
+        log = run(body)
+        messages = [m for m in log if m != "other"]
+        start, parts = messages[0], messages[1:]
+        sent = b"".join(bytes(m["body"]) for m in parts)
+        whole = b"head" + big.tobytes() + b"tail" if isinstance(body, list) else big.tobytes()
+        assert sent == whole
+        assert dict(start["headers"])[b"content-length"] == str(len(whole)).encode()
+        assert all(len(bytes(m["body"])) <= WRITE_SLICE for m in parts)
+        assert [m["more_body"] for m in parts] == [True] * (len(parts) - 1) + [False]
+        bodies = [i for i, m in enumerate(log) if m != "other" and m["type"] == "http.response.body"]
+        assert any("other" in log[a:b] for a, b in zip(bodies, bodies[1:]))  # the loop ran others between
+
+    pieces = iter([big[WRITE_SLICE + 1 :].tobytes()])
+    log = run(Streamed(big[: WRITE_SLICE + 1].tobytes(), pieces))
+    parts = [m for m in log if m != "other"][1:]
+    assert b"".join(bytes(m["body"]) for m in parts) == big.tobytes()
+    assert all(len(bytes(m["body"])) <= WRITE_SLICE for m in parts) and parts[-1] == {
+        "type": "http.response.body",
+        "body": b"",
+    }
 
 
 def test_the_flows_deadline_and_a_request_asking_for_more_or_less(roomy):
