@@ -10,7 +10,9 @@ requests' p50 over HTTP and in the gateway.
 What it shows is whether a big request's work (reading the body into shared memory,
 freeing it: executors/shm.py) stalls everybody else. ``--baseline TREE`` runs the same
 from another checkout, alternating with this tree rep by rep (each cluster up alone), so
-an A/B of a change shares the machine's moods. Writes benchmarks/results/bigbeside.json.
+an A/B of a change shares the machine's moods. ``--kind json-image`` sends instead a
+224x224x3 uint8 image as JSON nested lists (640 KB) to a one-map flow: the body the gateway
+must parse itself. Writes benchmarks/results/bigbeside.json (``--out`` another name).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from benchmarks.fusion import chain_flow
 from executors import ClusterConfig, LocalCluster
 from flow import Flow
 
-seconds, mb, rate = float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+seconds, mb, rate, kind = float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 small = Flow("small")
 small.map(lambda v: v + 1, names=["y"], col="v")
 ROW, JSON = b'{"v": 1.0}', {"Content-Type": "application/json"}
@@ -50,14 +52,20 @@ def timed(http, url, n_seconds):
     return out
 
 with LocalCluster(ClusterConfig(max_body_bytes=64 << 20)) as c:
-    big_url = c.deploy(chain_flow(10, "fused", False), optimize=True).url
+    if kind == "arrow":
+        big_url = c.deploy(chain_flow(10, "fused", False), optimize=True).url
+    else:  # an image as nested lists: 224x224x3 uint8, its mean brightness back
+        from flow import ColumnType
+        images = Flow("images", schema={"img": ColumnType.tensor(np.uint8, (224, 224, 3))})
+        images.map(lambda t: t["img"].reshape(len(t["img"]), -1).mean(axis=1), names=["y"], batching=True)
+        big_url = c.deploy(images).url
     small_url = c.deploy(small).url
     with BareClient(timeout=30) as http:
         timed(http, small_url, 0.5)  # warm up
         alone = timed(http, small_url, seconds / 3)
         # the big client is a process of its own: in this one its reads of 10 MB answers
         # would hold the GIL and delay the small client's, not the server's, work
-        big = subprocess.Popen([sys.executable, "-c", BIG, big_url, str(mb), str(rate)],
+        big = subprocess.Popen([sys.executable, "-c", BIG, big_url, str(mb), str(rate), kind],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert big.stdout.readline().strip() == "sending"
         beside = timed(http, small_url, seconds)
@@ -71,15 +79,27 @@ print(json.dumps({
 }))
 """
 
-# the big client: 10 MiB Arrow bodies at a fixed rate until its stdin closes
+# the big client: 10 MiB Arrow bodies (or JSON images) at a fixed rate until its stdin closes
 _BIG = r"""
 import json, sys, threading, time
 import numpy as np
 from benchmarks.client import BareClient
+import orjson
 from benchmarks.fusion import arrow_body, post_arrow
 
-url, mb, rate = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
-body = arrow_body({"x": np.random.default_rng(0).standard_normal((1, int(mb * (1 << 20)) // 4)).astype(np.float32)})
+url, mb, rate, kind = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+if kind == "arrow":
+    body = arrow_body({"x": np.random.default_rng(0).standard_normal((1, int(mb * (1 << 20)) // 4)).astype(np.float32)})
+else:
+    img = np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)
+    body = orjson.dumps({"img": img}, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    def post_arrow(http, url, body):  # the same figures for a JSON request
+        t0 = time.perf_counter()
+        r = http.post(url, content=body, headers={"Content-Type": "application/json"})
+        if r.status_code != 200:
+            raise SystemExit(f"images answered {r.status_code}: {r.text[:200]}")
+        return (time.perf_counter() - t0) * 1e3, float(r.headers["server-timing"].split("dur=")[1].split(",")[0])
 stop, got = threading.Event(), []
 threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
 with BareClient(timeout=120) as http:
@@ -98,10 +118,10 @@ print(json.dumps(got))
 """
 
 
-def _one(tree: str, seconds: float, mb: float, rate: float) -> dict:
+def _one(tree: str, seconds: float, mb: float, rate: float, kind: str = "arrow") -> dict:
     env = dict(os.environ, PYTHONPATH=tree, FLOWSERVE_QUIET="1")
     out = subprocess.run(
-        [sys.executable, "-c", f"BIG = {_BIG!r}\n" + _CHILD, str(seconds), str(mb), str(rate)],
+        [sys.executable, "-c", f"BIG = {_BIG!r}\n" + _CHILD, str(seconds), str(mb), str(rate), kind],
         cwd=tree,
         env=env,
         capture_output=True,
@@ -120,6 +140,13 @@ def run(argv=None) -> dict:
     p.add_argument("--seconds", type=float, default=8.0, help="the small client's time beside the big one")
     p.add_argument("--mb", type=float, default=10.0)
     p.add_argument("--rate", type=float, default=25.0, help="big requests per second (open loop)")
+    p.add_argument(
+        "--kind",
+        choices=("arrow", "json-image"),
+        default="arrow",
+        help="the big requests: --mb of float32 as Arrow to a fused 10-stage chain (default), or a 224x224x3 "
+        "uint8 image as JSON nested lists (640 KB) to a one-map flow",
+    )
     p.add_argument("--out", default="bigbeside")
     args = p.parse_args(argv)
     trees = {"this tree": str(ROOT)}
@@ -129,7 +156,7 @@ def run(argv=None) -> dict:
     for rep in range(args.reps):
         order = list(trees) if rep % 2 == 0 else list(reversed(trees))
         for name in order:
-            r = _one(trees[name], args.seconds, args.mb, args.rate)
+            r = _one(trees[name], args.seconds, args.mb, args.rate, args.kind)
             runs[name].append(r)
             progress(
                 f"rep {rep + 1} {name}: small p50 {r['small_p50_ms']:.3f} / p99 {r['small_p99_ms']:.2f} ms "

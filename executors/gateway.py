@@ -37,7 +37,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from executors import shm
+from executors import jsontensors, shm
 from executors.dispatcher import DeployedFlow, Dispatcher, RawBody, RequestFailed
 from executors.docs_page import docs_routes
 from executors.errors import (
@@ -71,7 +71,9 @@ from executors.metrics import Metrics
 from executors.openapi import openapi_document, type_doc
 from executors.slo import SLOMonitor
 from flow.exceptions import DataError, FlowError, OperatorOutputError
+from flow.table import Table
 from flow.types import ColumnType
+from flow.validation import check_schema
 
 log = logging.getLogger("flowserve.gateway")
 
@@ -249,6 +251,13 @@ class Gateway:
         inline = big and isinstance(body, memoryview)
         try:
             ctype = headers.get("content-type", "")
+            if len(body) > jsontensors.MIN_BYTES and not inline and is_json(ctype) and jsontensors.eligible(schema):
+                # a JSON row of tensors (an image as nested lists): read outside the GIL
+                cols = await asyncio.to_thread(jsontensors.read_row, body, schema)
+                if cols is not None:
+                    qid_start = self.dispatcher.next_qid
+                    table = Table.built(cols, self.dispatcher.new_qids(1))
+                    return qid_start, check_schema(name, schema, table), None
             rows = (
                 await asyncio.to_thread(parse_body, body, ctype, schema)
                 if big and not inline

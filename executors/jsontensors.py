@@ -1,0 +1,105 @@
+"""A one-row JSON body of tensors, read by Arrow's JSON reader outside the GIL.
+
+An image sent as nested lists (224x224x3 uint8: 640 KB of JSON) cost the gateway 22 ms of
+interpreter time to parse: orjson's Python objects, then numpy's walk over them. The
+gateway parses a big body on a worker thread, but both hold the GIL, so its event loop
+waited as long, and so did every other request (a small flow's p99 went from 0.4 to 38
+ms beside 20 such images a second; benchmarks/README.md, session 15). Arrow's reader
+builds flat arrays from the same bytes with the GIL released.
+
+``read_row`` takes only bodies it reads exactly as the general path (httpcodec.parse_body
+and input_table) does: one object whose keys are the schema's columns, each once; values
+that are numbers, brackets and commas only (no literal, no string, no escape: JSON's
+NaN/Infinity, booleans and nulls never reach Arrow, whose reader would take the first
+two); nested lists as regular as the column's shape; integers for integer columns within
+the dtype's range, and for float columns numbers that a double holds exactly when they
+are integers. For anything else it returns None and the general path reads the body and
+names what is wrong. tests/executors/test_jsontensors.py compares the two.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+
+import numpy as np
+
+from flow.table import Column, built_column
+from flow.types import ColumnType
+
+# from this size the gateway reads such a body this way, on a worker thread (below it the
+# body is relayed to the flow's executor, or parsed on the loop in under ~2 ms)
+MIN_BYTES = 64 * 1024
+# what a tensor-only body may hold besides its keys' own characters
+_ALLOWED = b'0123456789-+.eE,[]{}: \t\r\n"'
+_KEY = re.compile(rb'"([^"]*)"')
+_EXACT = float(2**53)  # integers a double holds exactly: the general path reads ints as int64
+
+
+def eligible(schema: dict[str, ColumnType] | None) -> bool:
+    """Whether bodies of this schema can take the short way: tensor columns of numbers."""
+    return bool(schema) and all(
+        t.kind == "tensor" and t.dtype.kind in "iuf" and t.shape and all(t.shape) for t in schema.values()
+    )
+
+
+def read_row(body: bytes, schema: dict[str, ColumnType]) -> dict[str, Column] | None:
+    """The row's columns (each one row of its tensor type), or None: see the module's text."""
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    body = bytes(body)
+    if b"\\" in body or body.count(b'"') != 2 * len(schema):
+        return None
+    keys = [k.decode("latin-1") for k in _KEY.findall(body)]
+    if sorted(keys) != sorted(schema):
+        return None
+    # nothing but numbers and structure between the keys: no literal, no other string
+    if body.translate(None, _ALLOWED) != "".join(keys).encode("latin-1").translate(None, _ALLOWED):
+        return None
+    fields = []
+    for name, t in schema.items():
+        typ = pa.int64() if t.dtype.kind in "iu" else pa.float64()
+        for _ in t.shape:
+            typ = pa.list_(typ)
+        fields.append((name, typ))
+    try:
+        table = pj.read_json(
+            io.BytesIO(body),
+            read_options=pj.ReadOptions(use_threads=False, block_size=len(body) + 1),
+            parse_options=pj.ParseOptions(
+                explicit_schema=pa.schema(fields), newlines_in_values=True, unexpected_field_behavior="error"
+            ),
+        )
+    except (pa.ArrowInvalid, ValueError):
+        return None
+    if table.num_rows != 1:
+        return None
+    out = {}
+    for name, t in schema.items():
+        values = _values(table.column(name).combine_chunks(), t)
+        if values is None:
+            return None
+        out[name] = built_column(t, values[None], None)
+    return out
+
+
+def _values(arr, t: ColumnType) -> np.ndarray | None:
+    """The tensor of the one row, as the general path makes it; None if it would refuse it
+    or read it otherwise (nulls, ragged lists, a wrong shape, values out of range)."""
+    for size in t.shape:
+        if arr.null_count or not np.all(np.diff(arr.offsets.to_numpy()) == size):
+            return None
+        arr = arr.flatten()
+    if arr.null_count:
+        return None
+    values = arr.to_numpy(zero_copy_only=False)
+    if values.size != int(np.prod(t.shape)):
+        return None
+    if t.dtype.kind in "iu":
+        info = np.iinfo(t.dtype)
+        if values.min() < max(info.min, -(2**63)) or values.max() > min(info.max, 2**63 - 1):
+            return None
+    elif not np.all(np.abs(values) < _EXACT):  # a long integer token: the general path reads it as int64 first
+        return None
+    return values.astype(t.dtype, copy=False).reshape(t.shape)

@@ -1,0 +1,145 @@
+"""The short way for a big JSON row of tensors (executors/jsontensors.py) against the
+general path (httpcodec.parse_body + input_table): every body it takes it reads into the
+same tensors, and every body it leaves (None) is the general path's to read or refuse; over
+real HTTP the answers and the errors are the general path's."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+from executors import jsontensors
+from executors.cluster import LocalCluster
+from executors.config import ClusterConfig
+from executors.httpcodec import input_table, parse_body
+from flow import ColumnType, Flow
+from flow.exceptions import DataError
+
+U8 = {"img": ColumnType.tensor(np.uint8, (2, 3))}
+F32 = {"v": ColumnType.tensor(np.float32, (4,))}
+I64 = {"a": ColumnType.tensor(np.int64, (2, 2))}
+TWO = {"img": ColumnType.tensor(np.uint8, (2, 3)), "v": ColumnType.tensor(np.float32, (4,))}
+
+
+def general(body: bytes, schema):
+    """The general path's tensors, or the DataError it raises."""
+    try:
+        rows = parse_body(body, "application/json", schema)
+        table = input_table("f", rows, np.arange(len(rows)), schema)
+    except DataError as e:
+        return e
+    return {c: table[c] for c in schema}
+
+
+# (schema, body, whether the short way must take it)
+CASES = [
+    (U8, b'{"img": [[1,2,3],[4,5,255]]}', True),
+    (U8, b'{ "img" :\n [[0, 2 ,3],\r\n\t[4,5,6]] }', True),
+    (F32, b'{"v": [1.5, -2, 3e2, 0.30000000000000004]}', True),
+    (F32, b'{"v": [1, 2, 3, 16777217]}', True),
+    (F32, b'{"v": [1E-3, -0.0, 1e-400, 9007199254740991]}', True),
+    (I64, b'{"a": [[-9007199254740993, 2], [3, 9223372036854775807]]}', True),
+    (TWO, b'{"v": [1,2,3,4], "img": [[1,2,3],[4,5,6]]}', True),
+    (U8, b'{"img": [[1,2,3],[4,5,256]]}', False),  # out of range for uint8
+    (U8, b'{"img": [[1,2,3],[4,5,-1]]}', False),
+    (U8, b'{"img": [[1,2,3],[4,5,6.0]]}', False),  # a float never becomes an integer
+    (U8, b'{"img": [[1,2,3],[4,5,1e2]]}', False),
+    (U8, b'{"img": [[1,2,3],[4,5]]}', False),  # ragged
+    (U8, b'{"img": [[1,2,3],[4,5,6],[7,8,9]]}', False),  # another shape
+    (U8, b'{"img": [1,2,3,4,5,6]}', False),
+    (U8, b'{"img": [[1,2,3],[4,5,null]]}', False),
+    (U8, b'{"img": [[1,2,3],[4,5,true]]}', False),
+    (U8, b'{"img": null}', False),
+    (F32, b'{"v": [NaN, 1, 2, 3]}', False),
+    (F32, b'{"v": [Infinity, 1, 2, 3]}', False),
+    (F32, b'{"v": [1e400, 1, 2, 3]}', False),
+    (F32, b'{"v": [18446744073709551616, 1, 2, 3]}', False),  # over 64 bits
+    (F32, b'{"v": [9007199254740993, 1, 2, 3]}', False),  # an integer no double holds
+    (F32, b'{"v": [.5, 1, 2, 3]}', False),
+    (F32, b'{"v": [+1, 1, 2, 3]}', False),
+    (F32, b'{"v": [01, 1, 2, 3]}', False),
+    (F32, b'{"v": [1, 2, 3, 4],}', False),
+    (F32, b'{"v": [1, 2, 3, 4]} x', False),
+    (F32, b'{"v": [1, 2, 3, 4]}\n{"v": [1, 2, 3, 4]}', False),
+    (F32, b'[{"v": [1, 2, 3, 4]}]', False),
+    (F32, b'{"v": [1, 2, 3, 4], "v": [5, 6, 7, 8]}', False),
+    (F32, b'{"v": [1, 2, 3, 4], "w": [5, 6, 7, 8]}', False),
+    (F32, b'{"w": [1, 2, 3, 4]}', False),
+    (F32, b'{"\\u0076": [1, 2, 3, 4]}', False),
+    (F32, b'{"v": "1, 2, 3, 4"}', False),
+    (F32, b'\xef\xbb\xbf{"v": [1, 2, 3, 4]}', False),
+    (F32, b'{"v": [1, 2, 3, 4]', False),
+    (TWO, b'{"img": [[1,2,3],[4,5,6]]}', False),
+    (I64, b'{"a": [[9223372036854775808, 2], [3, 4]]}', False),
+]
+
+
+@pytest.mark.parametrize("schema, body, short", CASES, ids=[c[1][:40].decode("latin-1") for c in CASES])
+def test_the_short_way_reads_what_it_takes_as_the_general_path_and_leaves_the_rest(schema, body, short):
+    assert jsontensors.eligible(schema)
+    got = jsontensors.read_row(body, schema)
+    assert (got is not None) == short
+    want = general(body, schema)
+    if got is None:
+        return
+    assert not isinstance(want, Exception), want
+    for c, t in schema.items():
+        assert got[c].type == t
+        assert got[c].values.dtype == want[c].dtype and got[c].values.shape == want[c].shape
+        assert np.array_equal(got[c].values, want[c])
+
+
+def test_random_tensors_read_the_same_both_ways():
+    rng = np.random.default_rng(7)
+    for dtype, shape in ((np.uint8, (5, 7, 3)), (np.float32, (64,)), (np.int16, (3, 9)), (np.float64, (2, 2, 2))):
+        schema = {"x": ColumnType.tensor(dtype, shape)}
+        for _ in range(5):
+            if np.dtype(dtype).kind == "f":
+                x = (rng.standard_normal(shape) * 10.0 ** rng.integers(-8, 8)).astype(dtype)
+            else:
+                info = np.iinfo(dtype)
+                x = rng.integers(info.min, info.max, shape, endpoint=True).astype(dtype)
+            body = orjson.dumps({"x": x}, option=orjson.OPT_SERIALIZE_NUMPY)
+            got = jsontensors.read_row(body, schema)
+            assert got is not None
+            assert np.array_equal(got["x"].values, general(body, schema)["x"])
+
+
+def test_what_the_short_way_never_takes():
+    assert not jsontensors.eligible({"x": ColumnType.tensor(np.bool_, (2,))})
+    assert not jsontensors.eligible({"x": ColumnType.tensor(np.uint8, (0, 3))})
+    assert not jsontensors.eligible({"x": ColumnType.tensor(np.uint8, (2,)), "k": ColumnType("int")})
+    assert not jsontensors.eligible({})
+
+
+SCHEMA = {"img": ColumnType.tensor(np.uint8, (224, 224, 3))}
+
+
+def _brightness(table):
+    return table["img"].reshape(len(table["img"]), -1).mean(axis=1)
+
+
+@pytest.fixture(scope="module")
+def images():
+    with LocalCluster(ClusterConfig(executors=1)) as c:
+        f = Flow("bright", schema=SCHEMA)
+        f.map(_brightness, names=["y"], batching=True)
+        yield f, c.deploy(f)
+
+
+def test_a_big_json_image_over_http_is_answered_as_flow_run_and_a_bad_one_gets_the_same_400(images):
+    """A 224x224x3 image as nested lists (over 256 KB: the gateway's big-body path) goes the
+    short way; one with a value out of range goes the general way and gets its 400."""
+    f, d = images
+    img = np.random.default_rng(1).integers(0, 256, (224, 224, 3), dtype=np.uint8)
+    body = orjson.dumps({"img": img}, option=orjson.OPT_SERIALIZE_NUMPY)
+    assert len(body) > 256 * 1024 and jsontensors.read_row(body, SCHEMA) is not None
+    r = httpx.post(d.url, content=body, headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 200, r.text[:300]
+    assert r.json()["rows"][0]["y"] == pytest.approx(f.run([{"img": img}])["y"][0])
+    bad = body.rsplit(b",", 1)[0] + b",300]]]}"  # the last value out of range
+    r = httpx.post(d.url, content=bad, headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 400
+    assert r.json()["error"] == "DataTypeError" and "'img'" in r.json()["message"] and "uint8" in r.json()["message"]
