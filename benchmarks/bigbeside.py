@@ -12,7 +12,8 @@ freeing it: executors/shm.py) stalls everybody else. ``--baseline TREE`` runs th
 from another checkout, alternating with this tree rep by rep (each cluster up alone), so
 an A/B of a change shares the machine's moods. ``--kind json-image`` sends instead a
 224x224x3 uint8 image as JSON nested lists (640 KB) to a one-map flow: the body the gateway
-must parse itself. Writes benchmarks/results/bigbeside.json (``--out`` another name).
+must parse itself; ``--kind json-answer`` a small JSON request answered with ``--mb`` of
+float32 tensor as JSON: the answer the gateway must write. Writes benchmarks/results/bigbeside.json (``--out`` another name).
 """
 
 from __future__ import annotations
@@ -54,11 +55,16 @@ def timed(http, url, n_seconds):
 with LocalCluster(ClusterConfig(max_body_bytes=64 << 20)) as c:
     if kind == "arrow":
         big_url = c.deploy(chain_flow(10, "fused", False), optimize=True).url
-    else:  # an image as nested lists: 224x224x3 uint8, its mean brightness back
+    elif kind == "json-image":  # an image as nested lists: 224x224x3 uint8, its mean brightness back
         from flow import ColumnType
         images = Flow("images", schema={"img": ColumnType.tensor(np.uint8, (224, 224, 3))})
         images.map(lambda t: t["img"].reshape(len(t["img"]), -1).mean(axis=1), names=["y"], batching=True)
         big_url = c.deploy(images).url
+    else:  # json-answer: a small request, --mb of float32 tensor back as JSON
+        size = int(mb * (1 << 20)) // 4
+        answers = Flow("answers", schema={"n": int})
+        answers.map(lambda t: np.tile(np.linspace(0, 1, size, dtype=np.float32), (len(t["n"]), 1)), names=["y"], batching=True)
+        big_url = c.deploy(answers).url
     small_url = c.deploy(small).url
     with BareClient(timeout=30) as http:
         timed(http, small_url, 0.5)  # warm up
@@ -92,7 +98,7 @@ if kind == "arrow":
     body = arrow_body({"x": np.random.default_rng(0).standard_normal((1, int(mb * (1 << 20)) // 4)).astype(np.float32)})
 else:
     img = np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)
-    body = orjson.dumps({"img": img}, option=orjson.OPT_SERIALIZE_NUMPY)
+    body = orjson.dumps({"img": img}, option=orjson.OPT_SERIALIZE_NUMPY) if kind == "json-image" else b'{"n": 1}'
 
     def post_arrow(http, url, body):  # the same figures for a JSON request
         t0 = time.perf_counter()
@@ -142,10 +148,11 @@ def run(argv=None) -> dict:
     p.add_argument("--rate", type=float, default=25.0, help="big requests per second (open loop)")
     p.add_argument(
         "--kind",
-        choices=("arrow", "json-image"),
+        choices=("arrow", "json-image", "json-answer"),
         default="arrow",
-        help="the big requests: --mb of float32 as Arrow to a fused 10-stage chain (default), or a 224x224x3 "
-        "uint8 image as JSON nested lists (640 KB) to a one-map flow",
+        help="the big requests: --mb of float32 as Arrow to a fused 10-stage chain (default), a 224x224x3 "
+        "uint8 image as JSON nested lists (640 KB) to a one-map flow, or a small JSON request answered "
+        "with --mb of float32 as JSON",
     )
     p.add_argument("--out", default="bigbeside")
     args = p.parse_args(argv)
