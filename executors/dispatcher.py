@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from executors import jsontensors
 from executors.busypoll import DEFAULT_MS as DEFAULT_BUSY_POLL_MS
 from executors.busypoll import BusyPoll
 from executors.errors import DeadlineExceededError, NoExecutorError, OperatorCrashedError, status_for
@@ -435,6 +436,8 @@ class Dispatcher:
                 self.retire(flow)
             return current
         self.flows[name] = flow
+        if jsontensors.eligible(flow.plan.input_schema):
+            jsontensors.warm()  # its first JSON image would wait ~0.25 s for Arrow's reader to load
         if current is not None:
             self.retire(current)
         return None
