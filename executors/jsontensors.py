@@ -13,8 +13,8 @@ that are numbers, brackets and commas only (no literal, no string, no escape: JS
 NaN/Infinity, booleans and nulls never reach Arrow, whose reader would take the first
 two); nested lists as regular as the column's shape; integers for integer columns within
 the dtype's range, and for float columns numbers that a double holds exactly when they
-are integers. For anything else it returns None and the general path reads the body and
-names what is wrong. tests/executors/test_jsontensors.py compares the two.
+are integers (and no integer -0 there: the general path makes it 0.0, Arrow -0.0). For
+anything else it returns None and the general path reads the body and names what is wrong. tests/executors/test_jsontensors.py compares the two.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ MIN_BYTES = 64 * 1024
 _ALLOWED = b'0123456789-+.eE,[]{}: \t\r\n"'
 _KEY = re.compile(rb'"([^"]*)"')
 _EXACT = float(2**53)  # integers a double holds exactly: the general path reads ints as int64
+# the integer -0, which the general path reads as 0 (an int) and Arrow as -0.0 in a float column
+_MINUS_ZERO_INT = re.compile(rb"-0(?![.\deE])")
 
 
 _warming = threading.Lock()
@@ -73,6 +75,9 @@ def read_row(body: bytes, schema: dict[str, ColumnType]) -> dict[str, Column] | 
         return None
     # nothing but numbers and structure between the keys: no literal, no other string
     if body.translate(None, _ALLOWED) != "".join(keys).encode("latin-1").translate(None, _ALLOWED):
+        return None
+    floats = any(t.dtype.kind == "f" for t in schema.values())
+    if floats and b"-0" in body and _MINUS_ZERO_INT.search(body):
         return None
     fields = []
     for name, t in schema.items():
