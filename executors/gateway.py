@@ -252,11 +252,12 @@ class Gateway:
         try:
             ctype = headers.get("content-type", "")
             if len(body) > jsontensors.MIN_BYTES and not inline and is_json(ctype) and jsontensors.eligible(schema):
-                # a JSON row of tensors (an image as nested lists): read outside the GIL
-                cols = await asyncio.to_thread(jsontensors.read_row, body, schema)
-                if cols is not None:
+                # JSON rows of tensors (images as nested lists): read outside the GIL
+                got = await asyncio.to_thread(jsontensors.read_rows, body, schema)
+                if got is not None and got[0] <= self.max_rows:  # else the general path says what is wrong
+                    n, cols = got
                     qid_start = self.dispatcher.next_qid
-                    table = Table.built(cols, self.dispatcher.new_qids(1))
+                    table = Table.built(cols, self.dispatcher.new_qids(n))
                     return qid_start, check_schema(name, schema, table), None
             rows = (
                 await asyncio.to_thread(parse_body, body, ctype, schema)

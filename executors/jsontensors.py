@@ -1,4 +1,4 @@
-"""A one-row JSON body of tensors, read by Arrow's JSON reader outside the GIL.
+"""A JSON body of tensor rows, read by Arrow's JSON reader outside the GIL.
 
 An image sent as nested lists (224x224x3 uint8: 640 KB of JSON) cost the gateway 22 ms of
 interpreter time to parse: orjson's Python objects, then numpy's walk over them. The
@@ -7,18 +7,20 @@ waited as long, and so did every other request (a small flow's p99 went from 0.4
 ms beside 20 such images a second; benchmarks/README.md, session 15). Arrow's reader
 builds flat arrays from the same bytes with the GIL released.
 
-``read_row`` takes only bodies it reads exactly as the general path (httpcodec.parse_body
-and input_table) does: one object whose keys are the schema's columns, each once; values
-that are numbers, brackets and commas only (no literal, no string, no escape: JSON's
-NaN/Infinity, booleans and nulls never reach Arrow, whose reader would take the first
-two); nested lists as regular as the column's shape; integers for integer columns within
-the dtype's range, and for float columns numbers that a double holds exactly when they
-are integers (and no integer -0 there: the general path makes it 0.0, Arrow -0.0). For
-anything else it returns None and the general path reads the body and names what is wrong. tests/executors/test_jsontensors.py compares the two.
+``read_rows`` takes only bodies it reads exactly as the general path (httpcodec.parse_body
+and input_table) does: one object, or a list of objects, each with the schema's columns
+as keys, each once; values that are numbers, brackets and commas only (no literal, no
+string, no escape: JSON's NaN/Infinity, booleans and nulls never reach Arrow, whose
+reader would take the first two); nested lists as regular as the column's shape;
+integers for integer columns within the dtype's range, and for float columns numbers
+that a double holds exactly when they are integers (and no integer -0 there: the general
+path makes it 0.0, Arrow -0.0). For anything else it returns None and the general path
+reads the body and names what is wrong. tests/executors/test_jsontensors.py compares them.
 """
 
 from __future__ import annotations
 
+import collections
 import io
 import re
 import threading
@@ -34,6 +36,8 @@ MIN_BYTES = 64 * 1024
 # what a tensor-only body may hold besides its keys' own characters
 _ALLOWED = b'0123456789-+.eE,[]{}: \t\r\n"'
 _KEY = re.compile(rb'"([^"]*)"')
+_SPACE = b" \t\r\n"
+_ROW_GAP = re.compile(rb"\}\s*,\s*\{")
 _EXACT = float(2**53)  # integers a double holds exactly: the general path reads ints as int64
 # the integer -0, which the general path reads as 0 (an int) and Arrow as -0.0 in a float column
 _MINUS_ZERO_INT = re.compile(rb"-0(?![.\deE])")
@@ -52,7 +56,7 @@ def warm() -> None:
             return
         _warmed = True
     schema = {"w": ColumnType.tensor(np.uint8, (2,))}
-    threading.Thread(target=read_row, args=(b'{"w": [1, 2]}', schema), name="json-reader-warm", daemon=True).start()
+    threading.Thread(target=read_rows, args=(b'{"w": [1, 2]}', schema), name="json-reader-warm", daemon=True).start()
 
 
 def eligible(schema: dict[str, ColumnType] | None) -> bool:
@@ -62,22 +66,31 @@ def eligible(schema: dict[str, ColumnType] | None) -> bool:
     )
 
 
-def read_row(body: bytes, schema: dict[str, ColumnType]) -> dict[str, Column] | None:
-    """The row's columns (each one row of its tensor type), or None: see the module's text."""
+def read_rows(body: bytes, schema: dict[str, ColumnType]) -> tuple[int, dict[str, Column]] | None:
+    """(rows, the columns) of a body that is one row (an object) or rows (a list of
+    objects), or None: see the module's text."""
     import pyarrow as pa
     import pyarrow.json as pj
 
-    body = bytes(body)
-    if b"\\" in body or body.count(b'"') != 2 * len(schema):
+    body = bytes(body).strip(_SPACE)
+    n = body.count(b"{")
+    if n == 0 or b"\\" in body or body.count(b'"') != 2 * len(schema) * n:
         return None
-    keys = [k.decode("latin-1") for k in _KEY.findall(body)]
-    if sorted(keys) != sorted(schema):
+    keys = _KEY.findall(body)
+    if collections.Counter(keys) != {k.encode("latin-1"): n for k in schema}:
         return None
     # nothing but numbers and structure between the keys: no literal, no other string
-    if body.translate(None, _ALLOWED) != "".join(keys).encode("latin-1").translate(None, _ALLOWED):
+    if body.translate(None, _ALLOWED) != b"".join(keys).translate(None, _ALLOWED):
         return None
-    floats = any(t.dtype.kind == "f" for t in schema.values())
-    if floats and b"-0" in body and _MINUS_ZERO_INT.search(body):
+    if any(t.dtype.kind == "f" for t in schema.values()) and b"-0" in body and _MINUS_ZERO_INT.search(body):
+        return None
+    if body[:1] == b"[":  # rows: one object a line, as Arrow's reader takes them (braces are only objects' here)
+        if body[-1:] != b"]":
+            return None
+        body, gaps = _ROW_GAP.subn(b"}\n{", body[1:-1])
+        if gaps != n - 1:  # objects side by side without a comma: Arrow's reader would take them
+            return None
+    elif n != 1:
         return None
     fields = []
     for name, t in schema.items():
@@ -95,20 +108,21 @@ def read_row(body: bytes, schema: dict[str, ColumnType]) -> dict[str, Column] | 
         )
     except (pa.ArrowInvalid, ValueError):
         return None
-    if table.num_rows != 1:
+    if table.num_rows != n:
         return None
     out = {}
     for name, t in schema.items():
-        values = _values(table.column(name).combine_chunks(), t)
+        values = _values(table.column(name).combine_chunks(), t, n)
         if values is None:
             return None
-        out[name] = built_column(t, values[None], None)
-    return out
+        out[name] = built_column(t, values, None)
+    return n, out
 
 
-def _values(arr, t: ColumnType) -> np.ndarray | None:
-    """The tensor of the one row, as the general path makes it; None if it would refuse it
-    or read it otherwise (nulls, ragged lists, a wrong shape, values out of range)."""
+def _values(arr, t: ColumnType, n: int) -> np.ndarray | None:
+    """The ``n`` rows' tensors as one (n, *shape) array, as the general path makes them; None
+    if it would refuse them or read them otherwise (nulls, ragged lists, a wrong shape,
+    values out of range)."""
     for size in t.shape:
         if arr.null_count or not np.all(np.diff(arr.offsets.to_numpy()) == size):
             return None
@@ -116,7 +130,7 @@ def _values(arr, t: ColumnType) -> np.ndarray | None:
     if arr.null_count:
         return None
     values = arr.to_numpy(zero_copy_only=False)
-    if values.size != int(np.prod(t.shape)):
+    if values.size != n * int(np.prod(t.shape)):
         return None
     if t.dtype.kind in "iu":
         info = np.iinfo(t.dtype)
@@ -124,4 +138,4 @@ def _values(arr, t: ColumnType) -> np.ndarray | None:
             return None
     elif not np.all(np.abs(values) < _EXACT):  # a long integer token: the general path reads it as int64 first
         return None
-    return values.astype(t.dtype, copy=False).reshape(t.shape)
+    return values.astype(t.dtype, copy=False).reshape((n, *t.shape))

@@ -33,6 +33,12 @@ def general(body: bytes, schema):
     return {c: table[c] for c in schema}
 
 
+def short(body: bytes, schema):
+    """The short way's tensors, or None."""
+    got = jsontensors.read_rows(body, schema)
+    return None if got is None else {c: col.values for c, col in got[1].items()}
+
+
 # (schema, body, whether the short way must take it)
 CASES = [
     (U8, b'{"img": [[1,2,3],[4,5,255]]}', True),
@@ -63,7 +69,7 @@ CASES = [
     (F32, b'{"v": [1, 2, 3, 4],}', False),
     (F32, b'{"v": [1, 2, 3, 4]} x', False),
     (F32, b'{"v": [1, 2, 3, 4]}\n{"v": [1, 2, 3, 4]}', False),
-    (F32, b'[{"v": [1, 2, 3, 4]}]', False),
+    (F32, b'[{"v": [1, 2, 3, 4]}]', True),  # a list of one row
     (F32, b'{"v": [1, 2, 3, 4], "v": [5, 6, 7, 8]}', False),
     (F32, b'{"v": [1, 2, 3, 4], "w": [5, 6, 7, 8]}', False),
     (F32, b'{"w": [1, 2, 3, 4]}', False),
@@ -73,6 +79,18 @@ CASES = [
     (F32, b'{"v": [1, 2, 3, 4]', False),
     (TWO, b'{"img": [[1,2,3],[4,5,6]]}', False),
     (I64, b'{"a": [[9223372036854775808, 2], [3, 4]]}', False),
+    (F32, b'[{"v": [1, 2, 3, 4]}, {"v": [5, 6, 7, 8.5]}]', True),  # rows: a list of objects
+    (F32, b' [ {"v": [1, 2, 3, 4]} ,\n{"v": [5, 6, 7, 8]} ] ', True),
+    (TWO, b'[{"v": [1,2,3,4], "img": [[1,2,3],[4,5,6]]}, {"img": [[1,2,3],[4,5,7]], "v": [1,2,3,4]}]', True),
+    (F32, b'[{"v": [1, 2, 3, 4]}, {"v": [5, 6, 7]}]', False),
+    (F32, b'[{"v": [1, 2, 3, 4]}, {"w": [5, 6, 7, 8]}]', False),
+    (F32, b'[{"v": [1, 2, 3, 4]}, {"v": [5, 6, 7, 8], "v": [1, 1, 1, 1]}]', False),
+    (F32, b'[{"v": [1, 2, 3, 4]}, {}]', False),
+    (F32, b'[{"v": [1, 2, 3, 4]}, 5]', False),
+    (F32, b'[{"v": [1, 2, 3, 4]},]', False),
+    (F32, b'[{"v": [1, 2, 3, 4]}]]', False),
+    (F32, b'[{"v": [1, 2, 3, 4]} {"v": [1, 2, 3, 4]}]', False),
+    (F32, b"[]", False),
     (F32, b'{"v": [-0, 1, 2, 3]}', False),  # the integer -0: 0.0 the general way, -0.0 Arrow's
     (F32, b'{"v": [-0.0, -0.5, -0e1, 3]}', True),
 ]
@@ -81,17 +99,19 @@ CASES = [
 @pytest.mark.parametrize("schema, body, short", CASES, ids=[c[1][:40].decode("latin-1") for c in CASES])
 def test_the_short_way_reads_what_it_takes_as_the_general_path_and_leaves_the_rest(schema, body, short):
     assert jsontensors.eligible(schema)
-    got = jsontensors.read_row(body, schema)
+    got = jsontensors.read_rows(body, schema)
     assert (got is not None) == short
     want = general(body, schema)
     if got is None:
         return
     assert not isinstance(want, Exception), want
+    n, cols = got
+    assert n == len(want[next(iter(schema))])
     for c, t in schema.items():
-        assert got[c].type == t
-        assert got[c].values.dtype == want[c].dtype and got[c].values.shape == want[c].shape
-        assert np.array_equal(got[c].values, want[c])
-        assert np.array_equal(np.signbit(got[c].values), np.signbit(want[c]))
+        assert cols[c].type == t
+        assert cols[c].values.dtype == want[c].dtype and cols[c].values.shape == want[c].shape
+        assert np.array_equal(cols[c].values, want[c])
+        assert np.array_equal(np.signbit(cols[c].values), np.signbit(want[c]))
 
 
 def test_random_bodies_valid_or_nearly_are_read_the_same_or_left_to_the_general_path():
@@ -121,14 +141,15 @@ def test_random_bodies_valid_or_nearly_are_read_the_same_or_left_to_the_general_
             dtype = rnd.choice([np.uint8, np.int8, np.int16, np.int64, np.uint64, np.float32, np.float64, np.float16])
             shape = tuple(rnd.randint(1, 3) for _ in range(rnd.randint(1, 3)))
             schema = {"x": ColumnType.tensor(dtype, shape)}
-            body = ('{"x": ' + array(shape) + "}").encode()
-            got = jsontensors.read_row(body, schema)
+            rows = ['{"x": ' + array(shape) + "}" for _ in range(rnd.choice([1, 1, 2, 3]))]
+            body = (rows[0] if len(rows) == 1 and rnd.random() < 0.5 else "[" + ", ".join(rows) + "]").encode()
+            got = short(body, schema)
             if got is None:
                 continue
             taken += 1
             want = general(body, schema)
             assert not isinstance(want, Exception), (body, want)
-            g, w = got["x"].values, want["x"]
+            g, w = got["x"], want["x"]
             assert g.dtype == w.dtype and g.shape == w.shape, body
             assert np.array_equal(g, w) and np.array_equal(np.signbit(g), np.signbit(w)), body
     assert taken > 100  # the short way took a good share of them
@@ -145,9 +166,9 @@ def test_random_tensors_read_the_same_both_ways():
                 info = np.iinfo(dtype)
                 x = rng.integers(info.min, info.max, shape, endpoint=True).astype(dtype)
             body = orjson.dumps({"x": x}, option=orjson.OPT_SERIALIZE_NUMPY)
-            got = jsontensors.read_row(body, schema)
+            got = short(body, schema)
             assert got is not None
-            assert np.array_equal(got["x"].values, general(body, schema)["x"])
+            assert np.array_equal(got["x"], general(body, schema)["x"])
 
 
 def test_what_the_short_way_never_takes():
@@ -172,16 +193,23 @@ def images():
         yield f, c.deploy(f)
 
 
-def test_a_big_json_image_over_http_is_answered_as_flow_run_and_a_bad_one_gets_the_same_400(images):
-    """A 224x224x3 image as nested lists (over 256 KB: the gateway's big-body path) goes the
-    short way; one with a value out of range goes the general way and gets its 400."""
+def test_json_images_over_http_are_answered_as_flow_run_and_a_bad_one_gets_the_same_400(images):
+    """A 224x224x3 image as nested lists (640 KB), and a list of three, go the short way;
+    one with a value out of range goes the general way and gets its 400."""
     f, d = images
     img = np.random.default_rng(1).integers(0, 256, (224, 224, 3), dtype=np.uint8)
     body = orjson.dumps({"img": img}, option=orjson.OPT_SERIALIZE_NUMPY)
-    assert len(body) > 256 * 1024 and jsontensors.read_row(body, SCHEMA) is not None
+    assert len(body) > 256 * 1024 and short(body, SCHEMA) is not None
     r = httpx.post(d.url, content=body, headers={"content-type": "application/json"}, timeout=30)
     assert r.status_code == 200, r.text[:300]
     assert r.json()["rows"][0]["y"] == pytest.approx(f.run([{"img": img}])["y"][0])
+    batch = np.random.default_rng(2).integers(0, 256, (3, 224, 224, 3), dtype=np.uint8)
+    rows = orjson.dumps([{"img": x} for x in batch], option=orjson.OPT_SERIALIZE_NUMPY)
+    assert short(rows, SCHEMA) is not None
+    r = httpx.post(d.url, content=rows, headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 200, r.text[:300]
+    got = [row["y"] for row in r.json()["rows"]]
+    assert got == pytest.approx(list(f.run([{"img": x} for x in batch])["y"]))
     bad = body.rsplit(b",", 1)[0] + b",300]]]}"  # the last value out of range
     r = httpx.post(d.url, content=bad, headers={"content-type": "application/json"}, timeout=30)
     assert r.status_code == 400
