@@ -436,8 +436,7 @@ class Dispatcher:
                 self.retire(flow)
             return current
         self.flows[name] = flow
-        if jsontensors.eligible(flow.plan.input_schema):
-            jsontensors.warm()  # its first JSON image would wait ~0.25 s for Arrow's reader to load
+        jsontensors.preload(flow.plan.input_schema)  # image flows: their first JSON body need not wait for it
         if current is not None:
             self.retire(current)
         return None

@@ -1,11 +1,13 @@
-"""A JSON body of tensor rows, read by Arrow's JSON reader outside the GIL.
+"""A JSON body of rows of numbers (tensors, ints, floats), read by Arrow's JSON reader
+outside the GIL.
 
 An image sent as nested lists (224x224x3 uint8: 640 KB of JSON) cost the gateway 22 ms of
 interpreter time to parse: orjson's Python objects, then numpy's walk over them. The
 gateway parses a big body on a worker thread, but both hold the GIL, so its event loop
 waited as long, and so did every other request (a small flow's p99 went from 0.4 to 38
 ms beside 20 such images a second; benchmarks/README.md, session 15). Arrow's reader
-builds flat arrays from the same bytes with the GIL released.
+builds flat arrays from the same bytes with the GIL released. A batch of tabular rows is
+the same story (1,000 rows of 20 floats: 34 ms of GIL the general way).
 
 ``read_rows`` takes only bodies it reads exactly as the general path (httpcodec.parse_body
 and input_table) does: one object, or a list of objects, each with the schema's columns
@@ -43,26 +45,26 @@ _EXACT = float(2**53)  # integers a double holds exactly: the general path reads
 _MINUS_ZERO_INT = re.compile(rb"-0(?![.\deE])")
 
 
-_warming = threading.Lock()
-_warmed = False
+_loading = threading.Lock()
 
 
-def warm() -> None:
-    """Load Arrow's JSON reader on a thread of its own, once per process: the first read
-    costs ~0.25 s more than the next (11 ms for an image)."""
-    global _warmed
-    with _warming:
-        if _warmed:
-            return
-        _warmed = True
-    schema = {"w": ColumnType.tensor(np.uint8, (2,))}
-    threading.Thread(target=read_rows, args=(b'{"w": [1, 2]}', schema), name="json-reader-warm", daemon=True).start()
+def preload(schema: dict[str, ColumnType] | None) -> None:
+    """For a flow whose rows hold tensors (images: the big JSON bodies), load Arrow's JSON
+    reader on a thread of its own, once per process: its first read costs ~0.25 s more
+    than the next (11 ms for an image). Other flows load it on their first big body, so a
+    gateway that never gets one never holds it (~30 MB)."""
+    if eligible(schema) and any(t.kind == "tensor" for t in schema.values()) and _loading.acquire(blocking=False):
+        # the lock is never released: one loader per process
+        tiny = {"w": ColumnType.tensor(np.uint8, (2,))}
+        threading.Thread(target=read_rows, args=(b'{"w": [1, 2]}', tiny), name="json-reader-load", daemon=True).start()
 
 
 def eligible(schema: dict[str, ColumnType] | None) -> bool:
-    """Whether bodies of this schema can take the short way: tensor columns of numbers."""
+    """Whether bodies of this schema can take the short way: columns of numbers (int and
+    float scalars, tensors of numbers)."""
     return bool(schema) and all(
-        t.kind == "tensor" and t.dtype.kind in "iuf" and t.shape and all(t.shape) for t in schema.values()
+        t.kind in ("int", "float") or (t.kind == "tensor" and t.dtype.kind in "iuf" and t.shape and all(t.shape))
+        for t in schema.values()
     )
 
 
@@ -120,7 +122,8 @@ def read_rows(body: bytes, schema: dict[str, ColumnType]) -> tuple[int, dict[str
 
 
 def _values(arr, t: ColumnType, n: int) -> np.ndarray | None:
-    """The ``n`` rows' tensors as one (n, *shape) array, as the general path makes them; None
+    """The ``n`` rows' values as one (n, *shape) array (shape () for a scalar column), as
+    the general path makes them; None
     if it would refuse them or read them otherwise (nulls, ragged lists, a wrong shape,
     values out of range)."""
     for size in t.shape:
