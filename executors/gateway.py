@@ -252,7 +252,7 @@ class Gateway:
         try:
             ctype = headers.get("content-type", "")
             if len(body) > jsontensors.MIN_BYTES and not inline and is_json(ctype) and jsontensors.eligible(schema):
-                # JSON rows of tensors (images as nested lists): read outside the GIL
+                # JSON rows of numbers (images as nested lists, tabular batches): read outside the GIL
                 got = await asyncio.to_thread(jsontensors.read_rows, body, schema)
                 if got is not None and got[0] <= self.max_rows:  # else the general path says what is wrong
                     n, cols = got
