@@ -29,13 +29,14 @@ import threading
 
 import numpy as np
 
+from executors.httpcodec import _bounds
 from flow.table import Column, built_column
 from flow.types import ColumnType
 
 # from this size the gateway reads such a body this way, on a worker thread (below it the
 # body is relayed to the flow's executor, or parsed on the loop in under ~2 ms)
 MIN_BYTES = 64 * 1024
-# what a tensor-only body may hold besides its keys' own characters
+# what a body of numbers may hold besides its keys' own characters
 _ALLOWED = b'0123456789-+.eE,[]{}: \t\r\n"'
 _KEY = re.compile(rb'"([^"]*)"')
 _SPACE = b" \t\r\n"
@@ -74,7 +75,7 @@ def read_rows(body: bytes, schema: dict[str, ColumnType]) -> tuple[int, dict[str
     import pyarrow as pa
     import pyarrow.json as pj
 
-    body = bytes(body).strip(_SPACE)
+    body = bytes(body).strip(_SPACE)  # a bytearray (a body read in pieces) copied once: its keys must hash
     n = body.count(b"{")
     if n == 0 or b"\\" in body or body.count(b'"') != 2 * len(schema) * n:
         return None
@@ -123,9 +124,8 @@ def read_rows(body: bytes, schema: dict[str, ColumnType]) -> tuple[int, dict[str
 
 def _values(arr, t: ColumnType, n: int) -> np.ndarray | None:
     """The ``n`` rows' values as one (n, *shape) array (shape () for a scalar column), as
-    the general path makes them; None
-    if it would refuse them or read them otherwise (nulls, ragged lists, a wrong shape,
-    values out of range)."""
+    the general path makes them; None if it would refuse them or read them otherwise
+    (nulls, ragged lists, a wrong shape, values out of range)."""
     for size in t.shape:
         if arr.null_count or not np.all(np.diff(arr.offsets.to_numpy()) == size):
             return None
@@ -136,8 +136,8 @@ def _values(arr, t: ColumnType, n: int) -> np.ndarray | None:
     if values.size != n * int(np.prod(t.shape)):
         return None
     if t.dtype.kind in "iu":
-        info = np.iinfo(t.dtype)
-        if values.min() < max(info.min, -(2**63)) or values.max() > min(info.max, 2**63 - 1):
+        low, high = _bounds(t.dtype)  # the general path's own range check
+        if values.min() < low or values.max() > high:
             return None
     elif not np.all(np.abs(values) < _EXACT):  # a long integer token: the general path reads it as int64 first
         return None

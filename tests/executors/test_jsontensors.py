@@ -112,6 +112,7 @@ def test_the_short_way_reads_what_it_takes_as_the_general_path_and_leaves_the_re
     assert jsontensors.eligible(schema)
     got = jsontensors.read_rows(body, schema)
     assert (got is not None) == short
+    assert (jsontensors.read_rows(bytearray(body), schema) is not None) == short  # a body read in pieces
     want = general(body, schema)
     if got is None:
         return
