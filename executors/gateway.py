@@ -576,7 +576,7 @@ async def _read_body(receive, limit: int, shared: int | None = None) -> bytes | 
     first: bytes | None = None
     buf: bytearray | None = None
     size = 0
-    segment = shm.SegmentWriter() if shared and shared <= limit else None
+    segment = shm.SegmentWriter(shared) if shared and shared <= limit else None
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -31,8 +32,13 @@ MB = 1 << 20
 
 
 def segments(pid: int | str = "self") -> int:
-    """Descriptors and mappings of flowserve segments the process holds."""
-    fds = 0
+    """Descriptors and mappings of flowserve segments the process holds; in this process,
+    once the keeper thread is done, the fresh ones in stock (shm._Stock) left out."""
+    stocked = 0
+    if pid == "self":
+        shm.settle()
+        stocked = shm._STOCK.stocked()
+    fds = -stocked
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
             fds += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:flowserve")
@@ -220,11 +226,13 @@ def _noop(table):
     return table["x"]
 
 
-def test_a_cluster_serves_big_tensors_over_shared_memory_and_kill_9_leaks_nothing():
+def test_a_cluster_serves_big_tensors_over_shared_memory_and_kill_9_leaks_nothing(monkeypatch):
     """10-stage chains of big tensors over HTTP (unfused and spread: every stage a hop):
     the answers are flow.run's; an executor killed with SIGKILL under that load loses no
     request, and once the cluster is idle no process of it holds a segment (big enough
-    that every process lets go of them on its reaper thread)."""
+    that every process lets go of them on its keeper thread, and fills stocked ones:
+    the stock is let go of once idle, here after half a second)."""
+    monkeypatch.setenv("FLOWSERVE_SHM_STOCK_IDLE_S", "0.5")
     n = shm.REAP_MIN_BYTES
     f = Flow("big", schema={"x": ColumnType.tensor(np.uint8, (n,))})
     node = f
@@ -303,13 +311,13 @@ def test_a_body_segment_holds_the_pieces_written_and_is_live_for_the_transport()
 def test_a_big_mapping_is_let_go_of_on_the_reaper_thread_and_a_small_one_at_once():
     """Freeing a big segment's pages costs milliseconds: the caller (an event loop, an IO
     thread) only hands the mapping over; the reaper unmaps it and closes the descriptor."""
-    before = shm._REAPER.reaped
+    before = shm._KEEPER.reaped
     small = shm.SegmentWriter()
     small.write(b"s" * MB)
     view = small.mapped()
     del small, view
     gc.collect()
-    assert segments() == 0 and shm._REAPER.reaped == before  # inline: gone at once
+    assert segments() == 0 and shm._KEEPER.reaped == before  # inline: gone at once
 
     big = shm.SegmentWriter()
     data = np.random.default_rng(2).integers(0, 255, shm.REAP_MIN_BYTES, dtype=np.uint8).tobytes()
@@ -320,14 +328,14 @@ def test_a_big_mapping_is_let_go_of_on_the_reaper_thread_and_a_small_one_at_once
     del view
     gc.collect()
     shm.settle()
-    assert shm._REAPER.reaped == before + 1 and segments() == 0
+    assert shm._KEEPER.reaped == before + 1 and segments() == 0
 
 
 def test_the_reaper_lets_go_of_a_mapping_whose_views_are_still_alive_and_lives_on():
     """A collected cycle's finalizers run before the cycle is cleared, so a mapping can
     reach the reaper while a view of it is still alive: it closes the descriptor, leaves
     the mapping (and the view's bytes) to go with the view, and serves the next one."""
-    reaper = shm._Reaper()
+    reaper = shm._Keeper()
     reaper.start()
     w = shm.SegmentWriter()
     w.write(b"v" * shm.REAP_MIN_BYTES)
@@ -353,7 +361,7 @@ def test_the_reaper_lets_go_of_a_mapping_whose_views_are_still_alive_and_lives_o
 def test_many_big_mappings_dropped_at_once_all_end_up_freed():
     """More mappings than the reaper's queue holds, dropped together: the overflow is freed
     inline, the rest by the reaper; none is left behind and none is closed twice."""
-    before = shm._REAPER.reaped
+    before = shm._KEEPER.reaped
     views = []
     for i in range(40):
         w = shm.SegmentWriter()
@@ -364,7 +372,7 @@ def test_many_big_mappings_dropped_at_once_all_end_up_freed():
     gc.collect()
     shm.settle()
     assert segments() == 0
-    assert 0 < shm._REAPER.reaped - before <= 40
+    assert 0 < shm._KEEPER.reaped - before <= 40
 
 
 def test_a_body_segment_dropped_unfinished_or_empty_holds_nothing():
@@ -398,9 +406,11 @@ def test_a_big_arrow_answer_is_pieces_that_share_the_columns_memory():
     assert arrow_answer(small) == arrow_bytes(small)
 
 
-def test_a_client_gone_mid_body_leaves_no_segment_in_the_gateway():
+def test_a_client_gone_mid_body_leaves_no_segment_in_the_gateway(monkeypatch):
     """A big Arrow body is written into a segment as it arrives; the client closing the
-    connection halfway leaves the gateway holding none."""
+    connection halfway leaves the gateway holding none (once its stock, made for the next
+    body of that size, is let go of: here after half a second idle)."""
+    monkeypatch.setenv("FLOWSERVE_SHM_STOCK_IDLE_S", "0.5")
     import socket
     from urllib.parse import urlsplit
 
@@ -423,3 +433,163 @@ def test_a_client_gone_mid_body_leaves_no_segment_in_the_gateway():
         wait_until("the gateway to read the body into a segment", lambda: segments(gateway) > 0)
         s.close()
         wait_until("the gateway to drop the segment", lambda: segments(gateway) == 0)
+
+
+# -- the stock: fresh segments made ahead of need (shm._Stock) --------------------------------
+
+
+def test_a_body_of_a_size_seen_before_is_written_into_a_stocked_segment_and_reads_back_exactly():
+    """The first body of a size is a miss (a segment made as it is written) and stocks
+    nothing; the second is a miss too, and asks the keeper for STOCK_DEPTH of that size;
+    the next ones are written into those, whose pages exist. A stocked segment is rounded
+    up (stock_size): the view is the body, no more."""
+    n = 3 * MB + 12345
+    assert shm.stock_size(n) > n
+    _empty_stock()
+    hits, misses = shm._STOCK.hits, shm._STOCK.misses
+    bodies = [np.random.default_rng(i).integers(0, 255, n, dtype=np.uint8).tobytes() for i in range(4)]
+    views = []
+    for i, data in enumerate(bodies):
+        writer = shm.SegmentWriter(n)
+        for at in range(0, n, 65536):
+            writer.write(data[at : at + 65536])
+        views.append(writer.mapped())
+        shm.settle()  # the keeper has made what this one asked for
+        assert shm._STOCK.stocked() == (0 if i == 0 else shm.STOCK_DEPTH)
+    assert (shm._STOCK.hits - hits, shm._STOCK.misses - misses) == (2, 2)
+    for view, data in zip(views, bodies):
+        assert view.readonly and view.nbytes == n and bytes(view) == data
+        found = shm.find_shared(view[MB:])
+        assert found is not None and found[1] == MB
+    assert len({_address(v) for v in views}) == 4  # four segments, none handed out twice
+    del views, view, found
+    gc.collect()
+    assert segments() == 0  # used ones gone; the stock (refilled) is left out of the count
+    assert shm._STOCK.stocked() == shm.STOCK_DEPTH
+
+
+def test_a_frame_copied_into_a_stocked_segment_arrives_intact(tmp_path):
+    """new_segment (a frame not yet in shared memory) fills a stocked segment bigger than
+    the frame; the receiver maps the whole segment and reads the frame's bytes only."""
+    address = f"ipc://{tmp_path}/s.sock"
+    listener, out = listen(address), Outbox("test")
+    n = 2 * MB + 7
+    _empty_stock()
+    try:
+        got_all = []
+        for seed in range(4):
+            big = np.random.default_rng(seed).integers(0, 255, n, dtype=np.uint8)
+            hits = shm._STOCK.hits
+            assert out.send(address, [b"head", memoryview(big)])
+            (got,) = receive(listener, 1)
+            assert got[1].nbytes == n and np.array_equal(np.frombuffer(got[1], dtype=np.uint8), big)
+            if seed >= 2:  # stocked from the second frame of this size on
+                assert shm._STOCK.hits == hits + 1
+                assert len(got[1].obj) == shm.stock_size(n)  # the whole stocked segment is mapped
+            got_all.append(got)
+            shm.settle()
+        del got_all, got
+    finally:
+        out.close()
+        listener.close()
+    gc.collect()
+    assert segments() == 0
+
+
+def test_bodies_of_ever_new_sizes_stock_nothing_and_are_not_remembered_without_bound(monkeypatch):
+    _empty_stock()
+    monkeypatch.setattr(shm, "ASKED_MAX", 4)
+    for k in range(10):
+        shm.SegmentWriter(MB + k * MB // 2).close()  # each its own stock_size
+    shm.settle()
+    assert shm._STOCK.stocked() == 0 and shm._STOCK.held == 0
+    assert len(shm._STOCK._asked) <= 4
+
+
+def test_the_stock_of_a_size_nobody_asks_for_is_let_go_of():
+    n = 5 * MB
+    _empty_stock()
+    for _ in range(2):
+        shm.SegmentWriter(n).close()
+    shm.settle()
+    size = shm.stock_size(n)
+    assert shm._STOCK.stocked() >= shm.STOCK_DEPTH and shm._STOCK.held >= size * shm.STOCK_DEPTH
+    shm._STOCK.let_go_idle(time.monotonic() + shm.STOCK_IDLE_S)  # as the keeper does once idle
+    assert shm._STOCK.stocked() == 0 and shm._STOCK.held == 0
+    fds = [fd for fd in os.listdir("/proc/self/fd") if _is_segment(fd)]
+    assert fds == []
+
+
+def test_the_stock_stays_within_its_budget(monkeypatch):
+    """Sizes too big to stock STOCK_DEPTH of are never stocked; the sum stays under
+    STOCK_BYTES whatever sizes are asked for."""
+    _empty_stock()
+    monkeypatch.setattr(shm, "STOCK_BYTES", 8 * MB)
+    assert shm._STOCK.take(5 * MB) is None  # 2 x 5 MiB > 8 MiB: not stocked at all
+    shm.settle()
+    assert shm._STOCK.stocked() == 0 and shm._STOCK.held == 0
+    for n in (MB, MB, 2 * MB, 2 * MB, 3 * MB, 3 * MB, 3 * MB):
+        got = shm._STOCK.take(n)
+        if got is not None:
+            os.close(got[0])
+        shm.settle()
+        assert shm._STOCK.held <= 8 * MB
+    held = sum(shm.stock_size(int(os.fstat(int(fd)).st_size)) for fd in _segment_fds())
+    assert held == shm._STOCK.held <= 8 * MB
+    shm._STOCK.let_go_idle(time.monotonic() + shm.STOCK_IDLE_S)
+
+
+def test_a_forked_child_never_hands_out_its_parents_stock():
+    """Parent and child would fill the same segments: the child closes its copies of the
+    parent's stocked descriptors and makes its own."""
+    n = 3 * MB
+    _empty_stock()
+    for _ in range(2):
+        shm.SegmentWriter(n).close()
+    shm.settle()
+    parents = _segment_inodes()
+    assert len(parents) >= shm.STOCK_DEPTH
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what it got, then leave without cleanup
+        try:
+            got = shm._STOCK.take(n)
+            still = parents & _segment_inodes()  # descriptor numbers are reused: segments are inodes
+            ok = got is None and not still
+            os.write(w, b"1" if ok else f"0 got={got} still={still}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        said = f.read()
+    os.waitpid(pid, 0)
+    assert said == b"1", said
+    assert _segment_inodes() == parents  # the parent's stock is untouched
+    shm._STOCK.let_go_idle(time.monotonic() + shm.STOCK_IDLE_S)
+
+
+def _empty_stock() -> None:
+    """Let go of what earlier tests left in this process's stock (as the keeper does once idle)."""
+    shm.settle()
+    shm._STOCK.let_go_idle(time.monotonic() + shm.STOCK_IDLE_S)
+
+
+def _is_segment(fd: str) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:flowserve")
+    except OSError:
+        return False
+
+
+def _segment_fds() -> list[str]:
+    return sorted(fd for fd in os.listdir("/proc/self/fd") if _is_segment(fd))
+
+
+def _segment_inodes() -> set[int]:
+    out = set()
+    for fd in _segment_fds():
+        try:
+            out.add(os.fstat(int(fd)).st_ino)
+        except OSError:  # closed meanwhile
+            pass
+    return out
