@@ -117,16 +117,16 @@ class DeployedFlow:
 
 
 def relay_stage(plan: Plan) -> str | None:
-    """The flow's only stage, when it takes the request's rows whole on one replica and
-    gives the answer (not raced, hedged, key-split or a choice among alternatives): the
-    gateway may then relay a one-row JSON body to it unparsed (messages.RawInput)."""
+    """The flow's only stage, when it takes the request's rows whole and gives the answer
+    (on one replica, or raced by copies; not hedged, key-split or a choice among
+    alternatives): the gateway may then relay a one-row JSON body to it unparsed
+    (messages.RawInput), to each racing copy alike."""
     if len(plan.stages) != 1:
         return None
     (stage,) = plan.stages.values()
     if (
         tuple(stage.inputs) != (INPUT,)
         or stage.continuation is not None
-        or stage.competitive > 1
         or stage.hedge is not None
         or stage.wait != "all"
     ):
@@ -605,21 +605,23 @@ class Dispatcher:
                 why = f"flow {plan.flow_name!r}: executor {sorted(used)} does not take relayed bodies; retry"
                 self._resolve(req, error=RequestFailed.of(NoExecutorError(why)))
                 return
-            msg = RawInput(
-                req.id,
-                req.attempt,
-                plan.flow_name,
-                req.flow.version,
-                stage,
-                routes,
-                self.address,
-                raw.qid,
-                raw.ctype,
-                req.deadline,
-                req.solo,
-                raw.body,
-            )
-            self._send(routes[stage][0], msg.encode())
+            for copy, address in enumerate(routes[stage]):  # one address, or a racing stage's copies
+                msg = RawInput(
+                    req.id,
+                    req.attempt,
+                    plan.flow_name,
+                    req.flow.version,
+                    stage,
+                    routes,
+                    self.address,
+                    raw.qid,
+                    raw.ctype,
+                    req.deadline,
+                    solo=req.solo,
+                    copy=copy,
+                    body=raw.body,
+                )
+                self._send(address, msg.encode())
             return
         for consumer in self._input_consumers(plan):
             stage = plan.stages[consumer]

@@ -381,6 +381,7 @@ class RawInput(Message):
     row, query id ``qid``), for a flow whose one stage takes the input and gives the answer.
     The executor parses and checks it as the gateway would (httpcodec.py: the same errors),
     runs the stage and answers with the rows already as the client's JSON (``Rendered``).
+    A racing stage gets one per copy (``copy``); the first answer wins, as for StageInput.
 
     Why: for such a flow the gateway's work per request is then a relay's (no parse, no
     Table, no encode or decode of one): on the e2e Ensemble that work was half of what the
@@ -397,6 +398,7 @@ class RawInput(Message):
     ctype: str = wire(_STR, key="ct", default="")
     deadline: float | None = wire(_optional(_NUMBER), key="dl", default=None)  # wall clock, Unix seconds
     solo: bool = wire((bool,), default=False)
+    copy: int = wire(_INT, default=0)  # which of a racing stage's copies this is (StageInput.copy)
     body: bytes = blob()
 
     def as_input(self, table: Table | None) -> StageInput:
@@ -411,6 +413,7 @@ class RawInput(Message):
             self.routes,
             self.gateway,
             self.deadline,
+            copy=self.copy,
             solo=self.solo,
             render=True,
             table=table,

@@ -10,6 +10,7 @@ import re
 import threading
 import time
 
+import httpx
 import pytest
 
 from executors.cluster import LocalCluster
@@ -82,14 +83,33 @@ def crash_first(row):
     return row.x + 1
 
 
-def test_a_crash_mid_race_still_answers_once():
+def _relayed(d, row: dict) -> dict:
+    """POST one row as a JSON object, which the gateway relays unparsed to every racing
+    copy (RawInput); the answer's one row. ``invoke`` sends Arrow, which the gateway parses."""
+    r = httpx.post(d.url, json=row, timeout=60)
+    assert r.status_code == 200, r.text
+    (out,) = r.json()["rows"]
+    return out
+
+
+def _is_relayed(c, d) -> bool:
+    return c.http.get(f"/flows/{d.name}").json()["relay_stage"] is not None
+
+
+@pytest.mark.parametrize("body", ["arrow", "relayed json"])
+def test_a_crash_mid_race_still_answers_once(body):
     with LocalCluster(ClusterConfig(executors=2, threads=2, request_timeout_s=30)) as c:
         f = Flow("cancel-crash", schema={"x": int})
         f.map(crash_first, names=["y"], high_variance=True)
         d = c.deploy(f, options=TWO)
-        assert d.invoke({"x": 1})["y"].tolist() == [2]  # the other copy, or a re-run, answers
+        assert _is_relayed(c, d)  # a one-stage race takes a JSON row as it came
+        if body == "arrow":
+            run = lambda x: d.invoke({"x": x})["y"].tolist()  # noqa: E731
+        else:
+            run = lambda x: [_relayed(d, {"x": x})["y"]]  # noqa: E731
+        assert run(1) == [2]  # the other copy, or a re-run, answers
         for i in range(5):
-            assert d.invoke({"x": i})["y"].tolist() == [i + 1]
+            assert run(i) == [i + 1]
         (stage,) = d.plan.stages
         metrics = c.http.get("/metrics").text
         answered = _metric(metrics, f'flowserve_stage_latency_ms_count{{flow="cancel-crash",stage="{stage}"}}')
@@ -121,12 +141,13 @@ def passed_on(row):
     return row.y + 1
 
 
-@pytest.mark.parametrize("where", ["sink", "inside"])
+@pytest.mark.parametrize("where", ["sink", "inside", "sink, relayed json"])
 def test_a_running_losing_copy_that_waits_is_stopped(where):
     """The race as the flow's sink, and inside a flow (a stage after it, not fused into it:
-    the winner's output goes on to that stage, not to the gateway)."""
+    the winner's output goes on to that stage, not to the gateway); and a JSON row relayed
+    as it came to each copy, the winner answering the client's JSON."""
     with LocalCluster(ClusterConfig(executors=2, threads=1, request_timeout_s=30)) as c:
-        f = Flow(f"cancel-running-{where}", schema={"x": int, "tag": str})
+        f = Flow(f"cancel-running-{where.split(',')[0]}", schema={"x": int, "tag": str})
         raced = f.map(waits_on_one, names=["y"], high_variance=True)
         options = TWO
         if where == "inside":
@@ -134,13 +155,18 @@ def test_a_running_losing_copy_that_waits_is_stopped(where):
             options = OptimizerOptions(competitive_replicas=2, fuse_into_race=False)
         d = c.deploy(f, options=options)
         racing = [s for s in d.plan.stages.values() if s.competitive > 1]
-        assert len(racing) == 1 and (racing[0].name == d.plan.sink) == (where == "sink")
+        assert len(racing) == 1 and (racing[0].name == d.plan.sink) == (where != "inside")
         plus = 1 if where == "inside" else 0
-        assert d.invoke({"x": 4, "tag": where})["y"].tolist() == [40 + plus]  # the fast replica's copy
+        if where.endswith("relayed json"):
+            assert _is_relayed(c, d)
+            run = lambda x: [_relayed(d, {"x": x, "tag": where})["y"]]  # noqa: E731
+        else:
+            run = lambda x: d.invoke({"x": x, "tag": where})["y"].tolist()  # noqa: E731
+        assert run(4) == [40 + plus]  # the fast replica's copy
         stopped, waited = _stopped(c.kvs.redis, where)
         assert stopped and waited < 10, (stopped, waited)  # told by a Cancel, not the 30 s
         # the stopped copy's output was dropped: one answer, and the replica serves on
-        assert d.invoke({"x": 5, "tag": where})["y"].tolist() == [50 + plus]
+        assert run(5) == [50 + plus]
 
 
 def copies_beside_each_other(row):
@@ -160,7 +186,8 @@ def copies_beside_each_other(row):
 def test_copies_on_one_executor_run_beside_each_other():
     """A racing stage never runs on the IO thread, however quick it has been: there the
     copies sent to one executor would run one after another, and a waiting copy could not
-    read the Cancel that stops it."""
+    read the Cancel that stops it. Copies of a relayed JSON row too: each RawInput says
+    which copy it is (without that, one executor would take the others for duplicates)."""
     with LocalCluster(ClusterConfig(executors=1, threads=4, request_timeout_s=30)) as c:
         f = Flow("race-beside", schema={"x": int, "k": int})
         f.map(copies_beside_each_other, names=["seen", "thread"], high_variance=True)
@@ -168,8 +195,35 @@ def test_copies_on_one_executor_run_beside_each_other():
         for i in range(30):  # quick runs: a plain stage this quick would move to the IO thread
             out = d.invoke({"x": i, "k": 0})
             assert out["seen"].tolist() == [0] and not re.search(r"-io\d+$", out["thread"][0]), out["thread"][0]
+            row = _relayed(d, {"x": 1000 + i, "k": 0})
+            assert row["seen"] == 0 and not re.search(r"-io\d+$", row["thread"]), row["thread"]
         out = d.invoke({"x": 100, "k": 3})
         assert out["seen"].tolist() == [3] and not re.search(r"-io\d+$", out["thread"][0]), out["thread"][0]
+        assert _is_relayed(c, d)
+        row = _relayed(d, {"x": 101, "k": 3})
+        assert row["seen"] == 3 and not re.search(r"-io\d+$", row["thread"]), row["thread"]
+
+
+def test_a_bad_relayed_row_to_a_race_is_one_400_naming_the_column():
+    """Every copy parses the relayed row and finds it bad: the first Failure answers (the
+    parsed path's 400), the others are dropped, and the race serves on."""
+    with LocalCluster(ClusterConfig(executors=2, threads=2, request_timeout_s=30)) as c:
+        f = Flow("race-bad", schema={"x": int})
+        f.map(passed_on_x, names=["y"], high_variance=True)
+        d = c.deploy(f, options=OptimizerOptions(competitive_replicas=3))
+        assert _is_relayed(c, d)
+        r = httpx.post(d.url, json={"x": "seven"}, timeout=60)
+        assert r.status_code == 400, r.text
+        assert "'x'" in r.json()["message"], r.json()
+        parsed = httpx.post(d.url, json=[{"x": "seven"}], timeout=60)  # a list: parsed by the gateway
+        assert parsed.status_code == 400 and parsed.json()["error"] == r.json()["error"], parsed.text
+        assert _relayed(d, {"x": 6})["y"] == 7
+        metrics = c.http.get("/metrics").text
+        assert _metric(metrics, 'flowserve_requests_total{flow="race-bad",status="400"}') == 2
+
+
+def passed_on_x(row):
+    return row.x + 1
 
 
 def test_a_hedge_cancels_the_copy_that_lost():

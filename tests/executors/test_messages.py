@@ -81,6 +81,7 @@ EVERY = [
     RawInput(
         12, 2, "ensemble", 3, "all", {}, "gw", 41, "application/json", 1.8e9, solo=True, body=bytearray(b'{"x":1}')
     ),
+    RawInput(12, 3, "raced", 3, "all", {"all": ["ipc:///tmp/e0"] * 3}, "gw", 42, copy=2, body=b'{"x":1}'),
     Cancel("ipc:///tmp/gw", 12, 1, "slow"),
     Result(12, 1, [[1, 2]], [["pick", "e0", 0.1, 1]], table()),
     Rendered(12, 1, [["all", "e0", 0.3, 1]], 1, {"cls": {"kind": "int"}}, b'{"rows":[{"cls":3}]}'),

@@ -54,7 +54,11 @@ def test_a_flow_of_one_stage_is_relayed_and_others_are_not():
     assert relay_stage(optimize(f, rules=[])) is None  # one stage per operator
     raced = Flow("raced", schema={"x": int})
     raced.map(slow, names=["y"], high_variance=True)
-    assert relay_stage(optimize(raced, options=OptimizerOptions(competitive_replicas=3))) is None  # copies race
+    plan = optimize(raced, options=OptimizerOptions(competitive_replicas=3))
+    assert relay_stage(plan) is not None  # copies race: each is sent the body
+    hedged = Flow("hedged", schema={"x": int})
+    hedged.map(slow, names=["y"], hedge=0.9)
+    assert relay_stage(optimize(hedged)) is None  # a backup copy is sent later, by the gateway's table
     looks = Flow("looks", schema={"k": str}, key_prefixes=["emb/"])
     looks.lookup(column="k", name="v", missing="null")
     plan = optimize(looks)
