@@ -21,7 +21,7 @@ import orjson
 
 from flow.exceptions import DataError, DataTypeError, SchemaError
 from flow.table import Table, built_column
-from flow.types import ColumnType
+from flow.types import ColumnType, build_column
 from flow.validation import check_schema
 from optimizer.positions import POS
 
@@ -336,29 +336,42 @@ class UnencodableError(ValueError):
 
 
 def one_row_table(body, content_type: str, qid: int, schema) -> Table | None:
-    """The Table ``parse_body`` and ``input_table`` make of a one-row JSON body whose
-    schema's columns are all tensors (an image model's request), built the short way: the
-    row's values converted by the same ``_convert_value`` in schema order (so the same
-    errors), each array the column as it is, no row dicts, no restacking, no re-check. None
-    when the body is anything else (a list, other or missing columns, a null): the general
-    path reads it then, and says what is wrong. tests/executors/test_relay.py compares them."""
+    """The Table ``parse_body`` and ``input_table`` make of a one-row JSON body (a relayed
+    request: an image model's, a tabular model's row), built the short way: no row dicts,
+    no Table of the row's own column order to re-check and reorder.
+
+    It calls what the general path calls, in the same order: first ``_convert_value`` on
+    every value in schema order (the general path converts the whole row before it builds
+    a column, so a conversion's error is the same error), then each column's builder
+    (``types.build_column``; a tensor's array is its column as it is). None, for the
+    general path to read and say what is wrong, when the body is anything else (a list,
+    other or missing columns, a null) or a column does not build as the schema's type.
+    tests/executors/test_httpcodec.py compares the two on random bodies."""
     if not schema or len(body) > CHUNKED_JSON_BYTES or _media_type(content_type) not in _JSON_TYPES:
         return None
     if "qid" in schema or POS in schema:  # the server's columns: _check_rows' errors
         return None
-    for t in schema.values():
-        if t.kind != "tensor":
-            return None
     doc = _loads(body or b"null")
     if type(doc) is not dict or doc.keys() != schema.keys():
         return None
-    cols = {}
+    values = []
     for name, t in schema.items():
         value = doc[name]
         if value is None:
             return None
-        arr = _convert_value(value, t, name, 0)  # a fresh array of t's dtype and shape, or its error
-        cols[name] = built_column(t, arr[None], None)
+        values.append(_convert_value(value, t, name, 0))  # the general path's value, or its error
+    cols = {}
+    for (name, t), value in zip(schema.items(), values):
+        if t.kind == "tensor":  # a fresh array of t's dtype and shape
+            cols[name] = built_column(t, value[None], None)
+            continue
+        try:
+            ctype, arr, valid = build_column([value], name, t)
+        except (DataError, ValueError, TypeError):
+            return None  # the general path builds in the body's column order: its error is its own
+        if ctype != t:
+            return None  # a cast, or a type error: check_schema's to decide
+        cols[name] = built_column(ctype, arr, valid)
     return Table.built(cols, np.array([qid], dtype=np.int64))
 
 

@@ -222,8 +222,100 @@ def test_a_bad_tensor_gets_the_general_paths_error(doc):
         (b'{"img": [[0, 1, 2], [3, 4, 5]], "mask": [0, 1], "x": 1}', _IMAGES),  # one too many
         (b'{"img": null, "mask": [0, 1]}', _IMAGES),  # a missing value
         (b'{"img": [[0, 1, 2], [3, 4, 5]], "qid": 1}', {"img": _IMAGES["img"], "qid": _IMAGES["mask"]}),
-        (b'{"x": 1}', {"x": ColumnType.scalar("int")}),  # not tensors
+        (b'{"x": "1"}', {"x": ColumnType.scalar("int")}),  # a string for an int: check_schema's error
+        (b'{"x": 9223372036854775808}', {"x": ColumnType.scalar("int")}),  # over int64: the builder's
+        (b'{"x": true}', {"x": ColumnType.scalar("int")}),  # a bool is no int
     ],
 )
 def test_any_other_body_is_left_to_the_general_path(body, schema):
     assert one_row_table(body, "application/json", 9, schema) is None
+
+
+_TABULAR = {
+    "age": ColumnType.scalar("int"),
+    "score": ColumnType.scalar("float"),
+    "name": ColumnType.scalar("str"),
+    "ok": ColumnType.scalar("bool"),
+    "blob": ColumnType.scalar("bytes"),
+    "img": ColumnType.tensor(np.uint8, (2, 2)),
+}
+
+
+def _same_table(a, b) -> bool:
+    """Equal to the bit: column order, types, storage dtypes, values (a float's sign of
+    zero included), masks, qids."""
+    if a.columns != b.columns or a.schema != b.schema or a.qid.tolist() != b.qid.tolist():
+        return False
+    for name in a.columns:
+        x, y = a._cols[name], b._cols[name]
+        if x.values.dtype != y.values.dtype or (x.valid is None) != (y.valid is None):
+            return False
+        if x.valid is not None and not np.array_equal(x.valid, y.valid):
+            return False
+        if x.values.dtype.kind == "f":
+            if not (np.array_equal(x.values, y.values) and np.array_equal(np.signbit(x.values), np.signbit(y.values))):
+                return False
+        elif x.values.tolist() != y.values.tolist():
+            return False
+    return True
+
+
+def test_a_row_of_scalars_and_tensors_makes_the_general_paths_table():
+    doc = {"img": [[1, 2], [3, 4]], "ok": True, "blob": "aGk=", "name": "é", "score": 2, "age": -7}  # keys shuffled
+    body = json.dumps(doc).encode()
+    short, general = one_row_table(body, "application/json", 9, _TABULAR), _general(body, _TABULAR)
+    assert short is not None and _same_table(short, general), (short, general)
+    assert short.columns == tuple(_TABULAR) and short["score"].dtype == np.float64 and short["blob"][0] == b"hi"
+
+
+def _random_value(rng, t: ColumnType):
+    """Mostly a value of the column's type, sometimes one of another (or none)."""
+    odd = [None, "7", 7, 7.5, -0.0, True, False, 2**63, -(2**63), 2**63 - 1, 1e308, [1, 2], {"a": 1}, "", "!!", 0]
+    if rng.random() < 0.3:
+        return odd[rng.integers(len(odd))]
+    if t.kind == "int":
+        return int(rng.integers(-(2**62), 2**62)) if rng.random() < 0.5 else int(rng.integers(-5, 5))
+    if t.kind == "float":
+        return (
+            float(rng.standard_normal() * 10.0 ** int(rng.integers(-5, 5)))
+            if rng.random() < 0.7
+            else int(rng.integers(-9, 9))
+        )
+    if t.kind == "str":
+        return "".join(chr(int(c)) for c in rng.integers(32, 0x2FF, rng.integers(0, 6)))
+    if t.kind == "bool":
+        return bool(rng.integers(2))
+    if t.kind == "bytes":
+        import base64
+
+        return base64.b64encode(rng.bytes(int(rng.integers(0, 5)))).decode()
+    shape = (2, 2) if rng.random() < 0.9 else (2, 3)
+    return rng.integers(0, 256 if rng.random() < 0.9 else 300, shape).tolist()
+
+
+def test_random_rows_read_the_short_way_are_what_the_general_path_reads():
+    """Whatever the short way makes of a one-row body is the general path's Table to the
+    bit, and whatever error it raises is the general path's error; what it leaves (None)
+    the general path reads itself."""
+    rng = np.random.default_rng(20261126)
+    taken = errors = 0
+    names = list(_TABULAR)
+    for _ in range(1500):
+        cols = [n for n in names if rng.random() < 0.6] or ["age"]
+        schema = {n: _TABULAR[n] for n in cols}
+        doc = {n: _random_value(rng, schema[n]) for n in rng.permutation(cols)}
+        body = json.dumps(doc).encode()
+        try:
+            short = one_row_table(body, "application/json", 9, schema)
+        except (BadRequestError, DataTypeError, SchemaError) as e:
+            general = _general(body, schema)
+            assert type(general) is type(e) and str(general) == str(e), (doc, e, general)
+            errors += 1
+            continue
+        if short is None:
+            continue
+        taken += 1
+        general = _general(body, schema)
+        assert not isinstance(general, Exception), (doc, general)
+        assert _same_table(short, general), (doc, short, general)
+    assert taken > 300 and errors > 30, (taken, errors)  # both sides of the short way were tried
