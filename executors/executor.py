@@ -64,7 +64,7 @@ from executors.watchdog import DEFAULT_GRACE_S, EXIT_RECYCLED, Blackbox, Run, Wa
 from executors.wire import WireError
 from flow.context import cancelled, set_cancel, set_store
 from flow.exceptions import DataError, FlowError, NoValidResultError, OperatorError, OperatorOutputError
-from flow.table import Table
+from flow.table import Table, built_column
 from kvs.options import KVSOptions
 from optimizer.plan import Plan
 
@@ -161,6 +161,9 @@ class Executor:
         # copies are dropped if still queued here or yet to arrive (Cancel; _cancel_rivals)
         self.cancelled: OrderedDict = OrderedDict()
         self._racing: dict = {}  # the same key -> Events of its copies running here (flow.wait returns on set)
+        # the same key -> [a parsed relayed row, copies here still to come]: a race's copies
+        # sent to this executor parse the body once (RAW_COPIES_MAX held at most)
+        self._raw_rows: OrderedDict = OrderedDict()
         self._stopping = threading.Event()
         self._inline: dict = {}  # id(hosted) -> (hosted, ready items) to run after a drain
         self._inline_runs: deque = deque()  # (hosted, items): batches cut from _inline, next to run
@@ -374,8 +377,17 @@ class Executor:
                 hosted = self.hosted.get(key) or self._rehost(r.as_input(None), key)
             if hosted is None:
                 return []
-        if self.cancelled and _races(hosted.stage) and (r.gateway, r.req, r.attempt, r.stage) in self.cancelled:
+        races = _races(hosted.stage)
+        rid = (r.gateway, r.req, r.attempt, r.stage)
+        if races and self.cancelled and rid in self.cancelled:
+            self._raw_rows.pop(rid, None)
             return []  # a racing copy that arrives after its race was won: not worth parsing
+        held = self._raw_rows.get(rid) if races else None
+        if held is not None:  # another copy of this race here parsed the body: a copy of its rows
+            held[1] -= 1
+            if held[1] <= 0:
+                self._raw_rows.pop(rid, None)
+            return self.gather(r.as_input(_own_rows(held[0])))
         schema = hosted.plan.input_schema
         try:
             table = one_row_table(r.body, r.ctype, r.qid, schema)
@@ -387,6 +399,14 @@ class Executor:
         except (BadRequestError, DataError) as e:
             self._fail(r.as_input(None), e)
             return []
+        here = r.routes.get(r.stage, ()).count(self.address) if races else 1
+        if here > 1:
+            # each copy gets rows of its own (a copy may change its input in place): the one
+            # kept is never handed out; copying a relayed row (64 KiB at most) costs a few us,
+            # parsing it again tens
+            self._raw_rows[rid] = [_own_rows(table), here - 1]
+            while len(self._raw_rows) > RAW_COPIES_MAX:
+                self._raw_rows.popitem(last=False)
         return self.gather(r.as_input(table))
 
     def _gather(self, h: StageInput) -> list:
@@ -1002,6 +1022,20 @@ def _rendered(h: StageInput, trace: list, out: Table) -> list | None:
 
 def _nothing() -> None:
     pass
+
+
+#: parsed relayed rows held for racing copies still to come to this executor (each entry is
+#: dropped when its last copy comes; a copy that never comes leaves it to this bound)
+RAW_COPIES_MAX = 256
+
+
+def _own_rows(table: Table) -> Table:
+    """A copy of a (small) Table whose arrays are its own."""
+    cols = {
+        name: built_column(c.type, c.values.copy(), None if c.valid is None else c.valid.copy())
+        for name, c in table._cols.items()
+    }
+    return Table.built(cols, table._qid.copy())
 
 
 def _races(stage) -> bool:

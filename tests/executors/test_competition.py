@@ -11,11 +11,12 @@ import threading
 import time
 
 import httpx
+import numpy as np
 import pytest
 
 from executors.cluster import LocalCluster
 from executors.config import ClusterConfig
-from flow import Flow, current_store, wait
+from flow import ColumnType, Flow, current_store, wait
 from optimizer import OptimizerOptions
 from tests.executors.test_runtime_paths import _metric
 
@@ -243,3 +244,30 @@ def outside_a_deployment_wait_sleeps() -> bool:
     """flow.wait outside a racing copy (here, in the test process) sleeps its time."""
     t0 = time.monotonic()
     return wait(0.02) is False and time.monotonic() - t0 >= 0.02
+
+
+def bump_in_place(row):
+    """Adds one to its input tensor in place (bad manners, but an operator may: a row's
+    tensor is a view of its column), then waits until every copy of the race has done so
+    (or 3 s) before it answers."""
+    v = row.v
+    v += 1
+    redis = current_store().redis
+    key = f"bumped:{row.tag}"
+    redis.incr(key)
+    _wait_for(redis, key, 3, seconds=3.0)
+    return int(v[0]), int(redis.get(key))
+
+
+def test_copies_of_a_relayed_row_on_one_executor_have_rows_of_their_own():
+    """The executor parses a race's relayed row once for the copies it runs, and gives each
+    copy rows of its own: a copy that changes its input in place changes no other's."""
+    with LocalCluster(ClusterConfig(executors=1, threads=4, request_timeout_s=30)) as c:
+        f = Flow("race-own-rows", schema={"v": ColumnType.tensor(np.int64, (2,)), "tag": int})
+        f.map(bump_in_place, names=["y", "seen"], high_variance=True)
+        d = c.deploy(f, options=OptimizerOptions(competitive_replicas=3))
+        assert _is_relayed(c, d)
+        for tag in range(3):
+            row = _relayed(d, {"v": [5, 5], "tag": tag})
+            assert row["seen"] == 3, row  # all three copies ran, side by side
+            assert row["y"] == 6, row  # not 7 or 8: no other copy's increment in its rows
