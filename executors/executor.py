@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from executors import clipper
-from executors.batcher import Batcher, WorkItem
+from executors.batcher import Batcher, WorkItem, aimd_for
 from executors.busypoll import DEFAULT_MS as DEFAULT_BUSY_POLL_MS
 from executors.busypoll import MAX_MS as BUSY_POLL_MAX_MS
 from executors.busypoll import BusyPoll
@@ -324,7 +324,10 @@ class Executor:
             hosted = HostedStage(plan, name, version)
             hosted.retired = threading.Event()  # set by on_unload: its batcher thread ends
             if hosted.stage.batch is not None:
-                hosted.batcher = Batcher(hosted, self.run_batch, _Either(self._stopping, hosted.retired))
+                run = self.run_batch
+                if _races(hosted.stage) and aimd_for(hosted) is None:  # AIMD times each batch's run
+                    run = self._run_batch_on_pool
+                hosted.batcher = Batcher(hosted, run, _Either(self._stopping, hosted.retired))
             clipper.equip(self, hosted)
             self.hosted[key] = hosted
         return hosted
@@ -836,11 +839,22 @@ class Executor:
         owner, clashing = _owners(items)
         if clashing:
             # racing copies (or a retry) of one request share its qids, so their rows could
-            # not be told apart after the merge: run them in separate batches
-            for group in (items[: clashing[0]], items[clashing[0] :]):
+            # not be told apart after the merge: run them in separate batches; a race's
+            # copies side by side (the later ones on the pool), as on a stage without a
+            # batcher, or the first would hold the others back for its whole run
+            first, rest = items[: clashing[0]], items[clashing[0] :]
+            if _races(hosted.stage):
+                self.pool.submit(self.run_batch, hosted, rest)
+                return self.run_batch(hosted, first)
+            for group in (first, rest):
                 self.run_batch(hosted, group)
             return
         self._run_merged(hosted, items, owner)
+
+    def _run_batch_on_pool(self, hosted: HostedStage, items: list[WorkItem]) -> None:
+        """A racing stage's batch, run on the pool: a race's copies reach the batcher one by
+        one, and on its own thread the first would hold the others back for its whole run."""
+        self.pool.submit(self.run_batch, hosted, items)
 
     def _run_merged(self, hosted: HostedStage, items: list[WorkItem], owner: dict) -> None:
         key, run = self._begin(hosted, items)

@@ -259,6 +259,40 @@ def bump_in_place(row):
     return int(v[0]), int(redis.get(key))
 
 
+def bump_batch_in_place(table):
+    """``bump_in_place`` on a batch: the column's storage itself, changed in place where it
+    may be (a column decoded from an Arrow body's frames is read-only)."""
+    v = table["v"]
+    if v.flags.writeable:
+        v += 1
+    else:
+        v = v + 1
+    redis = current_store().redis
+    key = f"bumped:{int(table['tag'][0])}"
+    redis.incr(key)
+    _wait_for(redis, key, 3, seconds=3.0)
+    return v[:, 0].copy(), np.full(len(v), int(redis.get(key)))
+
+
+@pytest.mark.parametrize("body", ["arrow", "relayed json"])
+def test_copies_of_a_batching_race_on_one_executor_run_side_by_side(body):
+    """Copies of one request share its qids, so a batching stage runs them in batches of
+    their own: side by side (the later ones on the pool), not one after another behind the
+    batcher, each on rows of its own."""
+    with LocalCluster(ClusterConfig(executors=1, threads=4, request_timeout_s=30)) as c:
+        f = Flow("race-batched", schema={"v": ColumnType.tensor(np.int64, (2,)), "tag": int})
+        f.map(bump_batch_in_place, names=["y", "seen"], batching=True, high_variance=True)
+        d = c.deploy(f, options=OptimizerOptions(competitive_replicas=3))
+        for tag in range(100, 103):
+            if body == "arrow":
+                out = d.invoke({"v": np.array([5, 5]), "tag": tag})
+                row = {"y": out["y"][0], "seen": out["seen"][0]}
+            else:
+                row = _relayed(d, {"v": [5, 5], "tag": tag})
+            assert row["seen"] == 3, row  # the three copies ran at once (one after another: 1)
+            assert row["y"] == 6, row
+
+
 def test_copies_of_a_relayed_row_on_one_executor_have_rows_of_their_own():
     """The executor parses a race's relayed row once for the copies it runs, and gives each
     copy rows of its own: a copy that changes its input in place changes no other's."""
