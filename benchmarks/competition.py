@@ -195,6 +195,20 @@ class GammaSleepPlain(GammaSleep):
         return row.x, self.pid
 
 
+class GammaSleepBatch(GammaSleep):
+    """The same as a batching map (``--batching``): one wait for the batch (a request's one
+    row here), the batch's rows and this replica's pid back as columns."""
+
+    def __call__(self, table):
+        from flow import wait
+
+        wait(_draw(self.rng, float(table["scale"][0])) / 1000.0)
+        return table["x"], np.full(len(table), self.pid)
+
+
+RACERS = {"wait": GammaSleep, "plain": GammaSleepPlain, "batch": GammaSleepBatch}
+
+
 def _draw(rng, scale: float) -> float:
     """Gamma(3, scale) ms; a scale <= 0 asks for a constant -scale ms (the fixed-cost runs)."""
     return rng.gamma(3.0, scale) if scale > 0 else -scale
@@ -204,17 +218,19 @@ def last(row):
     return row.x, row.winner
 
 
-def race_flow(k: int, plain: bool = False):
+def race_flow(k: int, racer: str = "wait"):
+    """``racer``: the racing stage waits in ``flow.wait`` (a losing copy is stopped), in
+    ``time.sleep`` ("plain": it runs to its end), or as a batching map ("batch")."""
     from flow import Flow
 
     flow = Flow(f"compete_{k}", schema={"x": float, "scale": float})
     a = flow.map(first, names=["x", "scale"])
-    b = a.map(GammaSleepPlain if plain else GammaSleep, names=["x", "winner"], high_variance=True)
+    b = a.map(RACERS[racer], names=["x", "winner"], high_variance=True, batching=racer == "batch")
     b.map(last, names=["x", "winner"])
     return flow
 
 
-def measure_setup(executors: int, threads: int, rounds: int, requests: int, plain: bool = False) -> dict:
+def measure_setup(executors: int, threads: int, rounds: int, requests: int, racer: str = "wait") -> dict:
     from benchmarks.client import BareClient
     from executors import ClusterConfig, LocalCluster
     from optimizer import OptimizerOptions
@@ -226,7 +242,7 @@ def measure_setup(executors: int, threads: int, rounds: int, requests: int, plai
     with LocalCluster(ClusterConfig(executors=executors, threads=threads)) as cluster:
         urls = {}
         for k in REPLICAS:
-            d = cluster.deploy(race_flow(k, plain), options=OptimizerOptions(competitive_replicas=k))
+            d = cluster.deploy(race_flow(k, racer), options=OptimizerOptions(competitive_replicas=k))
             urls[k] = d.url
             plans[str(k)] = {
                 s.name: {"competitive": s.competitive, "replicas": s.replicas} for s in d.plan.stages.values()
@@ -313,7 +329,8 @@ def measure_setup(executors: int, threads: int, rounds: int, requests: int, plai
     return {
         "executors": executors,
         "threads": threads,
-        "plain_sleep": plain,
+        "plain_sleep": racer == "plain",
+        "racer": racer,
         "fixed_cost_ms": {str(k): float(np.median(fixed_cost(zero, k))) for k in REPLICAS},
         "zero_p50_ms": {str(k): float(np.median([np.percentile(a, 50) for a in zero[k]])) for k in REPLICAS},
         "summary": summary,
@@ -332,7 +349,7 @@ def measure_open(
     rounds: int,
     util: float,
     seconds: float,
-    plain: bool = False,
+    racer: str = "wait",
     zero_requests: int = 200,
 ) -> dict:
     """Open-loop Poisson load at ``util`` of one replica's capacity (``threads`` worker
@@ -361,7 +378,7 @@ def measure_open(
         urls, hosts = {}, {}
         for k in REPLICAS:
             cluster = stack.enter_context(LocalCluster(ClusterConfig(executors=k, threads=threads)))
-            d = cluster.deploy(race_flow(k, plain), options=OptimizerOptions(competitive_replicas=k))
+            d = cluster.deploy(race_flow(k, racer), options=OptimizerOptions(competitive_replicas=k))
             urls[k] = d.url
             hosts[k] = {s["name"]: s["executors"] for s in cluster.http.get(f"/flows/{d.name}").json()["stages"]}
         progress(f"open loop, k executors x {threads} thread(s) for k replicas; rates {rates} req/s")
@@ -414,7 +431,8 @@ def measure_open(
         "threads": threads,
         "utilisation": util,
         "seconds": seconds,
-        "plain_sleep": plain,
+        "plain_sleep": racer == "plain",
+        "racer": racer,
         "fixed_cost_ms": {str(k): float(np.median(fixed_cost(zero, k))) for k in REPLICAS},
         "rates": rates,
         "hosts": {str(k): h for k, h in hosts.items()},
@@ -446,8 +464,14 @@ def run(argv=None) -> dict:
         action="store_true",
         help="the racing stage sleeps in time.sleep (a losing copy runs to its end) instead of flow.wait",
     )
+    p.add_argument(
+        "--batching",
+        action="store_true",
+        help="the racing stage is a batching map (its copies on one executor go through its batcher)",
+    )
     p.add_argument("--name", help="results file name (default competition / competition_open)")
     args = p.parse_args(argv)
+    racer = "plain" if args.plain_sleep else "batch" if args.batching else "wait"
     os.environ.setdefault("FLOWSERVE_QUIET", "1")
     if args.quick:
         args.rounds, args.requests = 1, 100
@@ -456,7 +480,7 @@ def run(argv=None) -> dict:
     if args.open_loop:
         for executors, threads in setups:
             results[f"{executors}x{threads}"] = measure_open(
-                executors, threads, args.rounds, args.open_loop, args.seconds, args.plain_sleep
+                executors, threads, args.rounds, args.open_loop, args.seconds, racer
             )
         out = {"replicas": list(REPLICAS), "scales_ms": SCALES, "gamma_shape": 3.0, "setups": results}
         save(args.name or "competition_open", out)
@@ -467,9 +491,7 @@ def run(argv=None) -> dict:
             f"competition: {executors} executors x {threads} threads, {args.rounds} round(s) "
             f"of {args.requests} requests per configuration"
         )
-        results[f"{executors}x{threads}"] = measure_setup(
-            executors, threads, args.rounds, args.requests, args.plain_sleep
-        )
+        results[f"{executors}x{threads}"] = measure_setup(executors, threads, args.rounds, args.requests, racer)
     out = {
         "replicas": list(REPLICAS),
         "scales_ms": SCALES,
