@@ -381,16 +381,10 @@ class Executor:
             if hosted is None:
                 return []
         races = _races(hosted.stage)
-        rid = (r.gateway, r.req, r.attempt, r.stage)
-        if races and self.cancelled and rid in self.cancelled:
-            self._raw_rows.pop(rid, None)
-            return []  # a racing copy that arrives after its race was won: not worth parsing
-        held = self._raw_rows.get(rid) if races else None
-        if held is not None:  # another copy of this race here parsed the body: a copy of its rows
-            held[1] -= 1
-            if held[1] <= 0:
-                self._raw_rows.pop(rid, None)
-            return self.gather(r.as_input(_own_rows(held[0])))
+        if races:
+            ready = self._raced_raw(r)
+            if ready is not None:
+                return ready
         schema = hosted.plan.input_schema
         try:
             table = one_row_table(r.body, r.ctype, r.qid, schema)
@@ -402,15 +396,35 @@ class Executor:
         except (BadRequestError, DataError) as e:
             self._fail(r.as_input(None), e)
             return []
-        here = r.routes.get(r.stage, ()).count(self.address) if races else 1
+        if races:
+            self._keep_for_copies(r, table)
+        return self.gather(r.as_input(table))
+
+    def _raced_raw(self, r: RawInput) -> list | None:
+        """A racing copy's relayed body, before it is parsed: nothing to run if its race was
+        won already; the rows another copy here parsed, if one did; None: parse it."""
+        rid = (r.gateway, r.req, r.attempt, r.stage)
+        if self.cancelled and rid in self.cancelled:
+            self._raw_rows.pop(rid, None)
+            return []  # it arrives after its race was won: not worth parsing
+        held = self._raw_rows.get(rid)
+        if held is None:
+            return None
+        held[1] -= 1
+        if held[1] <= 0:
+            self._raw_rows.pop(rid, None)
+        return self.gather(r.as_input(_own_rows(held[0])))
+
+    def _keep_for_copies(self, r: RawInput, table: Table) -> None:
+        """Keep a racing copy's parsed rows for the other copies routed to this executor.
+        Each copy gets rows of its own (a copy may change its input in place): the ones kept
+        are never handed out; copying a relayed row (64 KiB at most) costs a few us, parsing
+        it again tens."""
+        here = r.routes.get(r.stage, ()).count(self.address)
         if here > 1:
-            # each copy gets rows of its own (a copy may change its input in place): the one
-            # kept is never handed out; copying a relayed row (64 KiB at most) costs a few us,
-            # parsing it again tens
-            self._raw_rows[rid] = [_own_rows(table), here - 1]
+            self._raw_rows[(r.gateway, r.req, r.attempt, r.stage)] = [_own_rows(table), here - 1]
             while len(self._raw_rows) > RAW_COPIES_MAX:
                 self._raw_rows.popitem(last=False)
-        return self.gather(r.as_input(table))
 
     def _gather(self, h: StageInput) -> list:
         key = (h.flow, h.version, h.stage)
