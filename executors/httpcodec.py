@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import struct
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ import orjson
 
 from flow.exceptions import DataError, DataTypeError, SchemaError
 from flow.table import Table, built_column
-from flow.types import ColumnType, build_column
+from flow.types import ColumnType, any_true, build_column
 from flow.validation import check_schema
 from optimizer.positions import POS
 
@@ -49,16 +50,12 @@ class BadRequestError(DataError, ValueError):
     """The body is not valid JSON/Arrow, or not rows of the flow's input."""
 
 
-def parse_body(body: bytes, content_type: str, schema: dict[str, ColumnType] | None):
-    """The rows of a request body: a list of row dicts (JSON) or a pyarrow Table."""
+def parse_body(body: bytes, content_type: str, schema: dict[str, ColumnType] | None, max_inflated: int | None = None):
+    """The rows of a request body: a list of row dicts (JSON) or a pyarrow Table (validated:
+    ``arrow_table``; ``max_inflated`` bounds a compressed one's size uncompressed)."""
     ctype = _media_type(content_type)
     if ctype == ARROW:
-        import pyarrow as pa
-
-        try:
-            return pa.ipc.open_stream(body).read_all()
-        except (pa.ArrowInvalid, OSError) as e:
-            raise BadRequestError(f"body is not an Arrow IPC stream: {e}") from None
+        return arrow_table(body, max_inflated)
     if ctype not in _JSON_TYPES:
         raise BadRequestError(f"unsupported Content-Type {content_type!r}; use {JSON} or {ARROW}")
     if schema and len(body) > CHUNKED_JSON_BYTES:
@@ -73,6 +70,257 @@ def parse_body(body: bytes, content_type: str, schema: dict[str, ColumnType] | N
     if schema:
         rows = [_convert_row(r, schema, i) for i, r in enumerate(rows)]
     return rows
+
+
+def arrow_table(body, max_inflated: int | None = None) -> Any:
+    """The pyarrow Table of an Arrow IPC stream body, fully validated before any of its
+    values is touched, its columns all of types a Table takes (``BadRequestError`` or
+    ``DataTypeError`` naming the column otherwise).
+
+    The IPC reader checks the messages' structure and that each buffer lies within the
+    body, not what the buffers say: a string column whose offsets point past its data
+    reads fine, and touching its values then reads (or crashes on) memory outside the
+    body. ``validate(full=True)`` checks every offset, length, buffer size, null count,
+    dictionary index and UTF-8 string (arrow's own fuzz targets read IPC streams the same
+    way: read, then validate fully). It costs what it checks: nothing per value for
+    fixed-width columns (a 10 MiB float32 tensor: 0.2 us), a pass over the offsets of
+    lists and strings, and the UTF-8 check of strings (~0.6 ms for 10 MiB).
+
+    A compressed stream (Arrow's own LZ4/ZSTD buffer compression) is refused before it is
+    read if its buffers declare more than ``max_inflated`` bytes (``ARROW_MAX_INFLATED``)
+    uncompressed: 6 KB of ZSTD declare (and become) 200 MB of zeros."""
+    import pyarrow as pa
+
+    if max_inflated is None:
+        max_inflated = ARROW_MAX_INFLATED
+
+    rows, inflated = _scan_stream(body)
+    if rows > ARROW_MAX_ROWS or rows < 0:
+        raise BadRequestError(f"body is an Arrow IPC stream of {rows} rows, over the limit of {ARROW_MAX_ROWS}")
+    if inflated > max_inflated:
+        raise BadRequestError(
+            f"body is a compressed Arrow IPC stream of {inflated} bytes uncompressed, over the limit "
+            f"of {max_inflated}; send fewer rows a request"
+        )
+    try:
+        table = pa.ipc.open_stream(body).read_all()
+    except (pa.ArrowException, OSError, ValueError) as e:  # UnicodeDecodeError (a name) is a ValueError
+        raise BadRequestError(f"body is not an Arrow IPC stream: {e}") from None
+    try:
+        names = table.schema.names
+    except ValueError:
+        raise BadRequestError("body is not a valid Arrow IPC stream: a column name is not UTF-8") from None
+    scalars = _arrow_scalar_ids()
+    for name, field in zip(names, table.schema):
+        t = field.type
+        if t.id not in scalars and t not in _TYPES_TAKEN:  # the common columns need no more
+            problem = _arrow_type_problem(t)
+            if problem is not None:
+                raise DataTypeError(f"column {_quoted(name)}: {problem}")
+            if len(_TYPES_TAKEN) < 256:  # a flow's tensor types, not every type a client made up
+                _TYPES_TAKEN.add(t)
+    try:
+        table.validate(full=True)
+    except pa.ArrowException as e:
+        for i, name in enumerate(names):  # name the column (a table's own error numbers it)
+            try:
+                table.column(i).validate(full=True)
+            except pa.ArrowException as col_error:
+                raise BadRequestError(
+                    f"body is not a valid Arrow IPC stream: column {_quoted(name)}: {col_error}"
+                ) from None
+        raise BadRequestError(f"body is not a valid Arrow IPC stream: {e}") from None
+    return table
+
+
+# A compressed Arrow body may declare at most this many bytes uncompressed (the default
+# limit on a body's size: a compressed body holds no more than an uncompressed one may).
+ARROW_MAX_INFLATED = 64 * 1024 * 1024
+# An Arrow body may declare at most this many rows (the gateway's max_rows, 1,000,000 by
+# default, is checked after): a column of nulls takes no bytes, and Arrow's sum of the
+# batches' lengths, in 64 bits, wraps around (four batches of 2**62 rows make a Table of 0).
+ARROW_MAX_ROWS = 1 << 32
+
+_I32 = struct.Struct("<i").unpack_from
+_U32 = struct.Struct("<I").unpack_from
+_U16 = struct.Struct("<H").unpack_from
+_I64 = struct.Struct("<q").unpack_from
+_U8 = struct.Struct("<B").unpack_from
+
+
+def _scan_stream(body) -> tuple[int, int]:
+    """(rows, bytes uncompressed) that an Arrow IPC stream's batches declare, read from
+    its messages before Arrow reads it: each message's flatbuffer as far as its header
+    (Arrow's Message.fbs: a RecordBatch's length, whether it is compressed, its buffers),
+    a compressed buffer's size uncompressed from its first 8 bytes. Arrow verifies the
+    flatbuffers and the buffers' bounds itself when it reads the stream; this walks the
+    messages as its reader does (a length, the metadata, the body), so a message this
+    cannot read is one Arrow refuses too."""
+    view = memoryview(body)
+    end = len(view)
+    pos = rows = inflated = 0
+    try:
+        while pos + 4 <= end:
+            (size,) = _I32(view, pos)
+            pos += 4
+            if size == -1:  # the continuation marker before each message's length
+                (size,) = _I32(view, pos)
+                pos += 4
+            if size <= 0:  # 0: the end of the stream; below 0: Arrow refuses it
+                break
+            root = pos + _U32(view, pos)[0]  # Message
+            pos += size
+            kind = _fb_scalar(view, root, 1, _U8)  # Message.header_type: 2 DictionaryBatch, 3 RecordBatch
+            length = _fb_scalar(view, root, 3, _I64)  # Message.bodyLength
+            if kind in (2, 3):
+                batch = _fb_table(view, root, 2)  # Message.header
+                if batch is not None and kind == 2:
+                    batch = _fb_table(view, batch, 1)  # DictionaryBatch.data
+                if batch is not None:
+                    if kind == 3:
+                        rows += _fb_scalar(view, batch, 0, _I64)  # RecordBatch.length
+                    if _fb_field(view, batch, 3) is not None:  # RecordBatch.compression
+                        inflated += _declared_inflated(view, batch, pos, min(pos + length, end), pos)
+            if length < 0 or rows < 0 or rows > ARROW_MAX_ROWS:
+                break
+            pos += length
+    except (struct.error, IndexError, ValueError):
+        raise BadRequestError(
+            "body is not an Arrow IPC stream: a message's metadata is not a valid flatbuffer"
+        ) from None
+    return rows, inflated
+
+
+def _declared_inflated(view: memoryview, batch: int, start: int, stop: int, metadata_end: int) -> int:
+    """What a compressed batch's buffers (in the body from ``start`` to ``stop``) declare
+    they inflate to: the int64 each begins with (-1: left uncompressed, its bytes after
+    those 8). The buffer list lies in the metadata (before ``metadata_end``), as Arrow's
+    verifier requires: a list longer than that is refused, not walked."""
+    buffers = _fb_table(view, batch, 2)  # RecordBatch.buffers: [Buffer {offset: long, length: long}]
+    if buffers is None:
+        return 0
+    (count,) = _U32(view, buffers)
+    if buffers + 4 + 16 * count > metadata_end:
+        raise ValueError("a batch's buffer list runs past its metadata")
+    spans = np.frombuffer(view, dtype="<i8", count=2 * count, offset=buffers + 4).reshape(count, 2)
+    offsets, lengths = spans[:, 0], spans[:, 1]
+    spans = spans[(lengths >= 8) & (offsets >= 0) & (offsets <= stop - start - 8)]
+    if not len(spans):
+        return 0
+    raw = np.frombuffer(view, dtype=np.uint8)
+    sizes = raw[(start + spans[:, :1]) + np.arange(8)].copy().view("<i8")[:, 0]
+    return int(np.where(sizes == -1, spans[:, 1] - 8, np.maximum(sizes, 0)).sum(dtype=object))
+
+
+def _fb_field(buf: memoryview, table: int, index: int) -> int | None:
+    """Where field ``index`` of the flatbuffer table at ``table`` lies, or None if absent."""
+    vtable = table - _I32(buf, table)[0]
+    if 4 + 2 * index >= _U16(buf, vtable)[0]:
+        return None
+    at = _U16(buf, vtable + 4 + 2 * index)[0]
+    return table + at if at else None
+
+
+def _fb_scalar(buf: memoryview, table: int, index: int, unpack) -> int:
+    """Scalar field ``index`` of a flatbuffer table (0 when absent, its default here)."""
+    at = _fb_field(buf, table, index)
+    return 0 if at is None else unpack(buf, at)[0]
+
+
+def _fb_table(buf: memoryview, table: int, index: int) -> int | None:
+    """The table or vector field ``index`` of a table points to, or None if absent."""
+    at = _fb_field(buf, table, index)
+    return None if at is None else at + _U32(buf, at)[0]
+
+
+def _quoted(name: str) -> str:
+    """A column's name for an error message: quoted, a long one cut short."""
+    return repr(name) if len(name) <= 100 else repr(name[:100]) + "..."
+
+
+_ARROW_SUPPORTED = (
+    "Arrow columns may be bool, integer, floating point, string, binary, null, dictionaries of "
+    "these, and tensors (fixed_shape_tensor, or (nested) lists of numbers or booleans)"
+)
+
+
+_SCALAR_IDS: frozenset = frozenset()
+_TYPES_TAKEN: set = set()  # nested and tensor types found good before (3.5 us to check a tensor type)
+
+
+def _arrow_scalar_ids() -> frozenset:
+    """The ids of the Arrow types a Table takes as they are (numbers, strings, binary, null)."""
+    global _SCALAR_IDS
+    if not _SCALAR_IDS:
+        import pyarrow as pa
+
+        types = [pa.bool_(), pa.null(), pa.string(), pa.large_string(), pa.binary(), pa.large_binary()]
+        types += [pa.string_view(), pa.binary_view(), pa.binary(1), pa.float16(), pa.float32(), pa.float64()]
+        types += [getattr(pa, f"{s}int{n}")() for s in ("", "u") for n in (8, 16, 32, 64)]
+        _SCALAR_IDS = frozenset(t.id for t in types)
+    return _SCALAR_IDS
+
+
+def _arrow_type_problem(t) -> str | None:
+    """Why a Table cannot take an Arrow column of type ``t`` (None: it can): checked before
+    a value is read, so a type the conversion does not know never reaches it."""
+    import pyarrow as pa
+    import pyarrow.types as pt
+
+    if isinstance(t, pa.FixedShapeTensorType):
+        shape = list(t.shape)
+        if not _arrow_number(t.value_type):
+            return f"a tensor of {t.value_type} is not supported: tensors hold numbers or booleans"
+        if not shape or any(d < 0 for d in shape) or int(np.prod(shape)) != t.storage_type.list_size:
+            return f"tensor shape {shape} does not match its storage of {t.storage_type.list_size} values"
+        if t.permutation is not None and list(t.permutation) != list(range(len(shape))):
+            return "a tensor with a permutation of its dimensions is not supported; send it in row-major order"
+        return None
+    if isinstance(t, pa.BaseExtensionType):
+        return f"Arrow extension type {t.extension_name!r} is not supported; {_ARROW_SUPPORTED}"
+    if pt.is_dictionary(t):
+        value = t.value_type
+        if _arrow_scalar(value) and not pt.is_null(value):
+            return None
+        return f"a dictionary of {value} is not supported; {_ARROW_SUPPORTED}"
+    if _arrow_scalar(t):
+        return None
+    if _arrow_list(t):
+        leaf, depth = t, 0
+        while _arrow_list(leaf):
+            leaf, depth = leaf.value_type, depth + 1
+        if _arrow_number(leaf) and depth <= 32:
+            return None
+        return f"Arrow type {t} is not supported: lists are tensors of numbers or booleans; {_ARROW_SUPPORTED}"
+    return f"Arrow type {t} is not supported; {_ARROW_SUPPORTED}"
+
+
+def _arrow_number(t) -> bool:
+    import pyarrow.types as pt
+
+    return pt.is_integer(t) or pt.is_floating(t) or pt.is_boolean(t)
+
+
+def _arrow_list(t) -> bool:
+    import pyarrow.types as pt
+
+    return pt.is_list(t) or pt.is_large_list(t) or pt.is_fixed_size_list(t)
+
+
+def _arrow_scalar(t) -> bool:
+    import pyarrow.types as pt
+
+    return (
+        _arrow_number(t)
+        or pt.is_null(t)
+        or pt.is_string(t)
+        or pt.is_large_string(t)
+        or pt.is_binary(t)
+        or pt.is_large_binary(t)
+        or pt.is_fixed_size_binary(t)
+        or pt.is_string_view(t)
+        or pt.is_binary_view(t)
+    )
 
 
 _JSON_TYPES = (JSON, "text/json", "")
@@ -162,7 +410,12 @@ def _json_parts(body: bytes, schema: dict[str, ColumnType]) -> JsonParts | None:
             n: _convert_column([r[n] for r in rows], schema[n], n, row) if n in schema else [r[n] for r in rows]
             for n in (keys or ())
         }
-        tables.append(Table.from_dict(data, schema=schema) if rows else Table.from_pylist([], schema=schema))
+        try:
+            tables.append(Table.from_dict(data, schema=schema) if rows else Table.from_pylist([], schema=schema))
+        except DataError:
+            raise
+        except (ValueError, TypeError) as e:
+            raise _named(e, _row_columns(rows, schema)) from None
         row += len(rows)
         start = cut.end() - 1 if cut else end
     return JsonParts(tables)
@@ -297,7 +550,17 @@ def _tensor(value, t: ColumnType, name: str, i: int) -> np.ndarray:
         low, high = _bounds(t.dtype)
         if raw.min() < low or raw.max() > high:
             raise DataTypeError(f"row {i}: column {name!r}: values out of range for {t.dtype.name} ({low}..{high})")
-    return raw.astype(t.dtype, copy=False)
+    if want != "f" or raw.dtype == t.dtype or not _may_overflow(raw.dtype, t.dtype):
+        return raw.astype(t.dtype, copy=False)
+    with np.errstate(over="ignore"):
+        out = raw.astype(t.dtype)
+    if raw.size:
+        # JSON has no infinity (non-finite numbers are refused when read): an infinity
+        # here is a finite number beyond the dtype's range (1e39 as float32)
+        inf = np.isinf(out)
+        if any_true(inf):
+            _check_float(raw.flat[int(np.argmax(inf.ravel()))].item(), t.dtype, f"row {i}: column {name!r}")
+    return out
 
 
 def _tensor_what(t: ColumnType, name: str, i: int) -> str:
@@ -305,6 +568,36 @@ def _tensor_what(t: ColumnType, name: str, i: int) -> str:
 
 
 _BOUNDS: dict = {}
+_OVERFLOWS: dict = {}
+
+
+def _may_overflow(src: np.dtype, dst: np.dtype) -> bool:
+    """Whether a value of dtype ``src`` may lie outside the range of ``dst`` (int64 to
+    uint8, float64 to float32, uint16 to float16; never int64 to float32)."""
+    key = (src, dst)
+    may = _OVERFLOWS.get(key)
+    if may is None:
+        if src.kind == "b" or dst.kind not in "iuf" or src.kind not in "iuf":
+            may = False
+        elif dst.kind == "f":
+            limit = np.finfo(src).max if src.kind == "f" else max(-int(np.iinfo(src).min), int(np.iinfo(src).max))
+            may = float(limit) > float(np.finfo(dst).max)
+        elif src.kind == "f":
+            may = True
+        else:
+            low, high = _bounds(dst)
+            info = np.iinfo(src)
+            may = int(info.min) < low or int(info.max) > high
+        _OVERFLOWS[key] = may
+    return may
+
+
+def _check_float(value, dtype: np.dtype, where: str) -> None:
+    """Refuse a finite ``value`` that ``dtype`` (a float dtype) would make an infinity."""
+    with np.errstate(over="ignore"):
+        overflows = np.isfinite(value) and np.isinf(dtype.type(value))
+    if overflows:
+        raise DataTypeError(f"{where}: {value!r} is out of range for {dtype.name} (±{float(np.finfo(dtype).max):.8g})")
 
 
 def _bounds(dtype: np.dtype) -> tuple[int, int]:
@@ -327,8 +620,114 @@ def to_table(rows, qids: np.ndarray, schema) -> Table:
             raise SchemaError("column 'qid' is assigned by the server; remove it from the request")
         if POS in rows.column_names:
             raise SchemaError(_RESERVED.format(where=""))
-        return Table.from_arrow(rows, qid=qids, schema=schema)
-    return Table.from_pylist(rows, qid=qids, schema=schema)
+        if schema:
+            _check_arrow_tensors(rows, schema)
+        try:
+            return Table.from_arrow(rows, qid=qids, schema=schema)
+        except DataError:
+            raise
+        except (ValueError, TypeError) as e:
+            raise _named(e, _arrow_columns(rows, schema)) from None
+    try:
+        return Table.from_pylist(rows, qid=qids, schema=schema)
+    except DataError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise _named(e, _row_columns(rows, schema)) from None
+
+
+def _named(error: Exception, columns) -> DataTypeError:
+    """A builder's error that names no column (numpy's ValueError for nested lists of
+    ragged lengths below the first level) as a ``DataTypeError`` naming it: found by
+    building each column (``columns``: (name, build it) pairs) alone."""
+    for name, build_one in columns:
+        try:
+            build_one()
+        except DataError:
+            continue
+        except (ValueError, TypeError) as col_error:
+            return DataTypeError(f"column {_quoted(name)} cannot be read: {col_error}")
+    return DataTypeError(f"the rows cannot be read: {error}")
+
+
+def _row_columns(rows: list, schema):
+    """(name, build it) for each column of JSON rows (for ``_built``'s error only)."""
+    names = dict.fromkeys(n for r in rows for n in r)
+    for name in names:
+        t = schema.get(name) if schema else None
+        yield name, lambda name=name, t=t: build_column([r.get(name) for r in rows], name, t)
+
+
+def _arrow_columns(table, schema):
+    """(name, build it) for each column of an Arrow table (for ``_built``'s error only)."""
+    import pyarrow as pa
+
+    for i, name in enumerate(table.column_names):
+        one = {name: schema[name]} if schema and name in schema else None
+        yield (
+            name,
+            lambda i=i, name=name, one=one: Table.from_arrow(pa.table([table.column(i)], names=[name]), schema=one),
+        )
+
+
+def _check_arrow_tensors(table, schema: dict[str, ColumnType]) -> None:
+    """Arrow tensor columns held to the rules of JSON's (``_tensor``) where the schema's
+    dtype is another: booleans are not numbers, floats never become integers, integers
+    must fit the dtype, and a finite value must not overflow a narrower float (1e39 as
+    float32 is inf). The schema's cast would otherwise wrap, truncate or overflow them
+    silently. A column already of the schema's dtype (the usual request) costs nothing;
+    one of another dtype one pass (its minimum and maximum)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    names = set(table.column_names)
+    for name, t in schema.items():
+        if t.kind != "tensor" or name not in names:
+            continue
+        col = table.column(name)
+        leaf = col.type
+        if isinstance(leaf, pa.FixedShapeTensorType):
+            leaf = leaf.storage_type
+        while _arrow_list(leaf):
+            leaf = leaf.value_type
+        if not _arrow_number(leaf):
+            continue  # not a tensor of numbers: the builder names it
+        got = np.dtype(leaf.to_pandas_dtype())
+        if got == t.dtype:
+            continue
+        want = t.dtype.kind
+        if (got.kind == "b") != (want == "b") or (got.kind == "f" and want in "iu"):
+            raise DataTypeError(f"column {_quoted(name)} should be {t}, got {got.name} values")
+        if got.kind == "b" or not _may_overflow(got, t.dtype):
+            continue
+        values = pa.chunked_array([_leaf_values(chunk) for chunk in col.chunks], type=leaf)
+        if got.kind == "f":  # infinities (and NaN) are values both sides: only finite ones can overflow
+            values = pc.filter(values, pc.is_finite(values))
+        low, high = (v.as_py() for v in pc.min_max(values).values())
+        if low is None:
+            continue  # no values
+        if want in "iu":
+            bounds = _bounds(t.dtype)
+            if low < bounds[0] or high > bounds[1]:
+                bad = low if low < bounds[0] else high
+                raise DataTypeError(
+                    f"column {_quoted(name)}: values out of range for {t.dtype.name} "
+                    f"({bounds[0]}..{bounds[1]}), e.g. {bad}"
+                )
+        else:
+            for value in (low, high):
+                _check_float(value, t.dtype, f"column {_quoted(name)}")
+
+
+def _leaf_values(arr):
+    """The values of a (nested) list or tensor array, its slicing and null rows accounted for."""
+    import pyarrow as pa
+
+    if isinstance(arr, pa.ExtensionArray):
+        arr = arr.storage
+    while _arrow_list(arr.type):
+        arr = arr.flatten()
+    return arr
 
 
 class UnencodableError(ValueError):

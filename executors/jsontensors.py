@@ -16,8 +16,10 @@ string, no escape: JSON's NaN/Infinity, booleans and nulls never reach Arrow, wh
 reader would take the first two); nested lists as regular as the column's shape;
 integers for integer columns within the dtype's range, and for float columns numbers
 that a double holds exactly when they are integers (and no integer -0 there: the general
-path makes it 0.0, Arrow -0.0). For anything else it returns None and the general path
-reads the body and names what is wrong. tests/executors/test_jsontensors.py compares them.
+path makes it 0.0, Arrow -0.0) and that the column's dtype holds without overflowing to an
+infinity (the general path refuses 70000 as float16). For anything else it returns None
+and the general path reads the body and names what is wrong.
+tests/executors/test_jsontensors.py compares them.
 """
 
 from __future__ import annotations
@@ -141,4 +143,10 @@ def _values(arr, t: ColumnType, n: int) -> np.ndarray | None:
             return None
     elif not np.all(np.abs(values) < _EXACT):  # a long integer token: the general path reads it as int64 first
         return None
+    elif t.dtype.kind == "f" and float(np.finfo(t.dtype).max) < _EXACT:
+        # a finite number beyond a narrow float's range (70000 as float16) would be an
+        # infinity: the general path refuses it (float32 holds every value below _EXACT)
+        with np.errstate(over="ignore"):
+            out = values.astype(t.dtype)
+        return None if np.isinf(out).any() else out.reshape((n, *t.shape))
     return values.astype(t.dtype, copy=False).reshape((n, *t.shape))

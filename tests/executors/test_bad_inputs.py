@@ -28,6 +28,26 @@ def _arrow(table: pa.Table) -> bytes:
     return sink.getvalue()
 
 
+def _offsets_past_the_data() -> bytes:
+    """A string column whose last offset points 1 GiB past its 6 bytes of data (reading
+    its values crashed the gateway)."""
+    import struct
+
+    body = bytearray(_arrow(pa.table({"s": ["ab", "cd", "ef"]})))
+    at = body.find(struct.pack("<4i", 0, 2, 4, 6))
+    body[at : at + 16] = struct.pack("<4i", 0, 2, 4, 1 << 30)
+    return bytes(body)
+
+
+def _zstd_zeros(rows: int, width: int) -> bytes:
+    """Rows of ``width`` zero bytes as a ZSTD-compressed Arrow stream of a few KB."""
+    sink = io.BytesIO()
+    table = pa.table({"z": pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(rows * width, np.int8)), width)})
+    with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as w:
+        w.write_table(table)
+    return sink.getvalue()
+
+
 def plus_one(row):
     return row.x + 1
 
@@ -54,6 +74,13 @@ def two_of_three(row):
     return 1, 2, 3
 
 
+def total(row):
+    return float(row.v.sum()) + float(row.h.sum())
+
+
+FLOATS = {"v": ColumnType.tensor(np.float32, (2,)), "h": ColumnType.tensor(np.float16, (2,))}
+
+
 @pytest.fixture(scope="module")
 def c():
     with LocalCluster(ClusterConfig(executors=1, request_timeout_s=20, max_body_bytes=1 << 20)) as cluster:
@@ -65,6 +92,9 @@ def c():
         free = Flow("free")
         free.map(plus_one, names=["y"])
         cluster.deploy(free)
+        floats = Flow("floats", schema=FLOATS)  # one stage: a JSON object for it is relayed
+        floats.map(total, names=["y"])
+        cluster.deploy(floats)
         looks = Flow("looks", schema={"k": str}, key_prefixes=["emb/"])
         looks.lookup(column="k", name="v", missing="null")
         cluster.deploy(looks)
@@ -207,6 +237,87 @@ CASES = [
         400,
         "'f'",
     ),
+    (
+        "arrow offsets past the data",
+        "free",
+        RAW(_offsets_past_the_data(), "application/vnd.apache.arrow.stream"),
+        400,
+        "not a valid Arrow IPC stream: column 's'",
+    ),
+    (
+        "arrow invalid UTF-8",
+        "free",
+        RAW(
+            _arrow(pa.table({"s": ["ab\u00e9"]})).replace(b"ab\xc3\xa9", b"ab\xc3("),
+            "application/vnd.apache.arrow.stream",
+        ),
+        400,
+        "column 's'",
+    ),
+    (
+        "arrow dictionary index past the dictionary",
+        "free",
+        RAW(
+            _arrow(pa.table({"d": pa.DictionaryArray.from_arrays(pa.array([0, 1], pa.int8()), ["a", "b"])})).replace(
+                b"\x00\x01\x00\x00\x00\x00\x00\x00", b"\x00\x7f\x00\x00\x00\x00\x00\x00"
+            ),
+            "application/vnd.apache.arrow.stream",
+        ),
+        400,
+        "column 'd'",
+    ),
+    (
+        "arrow union",
+        "free",
+        RAW(
+            _arrow(
+                pa.table({"u": pa.UnionArray.from_sparse(pa.array([0], pa.int8()), [pa.array([1]), pa.array(["a"])])})
+            ),
+            "application/vnd.apache.arrow.stream",
+        ),
+        400,
+        "column 'u': Arrow type sparse_union",
+    ),
+    (
+        "arrow compressed bomb",
+        "free",
+        RAW(_zstd_zeros(600_000, 128), "application/vnd.apache.arrow.stream"),
+        400,
+        "uncompressed",
+    ),
+    (
+        "arrow int64 tensor out of range for uint8",
+        "typed",
+        RAW(
+            _arrow(pa.table({"x": [1], "f": [0.5], "s": ["a"], "b": [b"h"], "img": [[[1, 300], [3, 4]]]})),
+            "application/vnd.apache.arrow.stream",
+        ),
+        400,
+        "column 'img': values out of range for uint8",
+    ),
+    # -- numbers a float32 or float16 tensor cannot hold (an infinity if cast) ------------------
+    (
+        "float32 overflow, relayed",
+        "floats",
+        RAW(b'{"v": [1e39, 1], "h": [1, 2]}'),
+        400,
+        "column 'v': 1e+39 is out of range for float32",
+    ),
+    ("float32 overflow in a list", "floats", RAW(b'[{"v": [1, -1e39], "h": [1, 2]}]'), 400, "column 'v': -1e+39"),
+    (
+        "float16 overflow, relayed",
+        "floats",
+        RAW(b'{"v": [1, 2], "h": [70000, 1]}'),
+        400,
+        "column 'h': 70000 is out of range for float16",
+    ),
+    (
+        "arrow float64 overflowing float32",
+        "floats",
+        RAW(_arrow(pa.table({"v": [[1e39, 1.0]], "h": [[1.0, 2.0]]})), "application/vnd.apache.arrow.stream"),
+        400,
+        "column 'v': 1e+39 is out of range for float32",
+    ),
     # -- flow names ----------------------------------------------------------------------------
     ("unknown flow", "no-such-flow", J({"x": 1}), 404, "no-such-flow"),
     ("long flow name", "n" * 5000, J({"x": 1}), 404, "UnknownFlow"),
@@ -240,6 +351,7 @@ CASES = [
 
 GOOD_REQUEST = {
     "typed": J(GOOD),
+    "floats": J({"v": [3.4028235e38, 1], "h": [65504, 1]}),
     "free": J({"x": 1}),
     "looks": J({"k": "emb/1"}),
     "surrogate": J({"x": 1}),
@@ -267,7 +379,7 @@ def test_bad_input_gets_a_prompt_named_error_and_the_next_request_succeeds(c, ca
     assert set(body) >= {"error", "message"}, body
     assert needle in body["message"] or needle == body["error"], body
     assert elapsed < 5, f"answered after {elapsed:.1f} s (the deadline is 20 s)"
-    good_flow = flow if flow in ("typed", "free", "looks") else "free"
+    good_flow = flow if flow in ("typed", "free", "looks", "floats") else "free"
     ok = httpx.post(f"{c.url}/flows/{good_flow}", timeout=30, **GOOD_REQUEST[good_flow])
     assert ok.status_code == 200, ok.text
 
@@ -281,3 +393,20 @@ def test_unencodable_json_answers_are_fine_as_arrow(c):
 
     t = Table.from_arrow(pa.ipc.open_stream(r.content).read_all(), qid="qid")
     assert np.isnan(t["t"][0][0]) and t["t"][0][1] == 1.0
+
+
+def test_a_float_overflow_is_the_same_400_relayed_and_parsed(c):
+    """A one-row JSON body for the one-stage flow is parsed by its executor (relayed); the
+    same body from a client that takes Arrow is parsed by the gateway: the same 400."""
+    assert httpx.get(f"{c.url}/flows/floats").json()["relay_stage"] is not None
+    for body in (b'{"v": [1e39, 1], "h": [1, 2]}', b'{"v": [1, 2], "h": [1, -65520.0]}'):
+        relayed = httpx.post(f"{c.url}/flows/floats", content=body, headers={"content-type": "application/json"})
+        parsed = httpx.post(
+            f"{c.url}/flows/floats",
+            content=body,
+            headers={"content-type": "application/json", "accept": "application/vnd.apache.arrow.stream"},
+        )
+        assert relayed.status_code == parsed.status_code == 400 and relayed.content == parsed.content, relayed.text
+        assert "is out of range for float" in relayed.json()["message"]
+    ok = httpx.post(f"{c.url}/flows/floats", json={"v": [3.4028235e38, 0], "h": [65504, 0]})
+    assert ok.status_code == 200 and ok.json()["rows"][0]["y"] == pytest.approx(3.4028235e38 + 65504), ok.text

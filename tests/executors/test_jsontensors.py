@@ -22,6 +22,7 @@ F32 = {"v": ColumnType.tensor(np.float32, (4,))}
 I64 = {"a": ColumnType.tensor(np.int64, (2, 2))}
 TWO = {"img": ColumnType.tensor(np.uint8, (2, 3)), "v": ColumnType.tensor(np.float32, (4,))}
 TAB = {"k": ColumnType("int"), "x": ColumnType("float"), "v": ColumnType.tensor(np.float32, (2,))}
+F16 = {"h": ColumnType.tensor(np.float16, (2,))}
 
 
 def general(body: bytes, schema):
@@ -104,6 +105,12 @@ CASES = [
     (TAB, b'[{"k": 1, "x": 1, "v": 3}]', False),
     (F32, b'{"v": [-0, 1, 2, 3]}', False),  # the integer -0: 0.0 the general way, -0.0 Arrow's
     (F32, b'{"v": [-0.0, -0.5, -0e1, 3]}', True),
+    (F32, b'{"v": [1e39, 1, 2, 3]}', False),  # an infinity as float32: the general path refuses it
+    (F32, b'{"v": [3.4028235e38, 1, 2, 3]}', False),  # (no integer a double holds exactly)
+    (F16, b'{"h": [70000, 1]}', False),  # an infinity as float16
+    (F16, b'{"h": [-65520.0, 1]}', False),
+    (F16, b'{"h": [65504, -1.5]}', True),  # the largest float16
+    (F16, b'{"h": [65519, 0.1]}', True),  # rounds to it
 ]
 
 
@@ -148,7 +155,7 @@ def test_random_bodies_valid_or_nearly_are_read_the_same_or_left_to_the_general_
 
     taken = 0
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # float16 overflows to inf, both ways alike
+        warnings.simplefilter("ignore", RuntimeWarning)  # (a float16 overflow: refused, left by the short way)
         for _ in range(1500):
             dtype = rnd.choice([np.uint8, np.int8, np.int16, np.int64, np.uint64, np.float32, np.float64, np.float16])
             shape = tuple(rnd.randint(1, 3) for _ in range(rnd.randint(0, 3)))
@@ -248,3 +255,42 @@ def test_a_batch_of_tabular_rows_over_http_is_answered_as_flow_run(cluster):
     r = httpx.post(cluster.deploy(f).url, content=body, headers={"content-type": "application/json"}, timeout=30)
     assert r.status_code == 200, r.text[:300]
     assert [row["s"] for row in r.json()["rows"]] == pytest.approx(list(f.run(rows)["s"]))
+
+
+@pytest.mark.parametrize(
+    "schema, body, says",
+    [
+        (F32, b'{"v": [1, 2, 3, -1e39]}', "row 0: column 'v': -1e+39 is out of range for float32"),
+        (F16, b'[{"h": [1, 2]}, {"h": [1, 70000]}]', "row 1: column 'h': 70000 is out of range for float16"),
+    ],
+)
+def test_a_number_a_narrow_float_cannot_hold_is_left_to_the_general_path_which_refuses_it(schema, body, says):
+    assert jsontensors.read_rows(body, schema) is None
+    refused = general(body, schema)
+    assert isinstance(refused, DataError) and str(refused).startswith(says), refused
+
+
+def _half_sum(table):
+    return table["h"].astype(np.float64).reshape(len(table["h"]), -1).sum(axis=1)
+
+
+def test_a_big_body_with_a_number_float16_cannot_hold_gets_a_400_naming_it(cluster):
+    """A 100 KB body of float16 tensors goes the short way; one value over float16's range
+    (an infinity if cast) sends it to the general path, which answers 400 naming it."""
+    f = Flow("halves", schema={"h": ColumnType.tensor(np.float16, (128, 128))})
+    f.map(_half_sum, names=["s"], batching=True)
+    d = cluster.deploy(f)
+    values = np.random.default_rng(3).integers(-1000, 1000, (128, 128))
+    body = orjson.dumps({"h": values}, option=orjson.OPT_SERIALIZE_NUMPY)
+    assert len(body) > jsontensors.MIN_BYTES and short(body, dict(f.schema)) is not None
+    r = httpx.post(d.url, content=body, headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 200 and r.json()["rows"][0]["s"] == float(values.sum()), r.text[:300]
+    values[127, 127] = 70000
+    bad = orjson.dumps({"h": values}, option=orjson.OPT_SERIALIZE_NUMPY)
+    assert short(bad, dict(f.schema)) is None
+    r = httpx.post(d.url, content=bad, headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 400, r.text[:300]
+    assert r.json() == {
+        "error": "DataTypeError",
+        "message": "row 0: column 'h': 70000 is out of range for float16 (±65504)",
+    }
