@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 from executors.errors import NoExecutorError
+from kvs.exceptions import SerializationError
 
 PLAN_KEY = "flowserve:plan:{flow}:{version}"
 VERSION_KEY = "flowserve:version:{flow}"
@@ -50,6 +51,31 @@ def raise_version(redis, flow: str, version: int) -> None:
 
 
 log = logging.getLogger("flowserve.placement")
+
+
+def load_plan(store, flow: str, version: int):
+    """The plan of ``flow`` v``version`` from the store, as executors and tools read it.
+
+    Its signature is checked against the key it is read from (kvs.serialization signs the
+    key, so the flow and version, with the plan), and the plan's own flow name against
+    ``flow``: a plan copied from another flow or version is refused (``SerializationError``
+    naming the key), never built."""
+    key = PLAN_KEY.format(flow=flow, version=version)
+    return checked_plan(store.get(key, trusted=True), flow, key)
+
+
+def checked_plan(plan, flow: str, key: str):
+    """``plan`` if it is a plan of ``flow``; else ``SerializationError`` naming ``key``.
+
+    Defence in depth behind the signature's binding to ``key``: a plan stored under the
+    wrong flow's key by the cluster itself (or by a forger with the cluster key) is not
+    served as that flow."""
+    name = getattr(plan, "flow_name", None)
+    if name != flow:
+        raise SerializationError(
+            f"value of key {key!r}: a plan of flow {name!r}, not of flow {flow!r} as its key says: refused"
+        )
+    return plan
 
 
 def place(plan, executors: dict) -> dict[str, list[str]]:

@@ -300,6 +300,8 @@ class CachedKVS(KVS):
             return decode_value(key, obj, trusted, self._signing_key)
         if not trusted:
             raise SerializationError(f"value of key {key!r} is a trusted pickle; read it with get(..., trusted=True)")
+        # its signature was checked against this same key when it was read (_fetch), and an
+        # entry is only ever filed under the key it was read from
         return obj
 
     def _fetch(self, keys: list[str], default: Any, trusted: bool) -> list[Any]:

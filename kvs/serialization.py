@@ -15,10 +15,19 @@ tag:
     R  KVSRef                            the UTF-8 key
     P  trusted pickle (cloudpickle)      ONLY via ``dumps_trusted``/``loads_trusted``
                                          or ``decode(..., trusted=True)``
+    K  signed trusted pickle, bound to   ``sign_trusted``: the key it is stored under
+       the key it is stored under        (u16 LE length, UTF-8), an HMAC-SHA256 over
+                                         that key and the "P" value, then the "P" value
+    Q  signed pickle of the old format   (MAC over the pickle only) refused: re-deploy
 
 Why not pickle for everything: values come back from the network, and unpickling
 network data runs arbitrary code. Pickle is kept for one trusted use, user functions
 registered by a deploy, behind its own tag and an explicit ``trusted=True``.
+
+Why a signature names its key: plans are stored under ``flowserve:plan:{flow}:{version}``.
+A MAC over the pickle alone would let anyone with the store's password copy one flow's
+signed plan over another's key (or an old version over the current one) and have it
+served; signing the key too makes a value valid only where the cluster put it.
 
 Arrays are decoded zero-copy with ``np.frombuffer`` (so they come back **read-only**;
 ``.copy()`` to modify) and encoded with exactly one copy (``b"".join``).
@@ -51,7 +60,15 @@ TAG_ARROW = ord("A")
 TAG_TABLE = ord("T")
 TAG_REF = ord("R")
 TAG_PICKLE = ord("P")
-TAG_SIGNED = ord("Q")  # a trusted pickle with an HMAC-SHA256 of it: MAGIC, "Q", 32-byte MAC, the "P" value
+TAG_SIGNED = ord("Q")  # old format, refused: MAGIC, "Q", HMAC-SHA256 of the "P" value alone, the "P" value
+TAG_BOUND = ord("K")  # MAGIC, "K", u16 LE key length, the key (UTF-8), 32-byte MAC, the "P" value
+
+# what a bound signature covers, before the key and the pickle: a fixed label (so the MAC
+# of a plan can never be mistaken for one the cluster key makes for anything else), then
+# the key's length (so key and pickle cannot be split differently into the same bytes)
+_BOUND_LABEL = b"flowserve-signed-pickle\0v2\0"
+_BOUND_KEY_LEN = struct.Struct("<H")
+_MAC_LEN = 32
 
 _H_BYTES = _M + b"B"
 _H_STR = _M + b"S"
@@ -125,13 +142,21 @@ def encode(value: Any) -> bytes:
     )
 
 
-def decode(data: bytes | bytearray | memoryview, *, trusted: bool = False, signing_key: bytes | None = None) -> Any:
+def decode(
+    data: bytes | bytearray | memoryview,
+    *,
+    trusted: bool = False,
+    signing_key: bytes | None = None,
+    key: str | None = None,
+) -> Any:
     """Decode bytes written by ``encode`` (or ``dumps_trusted`` when ``trusted=True``).
 
     Arrays are zero-copy, read-only views of ``data``. A pickle payload is refused
     unless ``trusted=True``: only pass that for data this deployment wrote itself. With a
     ``signing_key`` (the cluster's), only signed pickles whose MAC checks are unpickled
     (``sign_trusted``): anyone who can write to the store cannot make a process run code.
+    A signed pickle is checked against ``key``, the key it was read from: one signed for
+    another key (another flow's plan, or an older version's) is refused.
 
         >>> decode(encode([1, "a"]))
         [1, 'a']
@@ -163,12 +188,26 @@ def decode(data: bytes | bytearray | memoryview, *, trusted: bool = False, signi
         if table_cls is None:
             raise SerializationError("value is a flow Table but flow.table is not importable")
         return table_cls.from_arrow(_decode_arrow(view), qid="qid")
+    if tag == TAG_BOUND:
+        if not trusted:
+            raise SerializationError(
+                "refusing to unpickle a value read from the KVS (a signed pickle): only with trusted=True"
+            )
+        return _unpickle(_verified(view, signing_key, key))
     if tag == TAG_SIGNED:
         if not trusted:
             raise SerializationError(
                 "refusing to unpickle a value read from the KVS (a signed pickle): only with trusted=True"
             )
-        return _unpickle(_verified(view, signing_key))
+        if signing_key is None:
+            raise SerializationError("a signed pickle, but no cluster key to check it with (set FLOWSERVE_CLUSTER_KEY)")
+        # its MAC does not cover the key it is stored under, so it cannot tell a plan that
+        # belongs here from one copied from another flow or version: never unpickled
+        raise SerializationError(
+            "refusing a signed pickle of the old format, whose signature is not bound to the "
+            "key it is stored under (written by an older FlowServe): re-deploy the flow to "
+            "store its plan again"
+        )
     if tag == TAG_PICKLE and trusted and signing_key is not None:
         raise SerializationError(
             "refusing an unsigned pickle: this cluster signs what it unpickles "
@@ -201,23 +240,67 @@ def dumps_trusted(obj: Any) -> bytes:
         raise SerializationError(f"cannot pickle {_typename(obj)}: {exc}") from exc
 
 
-def sign_trusted(blob: bytes, signing_key: bytes) -> bytes:
-    """A ``dumps_trusted`` value signed with the cluster key (HMAC-SHA256)."""
-    import hmac
+def sign_trusted(blob: bytes, signing_key: bytes, key: str) -> bytes:
+    """A ``dumps_trusted`` value signed with the cluster key (HMAC-SHA256) for ``key``, the
+    key it will be stored under: ``decode`` accepts it only when read from that key.
 
+        >>> k = bytes(range(16))
+        >>> decode(sign_trusted(dumps_trusted(1), k, "a"), trusted=True, signing_key=k, key="a")
+        1
+    """
     if len(blob) < 2 or blob[0] != MAGIC or blob[1] != TAG_PICKLE:
         raise SerializationError("only values written by dumps_trusted() are signed")
-    return _M + bytes([TAG_SIGNED]) + hmac.digest(signing_key, blob, "sha256") + blob
+    keyb = _key_bytes(key)
+    return b"".join(
+        (_M, bytes([TAG_BOUND]), _BOUND_KEY_LEN.pack(len(keyb)), keyb, _bound_mac(signing_key, keyb, blob), blob)
+    )
 
 
-def _verified(view: memoryview, signing_key: bytes | None) -> memoryview:
-    """The inner pickle value of a signed one, once its MAC checks."""
+def _key_bytes(key: str) -> bytes:
+    keyb = key.encode("utf-8", "surrogateescape")
+    if len(keyb) > 0xFFFF:
+        raise SerializationError(f"cannot sign a value for a key of {len(keyb)} bytes (at most 65535)")
+    return keyb
+
+
+def _bound_mac(signing_key: bytes, keyb: bytes, blob) -> bytes:
+    import hmac
+
+    mac = hmac.new(signing_key, _BOUND_LABEL, "sha256")
+    mac.update(_BOUND_KEY_LEN.pack(len(keyb)))
+    mac.update(keyb)
+    mac.update(blob)
+    return mac.digest()
+
+
+def _verified(view: memoryview, signing_key: bytes | None, key: str | None) -> memoryview:
+    """The inner pickle value of a key-bound signed one, once its MAC checks for ``key``."""
     import hmac
 
     if signing_key is None:
         raise SerializationError("a signed pickle, but no cluster key to check it with (set FLOWSERVE_CLUSTER_KEY)")
-    mac, inner = bytes(view[2:34]), view[34:]
-    if len(view) < 36 or not hmac.compare_digest(mac, hmac.digest(signing_key, inner, "sha256")):
+    if key is None:
+        raise SerializationError(
+            "a signed pickle is checked against the key it was read from: pass key= (KVS.get(key, trusted=True) does)"
+        )
+    start = 2 + _BOUND_KEY_LEN.size
+    if len(view) < start:
+        raise SerializationError("truncated signed pickle")
+    (n,) = _BOUND_KEY_LEN.unpack_from(view, 2)
+    mac_at = start + n
+    if len(view) < mac_at + _MAC_LEN + 2:
+        raise SerializationError("truncated signed pickle")
+    signed_for = bytes(view[start:mac_at])
+    keyb = _key_bytes(key)
+    if signed_for != keyb:
+        # the name it carries only explains the refusal; the MAC below is what decides
+        shown = signed_for[:200].decode("utf-8", "replace")
+        raise SerializationError(
+            "refusing a signed pickle whose signature does not match this key: a plan copied "
+            f"from another flow or version? (it says it was signed for key {shown!r})"
+        )
+    mac, inner = bytes(view[mac_at : mac_at + _MAC_LEN]), view[mac_at + _MAC_LEN :]
+    if not hmac.compare_digest(mac, _bound_mac(signing_key, keyb, inner)):
         raise SerializationError(
             "refusing a signed pickle whose signature does not match (tampered with, or "
             "signed with another cluster's key)"
@@ -238,7 +321,7 @@ def loads_trusted(blob: bytes | bytearray | memoryview) -> Any:
 
 def is_trusted_payload(data: bytes | bytearray | memoryview) -> bool:
     """True if ``data`` is a pickle written by ``dumps_trusted``, signed or not (cheap header check)."""
-    return len(data) >= 2 and data[0] == MAGIC and data[1] in (TAG_PICKLE, TAG_SIGNED)
+    return len(data) >= 2 and data[0] == MAGIC and data[1] in (TAG_PICKLE, TAG_BOUND, TAG_SIGNED)
 
 
 def is_mutable_payload(data: bytes | bytearray | memoryview) -> bool:
