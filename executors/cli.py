@@ -26,6 +26,7 @@ import runpy
 import sys
 from pathlib import Path
 
+from executors.errors import ClusterStartError
 from flow.exceptions import FlowError
 
 
@@ -49,8 +50,9 @@ def cmd_up(args) -> int:
     fields = {"dir": str(args.dir), "persistence": True, "host": args.host, "port": args.port}
     if args.executors is not None:
         fields["executors"] = args.executors
-    if args.token:
-        fields["token"] = args.token
+    token = _token(args)
+    if token:
+        fields["token"] = token
     for flag, field in (("request_timeout", "request_timeout_s"), ("max_request_timeout", "max_request_timeout_s")):
         if getattr(args, flag) is not None:
             fields[field] = getattr(args, flag)
@@ -63,6 +65,23 @@ def cmd_up(args) -> int:
     c = LocalCluster(ClusterConfig(**fields), detached=True).start()
     print(f"cluster up at {c.url}  (stop it with `flowserve down`)")
     return 0
+
+
+TOKEN_ENV = "FLOWSERVE_TOKEN"
+
+
+def _token(args) -> str | None:
+    """The bearer token `up` requires: ``--token-file`` (kept off the command line, where
+    any local user reads it with `ps`), else ``--token``, else ``$FLOWSERVE_TOKEN``."""
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as e:
+            raise ClusterStartError(f"cannot read the token file {args.token_file}: {e.strerror or e}") from None
+        if not token:
+            raise ClusterStartError(f"the token file {args.token_file} is empty")
+        return token
+    return args.token or os.environ.get(TOKEN_ENV) or None
 
 
 def _say(msg: str) -> None:
@@ -87,18 +106,27 @@ def cmd_down(args) -> int:
         _clean_stale(home)
         print(f"no cluster was answering in {home}; removed its stale state")
         return 0
-    c.stop()
+    c.stop()  # returns once its processes are gone
     _clean_stale(home)
     print("cluster stopped")
     return 0
 
 
 def _clean_stale(home: Path) -> None:
+    import shutil
+
     from executors.config import STATE_FILE
 
-    (home / STATE_FILE).unlink(missing_ok=True)
-    for sock in home.glob("*.ipc"):
+    state = home / STATE_FILE
+    try:
+        rundir = json.loads(state.read_text()).get("rundir")
+    except (OSError, ValueError):
+        rundir = None
+    if rundir and Path(rundir).name.startswith("flowserve-run-"):
+        shutil.rmtree(rundir, ignore_errors=True)  # its sockets
+    for sock in home.glob("*.ipc"):  # sockets of a cluster that kept them in its directory
         sock.unlink(missing_ok=True)
+    state.unlink(missing_ok=True)
 
 
 def cmd_status(args) -> int:
@@ -107,7 +135,12 @@ def cmd_status(args) -> int:
         print(json.dumps(st, indent=2))
         return 0
     h = st["health"]
-    print(f"cluster {st['url']}: {h['executors']} executors alive, {len(st['flows'])} flow(s)")
+    print(f"cluster {st['url']}: {h['executors']} executors answering, {len(st['flows'])} flow(s)")
+    for id_, why in sorted((h.get("down") or {}).items()):
+        print(f"  executor {id_} is down ({why}); it is being restarted")
+    gw = h.get("gateway") or {}
+    if gw.get("restarts"):
+        print(f"  the gateway process was restarted {gw['restarts']} time(s); it last ended with {gw.get('last_exit')}")
     for f in st["flows"]:
         print(f"\nflow {f['name']} (v{f['version']})")
         rows = [("stage", "replicas", "device", "batch", "wait", "p50 ms")]
@@ -184,7 +217,7 @@ def _read_rows(path: str) -> list:
 def cmd_profile(args) -> int:
     """Time every stage of a deployed flow per batch size on sample rows; store the profile
     so that the next `flowserve deploy --slo-p99-ms` plans from it."""
-    from executors.placement import PLAN_KEY
+    from executors.placement import load_plan
     from executors.slo import profile_plan, save_profile
 
     c = _cluster(args)
@@ -192,7 +225,7 @@ def cmd_profile(args) -> int:
     if r.status_code != 200:
         print(f"error: no deployed flow named {args.name!r}", file=sys.stderr)
         return 2
-    plan = c.kvs.get(PLAN_KEY.format(flow=args.name, version=r.json()["version"]), trusted=True)
+    plan = load_plan(c.kvs, args.name, r.json()["version"])  # signed for this flow and version, or refused
     _say(f"profiling {len(plan.stages)} stage(s) of {args.name} on {args.samples}")
     profile = profile_plan(plan, _read_rows(args.samples), c.kvs, max_batch=args.max_batch)
     save_profile(c.kvs, args.name, profile)
@@ -333,7 +366,10 @@ def add_runtime_commands(p: argparse.ArgumentParser, sub) -> None:
     )
     up.add_argument("--host", default="127.0.0.1", help="gateway bind address (default 127.0.0.1)")
     up.add_argument("--port", type=int, default=8000, help="gateway port (default 8000; 0 for a free one)")
-    up.add_argument("--token", help="require this bearer token on /flows calls")
+    up.add_argument(
+        "--token", help=f"require this bearer token on /flows calls (also ${TOKEN_ENV}; --token-file keeps it off ps)"
+    )
+    up.add_argument("--token-file", help="read the bearer token from this file")
     up.add_argument(
         "--request-timeout", type=float, help="seconds a request may take before 504, unless its flow says (default 30)"
     )

@@ -12,11 +12,13 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import inspect
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +30,7 @@ from pathlib import Path
 import cloudpickle
 import httpx
 import numpy as np
+import redis
 
 from executors.config import CONFIG_ENV, STATE_FILE, ClusterConfig
 from executors.errors import ClusterStartError, DeployConflictError, DeployError, InvocationError
@@ -35,6 +38,7 @@ from executors.httpcodec import ARROW
 from executors.placement import PLAN_KEY, next_version
 from flow.table import Table
 from kvs import KVS
+from kvs.exceptions import StoreWriteError, is_write_refusal, store_problem
 from kvs.server import popen, terminate
 
 DEFAULT_DIR = Path(os.environ.get("FLOWSERVE_HOME", Path.home() / ".flowserve"))
@@ -156,8 +160,19 @@ class ClusterClient:
 
             plan = plan_for_deploy(self.kvs, plan, slo, **serving)
         _register_by_value(plan)
-        version = next_version(self.kvs.redis, flow.name)
-        self.kvs.put_trusted(PLAN_KEY.format(flow=flow.name, version=version), plan)
+        try:
+            version = next_version(self.kvs.redis, flow.name)
+            self.kvs.put_trusted(PLAN_KEY.format(flow=flow.name, version=version), plan)
+        except StoreWriteError as e:
+            raise StoreWriteError(f"deploying flow {flow.name!r} failed: {e}") from None
+        except redis.ResponseError as e:  # the version counter, written with the raw client
+            if not is_write_refusal(e):
+                raise
+            where = self.kvs.data_dir()
+            raise StoreWriteError(
+                f"deploying flow {flow.name!r} failed: {store_problem(e)}"
+                + (f" (the store's data directory: {where})" if where else "")
+            ) from None
         _progress(
             f"deploying flow {flow.name!r} v{version} ({len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''})"
         )
@@ -252,19 +267,14 @@ class LocalCluster(ClusterClient):
         return c
 
     def stop(self, timeout: float = 60.0) -> None:
-        """Stop the cluster gracefully (in-flight requests finish), then remove its files."""
+        """Stop the cluster gracefully (in-flight requests finish), then remove its files.
+        Returns once its processes are gone."""
         self.close()
         if self.proc is not None:
             terminate(self.proc, timeout)
             self.proc = None
         elif self.state.get("pid"):
-            try:
-                os.kill(self.state["pid"], 15)
-                deadline = time.monotonic() + timeout
-                while time.monotonic() < deadline and Path(self.dir, STATE_FILE).exists():
-                    time.sleep(0.05)
-            except ProcessLookupError:
-                pass
+            _stop_supervisor(self.state["pid"], timeout)
         if self._owns_dir and self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
         self.state = {}
@@ -282,6 +292,38 @@ class LocalCluster(ClusterClient):
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _stop_supervisor(pid: int, timeout: float) -> None:
+    """SIGTERM a cluster's supervisor (not our child: `flowserve up` started it) and wait
+    until it has exited; it exits only after its gateway, executors and store have. SIGKILL
+    after ``timeout`` (its children then die with it: they are bound to its life)."""
+    if not _is_supervisor(pid):
+        return  # gone already (its pid may be another process's by now)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while _is_supervisor(pid):
+        if time.monotonic() > deadline:
+            _progress(f"the cluster (pid {pid}) did not stop within {timeout:.0f} s; killing it")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            deadline = float("inf")
+        time.sleep(0.05)
+
+
+def _is_supervisor(pid: int) -> bool:
+    """Whether ``pid`` is a running cluster supervisor (``python -m executors.daemon``)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != b"Z" and b"executors.daemon" in cmdline
 
 
 def _register_by_value(plan) -> None:

@@ -1,8 +1,21 @@
-"""The local cluster process: the KVS server, the executors, the gateway, a supervisor.
+"""The local cluster's root process: it starts the KVS server, the executors and the
+gateway, and restarts whichever of them dies, for as long as the cluster runs.
 
 ``flow.deploy()`` starts one of these as a child that dies with the caller; ``flowserve up``
 starts one that outlives the shell. It writes ``<dir>/cluster.json`` (mode 0600: it holds
-the KVS password and the admin token) once the gateway answers.
+the KVS password and the admin token) once the gateway first answers.
+
+Why the gateway is a process of its own: it reads untrusted bytes (HTTP heads and bodies)
+with C code (httptools, Arrow, orjson). If that ever crashes the process, the executors,
+the store and the flows built on them live on in their own processes, and this one starts
+a new gateway on the same listening socket, which it holds across gateway restarts:
+connections that arrive meanwhile wait in the socket's backlog instead of being refused.
+The gateway keeps what requests need (routing, flows, pings); this process keeps only
+processes, so there is little here that can fail (executors/control.py is how they talk).
+
+Nothing is given up on: a process that fails to start, or dies soon after it started, is
+started again after a backoff (0.1 s doubling to 10 s), each failure logged with its
+reason, while every other process stays supervised.
 
     python -m executors.daemon --dir /tmp/fs --config '{"executors": 2}'
 """
@@ -11,60 +24,235 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import logging
 import os
 import secrets
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
-from functools import partial
 from pathlib import Path
 
-import uvicorn
-
 from executors.config import CONFIG_ENV, KEY_ENV, STATE_FILE, ClusterConfig, math_thread_env
-from executors.dispatcher import Dispatcher
-from executors.durability import StoreWatch, mark_started, registry_if_intact
-from executors.gateway import Gateway, LoadFailed, make_app
-from executors.membership import build_on
-from executors.metrics import Metrics
-from executors.scaling import ScalingLoop
-from executors.serving import DrainingServer, drain, limited_protocol
+from executors.control import Channel
+from executors.durability import mark_started
 from executors.watchdog import EXIT_RECYCLED, Blackbox
 from kvs import KVS, RedisServer
-from kvs.server import free_port, popen, terminate
+from kvs.retry import Backoff
+from kvs.server import popen, terminate
 
 log = logging.getLogger("flowserve.cluster")
-LIVENESS_S = 1.0  # how often the supervisor pings its executors
+
+SERVED_FILE = "served.json"  # flow -> the newest version served (see _note_served)
+STABLE_S = 10.0  # a process that ran this long before it died is restarted at once
+RESTART_BACKOFF = (0.1, 10.0)  # otherwise: after these delays, doubling (kvs.retry.Backoff)
+ADMIN_TOKEN_ENV = "FLOWSERVE_ADMIN_TOKEN"
 
 
-class ExecutorProcess:
-    """One executor child process; restarted by the supervisor when it dies."""
+def exit_reason(code: int | None) -> str:
+    """A process's return code in words: "signal 9 (SIGKILL)", "exit 1"."""
+    if code is None:
+        return "running"
+    if code < 0:
+        try:
+            return f"signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit {code}"
 
-    def __init__(
-        self, id_: str, address: str, device: str, kvs_url: str, config: ClusterConfig, logdir: Path, cluster_key: bytes
-    ):
-        self.id, self.address, self.device = id_, address, device
-        self.kvs_url, self.config, self.logdir = kvs_url, config, logdir
-        self.cluster_key = cluster_key
+
+class Supervised:
+    """A child process the supervisor keeps running: its restarts, its backoff, and why
+    it last stopped."""
+
+    def __init__(self, name: str, logfile: Path):
+        self.name = name
+        self.logfile = logfile
         self.proc: subprocess.Popen | None = None
+        self.started_at = 0.0
         self.restarts = 0
+        self.backoff = Backoff(*RESTART_BACKOFF)
+        self.last_exit: str | None = None  # "signal 11 (SIGSEGV)", "exit 1", or why it could not start
+        self.restart_at: float | None = None  # when the next start is due (monotonic), if it is down
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def open_log(self):
+        """The process's log file for appending, or None (its output then goes where the
+        supervisor's own goes) when the directory cannot take it: a full or read-only disk
+        must not stop a process from starting."""
+        try:
+            return open(self.logfile, "ab")
+        except OSError as e:
+            log.warning(
+                "%s: cannot open its log %s (%s); its output goes to the cluster's own", self.name, self.logfile, e
+            )
+            return None
+
+    def delay_after_exit(self) -> float:
+        """Seconds to wait before starting it again: none after a long run, a growing
+        backoff while it keeps dying young."""
+        if time.monotonic() - self.started_at >= STABLE_S:
+            self.backoff.reset()
+            return 0.0
+        return self.backoff.next()
+
+
+class ExecutorProcess(Supervised):
+    """One executor child process."""
+
+    def __init__(self, id_: str, address: str, device: str, logdir: Path, extra: bool = False):
+        super().__init__(f"executor {id_}", logdir / f"{id_}.log")
+        self.id, self.address, self.device = id_, address, device
+        self.extra = extra  # started for the autoscaler: it may stop it again
         self.blackbox = logdir / f"{id_}.running"  # what its threads run: read after a crash
 
-    def start(self) -> None:
-        logfile = open(self.logdir / f"{self.id}.log", "ab")
+    def describe(self) -> dict:
+        return {
+            "id": self.id,
+            "address": self.address,
+            "device": self.device,
+            "alive": self.alive(),
+            "extra": self.extra,
+            "restarts": self.restarts,
+            "last_exit": self.last_exit,
+        }
+
+
+class ClusterSupervisor:
+    def __init__(self, config: ClusterConfig, dir_: Path):
+        self.config = config
+        self.dir = dir_
+        self.logdir = dir_ / "logs"
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        os.chmod(dir_, 0o700)  # state and logs are this user's only
+        # sockets live apart from the cluster directory, so a full or read-only disk there
+        # does not stop an executor from listening again after a restart
+        self.rundir = Path(tempfile.mkdtemp(prefix="flowserve-run-"))
+        self.admin_token = secrets.token_urlsafe(24)
+        # signs the plans this cluster unpickles; kept in the 0600 state file and the processes'
+        # environment, never in the KVS (whoever can write there must not run code here)
+        self.cluster_key = _cluster_key(dir_)
+        self.redis = RedisServer(
+            dir=dir_ / "redis", appendonly=config.persistence, password=secrets.token_urlsafe(24), die_with_parent=True
+        )
+        self.store_backoff = Backoff(*RESTART_BACKOFF)
+        self.store_restarting = False
+        self.executors: list[ExecutorProcess] = []
+        self._next_index = 0
+        self.gateway = Supervised("gateway", self.logdir / "gateway.log")
+        self.gateway_incarnation = -1
+        self.channel: Channel | None = None
+        self.listener: socket.socket | None = None
+        self.port = 0
+        self.stopping = False
+        self.ready = False
+        self.served_file = dir_ / SERVED_FILE
+        self.served: dict[str, int] = _read_served(self.served_file)
+        self._stopped: asyncio.Event | None = None
+
+    # -- the whole cluster -------------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            self.listener = _listen(self.config.host, self.config.port)
+            self.port = self.listener.getsockname()[1]
+            asyncio.run(self._main())
+        finally:
+            self._shutdown()
+
+    async def _main(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._stopped = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal)
+        await asyncio.to_thread(self.redis.start)
+        store = KVS.from_url(self.redis.url, signing_key=self.cluster_key)
+        try:
+            await asyncio.to_thread(mark_started, store.redis)  # kvs/markers.py: a store that lost its data
+        finally:
+            store.close()
+        for i in range(self.config.executors + self.config.gpu_executors):
+            self._new_executor("cpu" if i < self.config.executors else "gpu")
+        self._start_gateway()
+        sweep = loop.create_task(self._sweep())
+        await self._stopped.wait()
+        sweep.cancel()
+        await self._stop_gateway()
+
+    def _on_signal(self) -> None:
+        if self.stopping:  # a second signal: stop now
+            log.warning("second stop signal: stopping at once")
+            if self.gateway.alive():
+                self.gateway.proc.kill()
+        self.stopping = True
+        self._stopped.set()
+
+    async def _sweep(self) -> None:
+        """Notice processes that ended and start those whose backoff has passed. A child's
+        end is seen within this period; the restart itself waits for its backoff."""
+        while True:
+            await asyncio.sleep(0.05)
+            if self.stopping:
+                return
+            now = time.monotonic()
+            self._check_store()
+            for ex in list(self.executors):
+                self._check_executor(ex, now)
+            self._check_gateway(now)
+
+    # -- the KVS server ----------------------------------------------------------------------
+
+    def _check_store(self) -> None:
+        if self.redis.running or self.store_restarting:
+            return
+        self.store_restarting = True
+        asyncio.get_running_loop().create_task(self._restart_store())
+
+    async def _restart_store(self) -> None:
+        """Start the KVS server again on its port (clients reconnect by themselves; with
+        persistence its data survives), with a growing backoff while it fails."""
+        try:
+            while not self.stopping:
+                log.warning("the KVS server is down; starting it again on port %s", self.redis.port)
+                try:
+                    await asyncio.to_thread(self.redis.restart)
+                    self.store_backoff.reset()
+                    return
+                except Exception as e:
+                    delay = self.store_backoff.next()
+                    log.error("starting the KVS server failed (%s); trying again in %.1f s", e, delay)
+                    await asyncio.sleep(delay)
+        finally:
+            self.store_restarting = False
+
+    # -- executors ---------------------------------------------------------------------------
+
+    def _new_executor(self, device: str, extra: bool = False) -> ExecutorProcess:
+        i = self._next_index
+        self._next_index += 1
+        ex = ExecutorProcess(f"{device}{i}", f"ipc://{self.rundir}/e{i}.ipc", device, self.logdir, extra)
+        self.executors.append(ex)
+        self._start_executor(ex)
+        return ex
+
+    def _start_executor(self, ex: ExecutorProcess) -> bool:
         cmd = [
             sys.executable,
             "-m",
             "executors.executor",
             "--id",
-            self.id,
+            ex.id,
             "--address",
-            self.address,
+            ex.address,
             "--device",
-            self.device,
+            ex.device,
             "--threads",
             str(self.config.threads),
             "--busy-poll-ms",
@@ -74,294 +262,214 @@ class ExecutorProcess:
             "--stuck-grace-s",
             repr(float(self.config.stuck_grace_s)),
             "--blackbox",
-            str(self.blackbox),
+            str(ex.blackbox),
         ]
         # the KVS URL holds its password: through the environment (readable by this user only),
         # never the command line (any local user reads that with `ps`)
-        env = dict(os.environ, FLOWSERVE_KVS_URL=self.kvs_url, **{KEY_ENV: self.cluster_key.hex()})
+        env = dict(os.environ, FLOWSERVE_KVS_URL=self.redis.url, **{KEY_ENV: self.cluster_key.hex()})
         env.pop(CONFIG_ENV, None)
         env.update(math_thread_env(self.config.executors + self.config.gpu_executors))
-        self.proc = popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-        logfile.close()
+        if self._spawn(ex, cmd, env):
+            self.send({"event": "started", "id": ex.id})
+            return True
+        self.send({"event": "start_failed", "id": ex.id, "reason": ex.last_exit})
+        return False
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-
-class ClusterDaemon:
-    def __init__(self, config: ClusterConfig, dir_: Path):
-        self.config = config
-        self.dir = dir_
-        self.logdir = dir_ / "logs"
-        self.logdir.mkdir(parents=True, exist_ok=True)
-        os.chmod(dir_, 0o700)  # sockets and state are this user's only
-        self.admin_token = secrets.token_urlsafe(24)
-        # signs the plans this cluster unpickles; kept in the 0600 state file and the processes'
-        # environment, never in the KVS (whoever can write there must not run code here)
-        self.cluster_key = _cluster_key(dir_)
-        self.redis = RedisServer(
-            dir=dir_ / "redis", appendonly=config.persistence, password=secrets.token_urlsafe(24), die_with_parent=True
-        )
-        self.port = config.port or free_port()
-        self.executors: list[ExecutorProcess] = []
-        self.metrics = Metrics()
-        self.dispatcher: Dispatcher | None = None
-        self._supervisor: asyncio.Task | None = None
-        self._liveness: asyncio.Task | None = None
-        self._next_index = config.executors + config.gpu_executors
-        self.scaling = (
-            ScalingLoop(
-                lambda: self.dispatcher,
-                self,
-                config.autoscaling,
-                metrics=self.metrics,
-                max_executors=config.max_executors,
-            )
-            if config.autoscaling is not None
-            else None
-        )
-        if self.scaling is None:  # flows served under an SLO are tuned even without a policy
-            self.scaling = ScalingLoop(
-                lambda: self.dispatcher, self, None, metrics=self.metrics, max_executors=config.max_executors
-            )
-        self._scaling_task: asyncio.Task | None = None
-        self._store_watch: asyncio.Task | None = None
-
-    def run(self) -> None:
-        self.redis.start()
-        kvs_url = self.redis.url
-        self.store = KVS.from_url(kvs_url, signing_key=self.cluster_key)
-        mark_started(self.store.redis)  # kvs/markers.py: how a store that lost its data is told apart
-        for i in range(self.config.executors + self.config.gpu_executors):
-            device = "cpu" if i < self.config.executors else "gpu"
-            ex = ExecutorProcess(
-                f"{device}{i}",
-                f"ipc://{self.dir}/e{i}.ipc",
-                device,
-                kvs_url,
-                self.config,
-                self.logdir,
-                self.cluster_key,
-            )
-            ex.start()
-            self.executors.append(ex)
-        app = self._app()
-        server = DrainingServer(
-            uvicorn.Config(
-                app,
-                host=self.config.host,
-                port=self.port,
-                log_level="warning",
-                lifespan="on",
-                timeout_graceful_shutdown=30,
-                access_log=False,
-                proxy_headers=False,
-                http=limited_protocol(self.config.http_limits()),
-            ),
-            self.gateway,
-            drain_s=self.config.request_timeout_s,
-        )
+    def _spawn(self, p: Supervised, cmd: list, env: dict, pass_fds=()) -> bool:
+        """Start ``p``'s process; on failure log why and schedule the next try."""
+        out = p.open_log()
         try:
-            server.run()
-        finally:
-            self._shutdown()
-
-    def _app(self):
-        self.dispatcher = Dispatcher(
-            f"ipc://{self.dir}/gateway.ipc",
-            self.config.max_retries,
-            self.metrics,
-            colocate=self.config.colocate,
-            busy_poll_ms=self.config.busy_poll_ms,
-        )
-        for ex in self.executors:
-            self.dispatcher.add_executor(ex.id, ex.address, ex.device)
-        self.dispatcher.wait_for_restarts = self.config.restart_executors
-        self.gateway = Gateway(
-            self.dispatcher,
-            self.store,
-            token=self.config.token,
-            admin_token=self.admin_token,
-            max_body_bytes=self.config.max_body_bytes,
-            request_timeout_s=self.config.request_timeout_s,
-            max_request_timeout_s=self.config.max_request_timeout_s,
-            load_timeout_s=self.config.load_timeout_s,
-            metrics=self.metrics,
-            public_metrics=self.config.public_metrics,
-            max_rows=self.config.max_rows,
-        )
-        if self.scaling is not None:
-            self.gateway.shape_placement = self.scaling.initial_placement
-            self.gateway.scaling_status = self.scaling.status
-            self.scaling.monitor = self.gateway.slo
-            self.scaling.serve_replan = self.gateway.serve_replan  # the tuner's re-plans
-        return make_app(self.gateway, on_startup=[self._started], on_shutdown=[self._stopping])
-
-    async def _started(self) -> None:
-        self.dispatcher.start()
-        await self._wait_executors()
-        self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
-        self._liveness = asyncio.get_running_loop().create_task(self._watch_liveness())
-        self._store_watch = asyncio.get_running_loop().create_task(self._watch_store())
-        if self.scaling is not None:
-            self._scaling_task = asyncio.get_running_loop().create_task(self.scaling.run())
-        await self._restore_flows()
-        self._write_state()
-        log.info("local cluster ready at http://%s:%s", self.config.host, self.port)
-
-    async def _restore_flows(self) -> None:
-        """Serve again what the registry lists: a cluster restarted on a persisted store
-        (`flowserve down` then `up`) comes back with its flows. A flow that cannot be built
-        any more (its code changed underneath, a model is gone) is logged and skipped."""
-        registry = await asyncio.to_thread(registry_if_intact, self.store.redis)
-        for name, version in sorted((registry or {}).items()):
-            try:
-                await self.gateway.load_flow(name, version)
-                log.info("flow %s v%s restored from the store", name, version)
-            except LoadFailed as e:
-                log.warning("flow %s v%s is registered but could not be restored: %s", name, version, e.message)
-
-    async def _wait_executors(self) -> None:
-        for ex in self.executors:
-            if not await self._ping(ex, timeout=60):
-                raise RuntimeError(f"executor {ex.id} did not start; see {self.logdir / (ex.id + '.log')}")
-
-    async def _ping(self, ex: ExecutorProcess, timeout: float) -> bool:
-        return await self.dispatcher.ping(ex.address, timeout, still_worth_it=ex.alive) is not None
-
-    async def _supervise(self) -> None:
-        """Restart dead executors and rebuild their flows (requests in flight are re-run),
-        and restart the KVS server on its port if it died (clients reconnect by themselves;
-        with persistence its data survives)."""
-        while True:
-            await asyncio.sleep(0.1)
-            if not self.redis.running and self.gateway.accepting:
-                log.warning("the KVS server died; restarting it on port %s", self.redis.port)
-                try:
-                    await asyncio.get_running_loop().run_in_executor(None, self.redis.restart)
-                except Exception:
-                    log.exception("restarting the KVS server failed; will retry")
-            for ex in self.executors:
-                if ex.alive() or not self.gateway.accepting:
-                    continue
-                if self.dispatcher.executors[ex.id].alive:
-                    self._executor_exited(ex)
-                if not self.config.restart_executors:
-                    continue
-                log.warning("restarting executor %s", ex.id)
-                ex.restarts += 1
-                ex.start()
-                if await self._ping(ex, timeout=60):
-                    # the stages placed on it (its placement was kept): meanwhile requests
-                    # avoid it for a flow whose build failed (not in ``loaded``)
-                    await build_on(self.dispatcher, ex.id, partial(_placed_on, ex.id), self.config.load_timeout_s)
-                    self.dispatcher.executor_back(ex.id)
-
-    async def _watch_liveness(self) -> None:
-        """Kill an executor that stops answering pings for ``stuck_grace_s``. Its own watchdog
-        handles stuck threads, but a C call that never releases the interpreter lock (a
-        regular expression backtracking for ever) stops that watchdog too; killed, it goes
-        the crash path: the supervisor restarts it and blames what it was running."""
-        while True:
-            await asyncio.sleep(LIVENESS_S)
-            checks = [
-                ex
-                for ex in self.executors
-                if ex.alive() and getattr(self.dispatcher.executors.get(ex.id), "alive", False)
-            ]
-            pongs = await asyncio.gather(
-                *(self.dispatcher.ping(ex.address, self.config.stuck_grace_s, still_worth_it=ex.alive) for ex in checks)
+            # a session of its own: a Ctrl-C in the terminal reaches this process, which
+            # stops the others in order, not every process of the cluster at once
+            p.proc = popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT if out is not None else None,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                pass_fds=pass_fds,
+                start_new_session=True,
             )
-            for ex, pong in zip(checks, pongs):
-                if pong is None and ex.alive() and self.gateway.accepting:
-                    log.error(
-                        "executor %s answered no ping for %.0f s (a thread holds the interpreter); killing it",
-                        ex.id,
-                        self.config.stuck_grace_s,
-                    )
-                    ex.proc.kill()
+        except OSError as e:
+            p.proc = None
+            delay = p.backoff.next()
+            p.last_exit = f"could not start: {e}"
+            p.restart_at = time.monotonic() + delay
+            log.error("%s could not be started (%s); trying again in %.1f s", p.name, e, delay)
+            return False
+        finally:
+            if out is not None:
+                out.close()
+        p.started_at = time.monotonic()
+        p.restart_at = None
+        return True
 
-    def _executor_exited(self, ex: ExecutorProcess) -> None:
-        """Tell the dispatcher why an executor's process ended: it recycled itself (a stuck
-        thread: nothing to blame) or it crashed (its blackbox says which requests were
-        running: those are the suspects of a poison input)."""
-        code = ex.proc.returncode
-        info = self.dispatcher.executors[ex.id]
-        if code == EXIT_RECYCLED:
-            log.warning("executor %s recycled itself (a thread was stuck)", ex.id)
-            info.recycled += 1
-            self.metrics.recycles.labels(ex.id, "stuck").inc()
-            self.dispatcher.executor_died(ex.id, reason="recycled")
-            return
-        running = Blackbox.read(ex.blackbox)
-        how = f"signal {-code}" if code is not None and code < 0 else f"exit {code}"
-        if running:
-            for r in running:
+    def _check_executor(self, ex: ExecutorProcess, now: float) -> None:
+        if ex.proc is not None and ex.proc.poll() is not None:
+            code = ex.proc.returncode
+            ex.proc = None
+            ex.last_exit = "recycled (a thread was stuck)" if code == EXIT_RECYCLED else exit_reason(code)
+            # read what it was running before a new process of it truncates the record
+            running = [] if code == EXIT_RECYCLED else Blackbox.read(ex.blackbox)
+            self.send({"event": "exited", "id": ex.id, "code": code, "running": running})
+            if not self.config.restart_executors:
+                log.warning("executor %s ended (%s); not restarted (restart_executors is off)", ex.id, ex.last_exit)
+                return
+            delay = ex.delay_after_exit()
+            ex.restart_at = now + delay
+            if delay:
                 log.error(
-                    "executor %s crashed (%s) while running flow %s operator %r (stage %s) for request(s) %s, qid %s",
+                    "executor %s ended (%s) %.1f s after it started; starting it again in %.1f s%s",
                     ex.id,
-                    how,
-                    r["flow"],
-                    r["operator"],
-                    r["stage"],
-                    ",".join(str(q) for q, _ in r["requests"]),
-                    r["qid"],
+                    ex.last_exit,
+                    now - ex.started_at,
+                    delay,
+                    _tail(ex.logfile),
                 )
-        else:
-            log.warning("executor %s died (%s) while running no request", ex.id, how)
-        info.crashed += 1
-        self.metrics.crashes.labels(ex.id).inc()
-        self.dispatcher.executor_died(ex.id, running=running)
+        if ex.proc is None and ex.restart_at is not None and now >= ex.restart_at:
+            ex.restarts += 1
+            log.warning("restarting executor %s (restart %d; it ended: %s)", ex.id, ex.restarts, ex.last_exit)
+            self._start_executor(ex)
 
-    async def _watch_store(self) -> None:
-        """Re-publish the served flows if the KVS restarted empty, and build flows again on
-        executors whose load failed (their restart met an empty store): durability.py."""
-        await StoreWatch(self.store, self.dispatcher, self.config.load_timeout_s).run()
+    # -- the gateway -------------------------------------------------------------------------
 
-    async def add_executor(self, device: str) -> str | None:
-        """Start one more executor process (the autoscaler's local backend)."""
-        i = self._next_index
-        self._next_index += 1
-        ex = ExecutorProcess(
-            f"{device}{i}",
-            f"ipc://{self.dir}/e{i}.ipc",
-            device,
-            self.redis.url,
-            self.config,
-            self.logdir,
-            self.cluster_key,
+    def _start_gateway(self) -> None:
+        self.gateway_incarnation += 1
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        cmd = [
+            sys.executable,
+            "-m",
+            "executors.cluster_gateway",
+            "--dir",
+            str(self.dir),
+            "--rundir",
+            str(self.rundir),
+            "--incarnation",
+            str(self.gateway_incarnation),
+            "--listen-fd",
+            str(self.listener.fileno()),
+            "--control-fd",
+            str(theirs.fileno()),
+        ]
+        env = dict(
+            os.environ,
+            FLOWSERVE_KVS_URL=self.redis.url,
+            **{KEY_ENV: self.cluster_key.hex(), ADMIN_TOKEN_ENV: self.admin_token},
         )
-        ex.start()
-        self.executors.append(ex)
-        self.dispatcher.add_executor(ex.id, ex.address, device)
-        if not await self._ping(ex, timeout=60):
-            log.warning("new executor %s did not start", ex.id)
-            await self.remove_executor(ex.id)
-            return None
-        log.warning("started executor %s for the autoscaler", ex.id)
-        return ex.id
-
-    def removable(self) -> list[str]:
-        return [ex.id for ex in self.executors[self.config.executors + self.config.gpu_executors :]]
-
-    async def remove_executor(self, executor_id: str) -> None:
-        """Stop an executor the autoscaler no longer needs (it hosts nothing)."""
-        ex = next((e for e in self.executors if e.id == executor_id), None)
-        if ex is None:
+        env[CONFIG_ENV] = json.dumps(self.config.to_json())
+        started = self._spawn(self.gateway, cmd, env, pass_fds=(self.listener.fileno(), theirs.fileno()))
+        theirs.close()
+        if not started:
+            mine.close()
             return
-        self.executors.remove(ex)
-        self.dispatcher.remove_executor(ex.id)
-        if ex.proc is not None:
-            ex.proc.terminate()
-            await asyncio.get_running_loop().run_in_executor(None, terminate, ex.proc, 10)
-        log.warning("stopped idle executor %s", ex.id)
+        self.channel = Channel(mine, self._on_gateway_message)
+        asyncio.get_running_loop().create_task(self.channel.run())
+        self.send(
+            {
+                "hello": {
+                    "executors": [ex.describe() for ex in self.executors],
+                    "incarnation": self.gateway_incarnation,
+                    "restarts": self.gateway.restarts,
+                    "last_exit": self.gateway.last_exit,
+                    "supervisor_pid": os.getpid(),
+                    "served": self.served,
+                }
+            }
+        )
 
-    async def _stopping(self) -> None:
-        """Graceful stop: refuse new requests, let in-flight ones finish (bounded)."""
-        await drain(self.gateway, self.config.request_timeout_s)
-        for task in (self._supervisor, self._liveness, self._scaling_task, self._store_watch):
-            if task is not None:
-                task.cancel()
+    def _check_gateway(self, now: float) -> None:
+        g = self.gateway
+        if g.proc is not None and g.proc.poll() is not None:
+            g.last_exit = exit_reason(g.proc.returncode)
+            g.proc = None
+            delay = g.delay_after_exit()
+            g.restart_at = now + delay
+            log.error(
+                "the gateway process ended (%s); starting a new one%s; executors and the store keep running%s",
+                g.last_exit,
+                f" in {delay:.1f} s" if delay else "",
+                _tail(g.logfile),
+            )
+        if g.proc is None and g.restart_at is not None and now >= g.restart_at:
+            g.restarts += 1
+            self._start_gateway()
+
+    async def _stop_gateway(self) -> None:
+        """Graceful stop: the gateway refuses new requests and answers those in flight
+        (bounded by the request timeout), then everything else stops."""
+        proc = self.gateway.proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        limit = self.config.request_timeout_s + 15
+        try:
+            await asyncio.to_thread(proc.wait, limit)
+        except subprocess.TimeoutExpired:
+            log.error("the gateway did not stop within %.0f s; killing it", limit)
+            proc.kill()
+            await asyncio.to_thread(proc.wait)
+
+    # -- the control channel -----------------------------------------------------------------
+
+    def send(self, msg: dict) -> None:
+        if self.channel is not None:
+            self.channel.send(msg)
+
+    async def _on_gateway_message(self, msg: dict) -> None:
+        if msg.get("ready"):
+            self._gateway_ready()
+            return
+        if "served" in msg:
+            self._note_served(msg["served"]["flow"], int(msg["served"]["version"]))
+            return
+        op = msg.get("op")
+        if op == "add":
+            ex = self._new_executor(msg.get("device", "cpu"), extra=True)
+            self.channel.reply(msg, id=ex.id, address=ex.address, device=ex.device)
+        elif op == "remove":
+            ex = self._executor(msg.get("id"))
+            if ex is not None:
+                self.executors.remove(ex)
+                proc, ex.proc = ex.proc, None
+                if proc is not None:
+                    await asyncio.to_thread(terminate, proc, 10)
+            self.channel.reply(msg, removed=ex is not None)
+        elif op == "kill":
+            ex = self._executor(msg.get("id"))
+            if ex is not None and ex.alive():
+                ex.proc.kill()  # the sweep sees it end and restarts it, as after a crash
+            self.channel.reply(msg, killed=ex is not None)
+        else:
+            self.channel.reply(msg, error=f"unknown control call {op!r}")
+
+    def _note_served(self, flow: str, version: int) -> None:
+        """Keep the newest version of each flow the gateway has served, in the cluster's
+        directory (0600): a gateway started later, after a restart or `flowserve down` and
+        `up`, refuses older ones whatever the store's registry says."""
+        if version <= self.served.get(flow, 0):
+            return
+        self.served[flow] = version
+        try:
+            _write_private(self.served_file, json.dumps(self.served))
+        except OSError as e:
+            log.error("could not write %s (%s): the versions served are kept in memory only", self.served_file, e)
+
+    def _executor(self, id_) -> ExecutorProcess | None:
+        return next((e for e in self.executors if e.id == id_), None)
+
+    def _gateway_ready(self) -> None:
+        self.gateway.backoff.reset()
+        if not self.ready:
+            self.ready = True
+            self._write_state()
+            log.info("local cluster ready at http://%s:%s", self.config.host, self.port)
+        else:
+            log.warning(
+                "a new gateway serves at http://%s:%s (gateway restart %d)",
+                self.config.host,
+                self.port,
+                self.gateway.restarts,
+            )
 
     def _write_state(self) -> None:
         state = {
@@ -371,31 +479,84 @@ class ClusterDaemon:
             "token": self.config.token,
             "cluster_key": self.cluster_key.hex(),
             "pid": os.getpid(),
+            "rundir": str(self.rundir),
             "executors": [e.id for e in self.executors],
             "started": time.time(),
         }
         path = self.dir / STATE_FILE
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(state, f)
-        os.replace(tmp, path)
+        try:
+            _write_private(path, json.dumps(state))
+        except OSError as e:
+            # the cluster serves; only clients that look for it by directory cannot find it
+            log.error("could not write %s (%s): `flowserve` commands will not find this cluster", path, e)
 
     def _shutdown(self) -> None:
+        self.stopping = True
+        if self.gateway.alive():
+            terminate(self.gateway.proc, 10)
         for ex in self.executors:
-            if ex.proc is not None and ex.proc.poll() is None:
+            if ex.alive():
                 ex.proc.terminate()
         for ex in self.executors:
             if ex.proc is not None:
                 terminate(ex.proc, 10)
-        self.store.close()
         self.redis.stop()
+        if self.listener is not None:
+            self.listener.close()
+        shutil.rmtree(self.rundir, ignore_errors=True)
         (self.dir / STATE_FILE).unlink(missing_ok=True)
 
 
-def _placed_on(executor_id: str, flow) -> list[str]:
-    """The stages of ``flow`` placed on ``executor_id``."""
-    return [stage for stage, ids in flow.placement.items() if executor_id in ids]
+def _write_private(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text``, readable by this user only, never half written."""
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _read_served(path: Path) -> dict[str, int]:
+    try:
+        return {str(k): int(v) for k, v in json.loads(path.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The gateway's listening socket, bound here once and handed to every gateway process:
+    a port in use fails the start at once, with a clear error."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise PortInUseError(
+                f"port {port} on {host} is in use by another process; choose another with --port"
+            ) from None
+        raise PortInUseError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(2048)  # connections wait here while a new gateway starts
+    sock.set_inheritable(True)
+    return sock
+
+
+class PortInUseError(OSError):
+    """The gateway's address cannot be bound (taken, or not this machine's)."""
+
+
+def _tail(path: Path, n: int = 8) -> str:
+    """The last lines of a log, to show beside why a process ended."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            lines = f.read().decode("utf-8", "replace").splitlines()[-n:]
+    except OSError:
+        return ""
+    return "; its log ends:\n  " + "\n  ".join(lines) if lines else ""
 
 
 def _cluster_key(dir_: Path) -> bytes:
@@ -415,6 +576,17 @@ def _cluster_key(dir_: Path) -> bytes:
     return key
 
 
+def log_handlers(path: Path) -> list[logging.Handler]:
+    """Log to ``path`` and stderr; to stderr only when ``path`` cannot be opened (a full or
+    read-only disk must not stop a cluster's process from starting)."""
+    handlers: list[logging.Handler] = [logging.StreamHandler()]
+    try:
+        handlers.insert(0, logging.FileHandler(path))
+    except OSError as e:
+        print(f"[flowserve] cannot open {path} ({e}); logging to stderr only", file=sys.stderr)
+    return handlers
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m executors.daemon", description="Run a FlowServe local cluster.")
     p.add_argument("--dir", required=True, help="state, logs and sockets directory")
@@ -430,15 +602,15 @@ def main(argv=None) -> None:
     logging.basicConfig(
         level=os.environ.get("FLOWSERVE_LOG_LEVEL", "INFO"),
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        handlers=[logging.FileHandler(dir_ / "cluster.log"), logging.StreamHandler()],
+        handlers=log_handlers(dir_ / "cluster.log"),
     )
     config = ClusterConfig.from_json({**json.loads(args.config), **json.loads(os.environ.get(CONFIG_ENV) or "{}")})
-    daemon = ClusterDaemon(config, dir_)
-    signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))  # uvicorn stops on SIGINT
+    supervisor = ClusterSupervisor(config, dir_)
     try:
-        daemon.run()
-    except KeyboardInterrupt:
-        pass  # uvicorn re-raises the SIGINT it stopped on, once it has shut down: a clean stop
+        supervisor.run()
+    except PortInUseError as e:
+        log.error("%s", e)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

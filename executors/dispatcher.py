@@ -31,7 +31,7 @@ import numpy as np
 from executors import jsontensors
 from executors.busypoll import DEFAULT_MS as DEFAULT_BUSY_POLL_MS
 from executors.busypoll import BusyPoll
-from executors.errors import DeadlineExceededError, NoExecutorError, OperatorCrashedError, status_for
+from executors.errors import ClusterError, DeadlineExceededError, NoExecutorError, OperatorCrashedError, status_for
 from executors.messages import (
     Failure,
     Load,
@@ -82,6 +82,10 @@ class RequestFailed(Exception):
 
 CRASHES_TO_QUARANTINE = 2  # executors a request may crash before it is failed, not retried
 DEADLINE_GRACE_S = 0.2  # the gateway's own 504 waits this much for an executor's, which names the operator
+
+
+class ExecutorLost(ClusterError):
+    """The executor a load waited for died meanwhile: the load fails now, not at its timeout."""
 
 
 @dataclass
@@ -170,6 +174,7 @@ class Dispatcher:
         metrics=None,
         colocate: bool = True,
         busy_poll_ms: float = DEFAULT_BUSY_POLL_MS,
+        first_id: int = 1,
     ):
         self.address = address
         # answers arrive on connections read by the event loop's reader callbacks
@@ -182,11 +187,16 @@ class Dispatcher:
         self.max_retries = max_retries
         self.colocate = colocate
         self.metrics = metrics
-        self._ids = itertools.count(1)
+        # request ids (and tokens) start at ``first_id``: a gateway that replaces one on the
+        # same cluster starts past its predecessor's, so a late answer to one of those is
+        # never taken for an answer to one of these
+        self._ids = itertools.count(first_id)
         self.next_qid = 1
         self._rr = itertools.count()
         self._last_pick: dict[tuple[str, str], str] = {}  # (flow, stage) -> executor that took it last
         self._waiters: dict[str, asyncio.Future] = {}
+        self._building: dict[str, str] = {}  # load token -> the executor building (fails with it)
+        self.last_pong: dict[str, float] = {}  # executor id -> when it last answered a ping (monotonic)
         self.relays: dict[str, bool] = {}  # executor id -> its last pong said it takes bodies (RawInput)
         # executor id -> loads in progress there: a deploy's placement is not served yet, so
         # the scaler must not stop these executors as idle (scaling._stop_idle_extras)
@@ -239,6 +249,10 @@ class Dispatcher:
         if info is None:
             return
         info.alive = False
+        for token, ex in list(self._building.items()):
+            waiter = self._waiters.get(token)
+            if ex == id_ and waiter is not None and not waiter.done():
+                waiter.set_exception(ExecutorLost(f"executor {id_} {reason} while building the flow"))
         info.loaded.clear()
         info.inflight = 0
         info.assigned.clear()
@@ -296,6 +310,7 @@ class Dispatcher:
     def remove_executor(self, id_: str) -> None:
         """Forget an executor that was stopped on purpose (it hosts no stage any more)."""
         info = self.executors.pop(id_, None)
+        self.last_pong.pop(id_, None)
         if info is not None:
             self.outbox.forget(info.address)
 
@@ -315,6 +330,11 @@ class Dispatcher:
             finally:
                 self._waiters.pop(token, None)
         return None
+
+    def answering(self, recent_s: float) -> list[ExecutorInfo]:
+        """The live executors that answered a ping in the last ``recent_s`` seconds."""
+        since = time.monotonic() - recent_s
+        return [e for e in self.executors.values() if e.alive and self.last_pong.get(e.id, since - 1) >= since]
 
     async def wait_for_executor(self, device: str, known: set[str], timeout: float) -> str | None:
         """The id of a live executor of class ``device`` not in ``known``, once one has joined
@@ -404,6 +424,7 @@ class Dispatcher:
             fut = asyncio.get_running_loop().create_future()
             self._waiters[token] = fut
             waits[ex_id] = (token, fut)
+            self._building[token] = ex_id
             self._send(info.address, Load(flow, version, sorted(set(stages)), self.address, token).encode())
         for ex_id, (token, fut) in waits.items():
             try:
@@ -416,8 +437,11 @@ class Dispatcher:
                         self._unpark()
             except asyncio.TimeoutError:
                 results[ex_id] = f"executor {ex_id} did not load the flow within {timeout:.0f} s"
+            except ExecutorLost as e:
+                results[ex_id] = str(e)
             finally:
                 self._waiters.pop(token, None)
+                self._building.pop(token, None)
                 self.loading[ex_id] -= 1
                 if self.loading[ex_id] <= 0:
                     del self.loading[ex_id]
@@ -784,6 +808,7 @@ class Dispatcher:
         elif kind is Loaded or kind is Pong:
             if kind is Pong:
                 self.relays[msg.executor] = msg.relays
+                self.last_pong[msg.executor] = time.monotonic()
             fut = self._waiters.get(msg.token)
             if fut is not None and not fut.done():
                 fut.set_result(msg)

@@ -22,6 +22,7 @@ import logging
 from executors.membership import DEPLOYED_KEY, register_deployed
 from executors.placement import PLAN_KEY, raise_version
 from kvs.markers import STORE_MARKER, mark_started
+from kvs.retry import Backoff
 
 log = logging.getLogger("flowserve.durability")
 
@@ -61,7 +62,9 @@ def republish(store, flows: dict, counters: dict | None = None) -> list[str]:
         store.redis.eval(_RAISE, 1, key, str(int(value)))
     for name, f in flows.items():
         key = PLAN_KEY.format(flow=name, version=f.version)
-        if f.plan_blob is not None:  # the exact bytes the deploy registered
+        # the exact bytes the deploy registered: read from this same key and signed for it
+        # (flow and version; kvs.serialization), so they are valid here and nowhere else
+        if f.plan_blob is not None:
             store.redis.set(key, f.plan_blob)
         else:
             store.put_trusted(key, f.plan)
@@ -80,6 +83,7 @@ class StoreWatch:
         self.store, self.dispatcher = store, dispatcher
         self.load_timeout_s, self.period_s, self.retry_s = load_timeout_s, period_s, retry_s
         self._failing = False
+        self._backoff = Backoff(retry_s, 30.0)  # loads that keep failing are retried less often
 
     async def run(self) -> None:
         while True:
@@ -102,5 +106,23 @@ class StoreWatch:
             log.warning("the KVS lost its data (restarted empty); re-published flows %s", names)
         failed = await self.dispatcher.reload_missing(self.load_timeout_s)
         if failed:
-            log.warning("building flows again failed on some executors (retrying): %s", failed)
-            await asyncio.sleep(self.retry_s)
+            for name in {flow for flow, _ in failed}:
+                await asyncio.to_thread(self._restore_plan, name)
+            delay = self._backoff.next()
+            log.warning("building flows again failed on some executors (retrying in %.1f s): %s", delay, failed)
+            await asyncio.sleep(delay)
+        else:
+            self._backoff.reset()
+
+    def _restore_plan(self, name: str) -> None:
+        """A version's plan is written once, by its deploy: other bytes under its key were
+        put there by someone else (another flow's plan, an older version: refused by their
+        signature). Write back the bytes this gateway serves, so executors build it again."""
+        f = self.dispatcher.flows.get(name)
+        if f is None or f.plan_blob is None:
+            return
+        key = PLAN_KEY.format(flow=name, version=f.version)
+        stored = self.store.get_bytes(key)
+        if stored is not None and stored != f.plan_blob:
+            log.error("the plan under %s is not the one deployed (replaced in the store); writing it back", key)
+            self.store.redis.set(key, f.plan_blob)

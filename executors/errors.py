@@ -133,6 +133,8 @@ EDGE_STATUS = {
     "HeadersTooLarge": 431,
     "InternalError": 500,  # a bug: the handler raised something unexpected
     "ShuttingDown": 503,  # a graceful stop is draining the gateway: retry
+    "NoExecutor": 503,  # no executor answers to build a flow on (they are being restarted)
+    "StoreUnavailable": 503,  # the store refused a write a deploy needs (its disk is full or read-only)
     "TooManyConnections": 503,
 }
 

@@ -20,6 +20,7 @@ import logging
 import os
 import selectors
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -56,7 +57,7 @@ from executors.messages import (
     Unstuck,
     decode,
 )
-from executors.placement import PLAN_KEY
+from executors.placement import load_plan
 from executors.routing import complete, deliveries, keeps_rows, merge
 from executors.stage_runner import BoundStage
 from executors.transport import Outbox, Reader, TransportError, accept, listen
@@ -65,6 +66,7 @@ from executors.wire import WireError
 from flow.context import cancelled, set_cancel, set_store
 from flow.exceptions import DataError, FlowError, NoValidResultError, OperatorError, OperatorOutputError
 from flow.table import Table, built_column
+from kvs.exceptions import SerializationError
 from kvs.options import KVSOptions
 from optimizer.plan import Plan
 
@@ -306,12 +308,15 @@ class Executor:
         flow, version = msg.flow, msg.version
         error = None
         try:
-            plan = self.store.get(PLAN_KEY.format(flow=flow, version=version), trusted=True)
+            plan = load_plan(self.store, flow, version)  # signed for this flow and version, or refused
             with self._lock:
                 self.retired.pop((flow, version), None)  # asked for again: it is current after all
             for name in msg.stages or list(plan.stages):
                 self.host(plan, name, version)
             self.latest[flow] = version
+        except SerializationError as e:  # a refused plan: the message says why; no traceback to read
+            log.error("executor %s: refusing to build flow %s v%s: %s", self.id, flow, version, e)
+            error = f"{type(e).__name__}: {e}"
         except Exception as e:  # report it to the deployer instead of dying
             log.exception("loading flow %s v%s failed", flow, version)
             error = f"{type(e).__name__}: {e}"
@@ -491,8 +496,7 @@ class Executor:
             )
             return None
         try:
-            plan = self.store.get(PLAN_KEY.format(flow=flow, version=version), trusted=True)
-            return self.host(plan, stage, version)
+            return self.host(load_plan(self.store, flow, version), stage, version)
         except FlowError as e:
             log.warning("executor %s: cannot build flow %s v%s stage %s: %s", self.id, flow, version, stage, e)
             self._fail(
@@ -1132,6 +1136,31 @@ def _owners(items: list[WorkItem]) -> tuple[dict, list]:
     return owner, []
 
 
+class LossyStream:
+    """A text stream whose writes never raise: what cannot be written (the disk is full or
+    read-only) is dropped and counted, and the process goes on serving."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.dropped = 0
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError:
+            self.dropped += len(text)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError:
+            pass
+
+    def __getattr__(self, name):  # fileno, isatty, encoding, ...
+        return getattr(self._stream, name)
+
+
 def _open_store(url: str, cache_bytes: int):
     from executors.config import cluster_key
     from kvs import CachedKVS
@@ -1185,6 +1214,8 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if not args.kvs:
         p.error("--kvs is required (or set FLOWSERVE_KVS_URL)")
+    # output goes to a log file; on a full or read-only disk an operator's print() must not fail its request
+    sys.stdout, sys.stderr = LossyStream(sys.stdout), LossyStream(sys.stderr)
     logging.basicConfig(
         level=os.environ.get("FLOWSERVE_LOG_LEVEL", "WARNING"),
         format=f"%(asctime)s executor {args.id} %(levelname)s %(message)s",

@@ -3,7 +3,8 @@
     POST /flows/{name}      run a deployed flow on one row (object) or rows (list), or Arrow
     GET  /flows             deployed flows and their input schemas
     GET  /flows/{name}      the plan, per-stage replicas and recent latency
-    GET  /healthz           liveness
+    GET  /healthz           liveness, and which executors answer
+    GET  /readyz            readiness: 200 once every served flow has a replica that answers
     GET  /metrics           Prometheus text
     GET  /openapi.json      the contract, machine-readable
     POST /admin/deploy      (cluster token) load a registered plan onto executors
@@ -65,6 +66,7 @@ from executors.httpcodec import (
     json_rows,
     parse_body,
 )
+from executors.liveness import RECENT_S
 from executors.membership import DEPLOYED_KEY, register_deployed
 from executors.messages import Rendered
 from executors.metrics import Metrics
@@ -74,6 +76,7 @@ from flow.exceptions import DataError, FlowError, OperatorOutputError
 from flow.table import Table
 from flow.types import ColumnType
 from flow.validation import check_schema
+from kvs.exceptions import SerializationError, store_problem
 
 log = logging.getLogger("flowserve.gateway")
 
@@ -120,8 +123,16 @@ class Gateway:
         # flow -> when this gateway last deployed/undeployed it (monotonic): a registry read
         # that started earlier is stale for that flow (standalone.py)
         self.changed_at: dict[str, float] = {}
+        # flow -> the newest version this gateway has served: it never loads an older one
+        # again, whatever the registry (or a deploy call) names. The store's password is
+        # enough to point the registry at an old version, whose plan is genuinely signed
+        # for its key; only state outside the store can tell that apart from a deploy.
+        self.served_high: dict[str, int] = {}
+        self.on_served = None  # (name, version) -> None: the host keeps served_high past restarts
         self.shape_placement = None  # the autoscaler's hook: start stages on fewer replicas
         self.scaling_status = None  # the autoscaler's per-stage status, for describe()
+        self.host_status = None  # what the host adds to /healthz (the local cluster's processes)
+        self.ready = False  # set by the host once the flows it should serve are loaded (/readyz)
         self.slo = SLOMonitor(metrics)  # flows served under an SLO: attainment, arrival envelope
 
     # -- auth -------------------------------------------------------------------------
@@ -259,10 +270,11 @@ class Gateway:
                     qid_start = self.dispatcher.next_qid
                     table = Table.built(cols, self.dispatcher.new_qids(n))
                     return qid_start, check_schema(name, schema, table), None
+            # a compressed Arrow body may not inflate past the body limit (httpcodec.arrow_table)
             rows = (
-                await asyncio.to_thread(parse_body, body, ctype, schema)
+                await asyncio.to_thread(parse_body, body, ctype, schema, self.max_body_bytes)
                 if big and not inline
-                else parse_body(body, ctype, schema)
+                else parse_body(body, ctype, schema, self.max_body_bytes)
             )
             big = big and not (inline and len(rows) <= OFF_LOOP_ROWS)
             body = None  # the rows hold what is needed; the body's memory can go now
@@ -313,11 +325,16 @@ class Gateway:
 
     async def healthz(self, request: Request) -> Response:
         """Liveness of the gateway (always 200 while it runs), and what an operator should
-        look at: ``stuck`` lists executors with a thread held by abandoned work (recycled
-        after the grace period), ``recycled``/``crashed`` count replacements; ``status`` is
-        "degraded" when no executor is alive or every live one has a stuck thread."""
+        look at: ``executors`` counts those that answered a ping lately (liveness.py), not
+        processes that merely exist; ``stuck`` lists executors with a thread held by
+        abandoned work (recycled after the grace period), ``recycled``/``crashed`` count
+        replacements; ``status`` is "degraded" when no executor answers or every one that
+        does has a stuck thread."""
+        return JSONResponse(self.health())
+
+    def health(self) -> dict:
         infos = list(self.dispatcher.executors.values())
-        alive = [e.id for e in infos if e.alive]
+        alive = [e.id for e in self.dispatcher.answering(RECENT_S)]
         stuck = [
             {
                 "executor": e.id,
@@ -329,17 +346,39 @@ class Gateway:
             if e.alive and e.stuck
         ]
         status = "stopping" if not self.accepting else ("degraded" if len(stuck) == len(alive) else "ok")
-        return JSONResponse(
-            {
-                "status": status,
-                "executors": len(alive),
-                "inflight": len(self.dispatcher.requests),
-                "flows": sorted(self.dispatcher.flows),
-                "stuck": stuck,
-                "recycled": {e.id: e.recycled for e in infos if e.recycled},
-                "crashed": {e.id: e.crashed for e in infos if e.crashed},
-            }
-        )
+        out = {
+            "status": status,
+            "executors": len(alive),
+            "inflight": len(self.dispatcher.requests),
+            "flows": sorted(self.dispatcher.flows),
+            "stuck": stuck,
+            "recycled": {e.id: e.recycled for e in infos if e.recycled},
+            "crashed": {e.id: e.crashed for e in infos if e.crashed},
+        }
+        if self.host_status is not None:
+            out.update(self.host_status())
+        return out
+
+    async def readyz(self, request: Request) -> Response:
+        """Readiness: 200 once the gateway serves the flows it should (restored or deployed)
+        and every stage of each has a replica on an executor that answers pings; else 503
+        with what is missing. A load balancer or Kubernetes sends traffic on it."""
+        missing = []
+        if not self.accepting:
+            missing.append("the gateway is stopping")
+        elif not self.ready:
+            missing.append("the gateway is still starting (restoring its flows)")
+        answering = {e.id for e in self.dispatcher.answering(RECENT_S)}
+        if not answering and not missing:
+            missing.append("no executor answers pings")
+        for name, f in sorted(self.dispatcher.flows.items()):
+            for stage, ids in f.placement.items():
+                if not answering.intersection(ids):
+                    missing.append(f"flow {name!r} stage {stage!r} has no replica on an executor that answers")
+        body = {"ready": not missing, "executors": len(answering), "flows": sorted(self.dispatcher.flows)}
+        if missing:
+            body["missing"] = missing
+        return JSONResponse(body, status_code=200 if not missing else 503)
 
     async def metrics_text(self, request: Request) -> Response:
         for e in self.dispatcher.executors.values():
@@ -361,14 +400,35 @@ class Gateway:
         """Place a registered plan on the executors and build its stages there; the flow
         is served from then on (unless ``install_if()``, asked once it is built, says it
         has become stale, or ``install`` is False: the caller installs it). A version
-        older than the one served is not installed (``LoadFailed`` 409); replicas built
-        for nothing are released. Raises ``LoadFailed`` with the HTTP status to answer."""
-        from executors.placement import PLAN_KEY, place
+        older than the one served is not installed (``LoadFailed`` 409), and one older
+        than any this gateway has served is not even loaded (``served_high``); replicas
+        built for nothing are released. Raises ``LoadFailed`` with the HTTP status to answer."""
+        from executors.placement import place
 
+        high = self.served_high.get(name)
+        if high is not None and version < high:
+            message = (
+                f"flow {name!r}: refusing to load v{version}, older than v{high} which this gateway has "
+                "served (a registry rolled back by someone with the store's password?); "
+                "re-deploy to serve that code again as a new version"
+            )
+            log.error("%s", message)
+            raise LoadFailed("DeployConflict", message)
         try:
-            plan, blob = await asyncio.to_thread(_read_plan, self.store, PLAN_KEY.format(flow=name, version=version))
+            plan, blob = await asyncio.to_thread(_read_plan, self.store, name, version)
+        except SerializationError as e:  # there, but refused (another flow's or version's, or forged)
+            log.error("flow %s v%s: %s", name, version, e)
+            raise LoadFailed("UnknownPlan", f"flow {name!r} version {version} cannot be loaded: {e}") from None
         except FlowError as e:
             raise LoadFailed("UnknownPlan", f"flow {name!r} version {version} is not registered: {e}") from None
+        if not self.dispatcher.answering(RECENT_S):
+            down = (self.host_status() if self.host_status is not None else {}).get("down") or {}
+            why = "; ".join(f"{i}: {reason}" for i, reason in sorted(down.items()))
+            raise LoadFailed(
+                "NoExecutor",
+                f"flow {name!r} v{version}: no executor answers to build it on"
+                + (f" ({why}; they are being restarted)" if why else ""),
+            )
         try:
             placement = place(plan, self.dispatcher.executors)
         except FlowError as e:
@@ -394,6 +454,9 @@ class Gateway:
         served = self.dispatcher.install(name, flow)
         if served is not None and served.version != flow.version:  # the same version again: served
             raise LoadFailed("DeployConflict", _conflict(name, flow.version, served.version))
+        self.served_high[name] = max(self.served_high.get(name, flow.version), flow.version)
+        if self.on_served is not None:
+            self.on_served(name, self.served_high[name])
         log.info("deployed flow %s v%s", name, flow.version)
 
     async def deploy(self, request: Request) -> Response:
@@ -429,8 +492,16 @@ class Gateway:
         try:  # every gateway of the cluster serves what the registry lists (membership.py)
             registered = await self._record_change(name, register_deployed, self.store.redis, name, version)
         except Exception as e:
-            registered = version
-            log.warning("flow %s v%s serves on this gateway but is not registered for others: %s", name, version, e)
+            # not served either: a flow served but not registered would be gone after a
+            # gateway restart, and other gateways would never serve it
+            self.dispatcher.retire(flow)
+            log.error("flow %s v%s: deploy failed, the store did not register it: %s", name, version, e)
+            return _error(
+                http_error(
+                    "StoreUnavailable",
+                    f"flow {name!r} v{version} was not deployed: the store could not register it ({store_problem(e)})",
+                )
+            )
         if registered != version:
             self.dispatcher.retire(flow)
             return _error(http_error("DeployConflict", _conflict(name, version, registered), winner=registered))
@@ -480,15 +551,20 @@ class Gateway:
             self.changed_at[name] = time.monotonic()
 
 
-def _read_plan(store, key: str) -> tuple:
-    """The plan under ``key`` and its stored bytes (kept to re-publish it, durability.py)."""
+def _read_plan(store, name: str, version: int) -> tuple:
+    """The plan of ``name`` v``version`` and its stored bytes (kept to re-publish it,
+    durability.py). Its signature must be bound to its key, so to this flow and version,
+    and the plan must name this flow: a plan copied from elsewhere is refused."""
+    from executors.placement import PLAN_KEY, checked_plan
     from kvs.client import decode_value
     from kvs.exceptions import KeyNotFoundError
 
+    key = PLAN_KEY.format(flow=name, version=version)
     blob = store.get_bytes(key)
     if blob is None:
         raise KeyNotFoundError(key)
-    return decode_value(key, blob, trusted=True, signing_key=store.signing_key), blob
+    plan = decode_value(key, blob, trusted=True, signing_key=store.signing_key)
+    return checked_plan(plan, name, key), blob
 
 
 def _conflict(name: str, version: int, winner: int) -> str:
@@ -703,10 +779,16 @@ class InvokeFastPath:
         await _send(send, status, body, extra)
 
     def _authorized(self, path: str, raw_headers) -> bool:
-        """One rule: with a token, every route needs it (or the admin token) but /healthz,
-        and /metrics when ``public_metrics``; admin routes check the admin token themselves."""
+        """One rule: with a token, every route needs it (or the admin token) but the probes
+        (/healthz, /readyz), and /metrics when ``public_metrics``; admin routes check the
+        admin token themselves."""
         g = self.gateway
-        if not g.token or path == "/healthz" or path.startswith("/admin/") or (path == "/metrics" and g.public_metrics):
+        if (
+            not g.token
+            or path in ("/healthz", "/readyz")
+            or path.startswith("/admin/")
+            or (path == "/metrics" and g.public_metrics)
+        ):
             return True
         header = next((v.decode("latin-1") for k, v in raw_headers if k == b"authorization"), "")
         return _bearer_matches(header, g.token) or _bearer_matches(header, g.admin_token)
@@ -763,6 +845,7 @@ def make_app(gateway: Gateway, on_startup=(), on_shutdown=()) -> InvokeFastPath:
         Route("/flows", g.list_flows, methods=["GET"]),
         Route("/flows/{name}", g.describe_flow, methods=["GET"]),
         Route("/healthz", g.healthz, methods=["GET"]),
+        Route("/readyz", g.readyz, methods=["GET"]),
         Route("/metrics", g.metrics_text, methods=["GET"]),
         Route("/openapi.json", g.openapi, methods=["GET"]),
         Route("/flows/{name}/feedback", functools.partial(feedback, g), methods=["POST"]),  # feedback.py

@@ -127,6 +127,12 @@ def openapi_document(flows: dict, outputs: dict | None = None) -> dict:
             "get": {"summary": "Deployed flows and their input schemas", "responses": {"200": {"description": "ok"}}}
         },
         "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}},
+        "/readyz": {
+            "get": {
+                "summary": "Readiness: every served flow has a replica on an executor that answers",
+                "responses": {"200": {"description": "ready"}, "503": {"description": "not ready, and why"}},
+            }
+        },
         "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "ok"}}}},
         "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "ok"}}}},
     }

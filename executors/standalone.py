@@ -31,6 +31,7 @@ from executors.config import ClusterConfig, cluster_key
 from executors.dispatcher import Dispatcher
 from executors.durability import mark_started, registry_if_intact, republish
 from executors.gateway import Gateway, LoadFailed, make_app
+from executors.liveness import watch_liveness
 from executors.membership import GATEWAYS_KEY, Absence, build_on, live_members
 from executors.metrics import Metrics
 from executors.placement import place
@@ -133,6 +134,10 @@ class StandaloneGateway:
         await self._when_kvs_answers(self.sync)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._watch()))
+        # pongs say which executors answer (health, readiness); a silent one is only logged:
+        # its pod's own liveness probe restarts it
+        self._tasks.append(loop.create_task(watch_liveness(self.dispatcher, self.config.stuck_grace_s)))
+        self.gateway.ready = True
         if self.scaling is not None:
             self.scaling.backend = await self._backend()
             self._tasks.append(loop.create_task(self.scaling.run()))

@@ -184,14 +184,33 @@ class Blackbox:
 
     def __init__(self, path: str):
         self.path = path
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        size = self.SLOT * self.SLOTS
         try:
-            os.ftruncate(fd, self.SLOT * self.SLOTS)
-            self._map = mmap.mmap(fd, self.SLOT * self.SLOTS)
-        finally:
-            os.close(fd)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        except OSError as e:
+            self._map = self._in_memory(size, e)
+        else:
+            try:
+                # the file's blocks are taken now: a sparse file's pages would be allocated
+                # when first written, and on a full disk that write is a SIGBUS, not an error
+                os.posix_fallocate(fd, 0, size)
+                self._map = mmap.mmap(fd, size)
+            except OSError as e:
+                self._map = self._in_memory(size, e)
+            finally:
+                os.close(fd)
         self._local = threading.local()
         self._next = itertools.count()
+
+    def _in_memory(self, size: int, error: OSError) -> mmap.mmap:
+        """A record that does not outlive the process: what a crash leaves unsaid then is
+        only which request to blame; the executor serves as ever."""
+        log.warning(
+            "cannot keep the running-record %s (%s): a crash of this executor will not name its requests",
+            self.path,
+            error.strerror or error,
+        )
+        return mmap.mmap(-1, size)
 
     def _slot(self) -> int:
         slot = getattr(self._local, "slot", None)

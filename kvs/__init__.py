@@ -27,6 +27,7 @@ from kvs.exceptions import (
     SerializationError,
     ServerStartError,
     StoreLostError,
+    StoreWriteError,
 )
 from kvs.options import KVSOptions
 from kvs.ref import KVSRef
@@ -40,6 +41,7 @@ __all__ = [
     "KVSOptions",
     "KVSRef",
     "StoreLostError",
+    "StoreWriteError",
     "RedisServer",
     "find_server_binary",
     "MISSING",

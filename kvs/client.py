@@ -32,6 +32,9 @@ from kvs.exceptions import (
     KVSValueError,
     SerializationError,
     StoreLostError,
+    StoreWriteError,
+    is_write_refusal,
+    store_problem,
 )
 from kvs.markers import DATA_MARKER
 from kvs.options import KVSOptions
@@ -128,6 +131,8 @@ class Retrier:
                 url=self.url,
             ) from exc
         except redis.ResponseError as exc:
+            if is_write_refusal(exc):
+                raise StoreWriteError(f"Redis at {self.url} refused {what}: {store_problem(exc)}") from exc
             raise KVSError(f"Redis at {self.url} rejected {what}: {exc}") from exc
         except redis.RedisError as exc:
             raise KVSError(f"Redis at {self.url}: {what} failed: {exc}") from exc
@@ -208,10 +213,11 @@ class KVS:
 
     def put_trusted(self, key: str, obj: Any) -> None:
         """Store a trusted internal object (e.g. a user function a deploy registers)
-        with cloudpickle; read it back with ``get(key, trusted=True)``."""
+        with cloudpickle; read it back with ``get(key, trusted=True)``. With a cluster key
+        it is signed for ``key``: read from any other key, it is refused."""
         key = check_key(key)
         data = dumps_trusted(obj)
-        self._set_encoded(key, data if self._signing_key is None else sign_trusted(data, self._signing_key))
+        self._set_encoded(key, data if self._signing_key is None else sign_trusted(data, self._signing_key, key))
 
     def get(self, key: str, default: Any = MISSING, *, trusted: bool = False) -> Any:
         """The value under ``key``; ``default`` if it is missing, or
@@ -301,7 +307,23 @@ class KVS:
     def _call(self, fn: Callable[[], T], what: str) -> T:
         if self._closed:
             raise KVSError(f"{type(self).__name__} for {self.url} is closed")
-        return self._retry(fn, what)
+        try:
+            return self._retry(fn, what)
+        except StoreWriteError as e:
+            where = self.data_dir() if "cannot write to its disk" in str(e) else None
+            if where is None:
+                raise
+            raise StoreWriteError(f"{e} (the store's data directory: {where})") from e.__cause__
+
+    def data_dir(self) -> str | None:
+        """Where the server keeps its data, to name the disk in an error (None if it will
+        not say: CONFIG may be renamed or refused on a managed server)."""
+        try:
+            reply = self._redis.config_get("dir")
+        except redis.RedisError:
+            return None
+        value = reply.get(b"dir", reply.get("dir")) if isinstance(reply, dict) else None
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
     def _set_encoded(self, key: str, data: bytes, mark: bool = False) -> None:
         """SET; with ``mark`` (user data) the data marker too, in the same round trip."""
@@ -319,9 +341,10 @@ class KVS:
 
 
 def decode_value(key: str, data: bytes, trusted: bool, signing_key: bytes | None = None) -> Any:
-    """``decode`` with the key named in any ``SerializationError``."""
+    """``decode`` of the value read from ``key``: a signed pickle must have been signed for
+    ``key``; any ``SerializationError`` names the key."""
     try:
-        return decode(data, trusted=trusted, signing_key=signing_key)
+        return decode(data, trusted=trusted, signing_key=signing_key, key=key)
     except SerializationError as exc:
         raise SerializationError(f"value of key {key!r}: {exc}") from None
 

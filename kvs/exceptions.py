@@ -3,6 +3,8 @@
     KVSError                      root of everything kvs raises on purpose
     ├── KVSConnectionError        (also RetryableError) server unreachable or timed out
     ├── StoreLostError            (also RetryableError) the server restarted empty: the data is gone
+    ├── StoreWriteError           (also RetryableError) the server refuses writes: it cannot write its
+    │                             disk (full or read-only), or it is a read-only replica
     ├── KeyNotFoundError          (also KeyError) get/mget of a missing key, no default
     ├── SerializationError        (also TypeError) a value the codec refuses or cannot read
     ├── ServerStartError          the embedded redis-server could not be found or started
@@ -42,6 +44,41 @@ class StoreLostError(KVSError, RetryableError):
 
     Retryable (HTTP 503): the answer changes once the data is written again.
     """
+
+
+class StoreWriteError(KVSError, RetryableError):
+    """The server refuses writes for now: it cannot persist them to its disk (full or
+    read-only: Redis answers MISCONF), it is a read-only replica, or it is out of memory.
+    Reads still work. Retryable (HTTP 503): it takes writes again once the cause is gone,
+    by itself for a disk that has space again."""
+
+
+def store_problem(error: BaseException) -> str:
+    """A store's refusal in words a user can act on (Redis's MISCONF names neither the
+    disk nor what to do); any other error as it is."""
+    text = _reply(error)
+    head = text.split(" ", 1)[0]
+    if head == "MISCONF":
+        return (
+            "the store cannot write to its disk (full or read-only?), so it refuses writes until it can; "
+            f"free space there and it recovers by itself. Redis said: {text}"
+        )
+    if head == "READONLY":
+        return f"the store is a read-only replica; point the cluster at the primary. Redis said: {text}"
+    if head == "OOM":
+        return f"the store is out of memory (its maxmemory); free keys or give it more. Redis said: {text}"
+    return text
+
+
+def is_write_refusal(error: BaseException) -> bool:
+    """Whether a Redis error is the server refusing writes for now (``StoreWriteError``)."""
+    return _reply(error).split(" ", 1)[0] in ("MISCONF", "READONLY", "OOM")
+
+
+def _reply(error: BaseException) -> str:
+    """The server's error reply, without what redis-py puts before it in a pipeline."""
+    text = str(error)
+    return text.split(" of pipeline caused error: ", 1)[-1]
 
 
 class KeyNotFoundError(KVSError, KeyError):

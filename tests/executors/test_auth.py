@@ -1,5 +1,5 @@
 """One auth rule, checked route by route over the gateway's own OpenAPI document: with a
-token, every route but /healthz needs it (or the admin token); admin routes need the
+token, every route but the probes (/healthz, /readyz) needs it (or the admin token); admin routes need the
 admin token; errors are the JSON error format, 404 and 405 included."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _call(c, method, path, token=None):
     return httpx.request(method, c.url + path, headers=headers, json={"x": 1} if method == "POST" else None, timeout=30)
 
 
-def test_every_route_but_healthz_needs_the_token(secured):
+def test_every_route_but_the_probes_needs_the_token(secured):
     routes = _routes(secured)
     assert ("POST", "/flows/guarded") in routes and ("GET", "/metrics") in routes and len(routes) >= 6
     for method, path in routes:
@@ -41,7 +41,7 @@ def test_every_route_but_healthz_needs_the_token(secured):
         wrong = _call(secured, method, path, "not-the-token")
         right = _call(secured, method, path, TOKEN)
         admin = _call(secured, method, path, secured.state["admin_token"])
-        if path == "/healthz":
+        if path in ("/healthz", "/readyz"):
             assert without.status_code == 200, (method, path)
             continue
         for r in (without, wrong):

@@ -62,7 +62,7 @@ def test_up_deploy_invoke_status_down(home, tmp_path):
     status = flowserve("status", home=home)
     # versions are unique across KVS restarts (floored at the server clock in ms: README)
     assert re.search(r"flow tripler \(v\d+\)", status.stdout) and "triple" in status.stdout
-    assert "2 executors alive" in status.stdout
+    assert "2 executors answering" in status.stdout
     as_json = json.loads(flowserve("status", "--json", home=home).stdout)
     assert as_json["flows"][0]["name"] == "tripler"
 
@@ -262,3 +262,82 @@ def test_profile_then_deploy_under_an_slo_and_status_shows_it(home, tmp_path):
     st = flowserve("status", home=home)
     assert "SLO p99 <= 50 ms: 100.0% of 1 answers within it" in st.stdout
     assert "triple: 100% of the budget" in st.stdout
+
+
+def _cluster_pids(home) -> set[int]:
+    """The supervisor named in the state file and every process below it."""
+    pid = json.loads((home / "cluster.json").read_text())["pid"]
+    children: dict[int, list[int]] = {}
+    for stat in __import__("pathlib").Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = {pid}, [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_down_returns_once_every_process_is_gone(home):
+    flowserve("up", "--port", "0", "--executors", "2", home=home)
+    pids = _cluster_pids(home)
+    assert len(pids) >= 5, pids  # supervisor, gateway, 2 executors, the store
+    assert "cluster stopped" in flowserve("down", home=home).stdout
+    assert not [p for p in pids if _running(p)], "`down` said stopped while processes of the cluster still ran"
+
+
+def test_up_on_a_busy_port_fails_at_once_and_says_so(home):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        r = flowserve("up", "--port", str(port), home=home, check=False)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert f"port {port} on 127.0.0.1 is in use by another process" in r.stderr
+    assert "cluster up" not in r.stdout and not (home / "cluster.json").exists()
+
+
+@pytest.mark.parametrize("how", ["file", "env"])
+def test_the_token_from_a_file_or_the_environment(home, tmp_path, how):
+    import os
+
+    import httpx
+
+    token = "token-" + os.urandom(8).hex()
+    if how == "file":
+        path = tmp_path / "token"
+        path.write_text(token + "\n")
+        flowserve("up", "--port", "0", "--executors", "1", "--token-file", str(path), home=home)
+    else:
+        r = subprocess.run(
+            [sys.executable, "-m", "flowserve.cli", "--dir", str(home), "up", "--port", "0", "--executors", "1"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "FLOWSERVE_QUIET": "1", "FLOWSERVE_TOKEN": token},
+        )
+        assert r.returncode == 0, r.stderr
+    for pid in _cluster_pids(home):  # never on a command line
+        assert token not in open(f"/proc/{pid}/cmdline").read()
+    url = json.loads((home / "cluster.json").read_text())["url"]
+    assert httpx.get(f"{url}/flows").status_code == 401
+    assert httpx.get(f"{url}/flows", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+
+
+def test_a_missing_token_file_is_a_clear_error(home, tmp_path):
+    r = flowserve("up", "--port", "0", "--token-file", str(tmp_path / "nope"), home=home, check=False)
+    assert r.returncode == 1 and "cannot read the token file" in r.stderr and "Traceback" not in r.stderr

@@ -14,7 +14,7 @@ from executors.config import ClusterConfig
 
 def _cluster_cmdlines(c: LocalCluster) -> dict[int, str]:
     """Every process whose command line or working directory ties it to the cluster: the
-    daemon, its executors and the KVS server (found as the daemon's descendants)."""
+    supervisor, its gateway, its executors and the KVS server (found as the supervisor's descendants)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -41,11 +41,11 @@ def test_no_secret_in_any_cluster_process_arguments():
         cmdlines = _cluster_cmdlines(c)
         kinds = {
             k
-            for k in ("executors.daemon", "executors.executor", "redis-server")
+            for k in ("executors.daemon", "executors.cluster_gateway", "executors.executor", "redis-server")
             if any(k in line for line in cmdlines.values())
         }
-        assert kinds == {"executors.daemon", "executors.executor", "redis-server"}, cmdlines
-        assert len(cmdlines) >= 4, cmdlines  # daemon, 2 executors, the KVS server
+        assert kinds == {"executors.daemon", "executors.cluster_gateway", "executors.executor", "redis-server"}, cmdlines
+        assert len(cmdlines) >= 5, cmdlines  # supervisor, gateway, 2 executors, the KVS server
         for pid, line in cmdlines.items():
             for name, secret in (("KVS password", password), ("admin token", c.state["admin_token"]), ("token", token)):
                 assert secret not in line, f"the {name} is on process {pid}'s command line: {line}"

@@ -276,7 +276,7 @@ def test_a_cluster_serves_big_tensors_over_shared_memory_and_kill_9_leaks_nothin
         assert len(results) == 36 and all(results)
         gateway = int(
             subprocess.run(
-                ["pgrep", "-f", f"executors.daemon .*{c.dir}"], capture_output=True, text=True
+                ["pgrep", "-f", f"executors.cluster_gateway --dir {c.dir}"], capture_output=True, text=True
             ).stdout.split()[0]
         )
 
@@ -420,7 +420,7 @@ def test_a_client_gone_mid_body_leaves_no_segment_in_the_gateway(monkeypatch):
         d = c.deploy(f)
         gateway = int(
             subprocess.run(
-                ["pgrep", "-f", f"executors.daemon .*{c.dir}"], capture_output=True, text=True
+                ["pgrep", "-f", f"executors.cluster_gateway --dir {c.dir}"], capture_output=True, text=True
             ).stdout.split()[0]
         )
         url = urlsplit(d.url)

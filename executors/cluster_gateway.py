@@ -1,0 +1,400 @@
+"""The local cluster's gateway process: HTTP, routing and the flows, over executors that
+the supervisor (executors/daemon.py) starts and restarts.
+
+It is started by the supervisor with the listening socket and its end of the control
+channel (executors/control.py) as inherited descriptors, and learns the executors from the
+supervisor's hello. A gateway that replaces one that died serves the flows the registry
+lists again: the executors still hold them built, so that takes milliseconds. Its request
+ids, query ids and answer address are its own (``incarnation``): an answer that an
+executor sends for a request of the gateway before it reaches nobody, never a request of
+this one.
+
+    python -m executors.cluster_gateway --dir D --rundir R --incarnation 0 --listen-fd 3 --control-fd 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import faulthandler
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from functools import partial
+from pathlib import Path
+
+import uvicorn
+
+from executors.config import CONFIG_ENV, ClusterConfig, cluster_key
+from executors.control import Channel, ControlError
+from executors.daemon import ADMIN_TOKEN_ENV, exit_reason, log_handlers
+from executors.dispatcher import Dispatcher
+from executors.durability import StoreWatch, registry_if_intact
+from executors.gateway import Gateway, LoadFailed, make_app
+from executors.liveness import watch_liveness
+from executors.membership import build_on
+from executors.metrics import Metrics
+from executors.scaling import ScalingLoop
+from executors.serving import DrainingServer, drain, limited_protocol
+from executors.watchdog import EXIT_RECYCLED
+from kvs import KVS
+
+log = logging.getLogger("flowserve.cluster")
+QID_BLOCK = 1 << 40  # each gateway start takes its own range of request and query ids
+HELLO_TIMEOUT_S = 30.0
+
+
+class ClusterGateway:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        *,
+        dir_: Path,
+        rundir: Path,
+        incarnation: int,
+        kvs_url: str,
+        admin_token: str,
+        control: socket.socket,
+    ):
+        self.config = config
+        self.dir = dir_
+        self.logdir = dir_ / "logs"
+        self.incarnation = incarnation
+        self.store = KVS.from_url(kvs_url, signing_key=cluster_key())
+        self.metrics = Metrics()
+        first = incarnation * QID_BLOCK + 1
+        self.dispatcher = Dispatcher(
+            f"ipc://{rundir}/gateway-{incarnation}.ipc",
+            config.max_retries,
+            self.metrics,
+            colocate=config.colocate,
+            busy_poll_ms=config.busy_poll_ms,
+            first_id=first,
+        )
+        self.dispatcher.next_qid = first
+        self.dispatcher.wait_for_restarts = config.restart_executors
+        self.gateway = Gateway(
+            self.dispatcher,
+            self.store,
+            token=config.token,
+            admin_token=admin_token,
+            max_body_bytes=config.max_body_bytes,
+            request_timeout_s=config.request_timeout_s,
+            max_request_timeout_s=config.max_request_timeout_s,
+            load_timeout_s=config.load_timeout_s,
+            metrics=self.metrics,
+            public_metrics=config.public_metrics,
+            max_rows=config.max_rows,
+        )
+        self.gateway.host_status = self.status
+        self.gateway.on_served = lambda name, version: self.channel.send({"served": {"flow": name, "version": version}})
+        self.scaling = ScalingLoop(
+            lambda: self.dispatcher,
+            self,
+            config.autoscaling,  # None: only flows served under an SLO are tuned
+            metrics=self.metrics,
+            max_executors=config.max_executors,
+        )
+        self.gateway.shape_placement = self.scaling.initial_placement
+        self.gateway.scaling_status = self.scaling.status
+        self.scaling.monitor = self.gateway.slo
+        self.scaling.serve_replan = self.gateway.serve_replan  # the tuner's re-plans
+        self.channel = Channel(control, self._on_control)
+        self.procs: dict[str, dict] = {}  # executor id -> what the supervisor said of its process
+        self.extras: list[str] = []  # executors started for the autoscaler
+        self.hello: dict = {}
+        self._hello = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+
+    def run(self, listener: socket.socket) -> None:
+        server = DrainingServer(
+            uvicorn.Config(
+                make_app(self.gateway, on_startup=[self._started], on_shutdown=[self._stopping]),
+                log_level="warning",
+                lifespan="on",
+                timeout_graceful_shutdown=30,
+                access_log=False,
+                proxy_headers=False,
+                http=limited_protocol(self.config.http_limits()),
+            ),
+            self.gateway,
+            drain_s=self.config.request_timeout_s,
+        )
+        try:
+            server.run(sockets=[listener])
+        finally:
+            self.store.close()
+
+    async def _started(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.dispatcher.start()
+        self._tasks.append(loop.create_task(self._control()))
+        await asyncio.wait_for(self._hello.wait(), HELLO_TIMEOUT_S)
+        for ex in self.hello["executors"]:
+            self.dispatcher.add_executor(ex["id"], ex["address"], ex["device"])
+            self.procs[ex["id"]] = ex
+            if ex["extra"]:
+                self.extras.append(ex["id"])
+            if not ex["alive"]:
+                self.dispatcher.executors[ex["id"]].alive = False
+        # the newest version of each flow this cluster has served: a registry rolled back to
+        # an older one (by someone with the store's password) is not served after a restart
+        self.gateway.served_high.update(self.hello.get("served", {}))
+        await self._wait_executors()
+        self._tasks.append(
+            loop.create_task(
+                watch_liveness(
+                    self.dispatcher,
+                    self.config.stuck_grace_s,
+                    on_silent=self._silent,
+                    running=self._running,
+                    still=lambda: self.gateway.accepting,
+                )
+            )
+        )
+        self._tasks.append(
+            loop.create_task(StoreWatch(self.store, self.dispatcher, self.config.load_timeout_s).run())
+        )  # durability.py: re-publish into a store that restarted empty
+        self._tasks.append(loop.create_task(self.scaling.run()))
+        await self._restore_flows()
+        self.gateway.ready = True
+        self.channel.send({"ready": True})
+        log.info(
+            "gateway %d (pid %d) serving: %d executors, %d flows",
+            self.incarnation,
+            os.getpid(),
+            len(self.dispatcher.executors),
+            len(self.dispatcher.flows),
+        )
+
+    async def _control(self) -> None:
+        await self.channel.run()
+        if self.gateway.accepting:
+            # the supervisor is gone (it never leaves its gateway behind on purpose)
+            log.error("the cluster's supervisor is gone; stopping")
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def _running(self, id_: str) -> bool:
+        return bool(self.procs.get(id_, {}).get("alive"))
+
+    async def _wait_executors(self) -> None:
+        """Wait (bounded) for the executors to answer. One that does not is left to the
+        liveness watch, which has it killed and restarted: never a reason not to serve."""
+        ids = [i for i in self.dispatcher.executors if self._running(i)]
+        pongs = await asyncio.gather(
+            *(
+                self.dispatcher.ping(self.dispatcher.executors[i].address, 60, still_worth_it=partial(self._running, i))
+                for i in ids
+            )
+        )
+        for id_, pong in zip(ids, pongs):
+            if pong is None:
+                log.error("executor %s did not answer within 60 s; see %s", id_, self.logdir / f"{id_}.log")
+                self.dispatcher.executors[id_].alive = False
+
+    async def _restore_flows(self) -> None:
+        """Serve what the registry lists: after a gateway restart the executors still hold
+        the flows built (a Load of a built stage is a no-op there); after `flowserve down`
+        then `up` on a persisted store they build them again. A flow that cannot be built
+        any more (its code changed underneath, a model is gone) is logged and skipped."""
+        registry = await asyncio.to_thread(registry_if_intact, self.store.redis)
+        for name, version in sorted((registry or {}).items()):
+            high = self.gateway.served_high.get(name, version)
+            if version < high:
+                log.error(
+                    "the registry names flow %s v%s, older than v%s which this cluster served: a registry "
+                    "rolled back by someone with the store's password? serving v%s",
+                    name,
+                    version,
+                    high,
+                    high,
+                )
+                version = high
+            try:
+                await self.gateway.load_flow(name, version)
+                log.info("flow %s v%s restored from the store", name, version)
+            except LoadFailed as e:
+                log.warning("flow %s v%s is registered but could not be restored: %s", name, version, e.message)
+
+    async def _stopping(self) -> None:
+        """Graceful stop: refuse new requests, let in-flight ones finish (bounded)."""
+        await drain(self.gateway, self.config.request_timeout_s)
+        for task in self._tasks:
+            task.cancel()
+
+    # -- what the supervisor says -----------------------------------------------------------------
+
+    async def _on_control(self, msg: dict) -> None:
+        if "hello" in msg:
+            self.hello = msg["hello"]
+            self._hello.set()
+            return
+        event, id_ = msg.get("event"), msg.get("id")
+        if event == "exited":
+            self.procs.setdefault(id_, {}).update(alive=False, last_exit=exit_reason(msg.get("code")))
+            if getattr(self.dispatcher.executors.get(id_), "alive", False):
+                self._executor_exited(id_, msg.get("code"), msg.get("running") or [])
+        elif event == "started":
+            proc = self.procs.setdefault(id_, {})
+            proc.update(alive=True, restarts=proc.get("restarts", 0) + 1)
+            if id_ in self.dispatcher.executors:  # a restart (a new one is added by add_executor)
+                asyncio.get_running_loop().create_task(self._rejoin(id_))
+        elif event == "start_failed":
+            self.procs.setdefault(id_, {}).update(alive=False, last_exit=msg.get("reason"))
+
+    def _executor_exited(self, id_: str, code: int | None, running: list) -> None:
+        """Tell the dispatcher why an executor's process ended: it recycled itself (a stuck
+        thread: nothing to blame) or it crashed (its blackbox says which requests were
+        running: those are the suspects of a poison input)."""
+        info = self.dispatcher.executors[id_]
+        if code == EXIT_RECYCLED:
+            log.warning("executor %s recycled itself (a thread was stuck)", id_)
+            info.recycled += 1
+            self.metrics.recycles.labels(id_, "stuck").inc()
+            self.dispatcher.executor_died(id_, reason="recycled")
+            return
+        how = exit_reason(code)
+        if running:
+            for r in running:
+                log.error(
+                    "executor %s crashed (%s) while running flow %s operator %r (stage %s) for request(s) %s, qid %s",
+                    id_,
+                    how,
+                    r["flow"],
+                    r["operator"],
+                    r["stage"],
+                    ",".join(str(q) for q, _ in r["requests"]),
+                    r["qid"],
+                )
+        else:
+            log.warning("executor %s died (%s) while running no request", id_, how)
+        info.crashed += 1
+        self.metrics.crashes.labels(id_).inc()
+        self.dispatcher.executor_died(id_, running=running)
+
+    async def _rejoin(self, id_: str) -> None:
+        """A restarted executor: once it answers, build the stages placed on it again (its
+        placement was kept; meanwhile requests avoid it for a flow whose build failed)."""
+        info = self.dispatcher.executors.get(id_)
+        if info is None or not await self.dispatcher.ping(info.address, 60, still_worth_it=partial(self._running, id_)):
+            return
+        await build_on(self.dispatcher, id_, partial(_placed_on, id_), self.config.load_timeout_s)
+        self.dispatcher.executor_back(id_)
+
+    async def _silent(self, id_: str) -> None:
+        """An executor answered no ping for ``stuck_grace_s``: a C call that never releases
+        the interpreter lock (a regular expression backtracking for ever) stops its own
+        watchdog too. Killed, it goes the crash path: restarted, what it ran blamed."""
+        log.error(
+            "executor %s answered no ping for %.0f s (a thread holds the interpreter); killing it",
+            id_,
+            self.config.stuck_grace_s,
+        )
+        try:
+            await self.channel.call("kill", id=id_)
+        except (ControlError, asyncio.TimeoutError) as e:
+            log.error("could not have executor %s killed: %s", id_, e)
+
+    # -- the autoscaler's backend (executors/scaling.py) --------------------------------------------
+
+    async def add_executor(self, device: str) -> str | None:
+        """Have the supervisor start one more executor; its id once it answers."""
+        try:
+            reply = await self.channel.call("add", device=device)
+        except (ControlError, asyncio.TimeoutError) as e:
+            log.warning("could not start an executor for the autoscaler: %s", e)
+            return None
+        id_ = reply["id"]
+        self.procs[id_] = {"alive": True, "device": device, "restarts": 0}
+        self.extras.append(id_)
+        self.dispatcher.add_executor(id_, reply["address"], device)
+        if not await self.dispatcher.ping(reply["address"], 60, still_worth_it=partial(self._running, id_)):
+            log.warning("new executor %s did not start", id_)
+            await self.remove_executor(id_)
+            return None
+        log.warning("started executor %s for the autoscaler", id_)
+        return id_
+
+    def removable(self) -> list[str]:
+        return list(self.extras)
+
+    async def remove_executor(self, executor_id: str) -> None:
+        """Stop an executor the autoscaler no longer needs (it hosts nothing)."""
+        if executor_id not in self.extras:
+            return
+        self.extras.remove(executor_id)
+        self.dispatcher.remove_executor(executor_id)
+        self.procs.pop(executor_id, None)
+        try:
+            await self.channel.call("remove", id=executor_id)
+        except (ControlError, asyncio.TimeoutError) as e:
+            log.warning("could not stop executor %s: %s", executor_id, e)
+        log.warning("stopped idle executor %s", executor_id)
+
+    # -- status -------------------------------------------------------------------------------
+
+    def status(self) -> dict:
+        """What /healthz adds about this cluster's processes."""
+        return {
+            "gateway": {
+                "pid": os.getpid(),
+                "restarts": self.hello.get("restarts", 0),
+                "last_exit": self.hello.get("last_exit"),
+            },
+            # executors not serving (dead, or restarted and not answering yet), and why
+            "down": {
+                id_: self.procs.get(id_, {}).get("last_exit") or "starting"
+                for id_, info in self.dispatcher.executors.items()
+                if not info.alive
+            },
+        }
+
+
+def _placed_on(executor_id: str, flow) -> list[str]:
+    """The stages of ``flow`` placed on ``executor_id``."""
+    return [stage for stage, ids in flow.placement.items() if executor_id in ids]
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(
+        prog="python -m executors.cluster_gateway", description="The gateway process of a local cluster."
+    )
+    p.add_argument("--dir", required=True, help="the cluster's directory (logs)")
+    p.add_argument("--rundir", required=True, help="the cluster's socket directory")
+    p.add_argument("--incarnation", type=int, required=True, help="which start of the gateway this is (0: the first)")
+    p.add_argument("--listen-fd", type=int, required=True, help="the inherited listening socket")
+    p.add_argument("--control-fd", type=int, required=True, help="the inherited end of the control channel")
+    args = p.parse_args(argv)
+    dir_ = Path(args.dir)
+    faulthandler.enable()  # a crash in C code leaves the Python stack in the gateway's log
+    logging.basicConfig(
+        level=os.environ.get("FLOWSERVE_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        handlers=log_handlers(dir_ / "cluster.log")[:1],
+    )
+    config = ClusterConfig.from_json(json.loads(os.environ.get(CONFIG_ENV) or "{}"))
+    listener = socket.socket(fileno=args.listen_fd)
+    control = socket.socket(fileno=args.control_fd)
+    gw = ClusterGateway(
+        config,
+        dir_=dir_,
+        rundir=Path(args.rundir),
+        incarnation=args.incarnation,
+        kvs_url=os.environ["FLOWSERVE_KVS_URL"],
+        admin_token=os.environ[ADMIN_TOKEN_ENV],
+        control=control,
+    )
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))  # uvicorn stops on SIGINT
+    t0 = time.monotonic()
+    try:
+        gw.run(listener)
+    except KeyboardInterrupt:
+        pass  # uvicorn re-raises the SIGINT it stopped on, once it has shut down: a clean stop
+    log.info("gateway %d stopped after %.0f s", args.incarnation, time.monotonic() - t0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""The local cluster's control channel: between its supervisor and its gateway process.
+
+The supervisor (executors/daemon.py) owns the processes: the store, the executors and the
+gateway. The gateway (executors/cluster_gateway.py) owns what requests need: routing,
+flows, liveness pings. They talk over one connected Unix socket pair that the supervisor
+makes for each gateway it starts (the gateway inherits its end): a process that is not
+the supervisor's child cannot reach it, and a restarted gateway gets a fresh one.
+
+One JSON object per line, never pickle. The supervisor sends a ``hello`` first (the
+executors and their state, which start of the gateway this is), then ``event``s as
+processes come and go; the gateway sends ``call``s and gets a ``reply`` with the same
+number, and tells the supervisor when it is ``ready``.
+
+    supervisor -> gateway   {"hello": {"executors": [...], "incarnation": 0}}
+                            {"event": "exited", "id": "cpu0", "code": -9, "running": [...]}
+                            {"event": "started", "id": "cpu0"}
+                            {"event": "start_failed", "id": "cpu0", "reason": "...", "retry_in_s": 0.4}
+    gateway -> supervisor   {"call": 3, "op": "add", "device": "cpu"}   (also "remove", "kill")
+                            {"ready": true}
+    supervisor -> gateway   {"reply": 3, "id": "cpu2", "address": "ipc://..."}  or {"reply": 3, "error": "..."}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+
+log = logging.getLogger("flowserve.control")
+
+MAX_LINE = 1 << 20  # a hello lists every executor: far below this
+
+
+class ControlError(Exception):
+    """The other end of the control channel answered an error, or went away."""
+
+
+class Channel:
+    """One end of the control channel on an asyncio loop: ``send`` a message, ``call`` and
+    await the reply, and hand everything else that arrives to ``on_message``."""
+
+    def __init__(self, sock: socket.socket, on_message: Callable[[dict], Awaitable[None] | None]):
+        self._sock = sock
+        self._on_message = on_message
+        self._writer: asyncio.StreamWriter | None = None
+        self._early: list[bytes] = []  # sent before ``run`` opened the connection
+        self._calls: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count(1)
+        self.closed = asyncio.Event()
+
+    async def run(self) -> None:
+        """Read messages until the other end closes the channel."""
+        reader, self._writer = await asyncio.open_unix_connection(sock=self._sock, limit=MAX_LINE)
+        for line in self._early:
+            self._writer.write(line)
+        self._early.clear()
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    break
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    log.warning("dropped a malformed control message: %r", line[:200])
+                    continue
+                if "reply" in msg:
+                    fut = self._calls.pop(msg["reply"], None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg)
+                    continue
+                try:
+                    handled = self._on_message(msg)
+                    if asyncio.iscoroutine(handled):
+                        await handled
+                except Exception:
+                    log.exception("handling control message %r failed", msg)
+        except (ConnectionError, OSError) as e:
+            log.warning("control channel lost: %s", e)
+        finally:
+            self.closed.set()
+            for fut in self._calls.values():
+                if not fut.done():
+                    fut.set_exception(ControlError("the control channel closed"))
+            self._calls.clear()
+            if self._writer is not None:
+                self._writer.close()
+
+    def send(self, msg: dict) -> None:
+        line = json.dumps(msg).encode() + b"\n"
+        if self._writer is None:
+            if not self.closed.is_set():
+                self._early.append(line)
+            return
+        if self._writer.is_closing():
+            return  # the other end is gone: what it would have learned, it reads in the next hello
+        self._writer.write(line)
+
+    async def call(self, op: str, timeout: float = 60.0, **fields) -> dict:
+        """Send a call and return its reply; ``ControlError`` if it answers an error."""
+        n = next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._calls[n] = fut
+        self.send({"call": n, "op": op, **fields})
+        try:
+            reply = await asyncio.wait_for(fut, timeout)
+        finally:
+            self._calls.pop(n, None)
+        if reply.get("error"):
+            raise ControlError(reply["error"])
+        return reply
+
+    def reply(self, call: dict, **fields) -> None:
+        self.send({"reply": call["call"], **fields})
