@@ -127,9 +127,18 @@ class ClusterConfig(Config):
     max_rows: requests with more rows get 413 (default 1,000,000).
     max_header_bytes / max_headers: a request head larger, or with more headers, gets 431
         before anything of it is kept (defaults 64 KiB, 100).
-    header_timeout_s / body_timeout_s: a client that has not sent its request head, or its
-        body, within this long gets 408 and its connection closed (defaults 10 s, 60 s).
-    max_connections: open HTTP connections at most; more get 503 with Retry-After (1024).
+    header_timeout_s: a request head not complete this long after its first byte gets 408
+        (default 10 s).
+    min_body_rate / body_timeout_s: a request body must bring ``min_body_rate`` bytes a
+        second (default 1024), counted over each ``body_timeout_s`` window from the end of
+        its head (default 10 s; a window always needs a byte), or get 408: a slow but steady
+        upload is served, a trickle is cut after one window.
+    idle_timeout_s: a connection with no request in progress (none yet, or between requests
+        on a kept-alive one) is closed after this long (default 10 s; behind a load
+        balancer, set it above the balancer's idle timeout).
+    max_connections: open HTTP connections at most (1024). A newcomer at the limit closes
+        the connection idle longest; only when every one holds a request in progress is it
+        refused with 503 and Retry-After. The gateway raises its open-file limit to match.
     request_timeout_s: a request not answered within this gets 504 (default 30 s), unless
         its flow was deployed with its own ``timeout_s``.
     max_request_timeout_s: the most a request may ask for with ``X-Request-Timeout`` (it may
@@ -177,7 +186,9 @@ class ClusterConfig(Config):
     max_header_bytes: int = setting(64 * 1024, Int(1024))
     max_headers: int = setting(100, Int(8))
     header_timeout_s: float = setting(10.0, _SECONDS)
-    body_timeout_s: float = setting(60.0, _SECONDS)
+    body_timeout_s: float = setting(10.0, _SECONDS)
+    min_body_rate: int = setting(1024, Int(0, note="bytes a second"))
+    idle_timeout_s: float = setting(10.0, _SECONDS)
     max_connections: int = setting(1024, Int(1))
     request_timeout_s: float = setting(30.0, _SECONDS)
     max_request_timeout_s: float = setting(300.0, _SECONDS)
@@ -208,5 +219,11 @@ class ClusterConfig(Config):
         from executors.serving import HttpLimits
 
         return HttpLimits(
-            self.max_header_bytes, self.max_headers, self.header_timeout_s, self.body_timeout_s, self.max_connections
+            max_header_bytes=self.max_header_bytes,
+            max_headers=self.max_headers,
+            header_timeout_s=self.header_timeout_s,
+            body_timeout_s=self.body_timeout_s,
+            max_connections=self.max_connections,
+            idle_timeout_s=self.idle_timeout_s,
+            min_body_rate=self.min_body_rate,
         )

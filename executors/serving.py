@@ -1,4 +1,5 @@
-"""The gateway's HTTP server: uvicorn, with a graceful stop that keeps answering.
+"""The gateway's HTTP server: uvicorn, with a graceful stop that keeps answering, and the
+limits at the HTTP edge (``HttpLimits``, ``limited_protocol``).
 
 uvicorn closes its listening socket as soon as it is told to stop, so requests that arrive
 while in-flight ones finish meet "connection refused". ``DrainingServer`` instead, on the
@@ -11,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import time
 from dataclasses import dataclass
-from http import HTTPStatus
 
+import httptools
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from executors.errors import http_error
 from executors.leanhttp import LeanCycle, flow_name
@@ -34,6 +37,9 @@ class DrainingServer(uvicorn.Server):
 
     async def startup(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
+        limits = getattr(self.config.http_protocol_class, "limits", None)  # limited_protocol's
+        if limits is not None:
+            raise_open_files(limits.max_connections)
         await super().startup(sockets)
 
     def handle_exit(self, sig, frame) -> None:
@@ -63,13 +69,85 @@ async def drain(gateway, seconds: float) -> None:
 
 @dataclass(frozen=True)
 class HttpLimits:
-    """What one client may hold of the gateway before its request is read (ClusterConfig)."""
+    """What one client may hold of the gateway (the ClusterConfig fields of these names).
+
+    max_header_bytes / max_headers: a request head larger (its URL and header names and
+        values, 4 bytes more a header) or with more headers gets 431.
+    header_timeout_s: a head not complete this long after its first byte gets 408.
+    min_body_rate / body_timeout_s: a body must bring ``min_body_rate`` bytes a second,
+        counted over each ``body_timeout_s`` window from the end of its head (the first
+        window is its grace; a window always needs a byte), or get 408: a 100 MB upload
+        over a slow but steady link is served, a trickle is cut after one window. A window
+        in which the gateway itself stopped reading (its app not keeping up) does not count.
+    idle_timeout_s: a connection with no request in progress (none yet, or between requests
+        on a kept-alive one) is closed after this long (one whose last answer is still
+        leaving: once it has left, which must go at ``min_body_rate``). It replaces
+        uvicorn's ``timeout_keep_alive`` (5 s, never set by the gateway). Idle sockets make
+        room at the limit whatever this is, so it only frees their descriptors sooner; 10 s
+        outlasts the pools of httpx and Node (5 s), so their reuse of a connection never
+        races its close; behind a load balancer, set it above the balancer's idle timeout
+        (AWS ALB: 60 s).
+    max_connections: open connections at most. A newcomer at the limit closes the connection
+        idle longest (one yet to send a byte first, then one between requests, then one
+        whose head is still arriving: 408), so idle sockets cannot fill it; only when every
+        connection holds a request in progress is the newcomer refused (503, Retry-After).
+    """
 
     max_header_bytes: int = 64 * 1024
     max_headers: int = 100
     header_timeout_s: float = 10.0
-    body_timeout_s: float = 60.0
+    body_timeout_s: float = 10.0
     max_connections: int = 1024
+    idle_timeout_s: float = 10.0
+    min_body_rate: int = 1024
+
+
+#: a head still arriving may hold this much more than max_header_bytes before it is refused
+#: unparsed: its request line, line ends and spaces, which the exact count leaves out (so a
+#: head within the limit is served however it is split into packets)
+HEAD_SLACK = 1024
+#: lingering close. Closing a socket whose client data is still unread makes the kernel
+#: send a reset (RFC 1122 4.2.2.13), and a client still sending then fails on its send before
+#: it reads the answer. After an error answer the gateway shuts its write side and reads and
+#: drops what the client still sends, until the client closes, sends nothing for
+#: LINGER_QUIET_S or LINGER_BYTES in all, or LINGER_S pass (nginx's lingering close, with
+#: Go's shorter time: a flood costs little to drop, but a few MiB is all a client that
+#: means well sends past a refused head or early answer)
+LINGER_S = 2.0
+LINGER_QUIET_S = 0.5
+LINGER_BYTES = 4 << 20
+#: an answer given before its request's body came (413, 401, 404...): the rest of the body
+#: is read past so that the connection serves its next request, up to this much; past it,
+#: the connection is closed (lingering)
+DISCARD_BYTES = 1 << 20
+#: open files a gateway needs besides its connections: the executors' and the KVS's
+#: sockets, shared-memory segments, logs, connections being accepted or evicted
+FD_HEADROOM = 1024
+
+
+def raise_open_files(max_connections: int) -> int:
+    """Raise this process's soft limit on open files towards its hard one, to what
+    ``max_connections`` connections and as many lingering ones need; returns the limit.
+
+    A soft limit of 1024 (common) makes accept() fail with EMFILE before the connection
+    limit is reached, and asyncio then stops accepting for a second. The gateway does not
+    use select(), which cannot take descriptors past 1023."""
+    need = 2 * max_connections + FD_HEADROOM
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return soft
+    new = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    if new > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    if new < need:
+        log.warning(
+            "max_connections=%d needs %d open files, but their hard limit is %d: connections past about %d fail",
+            max_connections,
+            need,
+            hard,
+            (hard - FD_HEADROOM) // 2,
+        )
+    return new
 
 
 class OneWrite:
@@ -79,16 +157,20 @@ class OneWrite:
     sends, and two wake-ups of the client, which on a small machine shares the cores with
     the gateway and the executors (benchmarks/README.md, #20: a bare uvicorn app served
     this way took 3 us less CPU a request at concurrency 8 and wrk got 1.4x the answers).
-    Small writes are joined; a big one (a streamed answer's piece) is not copied."""
+    Small writes are joined; a big one (a streamed answer's piece) is not copied. After
+    ``write_eof`` (a lingering close) it is closing: later writes are dropped. ``on_close``:
+    asked first by ``close``; true when it closes the connection its own way (lingering)."""
 
     JOIN_MAX = 64 * 1024
 
-    __slots__ = ("_transport", "_loop", "_pending", "_size")
+    __slots__ = ("_transport", "_loop", "_pending", "_size", "_eof", "on_close")
 
-    def __init__(self, transport, loop):
+    def __init__(self, transport, loop, on_close=None):
         self._transport, self._loop = transport, loop
         self._pending: list = []
         self._size = 0
+        self._eof = False
+        self.on_close = on_close
 
     def write(self, data) -> None:
         if not self._pending:
@@ -106,7 +188,7 @@ class OneWrite:
         if self._pending:
             self.write(data)
             return self.flush()
-        if not self._transport.is_closing():
+        if not self.is_closing():
             self._transport.write(data)
 
     def flush(self) -> None:
@@ -114,7 +196,7 @@ class OneWrite:
         if not pending:
             return
         self._pending, self._size = [], 0
-        if self._transport.is_closing():
+        if self.is_closing():
             return  # the connection went meanwhile (as a plain transport drops such writes)
         if len(pending) == 1:
             self._transport.write(pending[0])
@@ -124,65 +206,174 @@ class OneWrite:
             for data in pending:
                 self._transport.write(data)
 
+    def is_closing(self) -> bool:
+        return self._eof or self._transport.is_closing()
+
     def write_eof(self) -> None:
         self.flush()
+        self._eof = True
         self._transport.write_eof()
 
     def close(self) -> None:
         self.flush()  # what was written goes before the close, as on a plain transport
-        self._transport.close()
+        if self.on_close is None or not self.on_close():
+            self._transport.close()
 
     def get_write_buffer_size(self) -> int:
         return self._size + self._transport.get_write_buffer_size()
 
-    def __getattr__(self, name):  # is_closing, abort, pause_reading, get_extra_info, ...
+    def __getattr__(self, name):  # abort, pause_reading, get_extra_info, ...
         return getattr(self._transport, name)
+
+
+class _Flow(FlowControl):
+    """uvicorn's flow control, noting that reading was paused (the app not keeping up with a
+    body): a body-rate window with a pause in it is not the client's fault."""
+
+    paused_once = False
+
+    def pause_reading(self) -> None:
+        self.paused_once = True
+        super().pause_reading()
+
+
+class _Room:
+    """One server's connections that may be closed to make room or for idleness, each kind
+    oldest first: a dict keeps insertion order, and adding, removing and finding the oldest
+    are O(1) (amortized: the oldest is found past the slots freed since the dict last grew)."""
+
+    __slots__ = ("fresh", "kept", "heads", "lingering", "sweep")
+
+    def __init__(self):
+        self.fresh: dict = {}  # connected, no byte yet: protocol -> since (loop time)
+        self.kept: dict = {}  # between requests on a kept-alive connection: protocol -> since
+        self.heads: dict = {}  # a head still arriving: protocol -> its first byte
+        self.lingering: dict = {}  # closing after an error answer: protocol -> None
+        self.sweep = None  # the timer that closes idle connections, while there are any
+
+    def oldest(self):
+        """The connection to close for a newcomer at the limit, or None: every one holds a
+        request in progress."""
+        for kind in (self.fresh, self.kept, self.heads):
+            for protocol in kind:
+                return protocol
+        return None
+
+
+class _Refused(Exception):
+    """Stops the parser in a callback once a limit refused the request (its answer is written)."""
 
 
 def limited_protocol(limits: HttpLimits):
     """uvicorn's httptools protocol with limits, checked before anything is parsed or kept:
-    request head bytes and header count (431), time to send the head and the body (408),
-    open connections (503 with Retry-After). A slow or flooding client costs a bounded
-    amount of memory and time, and never stalls the others."""
+    request head bytes and header count (431), time to send the head and the body's rate
+    (408), idle connections closed, open connections (the idle longest make room; 503 with
+    Retry-After when none is idle). Error answers close lingering, so the client reads
+    them. A slow or flooding client costs a bounded amount of memory and time, and never
+    stalls the others. A request that arrives whole arms no timer."""
+    room = _Room()
+    lingering = room.lingering
+    idle_s = limits.idle_timeout_s
+    head_s = limits.header_timeout_s
+    window = limits.body_timeout_s
+    need = max(1, int(limits.min_body_rate * window))  # bytes each window must bring
+    head_max = limits.max_header_bytes + HEAD_SLACK
+    too_big = f"request headers over the limit of {limits.max_header_bytes} bytes"
+
+    def sweep(loop) -> None:
+        """Close the connections idle for idle_timeout_s; again when the next one is due."""
+        room.sweep = None
+        cutoff = loop.time() - idle_s + 0.001  # a timer may run a hair early
+        first = None
+        for kind in (room.fresh, room.kept):
+            expired = []
+            for protocol, since in kind.items():
+                if since > cutoff:
+                    first = since if first is None else min(first, since)
+                    break
+                expired.append(protocol)
+            for protocol in expired:
+                del kind[protocol]
+                protocol._idle = None
+                protocol._close_idle()
+        if first is not None:
+            room.sweep = loop.call_at(first + idle_s, sweep, loop)
 
     class LimitedHttpTools(HttpToolsProtocol):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
-            self.transport = OneWrite(transport, self.loop)  # an answer's head and body: one write
+            # an answer's head and body: one write; a close with a body still coming: lingering
+            self.transport = OneWrite(transport, self.loop, self._close_lingering)
+            self.flow.__class__ = _Flow  # uvicorn's FlowControl, noting pauses (not made twice)
             self._head_bytes = 0  # bytes received while the head is incomplete (bounds memory)
             self._exact_head = 0  # bytes of the URL and headers parsed (the exact limit)
             self._header_count = 0
             self._heads_done = 0
             self._in_head = True
-            self._timer = None
             self._began = False
+            self._timer = None  # the head's, the body's window, or the lingering close's
+            self._idle = None  # room.fresh, room.kept or room.lingering while in it
+            self._got = 0  # bytes in this body window (lingering: dropped)
+            self._early = None  # answered before its body came: bytes of it read past since
             # the app answers invocations itself (gateway.InvokeFastPath.answer): the lean path
             app = self.app
             self._invoker = app if hasattr(app, "answer") and self.limit_concurrency is None else None
-            if len(self.connections) > limits.max_connections:
-                self._reject(
-                    "TooManyConnections", f"over the limit of {limits.max_connections} open connections; retry shortly"
-                )
+            connections = self.connections
+            while len(connections) > limits.max_connections:
+                victim = room.oldest()
+                if victim is None:
+                    return self._reject(
+                        "TooManyConnections",
+                        f"over the limit of {limits.max_connections} open connections, all busy; retry shortly",
+                    )
+                victim._evict()
+            self._rest(room.fresh)
 
         def data_received(self, data: bytes) -> None:
+            idle = self._idle
+            if idle is not None:
+                if idle is lingering:  # (uvloop keeps a protocol's data_received: no swapping it)
+                    return self._drop(data)
+                del idle[self]  # a request begins
+                self._idle = None
             in_head = self._in_head
             heads = self._heads_done
-            super().data_received(data)
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserUpgrade:  # as uvicorn's data_received
+                if self._should_upgrade():
+                    self.handle_websocket_upgrade()
+                else:
+                    self._unsupported_upgrade_warning()
+                return
+            except httptools.HttpParserError:
+                if not self.transport.is_closing():  # else a limit stopped the parser (_Refused)
+                    self.logger.warning("Invalid HTTP request received.")
+                    self.send_400_response("Invalid HTTP request received.")
+                return
             if in_head and self._heads_done == heads:  # no head completed in it: count what it holds so far
                 self._head_bytes += len(data)
-                if self._head_bytes > limits.max_header_bytes:
-                    return self._reject(
-                        "HeadersTooLarge", f"request headers over the limit of {limits.max_header_bytes} bytes"
-                    )
-            # a head or body left incomplete by this packet waits under its timer, armed once (a
-            # request that came whole, most, arms none: two timers less per request)
-            if self._timer is None and not self.transport.is_closing():
+                if self._head_bytes > head_max:
+                    return self._reject("HeadersTooLarge", too_big, True)
+            # a head or body left incomplete by this packet waits under its timer (a request
+            # that came whole, most, arms none)
+            if self._timer is None:
                 if not self._in_head:
-                    self._arm(limits.body_timeout_s, f"request body not received within {limits.body_timeout_s:g} s")
-                elif self._began or self._head_bytes:
-                    self._arm(
-                        limits.header_timeout_s, f"request headers not received within {limits.header_timeout_s:g} s"
-                    )
+                    if not self.transport.is_closing():
+                        self._arm_body()
+                elif (self._began or self._head_bytes) and not self.transport.is_closing():
+                    now = self.loop.time()
+                    room.heads[self] = now  # a slow head makes room before a request in progress
+                    self._timer = self.loop.call_at(now + head_s, self._head_late)
+            else:
+                self._got += len(data)
+                early = self._early
+                if early is not None:
+                    early += len(data)
+                    self._early = early
+                    if early > DISCARD_BYTES:  # too much to read past: close instead
+                        self._early = None
+                        self._linger()
 
         def on_url(self, url: bytes) -> None:
             self._exact_head += len(url)
@@ -197,13 +388,14 @@ def limited_protocol(limits: HttpLimits):
         def on_headers_complete(self) -> None:
             self._in_head = False
             self._heads_done += 1
-            self._disarm()
+            if self._timer is not None:
+                self._disarm()
             if self._header_count > limits.max_headers:
-                return self._reject("HeadersTooLarge", f"more than {limits.max_headers} request headers")
+                self._reject("HeadersTooLarge", f"more than {limits.max_headers} request headers", True)
+                raise _Refused  # parse no further (a body would find no request)
             if self._exact_head > limits.max_header_bytes:
-                return self._reject(
-                    "HeadersTooLarge", f"request headers over the limit of {limits.max_header_bytes} bytes"
-                )
+                self._reject("HeadersTooLarge", too_big, True)
+                raise _Refused
             self._began = False
             self._begin()
 
@@ -234,42 +426,222 @@ def limited_protocol(limits: HttpLimits):
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
-            self._disarm()
+            if self._timer is not None:
+                self._disarm()
+                if self._early is not None:  # the body answered early is read past: idle, once the loop is back
+                    self._early = None
+                    self.loop.call_soon(self._rest_if_done)
             self._in_head, self._head_bytes, self._exact_head, self._header_count = True, 0, 0, 0
             super().on_message_complete()
 
-        def connection_lost(self, exc) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-        def _arm(self, seconds: float, why: str) -> None:
-            self._disarm()
-            self._timer = self.loop.call_later(seconds, self._reject, "RequestTimeout", why)
-
-        def _disarm(self) -> None:
-            if getattr(self, "_timer", None) is not None:
-                self._timer.cancel()
-                self._timer = None
-
-        def _reject(self, error: str, message: str) -> None:
-            """Answer the error (errors.http_error: its status and JSON body) if no answer
-            has started, and close."""
-            self._disarm()
+        def on_response_complete(self) -> None:
+            """uvicorn's, with the connection idle (room.kept) in place of its keep-alive timer."""
+            self.server_state.total_requests += 1
             if self.transport.is_closing():
                 return
-            cycle = getattr(self, "cycle", None)
-            if cycle is None or not cycle.response_started:
+            self.flow.resume_reading()
+            if self.pipeline:
+                cycle, app = self.pipeline.pop()
+                self._start_asgi_task(cycle, app)
+            elif self._timer is None:
+                self._rest(room.kept)
+            elif not self._in_head:  # answered before its body came: read past the rest (bounded)
+                self._early = 0
+            # else the next request's head is arriving, under its timer
+
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's 400 for a request it cannot parse, closed lingering."""
+            content = [STATUS_LINE[400]]
+            for name, value in self.server_state.default_headers:
+                content.extend([name, b": ", value, b"\r\n"])
+            body = msg.encode("ascii")
+            content.append(b"content-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n" % len(body))
+            content += [b"connection: close\r\n\r\n", body]
+            self.transport.write(b"".join(content))
+            self._linger()
+
+        def connection_lost(self, exc) -> None:
+            if self._timer is not None:
+                self._disarm()
+            idle = self._idle
+            if idle is not None:
+                idle.pop(self, None)
+                self._idle = None
+            super().connection_lost(exc)
+
+        # -- idle connections ------------------------------------------------------------
+
+        def _rest(self, kind: dict) -> None:
+            """No request in progress: idle (closed after idle_timeout_s, or to make room)."""
+            now = self.loop.time()
+            kind[self] = now
+            self._idle = kind
+            if room.sweep is None:
+                room.sweep = self.loop.call_at(now + idle_s, sweep, self.loop)
+
+        def _rest_if_done(self) -> None:
+            cycle = self.cycle
+            if (
+                self._idle is None
+                and self._timer is None
+                and not self.pipeline
+                and (cycle is None or cycle.response_complete)
+                and not self.transport.is_closing()
+            ):
+                self._rest(room.kept)
+
+        def _close_idle(self) -> None:
+            """Closed for idleness or to make room: at once, or once its last answer has left."""
+            size = self.transport.get_write_buffer_size()
+            if not size:
+                return self.transport.abort()
+            # a slow reader: the answer goes first (a graceful close), as fast as a body must
+            # come (min_body_rate), and the connection counts no more meanwhile
+            self.connections.discard(self)
+            self._enter_lingering()
+            self._timer = self.loop.call_later(idle_s + size / max(1, limits.min_body_rate), self.transport.abort)
+            self.transport.close()
+
+        def _evict(self) -> None:
+            """Closed to make room for a newcomer (connection_made): it counts no more now."""
+            self.connections.discard(self)
+            idle = self._idle
+            if idle is not None:
+                del idle[self]
+                self._idle = None
+                self._close_idle()
+            else:
+                since = self.loop.time() - room.heads[self]
+                self._reject(
+                    "RequestTimeout",
+                    f"request headers not received after {since:.1f} s, with the gateway at its limit of "
+                    f"{limits.max_connections} connections",
+                    True,
+                )
+
+        # -- timers --------------------------------------------------------------------
+
+        def _arm_body(self) -> None:
+            self._got = 0
+            self.flow.paused_once = self.flow.read_paused
+            self._timer = self.loop.call_later(window, self._body_window)
+
+        def _body_window(self) -> None:
+            """A body window is over: enough came, or the gateway was not reading, or 408."""
+            self._timer = None
+            got, flow, cycle = self._got, self.flow, self.cycle
+            if (
+                got >= need
+                or flow.read_paused
+                or flow.paused_once
+                or (cycle is not None and cycle.waiting_for_100_continue)  # the app has not asked for it yet
+            ):
+                return self._arm_body()
+            if self._early is not None:  # answered already: the rest of the body is not worth waiting for
+                self._early = None
+                return self._linger()
+            self._reject(
+                "RequestTimeout",
+                f"request body too slow: {got} bytes in the last {window:g} s, "
+                f"at least {limits.min_body_rate} bytes/s needed",
+            )
+
+        def _head_late(self) -> None:
+            self._timer = None
+            room.heads.pop(self, None)
+            self._reject("RequestTimeout", f"request headers not received within {head_s:g} s", True)
+
+        def _disarm(self) -> None:
+            self._timer.cancel()
+            self._timer = None
+            room.heads.pop(self, None)
+
+        # -- error answers and lingering close -------------------------------------------
+
+        def _reject(self, error: str, message: str, head: bool = False) -> None:
+            """Answer the error (errors.http_error: its status and JSON body) and close,
+            lingering. ``head``: about a head being parsed, answered once the answers before
+            it are written; else about the request in progress, if its answer has not started."""
+            if self.transport.is_closing():
+                return
+            cycle = self.cycle
+            if head:  # every answer before it written (an answer now would be taken for theirs)
+                answer = cycle is None or (cycle.response_complete and not self.pipeline)
+            else:
+                answer = cycle is None or not cycle.response_started
+            if answer:
                 status, body = http_error(error, message)
-                head = [
-                    b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode()),
+                head_lines = [
+                    STATUS_LINE[status],
                     b"content-type: application/json\r\n",
                     b"content-length: %d\r\n" % len(body),
                     b"connection: close\r\n",
                 ]
                 if status == 503:
-                    head.append(b"retry-after: 1\r\n")
-                self.transport.write(b"".join(head) + b"\r\n" + body)
+                    head_lines.append(b"retry-after: 1\r\n")
+                self.transport.write(b"".join(head_lines) + b"\r\n" + body)
             log.warning("closing a connection from %s: %s", self.client, message)
-            self.transport.close()
+            self._linger()
 
+        def _linger(self) -> None:
+            """Close after an answer: shut the write side (the client reads the answer, then
+            the end), read and drop what the client still sends, and close once it closes,
+            goes quiet or the bounds are reached (LINGER_*)."""
+            idle = self._idle
+            if idle is lingering:
+                return
+            if self._timer is not None:
+                self._disarm()
+            if idle is not None:
+                del idle[self]
+                self._idle = None
+            self.connections.discard(self)  # closing: out of the count (room.lingering bounds these)
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:  # the app's receive() ends; its answer is dropped
+                cycle.disconnected = True
+                cycle.waiting_for_100_continue = False
+                cycle.message_event.set()
+            transport = self.transport
+            if transport.is_closing():
+                return
+            self._enter_lingering()
+            if not transport.can_write_eof():
+                return transport.close()
+            self.flow.resume_reading()
+            transport.write_eof()
+            self._got = self._seen = 0
+            self._linger_end = self.loop.time() + LINGER_S
+            self._timer = self.loop.call_later(LINGER_QUIET_S, self._linger_tick)
+
+        def _enter_lingering(self) -> None:
+            """Into room.lingering: what comes now goes to _drop (the parser is done with it)."""
+            self._idle = lingering
+            lingering[self] = None
+            if len(lingering) > limits.max_connections:  # a flood of errors: the oldest goes now
+                oldest = next(iter(lingering))
+                del lingering[oldest]
+                oldest._idle = None
+                oldest.transport.abort()
+
+        def _close_lingering(self) -> bool:
+            """A close asked for while the request's body is still coming (an answer given
+            before it, to a request with Connection: close): lingering instead."""
+            if self._in_head or self._idle is lingering or self.transport.is_closing():
+                return False
+            self._linger()
+            return True
+
+        def _drop(self, data: bytes) -> None:
+            self._got += len(data)
+            if self._got > LINGER_BYTES:
+                self.transport.abort()
+
+        def _linger_tick(self) -> None:
+            self._timer = None
+            if self._got == self._seen or self.loop.time() >= self._linger_end:
+                return self.transport.abort()  # the answer went before; a reset now harms no reading
+            self._seen = self._got
+            self._timer = self.loop.call_later(LINGER_QUIET_S, self._linger_tick)
+
+    LimitedHttpTools.limits = limits  # DrainingServer raises the open-file limit to match
     return LimitedHttpTools
