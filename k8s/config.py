@@ -287,6 +287,44 @@ def _node_selector(v, name: str) -> Mapping[str, str]:
     return MappingProxyType(dict(v))
 
 
+# ClusterConfig fields a standalone gateway reads (its limits, timeouts and retries); the
+# token comes from a Secret, the rest describes the local cluster's processes
+GATEWAY_SETTINGS = (
+    "max_body_bytes",
+    "max_rows",
+    "max_header_bytes",
+    "max_headers",
+    "header_timeout_s",
+    "min_body_rate",
+    "body_timeout_s",
+    "idle_timeout_s",
+    "max_connections",
+    "request_timeout_s",
+    "max_request_timeout_s",
+    "load_timeout_s",
+    "max_retries",
+    "stuck_grace_s",
+    "public_metrics",
+    "colocate",
+)
+
+
+def _gateway_settings(v, name: str) -> Mapping:
+    if not isinstance(v, Mapping):
+        raise Invalid(message=f"{name} must be a mapping of gateway setting to value, got {v!r}", wrong_type=True)
+    unknown = sorted(set(v) - set(GATEWAY_SETTINGS))
+    if unknown:
+        raise Invalid(message=f"{name}: {unknown} are not gateway settings; known: {list(GATEWAY_SETTINGS)}")
+    from executors.config import ClusterConfig
+    from flow.configuration import ConfigError
+
+    try:  # the runtime's own checks, with its messages
+        ClusterConfig.from_json(dict(v))
+    except ConfigError as e:
+        raise Invalid(message=f"{name}: {e}") from None
+    return MappingProxyType(dict(v))
+
+
 def _tolerations(v, name: str) -> tuple[Toleration, ...]:
     if isinstance(v, (Mapping, Toleration)) or not isinstance(v, (list, tuple)):
         raise Invalid(message=f"{name} must be a list of Toleration (or mappings), got {v!r}", wrong_type=True)
@@ -385,6 +423,11 @@ class KubeConfig(Config):
     network_policies: render NetworkPolicies so only this instance's pods reach the KVS,
         the executors and the gateway's result port.
     env: extra environment for the gateway and executors (not the names the manifests set).
+    gateway_settings: the gateway's limits, timeouts and retries: ``ClusterConfig`` fields
+        (``GATEWAY_SETTINGS``), e.g. ``{"idle_timeout_s": 75, "request_timeout_s": 10}``.
+        Behind a proxy that keeps connections to the gateway open (an ingress: nginx keeps
+        them 60 s), set ``idle_timeout_s`` above its keep-alive, or a request it sends on a
+        connection the gateway is closing fails with 502.
     autoscaling: None (default: fixed replicas), or an ``executors.autoscale.AutoscalingConfig``
         (a mapping of its fields is converted): the gateway then runs the autoscaler and
         scales the executor Deployments itself through the API (``--scaler k8s``), with a
@@ -482,6 +525,7 @@ class KubeConfig(Config):
     s3_secret: str | None = setting(None, _SECRET)
     network_policies: bool = setting(True, Bool())
     env: Mapping[str, str] = setting(default_factory=dict, check=_env)
+    gateway_settings: Mapping = setting(default_factory=dict, check=_gateway_settings)
     autoscaling: AutoscalingConfig | None = setting(None, _autoscaling)
     gateway_url: str | None = setting(
         None,

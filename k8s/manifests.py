@@ -15,7 +15,8 @@ What is rendered (``<name>`` is ``KubeConfig.name``), in apply order:
 * the KVS: Service + StatefulSet ``<name>-kvs`` running Redis with ``--requirepass`` taken
   from the Secret ``redis_secret`` (key ``password``) through the environment, so the
   password is in no manifest; a PersistentVolumeClaim keeps the data (``kvs_storage``);
-* the gateway: Service + Deployment ``<name>-gateway``, probes on ``GET /healthz``;
+* the gateway: Service + Deployment ``<name>-gateway``, probes on ``GET /healthz`` (startup,
+  liveness) and ``GET /readyz`` (readiness);
 * the executors: Deployments ``<name>-executor-cpu`` and, when GPU executors are wanted
   (``gpu_executors``, or a GPU stage in the plan), ``<name>-executor-gpu`` requesting
   ``nvidia.com/gpu`` with the GPU node selector and tolerations.
@@ -377,8 +378,11 @@ def gateway_args(config: KubeConfig) -> list[str]:
         "--membership",
         "kvs",
     ]  # the KVS URL comes from $FLOWSERVE_KVS_URL: no password in argv
+    settings = dict(config.gateway_settings)
     if config.busy_poll_ms != KubeConfig.busy_poll_ms:  # the runtime's default: nothing to say
-        args += ["--config", json.dumps({"busy_poll_ms": config.busy_poll_ms})]
+        settings["busy_poll_ms"] = config.busy_poll_ms
+    if settings:
+        args += ["--config", json.dumps(settings, sort_keys=True)]
     if config.autoscaling is not None:
         args += [
             "--autoscale",
@@ -400,7 +404,9 @@ def autoscale_json(config: KubeConfig) -> str:
 
 
 def gateway(config: KubeConfig) -> list[dict]:
-    """The HTTP gateway: a Service (``service_type``) and a Deployment probed on /healthz."""
+    """The HTTP gateway: a Service (``service_type``) and a Deployment: alive while /healthz
+    answers, ready (taking traffic) while /readyz says every served flow has a replica
+    that answers."""
     component = "gateway"
     env = _common_env(config)
     env.append(_secret_env("FLOWSERVE_ADMIN_TOKEN", config.admin_secret_name, "token"))
@@ -423,7 +429,12 @@ def gateway(config: KubeConfig) -> list[dict]:
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
         "startupProbe": {**probe, "periodSeconds": 2, "failureThreshold": 60},
         "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
-        "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 2},
+        "readinessProbe": {
+            **probe,
+            "httpGet": {"path": "/readyz", "port": "http"},
+            "periodSeconds": 5,
+            "failureThreshold": 2,
+        },
     }
     # in-flight requests finish within the request timeout (30 s) after SIGTERM
     pod = _pod_spec(config, [container], [_tmp_volume("256Mi")], grace_s=45)

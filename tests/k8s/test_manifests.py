@@ -264,13 +264,14 @@ def test_kvs_without_storage_uses_an_empty_dir_and_no_aof():
     assert args[args.index("--appendonly") + 1] == "no"
 
 
-def test_gateway_is_probed_on_healthz_and_exposed_by_its_service():
+def test_gateway_is_probed_on_healthz_and_readyz_and_exposed_by_its_service():
     cfg = configs()["gpu"]
     manifests = _render("gpu")
     dep = named(by_kind(manifests, "Deployment"), "vision-gateway")
     (gw,) = containers(dep)
-    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+    for probe in ("livenessProbe", "startupProbe"):
         assert gw[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert gw["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert dep["spec"]["replicas"] == 2
     assert gw["command"] == ["python", "-m", "k8s.gateway"]
     assert "tcp://$(POD_IP):5556" in gw["args"]
@@ -548,6 +549,31 @@ def test_busy_polling_off_reaches_the_gateway_and_the_executors():
     assert args[args.index("--busy-poll-ms") + 1] == "0"
     gw = gateway_args(cfg)
     assert ClusterConfig.from_json(json.loads(gw[gw.index("--config") + 1])).busy_poll_ms == 0
+
+
+def test_gateway_settings_reach_the_gateway_as_the_runtime_reads_them():
+    from executors.config import ClusterConfig
+
+    cfg = KubeConfig(gateway_settings={"idle_timeout_s": 75, "request_timeout_s": 10}, busy_poll_ms=0)
+    gw = gateway_args(cfg)
+    read = ClusterConfig.from_json(json.loads(gw[gw.index("--config") + 1]))
+    assert (read.idle_timeout_s, read.request_timeout_s, read.busy_poll_ms) == (75, 10, 0)
+    assert KubeConfig.from_json(cfg.to_json()) == cfg
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"idle_timeout_s": 0}, "KubeConfig.gateway_settings: ClusterConfig.idle_timeout_s must be a number > 0"),
+        ({"token": "x" * 16}, "KubeConfig.gateway_settings: ['token'] are not gateway settings"),
+        ({"executors": 2}, "KubeConfig.gateway_settings: ['executors'] are not gateway settings"),
+        ([1], "KubeConfig.gateway_settings must be a mapping"),
+    ],
+)
+def test_gateway_settings_are_checked_when_the_config_is_made(bad, message):
+    with pytest.raises((ValueError, TypeError)) as e:
+        KubeConfig(gateway_settings=bad)
+    assert str(e.value).startswith(message), str(e.value)
 
 
 def test_executor_cache_size_reaches_the_executors_and_matches_the_local_default():
