@@ -259,8 +259,21 @@ class Executor:
             self.handle(frames)
         except WireError as e:
             log.warning("dropped a malformed message: %s", e)
-        except Exception:  # never let one message take the executor down
+        except Exception as e:  # never let one message take the executor down
             log.exception("error handling a message")
+            self._fail_message(frames, e)
+
+    def _fail_message(self, frames, error: Exception) -> None:
+        """Answer the request of a message that could not be handled (a bug, not a bad
+        input: those fail where they are found), so it is not left to wait for its deadline."""
+        try:
+            msg = decode(frames)
+            if type(msg) is RawInput:
+                self._fail(msg.as_input(None), error)
+            elif type(msg) is StageInput:
+                self._fail(msg, error)
+        except Exception:  # the message itself is unreadable: nothing names its request
+            log.exception("could not answer the request of a message that failed")
 
     def _run_inline(self, gen: int) -> None:
         """Run the cheap work gathered while draining: one batch per batching stage, one

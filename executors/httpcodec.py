@@ -429,6 +429,8 @@ def _loads(body: bytes):
     every body it can; it refuses integers beyond 64 bits (it would turn them into floats,
     which the schema checks could then not refuse), non-finite numbers, lone surrogates and
     UTF-16/32 bodies, which go to the json module with checks that say what was wrong."""
+    if type(body) is memoryview:  # a relayed body is a view of the message it came in
+        body = bytes(body)
     if body.translate(_DIGITS).find(_LONG_NUMBER) < 0:
         try:
             return orjson.loads(body)

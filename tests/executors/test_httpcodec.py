@@ -539,3 +539,18 @@ def test_validating_an_arrow_tensor_body_costs_next_to_nothing():
         table.validate(full=True)
         took.append(time.perf_counter() - t0)
     assert min(took) < 200e-6, min(took)  # 1000x the measured time: only a pass over the values fails it
+
+
+def test_a_relayed_body_read_from_a_view_of_its_message_parses_as_bytes_do():
+    """An executor gets a relayed body as a memoryview of the frames it arrived in."""
+    from executors.httpcodec import one_row_table
+
+    schema = {"x": ColumnType.scalar("int"), "v": ColumnType.tensor(np.float32, (2,))}
+    body = b'{"x": 3, "v": [1.5, 2.5]}'
+    (whole,) = parse_body(body, "application/json", schema)
+    (viewed,) = parse_body(memoryview(body), "application/json", schema)
+    assert viewed["x"] == whole["x"] == 3 and viewed["v"].tolist() == whole["v"].tolist() == [1.5, 2.5]
+    short = one_row_table(memoryview(body), "application/json", 7, schema)
+    plain = one_row_table(body, "application/json", 7, schema)
+    assert short is not None and short["x"].tolist() == plain["x"].tolist() == [3]
+    assert short["v"].tolist() == plain["v"].tolist() == [[1.5, 2.5]] and short["qid"].tolist() == [7]
