@@ -29,8 +29,10 @@ BENCHMARKS = {
     "coldcpu": "the gateway's parse of a 10 KB body hot vs right after a sleep, a 10 MiB segment written or freed",
     "bigbeside": "a small flow's p50 / p99 while 10 MB requests arrive at a fixed rate; big requests' latency",
     "soak": "N requests at concurrency C while kill -9, hangs, poison inputs and redeploys are injected",
+    "gateway_restart": "the gateway process killed (kill -9, SIGSEGV) under load: gap, answered / lost / wrong",
     "leanhttp": "the gateway's HTTP layer alone: the lean invocation path vs the same through the ASGI app",
     "large_requests": "5/50 MB JSON and 200 MB Arrow bodies: time, gateway memory / body, other clients' p99",
+    "gpu": "GPU executors: batching 1-40 on the GPU vs the CPU (in-process, deployed), the Ensemble's large model on a GPU, NVML over a load step",
 }
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flow import current_store
+from flow import current_device, current_store
 
 MODELS = {"small": 64, "medium": 256, "big": 1024}  # name -> hidden units
 EPOCHS = 15
@@ -120,7 +120,7 @@ class DigitNet:
         import torch
 
         torch.set_num_threads(1)  # one executor per core: don't oversubscribe
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = current_device()  # "cuda" on a GPU executor (gpu=True stages), else "cpu"
         self.model = mlp(MODELS[self.name])
         state = torch.load(io.BytesIO(current_store().get(f"models/{self.name}")), weights_only=True)
         self.model.load_state_dict(state)

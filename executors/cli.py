@@ -50,6 +50,8 @@ def cmd_up(args) -> int:
     fields = {"dir": str(args.dir), "persistence": True, "host": args.host, "port": args.port}
     if args.executors is not None:
         fields["executors"] = args.executors
+    if args.gpu_executors is not None:
+        fields["gpu_executors"] = args.gpu_executors
     token = _token(args)
     if token:
         fields["token"] = token
@@ -138,6 +140,12 @@ def cmd_status(args) -> int:
     print(f"cluster {st['url']}: {h['executors']} executors answering, {len(st['flows'])} flow(s)")
     for id_, why in sorted((h.get("down") or {}).items()):
         print(f"  executor {id_} is down ({why}); it is being restarted")
+    for id_, gpus in sorted((h.get("gpus") or {}).items()):
+        for g in gpus:
+            used, total = g["memory_used"] / 2**30, g["memory_total"] / 2**30
+            print(
+                f"  executor {id_}: GPU {g['index']} {g['name']}, {g['utilisation']}% busy, {used:.1f}/{total:.0f} GiB"
+            )
     gw = h.get("gateway") or {}
     if gw.get("restarts"):
         print(f"  the gateway process was restarted {gw['restarts']} time(s); it last ended with {gw.get('last_exit')}")
@@ -363,6 +371,11 @@ def add_runtime_commands(p: argparse.ArgumentParser, sub) -> None:
     up = sub.add_parser("up", help="start a local cluster in the background")
     up.add_argument(
         "--executors", type=int, help="executor processes (default: one per core but the gateway's, at least 1)"
+    )
+    up.add_argument(
+        "--gpu-executors",
+        type=int,
+        help="GPU-class executor processes for gpu=True stages (default 0), one per GPU in turn",
     )
     up.add_argument("--host", default="127.0.0.1", help="gateway bind address (default 127.0.0.1)")
     up.add_argument("--port", type=int, default=8000, help="gateway port (default 8000; 0 for a free one)")

@@ -14,6 +14,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import functools
+import importlib.metadata
 import inspect
 import json
 import os
@@ -357,11 +359,14 @@ def _user_modules(fn) -> list:
         if mod is None or mod.__name__ == "__main__" or mod.__name__ in seen:
             return
         path = getattr(mod, "__file__", None) or ""
+        top = mod.__name__.split(".")[0]
         if (
             not path
             or "site-packages" in path
             or path.startswith(sys.base_prefix)
-            or mod.__name__.split(".")[0] in _RUNTIME_PACKAGES
+            or top in _RUNTIME_PACKAGES
+            # installed elsewhere (pip --target, a folder on PYTHONPATH); not the user's own files
+            or (top in _installed_packages() and not path.startswith(os.getcwd() + os.sep))
         ):
             return
         seen[mod.__name__] = mod
@@ -380,6 +385,16 @@ def _user_modules(fn) -> list:
                 continue
             consider(ref.__name__ if inspect.ismodule(ref) else getattr(ref, "__module__", None))
     return list(seen.values())
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_packages() -> frozenset[str]:
+    """Top-level names of installed distributions: the executors import these themselves,
+    so they are never shipped by value (torch pickled by value would recurse for ever)."""
+    try:
+        return frozenset(importlib.metadata.packages_distributions())
+    except Exception:  # a broken distribution's metadata must not stop a deploy
+        return frozenset()
 
 
 def _callables(op):

@@ -41,6 +41,7 @@ from pathlib import Path
 from executors.config import CONFIG_ENV, KEY_ENV, STATE_FILE, ClusterConfig, math_thread_env
 from executors.control import Channel
 from executors.durability import mark_started
+from executors.gpu import gpu_for_executor
 from executors.watchdog import EXIT_RECYCLED, Blackbox
 from kvs import KVS, RedisServer
 from kvs.retry import Backoff
@@ -107,9 +108,10 @@ class Supervised:
 class ExecutorProcess(Supervised):
     """One executor child process."""
 
-    def __init__(self, id_: str, address: str, device: str, logdir: Path, extra: bool = False):
+    def __init__(self, id_: str, address: str, device: str, logdir: Path, extra: bool = False, gpu: str | None = None):
         super().__init__(f"executor {id_}", logdir / f"{id_}.log")
         self.id, self.address, self.device = id_, address, device
+        self.gpu = gpu  # its CUDA_VISIBLE_DEVICES on a machine of several GPUs
         self.extra = extra  # started for the autoscaler: it may stop it again
         self.blackbox = logdir / f"{id_}.running"  # what its threads run: read after a crash
 
@@ -237,7 +239,10 @@ class ClusterSupervisor:
     def _new_executor(self, device: str, extra: bool = False) -> ExecutorProcess:
         i = self._next_index
         self._next_index += 1
-        ex = ExecutorProcess(f"{device}{i}", f"ipc://{self.rundir}/e{i}.ipc", device, self.logdir, extra)
+        gpu = None
+        if device == "gpu":
+            gpu = gpu_for_executor(sum(1 for e in self.executors if e.device == "gpu"))
+        ex = ExecutorProcess(f"{device}{i}", f"ipc://{self.rundir}/e{i}.ipc", device, self.logdir, extra, gpu)
         self.executors.append(ex)
         self._start_executor(ex)
         return ex
@@ -269,6 +274,8 @@ class ClusterSupervisor:
         env = dict(os.environ, FLOWSERVE_KVS_URL=self.redis.url, **{KEY_ENV: self.cluster_key.hex()})
         env.pop(CONFIG_ENV, None)
         env.update(math_thread_env(self.config.executors + self.config.gpu_executors))
+        if ex.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ex.gpu
         if self._spawn(ex, cmd, env):
             self.send({"event": "started", "id": ex.id})
             return True

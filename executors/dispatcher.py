@@ -104,6 +104,7 @@ class ExecutorInfo:
     stuck_since: float | None = None  # wall time of its oldest stuck report
     recycled: int = 0  # times it was replaced because a thread was stuck
     crashed: int = 0  # times its process died unexpectedly
+    gpus: list = field(default_factory=list)  # its last pong's GPU figures (executors/gpu.py; [] on cpu executors)
 
 
 @dataclass
@@ -808,6 +809,9 @@ class Dispatcher:
         elif kind is Loaded or kind is Pong:
             if kind is Pong:
                 self.relays[msg.executor] = msg.relays
+                info = self.executors.get(msg.executor)
+                if info is not None:
+                    info.gpus = msg.gpus
                 self.last_pong[msg.executor] = time.monotonic()
             fut = self._waiters.get(msg.token)
             if fut is not None and not fut.done():

@@ -9,7 +9,10 @@ slots (no name lookups), and the common shapes take a short path:
 - a batching map whose function returns numpy arrays (one per output column, one value
   per row): each array is checked and typed once (``build_column``: the NaN mask, the
   storage dtype) and the output is assembled without the constructor's re-checks; the
-  qid array is handed on as it is (a map keeps its input's qids);
+  qid array is handed on as it is (a map keeps its input's qids). A torch tensor of two
+  or more dimensions stays the tensor (``flow.table.TorchColumn``): on a GPU executor the
+  next operator or stage there takes it from GPU memory (``table.tensor(name)``), and it
+  is copied to the host only when read as numpy or sent to another process;
 - a join on qid of two branches of the same rows (both keep the same qid array, as maps
   do): the output's columns are the two inputs' columns renamed by a mapping computed
   once per pair of input column lists; no row is compared or copied.
@@ -36,8 +39,8 @@ from flow.operators import (
     arity_error,
     batch_output,
 )
-from flow.table import Column, Row, Table, built_column
-from flow.types import ColumnType
+from flow.table import Column, Row, Table, built_column, is_torch_tensor, torch_column
+from flow.types import ColumnType, build_column
 
 ENABLED = True  # tests compare the compiled chain against the generic loop by turning it off
 
@@ -94,7 +97,7 @@ class _BatchMap:
         name = self.name
         result = _invoke(name, self.call, table if col is None else table._cols[col].to_numpy(), None)
         if self.k == 1:
-            values = (result,) if type(result) is np.ndarray else None
+            values = (result,) if type(result) is np.ndarray or is_torch_tensor(result) else None
         elif (type(result) is tuple or type(result) is list) and len(result) == self.k:
             values = result
         else:
@@ -102,7 +105,14 @@ class _BatchMap:
         cols = {}
         if values is not None:
             for c, v in zip(self.names, values):
-                column = _array_column(v, n) if type(v) is np.ndarray else None
+                if type(v) is np.ndarray:
+                    column = _array_column(v, n)
+                elif is_torch_tensor(v):  # stays the tensor (on its device), or else this column alone goes to the host
+                    column = torch_column(v, n)
+                    if column is None:
+                        column = _host_column(v, n)
+                else:
+                    column = None
                 if column is None:
                     break
                 cols[c] = column
@@ -137,6 +147,17 @@ def _array_column(v: np.ndarray, n: int) -> Column | None:
             if np.count_nonzero(nan):
                 return Column(ctype, v, ~nan)
     return built_column(ctype, v, None)
+
+
+def _host_column(v, n: int) -> Column | None:
+    """The column ``batch_output`` makes of a torch tensor that cannot stay one (1-d: a
+    scalar column; a dtype numpy lacks), converted on its own so that the output's other
+    tensors stay where they are; None where the generic path has something to say."""
+    try:
+        ctype, arr, valid = build_column(v.detach().cpu().numpy(), "")
+    except Exception:  # the generic path converts it again and names what is wrong
+        return None
+    return built_column(ctype, arr, valid) if len(arr) == n else None
 
 
 _FLOAT = ColumnType.scalar("float")

@@ -354,6 +354,7 @@ class Gateway:
             "stuck": stuck,
             "recycled": {e.id: e.recycled for e in infos if e.recycled},
             "crashed": {e.id: e.crashed for e in infos if e.crashed},
+            "gpus": {e.id: e.gpus for e in infos if e.alive and e.gpus},  # NVML, per gpu executor
         }
         if self.host_status is not None:
             out.update(self.host_status())
@@ -383,6 +384,8 @@ class Gateway:
     async def metrics_text(self, request: Request) -> Response:
         for e in self.dispatcher.executors.values():
             self.metrics.stuck.labels(e.id).set(sum(e.stuck.values()) if e.alive else 0)
+            if e.alive and e.gpus:
+                self.metrics.observe_gpus(e.id, e.gpus)
         for name, f in self.dispatcher.flows.items():
             for stage, ids in f.placement.items():
                 self.metrics.replicas.labels(name, stage).set(len(ids))

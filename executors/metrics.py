@@ -52,6 +52,22 @@ class Metrics:
         self.crashes = Counter(
             "flowserve_executor_crashes", "Executor processes that died unexpectedly", ["executor"], registry=r
         )
+        # gpu executors' GPUs, from NVML through their pongs (executors/gpu.py)
+        self.gpu_utilisation = Gauge(
+            "flowserve_gpu_utilisation_percent", "GPU utilisation (NVML)", ["executor", "gpu"], registry=r
+        )
+        self.gpu_memory_used = Gauge(
+            "flowserve_gpu_memory_used_bytes", "GPU memory in use, whole device (NVML)", ["executor", "gpu"], registry=r
+        )
+        self.gpu_memory_total = Gauge(
+            "flowserve_gpu_memory_total_bytes", "GPU memory of the device (NVML)", ["executor", "gpu"], registry=r
+        )
+        self.gpu_process_memory = Gauge(
+            "flowserve_gpu_executor_memory_bytes",
+            "GPU memory the executor process holds (NVML, where it can see the process)",
+            ["executor", "gpu"],
+            registry=r,
+        )
 
         # flows served under a latency SLO (executors/slo.py)
         self.slo_requests = Counter(
@@ -82,6 +98,16 @@ class Metrics:
         )
 
         self._children: dict = {}  # (metric, labels) -> child: .labels() costs more than .observe()
+
+    def observe_gpus(self, executor: str, gpus: list) -> None:
+        """Set the GPU gauges from an executor's last pong."""
+        for g in gpus:
+            labels = (executor, str(g["index"]))
+            self.gpu_utilisation.labels(*labels).set(g["utilisation"])
+            self.gpu_memory_used.labels(*labels).set(g["memory_used"])
+            self.gpu_memory_total.labels(*labels).set(g["memory_total"])
+            if "process_memory_used" in g:
+                self.gpu_process_memory.labels(*labels).set(g["process_memory_used"])
 
     def child(self, metric, *labels):
         key = (id(metric), labels)

@@ -4,7 +4,7 @@ lookups (e.g. model weights in ``init``) and the device to put its models on.
 The store is the executor's cached KVS in a deployment, the ``kvs=`` passed in for
 ``flow.run``. The device is "cuda" on a gpu executor with a GPU, else "cpu"; the runtime
 sets both at start (``set_store``, ``set_device``), so this ground-floor module never
-imports it.
+imports it. Nothing here touches CUDA: asking for the device never initialises it.
 
     class Net:
         def __init__(self):
@@ -15,6 +15,7 @@ imports it.
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 
 from flow.exceptions import FlowError, FlowValueError
@@ -56,15 +57,17 @@ def using_store(store):
 
 
 def current_device() -> str:
-    """Where operator code should put its models: "cuda" on a gpu executor with a GPU, else "cpu"."""
+    """Where operator code should put its models: "cuda" on a gpu executor with a GPU, else
+    "cpu". A torch device string: ``model.to(current_device())``."""
     return _device
 
 
 def set_device(device: str) -> None:
-    """Set the process-wide device (a gpu executor with a usable GPU sets "cuda" at start)."""
+    """Set the process-wide device (a gpu executor with a usable GPU sets "cuda" at start;
+    "cuda:N" names one GPU of several)."""
     global _device
-    if device not in DEVICES:
-        raise FlowValueError(f"device must be one of {DEVICES}, got {device!r}")
+    if not isinstance(device, str) or not (device in DEVICES or re.fullmatch(r"cuda:(0|[1-9][0-9]*)", device)):
+        raise FlowValueError(f"device must be one of {DEVICES} or 'cuda:N', got {device!r}")
     _device = device
 
 

@@ -10,10 +10,16 @@ the constructors accept repeated qids. In float columns NaN is a missing value.
     t.schema                      # {'x': int, 'img': tensor[float64, (2, 2)]}
     [r.x for r in t.rows()]       # [1, 2]
     t["img"].shape                # (2, 2, 2): one contiguous array
+
+A batching operator's torch tensor output stays a torch tensor while the Table stays in
+its process (``TorchColumn``: on a GPU, it stays on the GPU); ``t.tensor("emb")`` gives it
+to the next operator as it is, and anything that reads the column as numpy (or sends it
+to another process) gets one host copy.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -150,6 +156,88 @@ def built_column(type_: ColumnType, values: np.ndarray, valid: np.ndarray | None
     col = Column.__new__(Column)
     col.type, col.values, col.valid = type_, values, None
     return col
+
+
+# torch dtypes (by name: torch is never imported for this) -> the numpy dtype of their host copy
+_TORCH_DTYPES = {
+    f"torch.{name}": np.dtype(name)
+    for name in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+}
+
+
+def is_torch_tensor(value) -> bool:
+    """True for a plain ``torch.Tensor`` (checked without importing torch)."""
+    t = type(value)
+    return t.__name__ == "Tensor" and t.__module__ == "torch"
+
+
+def torch_column(value, n: int) -> TorchColumn | None:
+    """The column of a batching operator's torch tensor output of ``n`` rows, held as the
+    tensor itself (on its device: no copy); None where only a host copy will do (a 1-d
+    tensor is a scalar column, whose missing values numpy marks; a dtype numpy lacks, such
+    as bfloat16; a sparse tensor): the generic path converts or refuses it."""
+    if not is_torch_tensor(value) or value.ndim < 2 or value.shape[0] != n:
+        return None
+    dtype = _TORCH_DTYPES.get(str(value.dtype))
+    if dtype is None or str(value.layout) != "torch.strided":
+        return None
+    return TorchColumn(
+        ColumnType.tensor(dtype, tuple(value.shape[1:])), value.detach() if value.requires_grad else value
+    )
+
+
+class TorchColumn(Column):
+    """A tensor column whose rows are one torch tensor, kept where the operator that made
+    it put it: on a GPU, consecutive operators and stages of one executor hand it on in
+    GPU memory (the next one reads it with ``Table.tensor``). Whatever reads ``values``
+    (numpy operators, a row's cell, equality, the encoding when the Table leaves the
+    process) gets a host copy, made once and kept; ``on_host`` says whether it was made."""
+
+    __slots__ = ("tensor", "_host")
+
+    def __init__(self, type_: ColumnType, tensor):
+        if type_.kind != "tensor":
+            raise SchemaError(f"a TorchColumn holds a tensor column, got {type_}")
+        self.type = type_
+        self.valid = None
+        self.tensor = tensor
+        self._host = None
+
+    @property
+    def values(self) -> np.ndarray:
+        host = self._host
+        if host is None:  # the one copy to the host (a view of a CPU tensor's own memory)
+            host = self._host = np.ascontiguousarray(self.tensor.detach().cpu().numpy())
+        return host
+
+    @property
+    def on_host(self) -> bool:
+        """Whether the host copy has been made (something read the column as numpy)."""
+        return self._host is not None
+
+    @property
+    def device(self) -> str:
+        """Where the rows are: "cpu", "cuda:0", ..."""
+        return str(self.tensor.device)
+
+    def __len__(self) -> int:
+        return int(self.tensor.shape[0])
+
+    def take(self, idx) -> Column:
+        """Rows at ``idx``, on the tensor's device (a run of consecutive rows is a view).
+        Missing rows (-1, outer joins) and bad positions take the host path, as any column."""
+        idx = np.asarray(idx, dtype=np.int64)
+        t = self.tensor
+        if len(idx) == 0:
+            return TorchColumn(self.type, t[:0])
+        first, last = int(idx[0]), int(idx[-1])
+        if int(idx.min()) < 0 or int(idx.max()) >= len(self):
+            return Column.take(self, idx)
+        if last - first == len(idx) - 1 and (len(idx) < 3 or bool((np.diff(idx) == 1).all())):
+            return TorchColumn(self.type, t[first : last + 1])
+        import torch
+
+        return TorchColumn(self.type, t.index_select(0, torch.from_numpy(idx).to(t.device)))
 
 
 class Row:
@@ -383,6 +471,38 @@ class Table:
     def column(self, name: str) -> Column:
         return self._column(name)
 
+    def tensor(self, name: str):
+        """Column ``name`` as a torch tensor, rows first. A tensor that an operator in this
+        process returned comes back as it is, on its device, without a copy (a GPU stage's
+        output reaches the next operator on the same executor still on the GPU); any other
+        numeric, bool or tensor column shares its numpy memory (on the CPU, no copy: do not
+        write to it). Then ``.to(flow.current_device())`` moves it only if it must move.
+        A tensor made under ``torch.inference_mode()`` is an inference tensor: use it
+        under ``inference_mode`` (or ``no_grad``) too.
+
+            x = table.tensor("img").to(fs.current_device())
+        """
+        col = self._column(name)
+        if type(col) is TorchColumn:
+            return col.tensor
+        kind = col.type.kind
+        if kind not in ("int", "float", "bool", "tensor"):
+            raise DataTypeError(
+                f"column {name!r} is {col.type}: only int, float, bool and tensor columns are torch tensors"
+            )
+        if col.valid is not None and kind != "float":
+            raise DataTypeError(
+                f"column {name!r} has missing values, which a torch tensor cannot mark; fill or filter them first"
+            )
+        import torch
+
+        values = col.values
+        if values.flags.writeable:
+            return torch.from_numpy(values)
+        with warnings.catch_warnings():  # read-only (a KVS cache hit): shared all the same, as documented
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(values)
+
     def _column(self, name: str) -> Column:
         try:
             return self._cols[name]
@@ -498,6 +618,11 @@ class Table:
             ctype = parts[0].type
             for p in parts[1:]:
                 ctype = unify(ctype, p.type, n)
+            if _same_device(parts, ctype):  # torch tensors of one device: joined there, never via the host
+                import torch
+
+                cols[n] = TorchColumn(ctype, torch.cat([p.tensor for p in parts]))
+                continue
             parts = [p.as_type(ctype) for p in parts]
             values = np.concatenate([p.values for p in parts]) if parts else None
             if any(p.valid is not None for p in parts):
@@ -544,6 +669,14 @@ class Table:
 
 
 # -- helpers ----------------------------------------------------------------------------
+
+
+def _same_device(parts: Sequence[Column], ctype: ColumnType) -> bool:
+    """True if every part is a TorchColumn of type ``ctype`` on one device."""
+    if type(parts[0]) is not TorchColumn:
+        return False
+    device = parts[0].tensor.device
+    return all(type(p) is TorchColumn and p.type == ctype and p.tensor.device == device for p in parts)
 
 
 def _check_column_name(name) -> None:

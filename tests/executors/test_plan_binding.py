@@ -184,6 +184,7 @@ def test_a_plan_copied_over_a_flows_key_is_refused_on_restart_and_the_flow_keeps
         # the gateway wrote A's genuine plan back: cpu0 builds A again and serves it
         wait_until("A's own plan written back", lambda: c.kvs.get_bytes(key_a2) == genuine, timeout=30)
         assert "writing it back" in (c.dir / "cluster.log").read_text()
+
         # cpu0 builds A again from it and answers A's requests (their trace names it)
         def served_by_cpu0() -> bool:
             with httpx.Client(timeout=30) as http, Stream(db.url, clients=2):  # keep cpu1 busy too

@@ -44,7 +44,9 @@ def test_no_secret_in_any_cluster_process_arguments():
             for k in ("executors.daemon", "executors.cluster_gateway", "executors.executor", "redis-server")
             if any(k in line for line in cmdlines.values())
         }
-        assert kinds == {"executors.daemon", "executors.cluster_gateway", "executors.executor", "redis-server"}, cmdlines
+        assert kinds == {"executors.daemon", "executors.cluster_gateway", "executors.executor", "redis-server"}, (
+            cmdlines
+        )
         assert len(cmdlines) >= 5, cmdlines  # supervisor, gateway, 2 executors, the KVS server
         for pid, line in cmdlines.items():
             for name, secret in (("KVS password", password), ("admin token", c.state["admin_token"]), ("token", token)):
