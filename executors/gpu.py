@@ -182,11 +182,17 @@ def gpu_stats() -> list[dict]:
 
 
 def gpu_for_executor(k: int) -> str | None:
-    """``CUDA_VISIBLE_DEVICES`` for the ``k``-th GPU executor of a machine with several GPUs
-    (NVML's, as this process may use them): one each, in turn, so executors do not all
-    crowd the first GPU; None (leave it as it is) on a machine of one GPU or none. Asks
-    NVML, never CUDA: the supervisor that calls it must not start a CUDA context."""
-    handles = _nvml.handles()
-    if len(handles) < 2:
-        return None
-    return str(handles[k % len(handles)][0])
+    """``CUDA_VISIBLE_DEVICES`` for the ``k``-th GPU executor of a machine with several GPUs:
+    one each, in turn, so executors do not all crowd the first GPU; None (leave it as it
+    is) on a machine of one GPU or none. The GPUs are those ``CUDA_VISIBLE_DEVICES`` names,
+    else the driver's (``/proc/driver/nvidia/gpus``): the supervisor that asks loads no
+    NVIDIA library (NVML maps the CUDA driver library into the process)."""
+    spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if spec is not None:
+        gpus = [e.strip() for e in spec.split(",") if e.strip()]
+    else:
+        try:
+            gpus = [str(i) for i in range(len(os.listdir("/proc/driver/nvidia/gpus")))]
+        except OSError:  # no NVIDIA driver
+            gpus = []
+    return gpus[k % len(gpus)] if len(gpus) >= 2 else None

@@ -269,10 +269,40 @@ def test_cuda_is_initialised_in_gpu_executors_only(gpu_cluster, where):
     assert daemon in runtime
     with_cuda = {p: " ".join(cmdline(p)) for p in python if p not in gpu_executors and cuda_mapped(p)}
     assert not with_cuda, f"CUDA initialised outside the gpu executors: {with_cuda}"
-    import torch
+    # a user's own process (this one ran other tests that use CUDA in process): it calls the
+    # GPU flow over HTTP and runs it with flow.run, and initialises no CUDA doing so
+    user = subprocess.run(
+        [sys.executable, "-c", USER_PROCESS, str(gpu_cluster.dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert user.returncode == 0, user.stderr[-3000:]
+    seen = json.loads(user.stdout.splitlines()[-1])
+    assert seen["answered"] == seen["ran"] == ROWS and not seen["initialised"], seen
+    # the driver library is mapped only if importing torch itself maps it (a CUDA build may)
+    assert seen["mapped"] == seen["mapped_by_import"], seen
 
-    assert not torch.cuda.is_initialized(), "the user's process initialised CUDA"
-    assert not cuda_mapped(os.getpid()), "the user's process loaded the CUDA driver"
+
+USER_PROCESS = """
+import json, sys
+import torch
+mapped_by_import = "libcuda.so" in open("/proc/self/maps").read()
+import numpy as np
+from executors.cluster import Deployment, LocalCluster
+from flow import ColumnType, Flow
+from tests.gpu.test_gpu_executors import ROWS, WhereAmI, int_rows
+c = LocalCluster.connect(sys.argv[1])
+f = Flow("gpu-where", schema={"x": ColumnType.tensor(np.float32, (16,))})
+f.map(WhereAmI, names=["y", "param_device", "device", "cuda_initialized", "pid"], batching=True, gpu=True)
+rows = int_rows(ROWS, 16)
+answered = len(Deployment(c, "gpu-where", None).invoke(rows))
+ran = len(f.run(rows))
+mapped = "libcuda.so" in open("/proc/self/maps").read()
+print(json.dumps({"answered": answered, "ran": ran, "initialised": torch.cuda.is_initialized(),
+                  "mapped": mapped, "mapped_by_import": mapped_by_import}))
+"""
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["two-stages", "fused"])

@@ -146,3 +146,19 @@ def test_bad_device_strings(device):
     with pytest.raises(FlowValueError, match="device must be one of"):
         set_device(device)
     assert current_device() == "cpu"
+
+
+@pytest.mark.parametrize(
+    "spec, want",
+    [
+        ("3,5", ["3", "5", "3"]),
+        ("GPU-aaaa,GPU-bbbb", ["GPU-aaaa", "GPU-bbbb", "GPU-aaaa"]),
+        ("7", [None] * 3),
+        ("", [None] * 3),
+    ],
+)
+def test_gpu_executors_take_the_visible_gpus_in_turn(monkeypatch, spec, want):
+    from executors.gpu import gpu_for_executor
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", spec)
+    assert [gpu_for_executor(k) for k in range(3)] == want
