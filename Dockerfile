@@ -4,9 +4,10 @@
 #   docker build -t flowserve:0.1.0 .                                   # no torch
 #   docker build -t flowserve:0.1.0-torch --build-arg TORCH_VERSION=2.13.0 .   # + CPU torch
 #
-#   docker run --rm flowserve:0.1.0 python -m executors.executor --id e0 \
+#   docker run --rm flowserve:0.1.0 python -m executors.worker.executor --id e0 \
 #       --address tcp://0.0.0.0:5555 --kvs redis://:PASSWORD@redis:6379/0
-#   docker run --rm -p 8000:8000 flowserve:0.1.0 python -m executors.gateway ...
+#   docker run --rm -p 8000:8000 -e FLOWSERVE_ADMIN_TOKEN=... flowserve:0.1.0 python -m k8s.gateway \
+#       --address tcp://0.0.0.0:5556 --kvs redis://:PASSWORD@redis:6379/0
 #
 # The Kubernetes manifests (`flowserve k8s render`) set the command per component and run
 # the container as the non-root user below with a read-only root filesystem.
@@ -56,6 +57,6 @@ ENV PATH=/opt/flowserve/bin:$PATH \
     FLOWSERVE_ARTIFACT_CACHE=/var/cache/flowserve
 WORKDIR /home/flowserve
 USER 10001:10001
-# 8000 gateway HTTP, 5556 gateway results, 5555 executor messages (framed TCP, executors/transport.py)
+# 8000 gateway HTTP, 5556 gateway results, 5555 executor messages (framed TCP, executors/wire/transport.py)
 EXPOSE 8000 5555 5556
 CMD ["flowserve", "--help"]

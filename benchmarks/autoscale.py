@@ -40,7 +40,7 @@ def run(argv=None) -> dict:
     args = p.parse_args(argv)
     os.environ.setdefault("FLOWSERVE_QUIET", "1")
     from executors import ClusterConfig, LocalCluster
-    from executors.autoscale import AutoscalingConfig
+    from executors.hosts.autoscale import AutoscalingConfig
     from flow import Flow
 
     policy = AutoscalingConfig(min_replicas=1, max_replicas=4)

@@ -14,7 +14,7 @@ Each is measured:
 
 1. ``torch``: the net alone on a batch tensor (the ceiling);
 2. ``operator``: the operator through FlowServe's batching path in-process: b one-row
-   request Tables merged with ``Table.concat``, the deployed stage (``executors.stage_runner.BoundStage`` of the
+   request Tables merged with ``Table.concat``, the deployed stage (``executors.worker.stage_runner.BoundStage`` of the
    optimized plan) run on the merged Table, the output split back by qid (what an
    executor's batcher does, minus the sockets);
 3. ``http`` (``mini_alexnet`` only): the flow deployed on a local cluster with
@@ -38,7 +38,7 @@ import time
 import numpy as np
 
 from benchmarks.common import plt, progress, save, save_plot, wait_http, wrk
-from executors.stage_runner import BoundStage
+from executors.worker.stage_runner import BoundStage
 
 BATCHES = (1, 2, 5, 10, 20, 30, 40)
 HTTP_BATCHES = (1, 5, 10, 20, 40)

@@ -8,7 +8,7 @@ p50 / p99 alone (before the big client starts) and beside the big requests, the 
 requests' p50 over HTTP and in the gateway.
 
 What it shows is whether a big request's work (reading the body into shared memory,
-freeing it: executors/shm.py) stalls everybody else. ``--baseline TREE`` runs the same
+freeing it: executors/wire/shm.py) stalls everybody else. ``--baseline TREE`` runs the same
 from another checkout, alternating with this tree rep by rep (each cluster up alone), so
 an A/B of a change shares the machine's moods. ``--kind json-image`` sends instead a
 224x224x3 uint8 image as JSON nested lists (640 KB) to a one-map flow: the body the gateway

@@ -8,7 +8,7 @@ once, measured in interleaved rounds from one bare keep-alive client (client.py)
 - ``echo``: benchmarks/echo_server.py under uvicorn with httptools and uvloop (what our
   gateway runs on), reading the body and sending it back (joined into one ``bytes``);
 - ``echo, unjoined``: the same, the body's pieces sent back as they came (no copy);
-- ``flowserve``: the local cluster (1 executor), shared memory on (executors/shm.py);
+- ``flowserve``: the local cluster (1 executor), shared memory on (executors/wire/shm.py);
 - ``flowserve, shm off``: the same with every frame through the socket (a cluster started
   with FLOWSERVE_SHM_MIN_BYTES set out of reach).
 
@@ -51,7 +51,7 @@ def _cluster_at(tree: str, max_body: int):
     deploy = (
         "import sys\n"
         "from benchmarks.fusion import chain_flow\n"
-        "from executors.cluster import LocalCluster\n"
+        "from executors.hosts.cluster import LocalCluster\n"
         "c = LocalCluster.connect(sys.argv[1])\n"
         "print(c.deploy(chain_flow(10, 'fused', False), optimize=True).url)\n"
     )

@@ -1,4 +1,4 @@
-"""Clipper's layer (issue #18), four experiments side by side on one local cluster:
+"""Clipper's layer, four experiments side by side on one local cluster:
 
 - cache: a 2 ms "model" behind ``map(..., cache=100)``, queries drawn from a bounded Zipf
   over 1000 keys (skew s = 0.6 / 1.0 / 1.4): throughput and hit rate vs no cache, per

@@ -33,8 +33,8 @@ def run(argv=None) -> dict:
     p.add_argument("--n", type=int, default=30)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
-    from executors import shm
-    from executors.httpcodec import input_table, parse_body
+    from executors.codec.bodies import input_table, parse_body
+    from executors.wire import shm
 
     rng = np.random.default_rng(0)
     small = arrow_body({"x": rng.standard_normal((1, 2560)).astype(np.float32)})

@@ -1,4 +1,4 @@
-"""What one config idiom costs: pydantic v2 against flow.configuration (issue #14, item 3).
+"""What one config idiom costs: pydantic v2 against flow.configuration.
 
 Measures, each in fresh processes (median of N):
 - import: ``python -X importtime`` cumulative time of ``pydantic`` (and of ``BaseModel``

@@ -174,7 +174,8 @@ class Ours:
 
 class OursAt(Ours):
     """FlowServe optimized, its cluster run from another checkout (e.g. the previous commit
-    in a git worktree): an A/B of a change side by side. The cluster's processes import the
+    in a git worktree) with this tree's process layout (executors/hosts/): an A/B of a
+    change side by side. The cluster's processes import the
     other tree first, and the flows are deployed by that tree's own client (a subprocess):
     a plan pickled by this tree need not unpickle there (modules move between commits)."""
 
@@ -189,7 +190,7 @@ class OursAt(Ours):
         from executors import ClusterConfig, LocalCluster
 
         # the other tree's ClusterConfig may not know this tree's newer fields: send only its own
-        src = open(os.path.join(self.tree, "executors", "config.py")).read()
+        src = open(os.path.join(self.tree, "executors", "hosts", "cluster_config.py")).read()
         known = set(re.findall(r"^    (\w+): [^=\n]+=", src.split("class ClusterConfig", 1)[1], re.M))
         config = ClusterConfig(**({} if self.executors is None else {"executors": self.executors}))
         doc = {k: v for k, v in config.to_json().items() if k in known}
@@ -204,7 +205,7 @@ class OursAt(Ours):
         deploy = (
             "import json, sys\n"
             "from benchmarks.e2e import cascade_flow, ensemble_flow\n"
-            "from executors.cluster import LocalCluster\n"
+            "from executors.hosts.cluster import LocalCluster\n"
             "c = LocalCluster.connect(sys.argv[1])\n"
             "ds = [c.deploy(f, optimize=True) for f in (ensemble_flow(), cascade_flow())]\n"
             "print(json.dumps({d.name: [d.url, d.explain()] for d in ds}))\n"

@@ -38,8 +38,8 @@ def run(argv=None) -> None:
     p.add_argument("--clients", type=int, default=8)
     args = p.parse_args(argv)
 
-    from executors.cluster import LocalCluster
-    from executors.config import ClusterConfig
+    from executors.hosts.cluster import LocalCluster
+    from executors.hosts.cluster_config import ClusterConfig
     from flow import Flow
 
     answers: list[float] = []  # when each answer came
@@ -136,5 +136,7 @@ def run(argv=None) -> None:
         ax.axvline(at - start, color="tab:red" if sig == "SIGKILL" else "tab:orange", lw=1)
     ax.set_xlabel("seconds (red: kill -9, orange: SIGSEGV to the gateway)")
     ax.set_ylabel("answers per 50 ms")
-    ax.set_title(f"gateway killed {len(kills)}x under {args.clients} clients: {len(answers)} answered, {len(lost)} lost")
+    ax.set_title(
+        f"gateway killed {len(kills)}x under {args.clients} clients: {len(answers)} answered, {len(lost)} lost"
+    )
     save_plot(fig, "gateway_restart")

@@ -196,7 +196,7 @@ def split_by_owner(items, out):
 def in_process(width: int, seconds: float, cuda: bool) -> dict:
     import torch
 
-    from executors.stage_runner import BoundStage
+    from executors.worker.stage_runner import BoundStage
     from flow.context import set_device
     from flow.table import Table
     from optimizer import BatchConfig, OptimizerOptions, optimize

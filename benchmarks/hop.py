@@ -1,6 +1,6 @@
 """One hop of a big Table between two processes: ``python -m benchmarks hop``.
 
-A ``run`` message (executors/messages.py) carrying a one-row Table with a uint8 tensor of
+A ``run`` message (executors/wire/messages.py) carrying a one-row Table with a uint8 tensor of
 ``--mb`` MB goes from this process to an echo process over a Unix socket (the runtime's
 Outbox and Reader) and back: each side decodes it to a Table and sends that Table on, as
 an executor passes a stage's input to the next. A hop is half a round trip.
@@ -32,7 +32,7 @@ from benchmarks.common import ROOT, progress, save
 
 
 def _endpoint(address: str, listen_at: str):
-    from executors.transport import Outbox, Reader, accept, listen
+    from executors.wire.transport import Outbox, Reader, accept, listen
 
     listener = listen(listen_at)
     sel = selectors.DefaultSelector()
@@ -54,7 +54,7 @@ def _endpoint(address: str, listen_at: str):
 
 
 def _echo(address: str, listen_at: str, shm_off: bool) -> None:
-    from executors import messages, shm
+    from executors.wire import messages, shm
 
     if shm_off:
         shm.SHM_MIN_BYTES = 1 << 62
@@ -68,8 +68,8 @@ def _echo(address: str, listen_at: str, shm_off: bool) -> None:
 
 
 def _measure(mb: int, shm_off: bool, n: int, tmp: str, tag: str) -> dict:
-    from executors import messages, shm
-    from executors.messages import StageInput
+    from executors.wire import messages, shm
+    from executors.wire.messages import StageInput
     from flow.table import Table
 
     shm.SHM_MIN_BYTES = 1 << 62 if shm_off else (1 << 20)

@@ -123,7 +123,7 @@ def fault_run(node, args) -> dict:
 def scale_run(node, args) -> dict:
     from kubernetes import client
 
-    from executors.autoscale import AutoscalingConfig
+    from executors.hosts.autoscale import AutoscalingConfig
     from flow import Flow
     from tests.k8s import realcluster as rc
     from tests.k8s.test_real_node import namespace, serve

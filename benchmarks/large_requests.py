@@ -23,8 +23,8 @@ import httpx
 import numpy as np
 import orjson
 
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
 from flow import Flow
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -1,4 +1,4 @@
-"""The gateway's HTTP layer alone: an invocation answered by the lean path (executors/leanhttp.py)
+"""The gateway's HTTP layer alone: an invocation answered by the lean path (executors/gateway/leanhttp.py)
 against the same answered through the ASGI app (gateway.InvokeFastPath under uvicorn), on the
 gateway's own server stack (uvicorn, httptools, uvloop, serving.limited_protocol) with a gateway
 that answers at once (no flow, no executor): what the HTTP layer costs a request.
@@ -23,8 +23,8 @@ from benchmarks.overhead import _cpu_s
 
 _SERVER = """
 import sys, uvicorn
-from executors.gateway import InvokeFastPath
-from executors.serving import HttpLimits, limited_protocol
+from executors.gateway.invoke import InvokeFastPath
+from executors.gateway.http_server import HttpLimits, limited_protocol
 
 ANSWER = b'{"rows":[{"cls":3,"conf":0.91,"qid":1}]}'
 EXTRA = [(b"content-type", b"application/json"), (b"server-timing", b"flow;dur=0.123"),

@@ -4,12 +4,11 @@ Three measurements of one request's input for one stage (a ``run`` message carry
 small Table of one row: a float, a string and a 2x3 float32 tensor), each built, encoded
 to frames, decoded and read the way the executor reads it:
 
-- ``dicts``: the untyped header dicts the dispatcher and executor built before
-  executors/messages.py (``dict(base, stage=..., path=..., copy=...)``, wire.pack/unpack,
-  then key lookups) -- the code before this change, kept here as the reference;
+- ``dicts``: untyped header dicts (``dict(base, stage=..., path=..., copy=...)``,
+  wire.pack/unpack, then key lookups): the reference the typed messages are measured against;
 - ``messages``: the typed classes (StageInput.to, encode, messages.decode, attributes);
-- ``dicts_result`` / ``messages_result``: the sink's answer to the gateway, before (the
-  run header's keys, all sent) and now (Result: only what the gateway reads);
+- ``dicts_result`` / ``messages_result``: the sink's answer to the gateway as a dict of the
+  run header's keys, all sent, and as ``Result`` (only what the gateway reads);
 - ``arrow_ipc`` vs ``wire``: the Table alone through an Arrow IPC stream
   (to_arrow, write, read, from_arrow) against wire.py's header + raw buffers, the claim
   wire.py makes for small tables.
@@ -32,7 +31,7 @@ import time
 import numpy as np
 
 from benchmarks.common import progress, save
-from executors.wire import pack, unpack
+from executors.wire.frames import pack, unpack
 from flow.table import QID, Table
 
 DEADLINE = time.time() + 3600
@@ -46,7 +45,7 @@ def small_table() -> Table:
 
 
 def dicts(table: Table):
-    """The code before executors/messages.py: header dicts with short keys, read by key."""
+    """The code before executors/wire/messages.py: header dicts with short keys, read by key."""
     base = {
         "type": "run",
         "req": 42,
@@ -73,8 +72,8 @@ def dicts(table: Table):
 
 
 def messages(table: Table):
-    """The same through the typed classes of executors/messages.py."""
-    from executors.messages import StageInput, decode
+    """The same through the typed classes of executors/wire/messages.py."""
+    from executors.wire.messages import StageInput, decode
 
     base = StageInput(
         42, 0, "ensemble", 3, "a", "__input__", ROUTES, "ipc:///tmp/fs/gw", DEADLINE, [["a", "e0", 0.123, 1]]
@@ -122,7 +121,7 @@ def dicts_result(table: Table):
 
 
 def messages_result(table: Table):
-    from executors.messages import Result, decode
+    from executors.wire.messages import Result, decode
 
     def once():
         trace = [["a", "e0", 0.123, 1], ["c", "e0", 0.2, 1]]
@@ -180,8 +179,8 @@ def run(argv: list[str]) -> None:
     }
     try:
         configs.update(messages=messages(table), messages_result=messages_result(table))
-    except ImportError:  # a tree before executors/messages.py
-        progress("no executors/messages.py in this tree: measuring the dicts only")
+    except ImportError:  # a tree before executors/wire/messages.py
+        progress("no executors/wire/messages.py in this tree: measuring the dicts only")
     else:
         a, b = configs["dicts"](), configs["messages"]()
         assert a[:-1] == b[:-1] and str(a[-1].to_pylist()) == str(b[-1].to_pylist()), "both must read the same"

@@ -8,7 +8,7 @@ Part 1 (in-process, one process, a hot loop, min of 9 reps): parsing the JSON bo
 input Table, the run message out and the answer back (encode + decode), the answer's JSON,
 and the fused stage against its operators' own code called back to back (what the floor
 runs) -- the Table machinery between operators is the difference -- and against the generic
-per-operator loop (``executors.fused`` off: the stage as it ran before its compiled chain).
+per-operator loop (``executors.worker.fused`` off: the stage as it ran before its compiled chain).
 
 Part 2 (processes): the floor (one uvicorn process), FlowServe in its default shape (and
 ``--baseline``: the same from another checkout), all up at once; wrk at concurrency 1 and 8
@@ -46,10 +46,10 @@ def in_process() -> dict:
 
     import torch
 
-    from executors import fused
-    from executors.httpcodec import input_table, json_rows, parse_body
-    from executors.messages import Result, StageInput, decode
-    from executors.stage_runner import BoundStage
+    from executors.codec.bodies import input_table, json_rows, parse_body
+    from executors.wire.messages import Result, StageInput, decode
+    from executors.worker import fused
+    from executors.worker.stage_runner import BoundStage
     from optimizer import optimize
 
     torch.set_num_threads(1)
@@ -111,7 +111,7 @@ def in_process() -> dict:
             stage.append(_hot(lambda: bound([table]), 100))
             alone.append(_hot(operators_alone, 100))
             generic.append(_hot(generic_loop, 100))
-    figures["executor: the fused stage, generic per-operator loop (before executors/fused.py)"] = min(generic)
+    figures["executor: the fused stage, generic per-operator loop (before executors/worker/fused.py)"] = min(generic)
     figures["executor: the fused stage (5 operators)"] = min(stage)
     figures["executor: its operators' own code back to back (the floor's work)"] = min(alone)
     figures["executor: the stage's Table machinery (difference)"] = min(stage) - min(alone)
@@ -143,7 +143,7 @@ def _processes(system) -> dict[str, int]:
     out = {"gateway": daemon}
     for child in _children(daemon):
         cmd = _cmdline(child)
-        if "executors.executor" in cmd:
+        if "executors.worker.executor" in cmd:
             out[f"executor {cmd.split('--id ', 1)[1].split()[0]}"] = child
     return out
 

@@ -1,11 +1,11 @@
 """Busy polling beside other work: a round trip between two processes that wait the way the
-runtime's IO loops do (executors/busypoll.py), on an idle machine and beside CPU-bound
+runtime's IO loops do (executors/wire/busypoll.py), on an idle machine and beside CPU-bound
 processes (one per core: other tenants' work).
 
     python -m benchmarks polling [--round-trips 3000] [--reps 2]
 
 Ways of waiting, each process polling its socket with ``select`` and a ``BusyPoll``:
-- poll: yield the CPU between polls for the whole window (the runtime before #20's back-off);
+- poll: yield the CPU between polls for the whole window (without the runtime's back-off);
 - sleep: no polling (``busy_poll_ms=0``): wait in the kernel, woken by the message;
 - runtime: ``BusyPoll`` as it is (a yield that lost the CPU for a time slice stops polling
   for ``BUSY_BACKOFF_S``).
@@ -23,7 +23,7 @@ import statistics
 import time
 
 from benchmarks.common import progress, save
-from executors.busypoll import BusyPoll
+from executors.wire.busypoll import BusyPoll
 
 
 class _PlainPoll(BusyPoll):

@@ -1,4 +1,4 @@
-"""Serving under a latency SLO (issue 17): the simulator against the real local cluster,
+"""Serving under a latency SLO: the simulator against the real local cluster,
 and the planner + tuner against a fused unit sized for the peak and today's autoscaler.
 
     python -m benchmarks slo validate [--seconds 12]      # 4 pipelines x 3 loads: predicted vs measured
@@ -66,8 +66,8 @@ def make_flow(name: str, stages):
 
 def register(cluster, plan) -> None:
     """Deploy ``plan`` as it is (what ClusterClient.deploy does after optimizing)."""
-    from executors.cluster import _register_by_value
-    from executors.placement import PLAN_KEY, next_version
+    from executors.hosts.cluster import _register_by_value
+    from executors.plans import PLAN_KEY, next_version
 
     _register_by_value(plan)
     version = next_version(cluster.kvs.redis, plan.flow_name)
@@ -123,9 +123,9 @@ def measure(url: str, trace, raw: bool = False) -> dict:
 def validate(seconds: float, only=None, loads=LOADS) -> dict:
     from dataclasses import replace
 
-    from executors.cluster import LocalCluster
-    from executors.config import ClusterConfig
-    from executors.slo import profile_plan
+    from executors.hosts.cluster import LocalCluster
+    from executors.hosts.cluster_config import ClusterConfig
+    from executors.hosts.profiling import profile_plan
     from optimizer import optimize
     from optimizer.slo import pipeline_from_plan, poisson, simulate
 
@@ -373,10 +373,10 @@ def compare(
 ) -> dict:
     from dataclasses import replace
 
-    from executors.autoscale import AutoscalingConfig
-    from executors.cluster import LocalCluster
-    from executors.config import ClusterConfig
-    from executors.slo import profile_plan
+    from executors.hosts.autoscale import AutoscalingConfig
+    from executors.hosts.cluster import LocalCluster
+    from executors.hosts.cluster_config import ClusterConfig
+    from executors.hosts.profiling import profile_plan
     from optimizer import optimize
     from optimizer.options import OptimizerOptions
     from optimizer.slo import SLO, PlannerOptions, bursty, poisson, serve_under

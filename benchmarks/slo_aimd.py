@@ -1,4 +1,4 @@
-"""AIMD batching on a real torch model under a 20 ms p99 SLO (issue 17): throughput at the
+"""AIMD batching on a real torch model under a 20 ms p99 SLO: throughput at the
 SLO with AIMD vs the best fixed batch size of a sweep, and Ray Serve's ``@serve.batch``
 on the same model.
 
@@ -229,8 +229,8 @@ class StageTarget:
     def __init__(self, label: str, cap: int, budget: float | None, model, samples: dict | None = None):
         import threading
 
-        from executors.batcher import Batcher
-        from executors.executor import HostedStage
+        from executors.worker.batcher import Batcher
+        from executors.worker.hosting import HostedStage
 
         plan, stage = stage_plan(f"stage-{label}", cap, budget)
         self.model = model
@@ -325,7 +325,7 @@ def simulated(targets: dict, runs: dict, samples: dict, seconds: float) -> None:
     from optimizer import INPUT
     from optimizer.slo import Profile, SimPipeline, SimStage, poisson, profile_service, simulate
     from optimizer.slo.aimd import aimd_config
-    from optimizer.slo.serving import ServingSLO
+    from optimizer.slo.sizing import ServingSLO
     from optimizer.slo.spec import SLO
 
     profile = Profile({"cnn": {"cpu": {b: ms for b, ms in sorted(samples.items())}}})
@@ -408,8 +408,8 @@ def flowserve_runs(seconds: float, only=None, rates=RATES, reps: int = 1) -> dic
     """Each FlowServe configuration (the fixed sweep and AIMD) on one executor, up the ladder over HTTP."""
     from benchmarks.common import progress
     from benchmarks.slo import register
-    from executors.cluster import LocalCluster
-    from executors.config import ClusterConfig
+    from executors.hosts.cluster import LocalCluster
+    from executors.hosts.cluster_config import ClusterConfig
 
     configs = [(f"fixed-{b}", b, None) for b in SWEEP] + [
         ("aimd", AIMD_CAP, SLO_MS),  # the runtime's rule: a batch gets half the stage's budget (10 ms)

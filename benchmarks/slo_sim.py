@@ -1,4 +1,4 @@
-"""How fast the SLO simulator and planner are (issue 17: "estimating p50/p99 in
+"""How fast the SLO simulator and planner are ("estimating p50/p99 in
 milliseconds of CPU for thousands of requests").
 
     PYTHONPATH=. python -m benchmarks.slo_sim

@@ -85,7 +85,9 @@ def _rss_mb(pid: int) -> float:
 
 
 def _cluster_pids(cluster) -> dict[str, int]:
-    out = subprocess.run(["pgrep", "-f", f"executors.executor .*{cluster.dir}"], capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["pgrep", "-f", f"executors.worker.executor .*{cluster.dir}"], capture_output=True, text=True
+    ).stdout
     pids = {f"executor {p}": int(p) for p in out.split()}
     pids["gateway"] = cluster.proc.pid
     return pids

@@ -1,24 +1,22 @@
 """The runtime: executors, gateway, local cluster, and the Python client of deployments."""
 
-from executors.cluster import Deployment, LocalCluster, default_cluster
-from executors.config import ClusterConfig
 from executors.errors import (
-    ClusterError,
     ClusterStartError,
     DeadlineExceededError,
+    DeployConflictError,
     DeployError,
-    InvocationError,
     NoExecutorError,
 )
+from executors.hosts.cluster import Deployment, LocalCluster, default_cluster
+from executors.hosts.cluster_config import ClusterConfig
 
 __all__ = [
     "ClusterConfig",
-    "ClusterError",
     "ClusterStartError",
     "DeadlineExceededError",
     "Deployment",
+    "DeployConflictError",
     "DeployError",
-    "InvocationError",
     "LocalCluster",
     "NoExecutorError",
     "default_cluster",

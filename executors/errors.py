@@ -1,25 +1,26 @@
-"""Runtime errors, and the HTTP answer each error gives a client: the one place that
-turns an exception (``http_error_for``) or an error the HTTP edge names itself
-(``http_error``: a missing token, an unknown flow, a body too large) into a status and
-the JSON body ``{"error": <name>, "message": ..., "operator"?, "qid"?, "winner"?}``.
+"""Runtime errors, and the HTTP answer each error gives a client and back: the one place
+that turns an exception (``http_error_for``) or an error the HTTP edge names itself
+(``http_error``: a missing token, an unknown flow, a body too large) into a status and the
+JSON body ``{"error": <name>, "message": ..., "operator"?, "qid"?, "winner"?}``, and the
+one place the client turns such an answer back into an exception (``error_for_answer``).
 The gateway's two paths (the bare-ASGI invoke path and Starlette's routes), the HTTP
 protocol limits and the executors' error messages all answer through it.
 
-    ClusterError                   the runtime itself (rooted at flow.FlowError)
-    ├── ClusterStartError          the local cluster did not come up (message has the log tail)
-    ├── DeployError                a flow could not be deployed (names the flow and stage)
-    │   └── DeployConflictError    a concurrent deploy of the same flow won (409; names both versions)
-    ├── NoExecutorError            (retryable) no live executor can run a stage   -> 503
-    ├── DeadlineExceededError      (retryable) the request's deadline passed       -> 504
-    │   └── OperatorTimeoutError   an operator was still running at its timeout_s or the
-    │                              request's deadline; its work was abandoned        -> 504
-    ├── OperatorCrashedError       the request's attempts crashed two executors: it is not
-    │                              retried again (a poison input)                   -> 500
-    ├── FlowUnavailableError       (retryable) an executor cannot run a flow version: it was
-    │                              retired (redeployed, undeployed), or its plan is gone from
-    │                              the store                                       -> 503
-    └── InvocationError            an HTTP call to a deployed flow failed; carries .status and
-                                   .body (the server's JSON error)
+The runtime's own leaves of the one tree (``flow.exceptions`` draws all of it):
+
+    BadRequestError        (DataError, ValueError) a body that is not rows of the flow's
+                           input, a deploy that asks too much; the client's class for a
+                           4xx answer that names no class of the tree            -> 400
+    DeployError            (FlowDefinitionError) the executors could not build a flow
+                           (names the flow and the stages' errors)              -> 500
+    DeployConflictError    (RetryableError) a concurrent deploy of a newer version of the
+                           same flow won (names both versions; deploy again to win) -> 409
+    NoExecutorError        (RetryableError) no live executor can run a stage yet -> 503
+    OperatorTimeoutError   (DeadlineExceededError) an operator was still running at its
+                           timeout_s or the request's deadline; its work was abandoned -> 504
+    OperatorCrashedError   (OperatorError) the request's attempts crashed two executors:
+                           it is not retried again (a poison input)               -> 500
+    ClusterStartError      (InternalError) the local cluster did not come up (log tail)
 """
 
 from __future__ import annotations
@@ -27,84 +28,73 @@ from __future__ import annotations
 import json
 
 from flow.exceptions import (
+    AccessDeniedError,
     DataError,
+    DeadlineExceededError,
+    FlowDefinitionError,
     FlowError,
+    InternalError,
     LookupKeyError,
     NoValidResultError,
     OperatorError,
     RetryableError,
     RowRejectedError,
+    UnavailableError,
 )
 
 
-class ClusterError(FlowError):
-    """Something in the runtime (cluster, gateway, executors) went wrong."""
+class BadRequestError(DataError, ValueError):
+    """The request is wrong: a body that is not valid JSON/Arrow or not rows of the flow's
+    input, a deploy asking for more than the cluster allows. The client raises it for a 4xx
+    answer that names no class of the tree (``.status`` says which)."""
 
 
-class ClusterStartError(ClusterError):
-    """The local cluster did not start; the message includes the tail of its log."""
+class DeployError(FlowDefinitionError):
+    """The executors could not build a flow (an operator's constructor raised, a plan was
+    refused); the message names the flow and each failed stage's error."""
 
 
-class DeployError(ClusterError, ValueError):
-    """A flow could not be deployed."""
-
-
-class DeployConflictError(DeployError):
+class DeployConflictError(RetryableError):
     """A concurrent deploy of the same flow name won: this one is not served (HTTP 409).
+    ``version`` is this deploy's version, ``winner`` the one served instead; deploying
+    again makes a newer version, which wins."""
 
-    ``version`` is this deploy's version, ``winner`` the one served instead."""
-
-    def __init__(self, message: str, version: int | None = None, winner: int | None = None):
-        super().__init__(message)
-        self.version, self.winner = version, winner
-
-
-class NoExecutorError(ClusterError, RetryableError):
-    """No live executor can run a stage right now."""
+    version: int | None = None
+    winner: int | None = None
 
 
-class DeadlineExceededError(ClusterError, RetryableError):
-    """The request's deadline passed before it was answered."""
+class NoExecutorError(RetryableError):
+    """No live executor can run a stage right now (they are being restarted)."""
 
 
 class OperatorTimeoutError(DeadlineExceededError):
-    """An operator did not finish within its ``timeout_s`` or the request's deadline."""
-
-    def __init__(self, message: str, *, operator: str | None = None, qid: int | None = None):
-        super().__init__(message)
-        self.operator = operator
-        self.qid = qid
+    """An operator did not finish within its ``timeout_s`` or the request's deadline
+    (``operator`` and ``qid`` name it)."""
 
 
-class OperatorCrashedError(ClusterError):
+class OperatorCrashedError(OperatorError):
     """A request's attempts crashed two executors (a poison input): not retried again."""
 
-    def __init__(self, message: str, *, operator: str | None = None, qid: int | None = None):
-        super().__init__(message)
-        self.operator = operator
-        self.qid = qid
 
-
-class FlowUnavailableError(ClusterError, RetryableError):
-    """An executor was asked to run a flow version it cannot run: the version was retired
-    (a newer one replaced it, or it was undeployed), or its plan is gone from the store."""
-
-
-class InvocationError(ClusterError):
-    """An HTTP call to a deployed flow failed; ``status`` and ``body`` say how."""
-
-    def __init__(self, message: str, status: int, body: dict | None = None):
-        super().__init__(message)
-        self.status = status
-        self.body = body or {}
+class ClusterStartError(InternalError):
+    """The local cluster did not start, or none answers where one should run; the message
+    includes the tail of its log."""
 
 
 def status_for(error: BaseException) -> int:
-    """The HTTP status for an error raised while answering a request."""
+    """The HTTP status for an error raised while answering a request: its branch of the
+    tree says it (``flow.exceptions``), a few leaves more precisely."""
     if isinstance(error, (RowRejectedError, NoValidResultError, LookupKeyError)):
         return 422  # the operator could not give a valid answer for this input
-    if isinstance(error, OperatorError):
-        return 500
+    if isinstance(error, DataError):
+        return 400  # fix the request
+    if isinstance(error, DeadlineExceededError):
+        return 504
+    if isinstance(error, DeployConflictError):
+        return 409
+    if isinstance(error, RetryableError):
+        return 503  # e.g. the KVS is restarting: the same request may succeed shortly
+    return 500  # an operator's error, the flow's or ours: retrying the request does not help
     if isinstance(error, DataError):
         return 400
     if isinstance(error, DeadlineExceededError):
@@ -180,3 +170,69 @@ def http_error(error: str, message: str, *, status: int | None = None, **extra) 
 def http_error_for(error: BaseException) -> tuple[int, bytes]:
     """(status, body) for an exception raised while answering a request (``status_for``)."""
     return status_for(error), encode_error(error_doc_for(error))
+
+
+# -- the client's side: an answer back into an exception -----------------------------
+
+PACKAGES = ("flow", "optimizer", "kvs", "executors", "k8s")  # whose classes make the tree
+
+# Names the edge answers that stand for a class of the tree (the others go by status)
+EDGE_ERRORS: dict[str, type[FlowError]] = {
+    "Unauthorized": AccessDeniedError,  # fix the token
+    "DeployConflict": DeployConflictError,
+    "NoExecutor": NoExecutorError,
+}
+
+
+def tree_classes() -> dict[str, type[FlowError]]:
+    """Every class of the tree loaded in this process, by name: ``FlowError`` and what
+    derives from it in the project's packages (a name is one class:
+    tests/flow/test_exceptions.py). An answer's ``error`` is looked up here, never imported."""
+    found: dict[str, type[FlowError]] = {}
+    todo: list[type[FlowError]] = [FlowError]
+    while todo:
+        cls = todo.pop()
+        if cls.__module__.split(".")[0] in PACKAGES:
+            found.setdefault(cls.__name__, cls)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+def class_for_status(status: int, body: dict | None = None) -> type[FlowError]:
+    """The class of an error answer that names none of the tree's: 504 a deadline, 503
+    and 429 a retryable refusal, another 4xx a bad request, else ours (or the operator's,
+    when the answer names one)."""
+    if status == 504:
+        return DeadlineExceededError
+    if status in (503, 429):
+        return UnavailableError
+    if 400 <= status < 500:
+        return BadRequestError
+    if body and body.get("operator") is not None:
+        return OperatorError
+    return InternalError
+
+
+def error_for_answer(status: int, body: dict | None, message: str) -> FlowError:
+    """The exception a client raises for an HTTP error answer: the class of the tree the
+    body's ``error`` names (``tree_classes``; an edge name in ``EDGE_ERRORS``), else the
+    one ``class_for_status`` picks; with ``.status``, ``.body``, and the ``operator``,
+    ``qid``, ``winner`` the body names.
+
+        >>> e = error_for_answer(504, {"error": "OperatorTimeoutError", "message": "slow"}, "flow 'f': slow")
+        >>> type(e).__name__, e.status, isinstance(e, DeadlineExceededError)
+        ('OperatorTimeoutError', 504, True)
+    """
+    body = body if isinstance(body, dict) else {}
+    name = body.get("error")
+    cls = None
+    if isinstance(name, str):
+        cls = tree_classes().get(name) or EDGE_ERRORS.get(name)
+    if cls is None:
+        cls = class_for_status(status, body)
+    context = {k: body[k] for k in ("operator", "qid", "winner") if body.get(k) is not None}
+    # built without the class's own __init__ (KeyNotFoundError's takes a key, not a
+    # message): BaseException.__new__ keeps the message, the root sets the rest
+    error = cls.__new__(cls, message)
+    FlowError.__init__(error, message, status=status, body=body, **context)
+    return error

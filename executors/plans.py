@@ -1,21 +1,25 @@
-"""Which executors host a replica of each stage of a deployed plan.
+"""The store's record of deployed flows, which every process of a cluster reads: the
+plans (signed pickles of the optimized plan, one key per flow version, checked against the
+key they are read from), their version counters, the registry of what is deployed, and the
+cluster key plans are signed with.
 
-Any executor can host any stage. A stage gets ``max(replicas, competitive)`` replicas,
-spread round-robin from a per-stage offset so stages of one flow land on different
-executors; a plan sized by the SLO planner (``plan.slo``) gets exactly its replicas. GPU stages go to gpu-class executors when the cluster has any; on a machine
-without them they run on CPU executors (the executors log a warning; torch code falls
-back to the CPU). CPU stages prefer cpu-class executors so they do not hold a GPU.
+Deployed flows are registered in the hash ``flowserve:deployed`` (flow -> version) by
+whichever gateway receives ``POST /admin/deploy``; every gateway loads what the registry
+says, so several gateway replicas serve the same flows. An entry only moves to a newer
+version (``register_deployed``): of concurrent deploys the newest wins everywhere.
 """
 
 from __future__ import annotations
 
-import logging
+import os
 
-from executors.errors import NoExecutorError
+from flow.configuration import ConfigError
 from kvs.exceptions import SerializationError
 
 PLAN_KEY = "flowserve:plan:{flow}:{version}"
 VERSION_KEY = "flowserve:version:{flow}"
+DEPLOYED_KEY = "flowserve:deployed"
+KEY_ENV = "FLOWSERVE_CLUSTER_KEY"  # the cluster key (hex) plans are signed with; never stored in the KVS
 
 # A flow's next version: one more than its last, and never below the server's clock in
 # milliseconds. Executors cache built stages by (flow, version), so a version must never
@@ -50,9 +54,6 @@ def raise_version(redis, flow: str, version: int) -> None:
     redis.eval(_RAISE_VERSION, 1, VERSION_KEY.format(flow=flow), str(int(version)))
 
 
-log = logging.getLogger("flowserve.placement")
-
-
 def load_plan(store, flow: str, version: int):
     """The plan of ``flow`` v``version`` from the store, as executors and tools read it.
 
@@ -78,28 +79,31 @@ def checked_plan(plan, flow: str, key: str):
     return plan
 
 
-def place(plan, executors: dict) -> dict[str, list[str]]:
-    """stage name -> ids of the executors hosting its replicas."""
-    live = sorted((e for e in executors.values() if e.alive), key=lambda e: e.id)
-    if not live:
-        raise NoExecutorError(f"flow {plan.flow_name!r}: the cluster has no live executor")
-    gpus = [e for e in live if e.device == "gpu"]
-    cpus = [e for e in live if e.device == "cpu"] or live
-    placement = {}
-    for offset, (name, stage) in enumerate(plan.stages.items()):
-        pool = cpus
-        if stage.device == "gpu":
-            if gpus:
-                pool = gpus
-            else:
-                log.warning("stage %s wants a GPU; none in the cluster, running it on CPU executors", name)
-        if stage.continuation is not None:
-            # key-routed: every executor may own some keys, so all of them host it
-            placement[name] = [e.id for e in pool]
-            continue
-        wanted = max(stage.replicas, stage.competitive)
-        if stage.replicas == 1 and stage.competitive == 1 and not getattr(plan.slo, "planned", False):
-            wanted = len(pool)  # default: any executor may take it, the least loaded does
-        n = min(wanted, len(pool))
-        placement[name] = [pool[(offset + j) % len(pool)].id for j in range(n)]
-    return placement
+# HSET only forward: a version older than the registered one never replaces it
+_REGISTER = """
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if cur and tonumber(cur) > tonumber(ARGV[2]) then return cur end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return ARGV[2]
+"""
+
+
+def register_deployed(redis, name: str, version: int) -> int:
+    """Register ``name`` at ``version`` unless a newer version is registered; returns the
+    version registered afterwards (``version``, or the newer one that won)."""
+    return int(redis.eval(_REGISTER, 1, DEPLOYED_KEY, name, str(int(version))))
+
+
+def cluster_key(hex_key: str | None = None) -> bytes | None:
+    """The cluster key from ``hex_key`` or else ``$FLOWSERVE_CLUSTER_KEY`` (None: plans
+    unsigned, as on a Kubernetes deployment whose Secret does not carry one yet)."""
+    value = hex_key if hex_key is not None else os.environ.get(KEY_ENV)
+    if not value:
+        return None
+    try:
+        key = bytes.fromhex(value)
+    except ValueError:
+        raise ConfigError(f"{KEY_ENV} must be hex, got {len(value)} characters that are not") from None
+    if len(key) < 16:
+        raise ConfigError(f"{KEY_ENV} must hold at least 16 bytes (32 hex digits), got {len(key)}")
+    return key

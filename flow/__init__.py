@@ -7,17 +7,20 @@ flow.run([{"x": 1}])
 """
 
 from flow import targets
-from flow.clipper import CacheSpec, FeedbackError, feedback
+from flow.configuration import ConfigError, ConfigTypeError
 from flow.context import cancelled, current_device, current_store, wait
 from flow.exceptions import (
+    AccessDeniedError,
     DataError,
     DataTypeError,
+    DeadlineExceededError,
     FlowDefinitionError,
     FlowError,
     FlowTypeError,
     FlowValueError,
-    ForeignNodeError,
+    InternalError,
     LookupKeyError,
+    NotInstalledError,
     NoValidResultError,
     OperatorError,
     OperatorFailedError,
@@ -26,10 +29,11 @@ from flow.exceptions import (
     RetryableError,
     RowRejectedError,
     SchemaError,
-    SinkError,
-    UnknownColumnError,
+    UnavailableError,
+    UnreachableError,
 )
 from flow.flow import Flow, GroupedNode, Node
+from flow.prediction import CacheSpec, FeedbackError, feedback
 from flow.table import Row, Table
 from flow.types import ColumnType
 
@@ -40,6 +44,14 @@ def optimize(flow, rules=None, options=None):
 
 
 __all__ = [
+    "AccessDeniedError",
+    "ConfigError",
+    "ConfigTypeError",
+    "DeadlineExceededError",
+    "InternalError",
+    "NotInstalledError",
+    "UnavailableError",
+    "UnreachableError",
     "CacheSpec",
     "cancelled",
     "ColumnType",
@@ -54,7 +66,6 @@ __all__ = [
     "FlowError",
     "FlowTypeError",
     "FlowValueError",
-    "ForeignNodeError",
     "GroupedNode",
     "LookupKeyError",
     "NoValidResultError",
@@ -67,9 +78,7 @@ __all__ = [
     "Row",
     "RowRejectedError",
     "SchemaError",
-    "SinkError",
     "Table",
-    "UnknownColumnError",
     "optimize",
     "wait",
 ]

@@ -17,8 +17,6 @@ wrong type, its ``type_error`` (a ``ConfigTypeError``), naming the field and quo
 
     @dataclass(frozen=True)
     class PoolConfig(Config):
-        error, type_error = PoolConfigError, PoolConfigTypeError   # default: ConfigError, ConfigTypeError
-
         size: int = setting(4, Int(1, 64))                  # an int in 1..64
         timeout_s: float = setting(5.0, Number(gt=0, note="seconds"))
         mode: str = setting("fast", OneOf("fast", "safe"))
@@ -46,14 +44,14 @@ import math
 import numbers
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from flow.exceptions import FlowError
+from flow.exceptions import FlowValueError
 
 
-class ConfigError(FlowError, ValueError):
+class ConfigError(FlowValueError):
     """A configuration value is wrong; the message names the field and quotes the value.
-    Each package's config errors derive from it (ClusterConfigError, KVSOptionsError, ...)."""
+    Every config of the project raises it (ClusterConfig, KVSOptions, KubeConfig, ...)."""
 
 
 class ConfigTypeError(ConfigError, TypeError):
@@ -190,7 +188,7 @@ class Nested:
         self._kind, self.optional, self.accept_mapping, self._what = kind, optional, accept_mapping, what
 
     @property
-    def kind(self) -> type:
+    def kind(self) -> type[Config]:
         return self._kind if isinstance(self._kind, type) else self._kind()
 
     def __call__(self, value, name: str):
@@ -229,6 +227,11 @@ class Config:
 
     error: ClassVar[type[ConfigError]] = ConfigError
     type_error: ClassVar[type[ConfigTypeError]] = ConfigTypeError
+
+    if TYPE_CHECKING:
+        # Every subclass is a dataclass: tell the checker so ``dataclasses.fields(self)`` type-checks
+        # (declared for the checker only, so the dataclass machinery never sees it)
+        __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -272,8 +275,10 @@ class Config:
             if isinstance(check, Nested) and isinstance(value, Mapping):
                 try:
                     value = check.decode(value, f"{cls.__name__}.{key}")
-                except Invalid as bad:
-                    raise (cls.type_error if bad.wrong_type else cls.error)(bad.message) from None
+                except Invalid as bad:  # decode always sets the message; the fallback is _error's
+                    raise (cls.type_error if bad.wrong_type else cls.error)(
+                        bad.message or f"{cls.__name__}.{key} must be {bad.what}, got {value!r}"
+                    ) from None
             kwargs[key] = value
         return cls(**kwargs)
 

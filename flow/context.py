@@ -18,7 +18,7 @@ import contextlib
 import re
 import threading
 
-from flow.exceptions import FlowError, FlowValueError
+from flow.exceptions import FlowValueError
 
 _store = None
 _run = threading.local()  # .cancel: the running copy's threading.Event (set_cancel), set when it lost its race
@@ -28,14 +28,10 @@ DEVICES = ("cpu", "cuda")
 EXECUTOR_CLASSES = ("cpu", "gpu")
 
 
-class NoStoreError(FlowError, LookupError):
-    """Operator code asked for the store where none is set."""
-
-
 def current_store():
     """The KVS of the executor (or of ``flow.run``) running this code."""
     if _store is None:
-        raise NoStoreError("no store here: pass kvs= to flow.run, or run inside a deployment")
+        raise FlowValueError("no store here: pass kvs= to flow.run, or run inside a deployment")
     return _store
 
 

@@ -20,13 +20,10 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from flow import clipper, targets
+from flow import prediction, targets
 from flow.exceptions import (
     FlowTypeError,
     FlowValueError,
-    ForeignNodeError,
-    SinkError,
-    UnknownColumnError,
 )
 from flow.operators import (
     AGGREGATES,
@@ -94,7 +91,7 @@ class Node:
         does not enforce it. ``cache=``: memoise outputs per row by the values it reads
         (True, a size, or ``CacheSpec``); ``hedge=``: deployed, send a backup copy to another
         replica when no answer came by ``"p95"`` of the stage's latency (or a delay in s).
-        Neither changes a result (flow/clipper.py).
+        Neither changes a result (flow/prediction.py).
 
             probs = img.map(Net, names=["cls", "conf"], batching=True, gpu=True)
         """
@@ -125,8 +122,8 @@ class Node:
             gpu_=gpu,
             high_variance_=high_variance,
             timeout_s_=None if timeout_s is None else float(timeout_s),
-            cache=clipper.parse_cache(cache, label),
-            hedge=clipper.parse_hedge(hedge, label),
+            cache=prediction.parse_cache(cache, label),
+            hedge=prediction.parse_hedge(hedge, label),
         )
         return self.flow._add(op, (self,), label, names)
 
@@ -203,7 +200,8 @@ class Node:
             columns = tuple(left + right)
             if len(set(columns)) != len(columns):
                 raise FlowValueError(f"operator join: suffixes {suffixes} give duplicate columns {columns}")
-        op = JoinOp(on=keys, how=how, suffixes=tuple(suffixes))
+        # a list passes the check above too: rebuild the pair as a tuple
+        op = JoinOp(on=keys, how=how, suffixes=(suffixes[0], suffixes[1]))
         return self.flow._add(op, (self, other), "join", columns)
 
     def union(self, *others: Node) -> Node:
@@ -297,9 +295,9 @@ class Node:
             raise FlowValueError("operator ensemble: a member is listed twice")
         label = _check_callable(fn, "ensemble")
         names = _check_names(names, label, "ensemble", default=label)
-        if clipper.MISSING_COLUMN in names:
+        if prediction.MISSING_COLUMN in names:
             raise FlowValueError(
-                f"operator ensemble {label!r}: {clipper.MISSING_COLUMN!r} is the ensemble's own column"
+                f"operator ensemble {label!r}: {prediction.MISSING_COLUMN!r} is the ensemble's own column"
             )
         _check_arity(fn, 1, f"ensemble {label!r}", "fn")
         if deadline_ms is not None:
@@ -308,8 +306,8 @@ class Node:
             if not 0 < deadline_ms < float("inf"):
                 raise FlowValueError(f"operator ensemble {label!r}: deadline_ms must be > 0, got {deadline_ms!r}")
             deadline_ms = float(deadline_ms)
-        op = clipper.EnsembleOp(fn=fn, names=names, members=tuple(m.name for m in members), deadline_ms=deadline_ms)
-        return self.flow._add(op, members, label, names + (clipper.MISSING_COLUMN,))
+        op = prediction.EnsembleOp(fn=fn, names=names, members=tuple(m.name for m in members), deadline_ms=deadline_ms)
+        return self.flow._add(op, members, label, names + (prediction.MISSING_COLUMN,))
 
     def select(
         self,
@@ -329,7 +327,7 @@ class Node:
         """Choose one of ``models`` per query (``policy="exp3"``) or combine them all by a
         weighted vote on the first output column (``"exp4"``; the weighted mean if it holds
         probability or score vectors, a tensor column), with weights learned from
-        feedback (``POST /flows/{name}/feedback``, or ``flow.clipper.feedback`` in-process)
+        feedback (``POST /flows/{name}/feedback``, or ``flow.prediction.feedback`` in-process)
         and kept in the store per flow and per value of the ``context`` column. Adds a
         ``confidence`` column (Exp4: the share of models agreeing with the answer; Exp3:
         the chosen model's probability); below ``threshold`` the answer is ``default``.
@@ -342,10 +340,10 @@ class Node:
         labels = [_check_callable(m, "select") for m in models]
         label = "select(" + ",".join(labels) + ")"
         names = _check_names(names, label, "select", default=labels[0])
-        if clipper.CONFIDENCE_COLUMN in names:
-            raise FlowValueError(f"operator {label}: {clipper.CONFIDENCE_COLUMN!r} is the select's own column")
-        if policy not in clipper.POLICIES:
-            raise FlowValueError(f"operator {label}: policy={policy!r}; expected one of {clipper.POLICIES}")
+        if prediction.CONFIDENCE_COLUMN in names:
+            raise FlowValueError(f"operator {label}: {prediction.CONFIDENCE_COLUMN!r} is the select's own column")
+        if policy not in prediction.POLICIES:
+            raise FlowValueError(f"operator {label}: policy={policy!r}; expected one of {prediction.POLICIES}")
         _check_flags(label, batching=batching)
         for m in models:
             _check_arity(m, 1, label, "model")
@@ -370,9 +368,9 @@ class Node:
         key = label if key is None else key
         if not isinstance(key, str) or not key or ":" in key:
             raise FlowValueError(f"operator {label}: key= must be a non-empty str without ':', got {key!r}")
-        if any(isinstance(n.op, clipper.SelectOp) and n.op.key == key for n in self.flow.nodes):
+        if any(isinstance(n.op, prediction.SelectOp) and n.op.key == key for n in self.flow.nodes):
             raise FlowValueError(f"operator {label}: another select of this flow keeps its state as {key!r}; pass key=")
-        op = clipper.SelectOp(
+        op = prediction.SelectOp(
             models=tuple(models),
             names=names,
             policy=policy,
@@ -386,7 +384,7 @@ class Node:
             default=tuple(default) if isinstance(default, list) else default,
             batching_=batching,
         )
-        return self.flow._add(op, (self,), label, names + (clipper.CONFIDENCE_COLUMN,))
+        return self.flow._add(op, (self,), label, names + (prediction.CONFIDENCE_COLUMN,))
 
     # -- checks -------------------------------------------------------------------------
 
@@ -395,7 +393,7 @@ class Node:
             return
         for c in cols:
             if c != QID and c not in self.columns:
-                raise UnknownColumnError(
+                raise FlowValueError(
                     f"operator {op_name}: {arg} {c!r} is not a column of {self.name!r}; "
                     f"its columns are {list(self.columns)}"
                 )
@@ -408,7 +406,7 @@ class Node:
                 f"operator {op_name}: expected a node of flow {self.flow.name!r}, got {type(other).__name__}"
             )
         if other.flow is not self.flow:
-            raise ForeignNodeError(
+            raise FlowValueError(
                 f"operator {op_name}: node {other.name!r} belongs to flow {other.flow.name!r}, not {self.flow.name!r}"
             )
         return other
@@ -516,14 +514,14 @@ class Flow:
         return out
 
     def sink(self) -> Node:
-        """The one node whose output is the flow's result; SinkError if there is not one."""
+        """The one node whose output is the flow's result; FlowValueError if there is not one."""
         if len(self._nodes) == 1:
-            raise SinkError(f"flow {self.name!r} has no operators: add one, e.g. flow.map(fn, names=[...])")
+            raise FlowValueError(f"flow {self.name!r} has no operators: add one, e.g. flow.map(fn, names=[...])")
         consumers = self.consumers()
         sinks = [n for n in self._nodes if not consumers[n.id] and n.op.kind != "source"]
         if len(sinks) != 1:
             names = ", ".join(repr(s.name) for s in sinks)
-            raise SinkError(
+            raise FlowValueError(
                 f"flow {self.name!r} has {len(sinks)} unmerged sinks ({names}); join or union them into one"
             )
         return sinks[0]

@@ -23,7 +23,6 @@ Semantics in short (docs/flow-semantics.md has the exact form):
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,10 +32,10 @@ import numpy as np
 from flow.exceptions import (
     DataError,
     DataTypeError,
+    FlowError,
     FlowValueError,
     LookupKeyError,
     NoValidResultError,
-    OperatorError,
     OperatorFailedError,
     OperatorOutputError,
     RejectRow,
@@ -145,7 +144,7 @@ class MapOp(Operator):
     gpu_: bool = False
     high_variance_: bool = False
     timeout_s_: float | None = None
-    cache: Any = None  # a flow.clipper.CacheSpec: memoise outputs per row (the runtime's)
+    cache: Any = None  # a flow.prediction.CacheSpec: memoise outputs per row (the runtime's)
     hedge: Any = None  # "pNN" or seconds: a backup copy after that long without an answer
 
     @property
@@ -172,14 +171,14 @@ class MapOp(Operator):
 def build_callable(fn, init, name: str) -> Callable:
     """Build a user callable once per replica: a class is constructed, ``init`` is run."""
     try:
-        if inspect.isclass(fn):
+        if isinstance(fn, type):  # inspect.isclass's own test; the checker types fn() as Any, not object
             return fn()
         if init is not None:
             state = init()
             return lambda *args: fn(state, *args)
-    except OperatorError:
-        raise
-    except Exception as e:
+    except Exception as e:  # the user's constructor: whatever it raises fails the build, naming it
+        if isinstance(e, FlowError) and e.operator is not None:
+            raise  # names its operator already (e.g. a nested flow's)
         raise OperatorFailedError(
             f"operator {name!r}: building it failed: {type(e).__name__}: {e}", operator=name
         ) from e
@@ -187,6 +186,8 @@ def build_callable(fn, init, name: str) -> Callable:
 
 
 class _BoundMap(BoundOperator):
+    op: MapOp  # the subclass binds only this operator kind (declared for the checker; no runtime cost)
+
     def __init__(self, op: MapOp, name: str, call: Callable):
         super().__init__(op, name)
         self.call = call
@@ -208,9 +209,9 @@ def _invoke(name: str, call: Callable, arg, qid: int | None):
         return call(arg)
     except RejectRow as e:
         raise RowRejectedError(f"operator {name!r} rejected the row: {e}", operator=name, qid=qid) from None
-    except OperatorError:
-        raise  # already names an operator (e.g. a nested flow run)
-    except Exception as e:  # includes FlowErrors the user's code caused, e.g. a missing column
+    except Exception as e:  # the user's code: whatever it raises fails this query, naming the operator
+        if isinstance(e, FlowError) and e.operator is not None:
+            raise  # names its operator already (e.g. a nested flow run's, a 422 included)
         raise OperatorFailedError(f"operator {name!r} raised {type(e).__name__}: {e}", operator=name, qid=qid) from e
 
 
@@ -424,6 +425,8 @@ class AggOp(Operator):
 
 
 class _BoundAgg(BoundOperator):
+    op: AggOp  # the subclass binds only this operator kind (declared for the checker; no runtime cost)
+
     def __call__(self, inputs, store=None):
         (table,) = inputs
         op: AggOp = self.op
@@ -463,6 +466,8 @@ def agg_output_type(fn: str, col: ColumnType | None, name: str = "agg", col_name
     """
     if fn == "count":
         return ColumnType("int")
+    if col is None:  # unreachable through Node.agg, which requires a column for all but count
+        raise DataTypeError(f"operator {name!r}: {fn} needs a column")
     kind = col.kind
     if fn in ("sum", "mean") and kind in ("str", "bytes"):
         raise DataTypeError(f"operator {name!r}: cannot {fn} the {kind} column {col_name!r}")
@@ -564,6 +569,8 @@ class JoinOp(Operator):
 
 
 class _BoundJoin(BoundOperator):
+    op: JoinOp  # the subclass binds only this operator kind (declared for the checker; no runtime cost)
+
     def __call__(self, inputs, store=None):
         left, right = inputs
         return join_tables(left, right, self.op.on, self.op.how, self.op.suffixes, self.name)
@@ -793,6 +800,8 @@ class LookupOp(Operator):
 
 
 class _BoundLookup(BoundOperator):
+    op: LookupOp  # the subclass binds only this operator kind (declared for the checker; no runtime cost)
+
     def __call__(self, inputs, store=None):
         (table,) = inputs
         op: LookupOp = self.op
@@ -904,6 +913,8 @@ class AnyOfOp(Operator):
 
 
 class _BoundAnyOf(BoundOperator):
+    op: AnyOfOp  # the subclass binds only this operator kind (declared for the checker; no runtime cost)
+
     def __init__(self, op, name, alternatives):
         super().__init__(op, name)
         self.alternatives = alternatives
@@ -985,7 +996,7 @@ def is_valid(op: AnyOfOp, name: str, result: Table, i: int) -> bool:
         return True
     try:
         ok = op.valid(Row(result, i))
-    except Exception as e:
+    except Exception as e:  # the user's valid= predicate: whatever it raises fails the query
         raise OperatorFailedError(
             f"operator {name!r}: valid= raised {type(e).__name__}: {e}", operator=name, qid=int(result.qid[i])
         ) from e

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from flow.exceptions import (
+    DataError,
     FlowTypeError,
     FlowValueError,
     OperatorFailedError,
@@ -188,7 +189,7 @@ class EnsembleOp(Operator):
     deadline_ms: float | None = None
 
     @property
-    def arity(self):  # type: ignore[override]
+    def arity(self):  # type: ignore[override]  # a class attribute on Operator, computed here
         return len(self.members)
 
     @property
@@ -211,6 +212,8 @@ class EnsembleOp(Operator):
 
 
 class _BoundEnsemble(BoundOperator):
+    op: EnsembleOp  # the subclass binds only this operator kind (declared for the checker; no runtime cost)
+
     def __init__(self, op, name, call):
         super().__init__(op, name)
         self.call = call
@@ -351,10 +354,12 @@ def exp3_probabilities(w: np.ndarray, explore: float) -> np.ndarray:
 def exp3_draw(seed: int, qid: int, p: np.ndarray) -> int:
     """The model Exp3 picks for query ``qid``: a function of (seed, qid, p) only."""
     u = np.random.default_rng([int(seed) & 0xFFFFFFFF, int(qid) & 0xFFFFFFFFFFFF]).random()
-    return int(min(np.searchsorted(np.cumsum(p), u, side="right"), len(p) - 1))
+    return min(int(np.searchsorted(np.cumsum(p), u, side="right")), len(p) - 1)
 
 
 class _BoundSelect(BoundOperator):
+    op: SelectOp  # the subclass binds only this operator kind (declared for the checker; no runtime cost)
+
     def __init__(self, op, name, members):
         super().__init__(op, name)
         self.members = members
@@ -522,7 +527,7 @@ def _with_default(name, op: SelectOp, cols: dict, low: list[int], n: int) -> dic
             values[i] = d
         try:  # a vector column stays one: its default is a vector of its length, or None
             ctype, arr, valid = build_column(values, c, cols[c].type if cols[c].type.kind == "tensor" else None)
-        except Exception as e:
+        except Exception as e:  # the user's default value: whatever the builder refuses is the operator's error
             raise OperatorOutputError(f"operator {name!r}: default answer does not fit column {c!r}: {e}") from None
         out[c] = Column(ctype, arr, valid)
     return out
@@ -553,8 +558,9 @@ def _write_records(store, op: SelectOp, qids: list[int], records: list[dict]) ->
 # -- feedback -----------------------------------------------------------------------------------
 
 
-class FeedbackError(FlowValueError):
-    """Feedback that cannot be applied: an unknown qid, or neither/both of reward and label."""
+class FeedbackError(DataError, ValueError):
+    """Feedback that cannot be applied: an unknown qid, or neither/both of reward and label
+    (fix the feedback request; the gateway answers 400, or 404 for an unknown qid)."""
 
 
 def selects_of(flow_or_ops) -> list[SelectOp]:
@@ -599,7 +605,7 @@ def apply_feedback(store, selects: Sequence[SelectOp], qid, reward=None, label=N
                 votes: dict = {}
                 for j, p in enumerate(preds):
                     votes[_vote_key(p)] = votes.get(_vote_key(p), 0.0) + w[j]
-                answer = max(votes, key=votes.get)
+                answer = max(votes, key=votes.__getitem__)
                 agree = np.asarray([_vote_key(p) == answer for p in preds])
                 loss = np.where(agree, 1.0 - float(reward), float(reward))
             w = w * np.exp(-op.eta * loss)

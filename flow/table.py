@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -85,7 +85,7 @@ class Column:
             values = np.empty((len(idx),) + self.values.shape[1:], dtype=self.values.dtype)
             if self.type.kind != "null" and len(idx):
                 values[...] = self.type.fill_value()
-            valid = np.zeros(len(idx), dtype=bool)
+            valid: np.ndarray | None = np.zeros(len(idx), dtype=bool)
             return Column(self.type, values, valid)
         safe = np.where(missing, 0, idx) if any_missing else idx
         values = self.values[safe]
@@ -201,10 +201,10 @@ class TorchColumn(Column):
         self.type = type_
         self.valid = None
         self.tensor = tensor
-        self._host = None
+        self._host: np.ndarray | None = None
 
     @property
-    def values(self) -> np.ndarray:
+    def values(self) -> np.ndarray:  # type: ignore[override]  # read-only here: the host copy of the tensor
         host = self._host
         if host is None:  # the one copy to the host (a view of a CPU tensor's own memory)
             host = self._host = np.ascontiguousarray(self.tensor.detach().cpu().numpy())
@@ -624,7 +624,7 @@ class Table:
                 cols[n] = TorchColumn(ctype, torch.cat([p.tensor for p in parts]))
                 continue
             parts = [p.as_type(ctype) for p in parts]
-            values = np.concatenate([p.values for p in parts]) if parts else None
+            values = np.concatenate([p.values for p in parts])  # parts: one per table, and there are some
             if any(p.valid is not None for p in parts):
                 valid = np.concatenate([p.valid if p.valid is not None else np.ones(len(p), bool) for p in parts])
             else:
@@ -661,7 +661,7 @@ class Table:
     def __eq__(self, other) -> bool:
         return self.equals(other) if isinstance(other, Table) else NotImplemented
 
-    __hash__ = None  # mutable-looking container: not hashable
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking container: not hashable
 
     def __repr__(self) -> str:
         head = ", ".join(f"{n}: {t}" for n, t in self.schema.items())
@@ -671,7 +671,7 @@ class Table:
 # -- helpers ----------------------------------------------------------------------------
 
 
-def _same_device(parts: Sequence[Column], ctype: ColumnType) -> bool:
+def _same_device(parts: Sequence[Column], ctype: ColumnType) -> TypeGuard[Sequence[TorchColumn]]:
     """True if every part is a TorchColumn of type ``ctype`` on one device."""
     if type(parts[0]) is not TorchColumn:
         return False

@@ -9,7 +9,7 @@ may add to: a third-party deploy target registers itself the same way):
     [project.entry-points."flowserve.planners"]
     default = "optimizer:optimize"              # (flow, rules=, options=) -> Plan
     [project.entry-points."flowserve.targets"]
-    local = "executors.cluster:default_cluster"   # () -> a cluster with .deploy(flow, ...)
+    local = "executors.hosts.cluster:default_cluster"   # () -> a cluster with .deploy(flow, ...)
 
 ``Flow.deploy(cluster=...)`` takes any object with ``.deploy(flow, *, optimize, rules,
 options)`` (LocalCluster, KubernetesCluster); without one it uses the ``local`` target.
@@ -20,14 +20,10 @@ from __future__ import annotations
 from functools import cache
 from importlib.metadata import entry_points
 
-from flow.exceptions import FlowError
+from flow.exceptions import NotInstalledError
 
 PLANNERS = "flowserve.planners"
 TARGETS = "flowserve.targets"
-
-
-class TargetNotFoundError(FlowError, LookupError):
-    """No installed package registers the planner or deploy target asked for."""
 
 
 @cache
@@ -35,7 +31,7 @@ def _load(group: str, name: str):
     found = entry_points(group=group, name=name)
     if not found:
         known = sorted(ep.name for ep in entry_points(group=group))
-        raise TargetNotFoundError(
+        raise NotInstalledError(  # no installed package registers it
             f"no {group!r} entry point named {name!r} (registered: {known or 'none'}); "
             f"install the project (pip install -e .) so its entry points are registered"
         )

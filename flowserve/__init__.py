@@ -14,23 +14,40 @@ Operator code reads the store with ``fs.current_store()``, places models on
 ``fs.wait(seconds)`` (a racing copy that lost stops waiting). The names
 come from the project's packages (``flow``, ``optimizer``, ``executors``, ``kvs``); the
 runtime's are imported on first use, so ``import flowserve`` stays light.
+
+Errors are one tree (``flow/exceptions.py`` draws it) whose branches say what to do:
+
+    try:
+        d.invoke(rows, timeout=2)
+    except fs.RetryableError:           # 503: no executor yet, store restarting: try again
+        ...
+    except fs.DeadlineExceededError:    # 504: give up, or ask for a longer deadline
+        ...
+    except fs.DataError as e:           # 4xx: fix the request (e.status, e.body say how)
+        ...
 """
 
 from __future__ import annotations
 
 from flow import (
+    AccessDeniedError,
     ColumnType,
+    ConfigError,
+    ConfigTypeError,
     DataError,
     DataTypeError,
+    DeadlineExceededError,
+    FeedbackError,
     Flow,
     FlowDefinitionError,
     FlowError,
     FlowTypeError,
     FlowValueError,
-    ForeignNodeError,
     GroupedNode,
+    InternalError,
     LookupKeyError,
     Node,
+    NotInstalledError,
     NoValidResultError,
     OperatorError,
     OperatorFailedError,
@@ -40,9 +57,9 @@ from flow import (
     Row,
     RowRejectedError,
     SchemaError,
-    SinkError,
     Table,
-    UnknownColumnError,
+    UnavailableError,
+    UnreachableError,
     cancelled,
     current_device,
     current_store,
@@ -54,22 +71,23 @@ from flow import (
 # uvicorn and the cluster code, which building and running flows in-process never needs)
 _LAZY = {
     "OptimizerOptions": "optimizer",
-    "ClusterClient": "executors.cluster",
-    "ClusterConfig": "executors.config",
-    "Deployment": "executors.cluster",
-    "LocalCluster": "executors.cluster",
-    "default_cluster": "executors.cluster",
-    "ClusterError": "executors.errors",
+    "ClusterClient": "executors.hosts.cluster",
+    "ClusterConfig": "executors.hosts.cluster_config",
+    "Deployment": "executors.hosts.cluster",
+    "LocalCluster": "executors.hosts.cluster",
+    "default_cluster": "executors.hosts.cluster",
+    "BadRequestError": "executors.errors",
     "ClusterStartError": "executors.errors",
-    "DeadlineExceededError": "executors.errors",
+    "DeployConflictError": "executors.errors",
     "DeployError": "executors.errors",
-    "InvocationError": "executors.errors",
     "NoExecutorError": "executors.errors",
     "OperatorCrashedError": "executors.errors",
     "OperatorTimeoutError": "executors.errors",
-    "AutoscalingConfig": "executors.autoscale",
+    "KeyNotFoundError": "kvs.exceptions",
+    "StoreLostError": "kvs.exceptions",
+    "StoreWriteError": "kvs.exceptions",
+    "AutoscalingConfig": "executors.hosts.autoscale",
     "KVS": "kvs",
-    "KVSError": "kvs",
     "KubernetesCluster": "k8s",
     "KubeConfig": "k8s",
 }
@@ -105,33 +123,40 @@ __all__ = [
     "optimize",
     "OptimizerOptions",
     "RejectRow",
-    # errors
-    "DataError",
-    "DataTypeError",
-    "FlowDefinitionError",
+    # errors: one tree (flow/exceptions.py), its branches say what to do
     "FlowError",
+    "FlowDefinitionError",  # fix the flow or its setup
     "FlowTypeError",
     "FlowValueError",
-    "ForeignNodeError",
-    "LookupKeyError",
+    "ConfigError",
+    "ConfigTypeError",
+    "AccessDeniedError",
+    "NotInstalledError",
+    "DeployError",
+    "DataError",  # fix the request
+    "BadRequestError",
+    "SchemaError",
+    "DataTypeError",
+    "RowRejectedError",
     "NoValidResultError",
-    "OperatorError",
+    "LookupKeyError",
+    "KeyNotFoundError",
+    "FeedbackError",
+    "OperatorError",  # fix the operator
     "OperatorFailedError",
     "OperatorOutputError",
-    "RetryableError",
-    "RowRejectedError",
-    "SchemaError",
-    "SinkError",
-    "UnknownColumnError",
-    "ClusterError",
-    "ClusterStartError",
-    "DeadlineExceededError",
-    "DeployError",
-    "InvocationError",
-    "NoExecutorError",
     "OperatorCrashedError",
+    "RetryableError",  # retry
+    "UnreachableError",
+    "UnavailableError",
+    "NoExecutorError",
+    "StoreLostError",
+    "StoreWriteError",
+    "DeployConflictError",
+    "DeadlineExceededError",  # wait longer or give up
     "OperatorTimeoutError",
-    "KVSError",
+    "InternalError",  # report it
+    "ClusterStartError",
     # deploy targets and the client (executors/, k8s/, kvs/)
     "AutoscalingConfig",
     "ClusterClient",

@@ -1,5 +1,5 @@
-"""The ``flowserve`` command line: the runtime's commands (executors/cli.py) and each deploy
-target's (``flowserve k8s``, k8s/cli.py), composed here, above both, so the runtime never
+"""The ``flowserve`` command line: the runtime's commands (executors/hosts/commands.py) and each deploy
+target's (``flowserve k8s``, k8s/commands.py), composed here, above both, so the runtime never
 imports a deploy target.
 
     flowserve up [--executors N] [--port P]     start a local cluster in the background
@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from executors.cli import add_runtime_commands
+from executors.hosts.commands import add_runtime_commands
 from flow.configuration import ConfigError
 from flow.exceptions import FlowError
-from k8s.cli import add_k8s_parser
+from k8s.commands import add_k8s_parser
 
 
 def build_parser() -> argparse.ArgumentParser:

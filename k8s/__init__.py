@@ -14,22 +14,8 @@ Modules: ``config`` (KubeConfig, Resources, Toleration), ``manifests`` (render, 
 render``), ``exceptions``.
 """
 
-from k8s.config import KubeConfig, Resources, Toleration, parse_quantity
-from k8s.exceptions import (
-    K8sApiError,
-    K8sClientMissingError,
-    K8sConfigError,
-    K8sConfigTypeError,
-    K8sConflictError,
-    K8sError,
-    K8sForbiddenError,
-    K8sInvalidError,
-    K8sNotFoundError,
-    K8sNotReadyError,
-    K8sUnavailableError,
-    K8sUnreachableError,
-    ManifestError,
-)
+from k8s.exceptions import K8sConflictError, K8sNotFoundError
+from k8s.kube_config import KubeConfig, Resources, Toleration, parse_quantity
 from k8s.manifests import COMPONENTS, SCALABLE, render, to_yaml
 
 
@@ -56,17 +42,6 @@ __all__ = [
     "parse_quantity",
     "render",
     "to_yaml",
-    "K8sError",
-    "K8sConfigError",
-    "K8sConfigTypeError",
-    "ManifestError",
-    "K8sClientMissingError",
-    "K8sApiError",
     "K8sNotFoundError",
     "K8sConflictError",
-    "K8sForbiddenError",
-    "K8sInvalidError",
-    "K8sUnavailableError",
-    "K8sNotReadyError",
-    "K8sUnreachableError",
 ]

@@ -15,7 +15,7 @@ credentials unless they are passed in (tests pass a real API server's clients). 
 checked against the client's model objects (``V1Deployment``, ``V1Service``, ...) before
 anything is sent, and a field the model does not know is an error rather than silently
 dropped; ``apply`` is a server-side apply (field manager ``flowserve``). API failures raise
-the ``K8sApiError`` family naming the verb and the object.
+the class of the tree ``k8s.exceptions.api_error_for`` picks, naming the verb and the object.
 """
 
 from __future__ import annotations
@@ -29,20 +29,18 @@ import time
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
-from k8s.config import KubeConfig, _int, redact_url
-from k8s.exceptions import (
-    K8sApiError,
-    K8sClientMissingError,
-    K8sConfigError,
-    K8sConfigTypeError,
-    K8sConflictError,
-    K8sError,
-    K8sNotFoundError,
-    K8sNotReadyError,
-    K8sUnreachableError,
-    ManifestError,
-    api_error_for,
+from flow.configuration import ConfigError, ConfigTypeError
+from flow.exceptions import (
+    AccessDeniedError,
+    DeadlineExceededError,
+    FlowError,
+    FlowValueError,
+    InternalError,
+    NotInstalledError,
+    UnreachableError,
 )
+from k8s.exceptions import K8sConflictError, K8sNotFoundError, api_error_for
+from k8s.kube_config import KubeConfig, _int, redact_url
 from k8s.manifests import (
     A_BASELINE,
     L_COMPONENT,
@@ -105,7 +103,7 @@ def _client():
     try:
         import kubernetes.client as client
     except ImportError as e:
-        raise K8sClientMissingError(
+        raise NotInstalledError(
             f"the Kubernetes backend needs the kubernetes client: pip install 'flowserve[k8s]' ({e})"
         ) from e
     return client
@@ -151,33 +149,33 @@ def describe(manifest) -> str:
 def to_api_object(manifest: dict, api_client=None):
     """The client's model object for ``manifest`` (e.g. a ``V1Deployment``), and its ``Kind``.
 
-    Raises ``ManifestError`` for an unsupported kind, a missing name, a value the model
+    Raises ``FlowValueError`` for an unsupported kind, a missing name, a value the model
     rejects, or a field the model does not know (it would be dropped silently otherwise).
 
         obj, kind = to_api_object(render()[-1])     # V1Deployment, Kind("apps", ...)
     """
     _client()  # a clear error when the kubernetes package is missing
     if not isinstance(manifest, dict):
-        raise ManifestError(f"a manifest must be a dict, got {type(manifest).__name__} {manifest!r:.80}")
+        raise FlowValueError(f"a manifest must be a dict, got {type(manifest).__name__} {manifest!r:.80}")
     key = (manifest.get("apiVersion"), manifest.get("kind"))
     kind = KINDS.get(key)
     if kind is None:
         known = ", ".join(f"{k} ({v})" for v, k in KINDS)
-        raise ManifestError(
+        raise FlowValueError(
             f"{describe(manifest)}: unsupported apiVersion/kind {key[0]!r}/{key[1]!r}; supported: {known}"
         )
     md = manifest.get("metadata")
     if not isinstance(md, dict) or not isinstance(md.get("name"), str) or not md["name"]:
-        raise ManifestError(f"{describe(manifest)}: metadata.name is missing")
+        raise FlowValueError(f"{describe(manifest)}: metadata.name is missing")
     api_client = api_client or _model_client()
     try:
         obj = api_client.deserialize(_Body(manifest), kind.model)
     except (ValueError, TypeError) as e:
-        raise ManifestError(f"{describe(manifest)}: not a valid {kind.model}: {e}") from None
+        raise FlowValueError(f"{describe(manifest)}: not a valid {kind.model}: {e}") from None
     back = api_client.sanitize_for_serialization(obj)
     diff = _first_difference(manifest, back)
     if diff is not None:
-        raise ManifestError(
+        raise FlowValueError(
             f"{describe(manifest)}: field {diff!r} is not part of {kind.model} "
             f"(misspelt, or the wrong type); it would not be sent"
         )
@@ -206,7 +204,7 @@ def _default_api_client():
         try:
             kconfig.load_kube_config()
         except (kconfig.ConfigException, OSError) as e:
-            raise K8sError(
+            raise AccessDeniedError(
                 f"no Kubernetes credentials: not in a pod and no usable kubeconfig (KUBECONFIG or ~/.kube/config): {e}"
             ) from e
     import kubernetes.client as client
@@ -244,7 +242,7 @@ class KubernetesCluster:
         if config is None:
             config = KubeConfig()
         elif not isinstance(config, KubeConfig):
-            raise K8sConfigTypeError(f"config must be a k8s.KubeConfig, got {type(config).__name__} {config!r:.80}")
+            raise ConfigTypeError(f"config must be a k8s.KubeConfig, got {type(config).__name__} {config!r:.80}")
         changes = {k: v for k, v in (("namespace", namespace), ("image", image)) if v is not None}
         self.config = config.replace(**changes) if changes else config
         self._apis = {"apps": apps_api, "core": core_api, "networking": networking_api, "rbac": rbac_api}
@@ -283,7 +281,7 @@ class KubernetesCluster:
         namespace: str | None = None,
         **kwargs,
     ):
-        """``<verb>_<suffix>`` on the kind's API; errors become K8sApiError naming the object."""
+        """``<verb>_<suffix>`` on the kind's API; errors become the tree's (``api_error_for``) naming the object."""
         ns = namespace or self.namespace
         method = f"{verb}_{suffix or kind.suffix}"
         api = self._api(kind.api)
@@ -293,7 +291,7 @@ class KubernetesCluster:
             raise self._error(e, verb, kind_name, ns, name) from e
 
     @staticmethod
-    def _error(e: Exception, verb: str, kind: str, namespace: str, name: str) -> K8sApiError:
+    def _error(e: Exception, verb: str, kind: str, namespace: str, name: str) -> FlowError:
         status = getattr(e, "status", None)
         if not isinstance(status, int):
             # no HTTP answer at all (connection refused, DNS, TLS): retryable
@@ -352,10 +350,10 @@ class KubernetesCluster:
         if manifests is None:
             manifests = render(self.config)
         if isinstance(manifests, dict) or not isinstance(manifests, (list, tuple)):
-            raise K8sConfigTypeError(f"manifests must be a list of dicts, got {type(manifests).__name__}")
+            raise ConfigTypeError(f"manifests must be a list of dicts, got {type(manifests).__name__}")
         for flag, value in (("keep_replicas", keep_replicas), ("prune", prune), ("dry_run", dry_run)):
             if not isinstance(value, bool):
-                raise K8sConfigTypeError(f"{flag} must be a bool, got {type(value).__name__} {value!r}")
+                raise ConfigTypeError(f"{flag} must be a bool, got {type(value).__name__} {value!r}")
         extra = {"dry_run": "All"} if dry_run else {}
         checked = []
         for m in manifests:  # check everything first: no half-applied instance over a typo
@@ -374,7 +372,7 @@ class KubernetesCluster:
         md = body["metadata"]
         instance = (md.get("labels") or {}).get(L_INSTANCE)
         if md["namespace"] != self.namespace or instance != self.config.name:
-            raise ManifestError(
+            raise FlowValueError(
                 f"{describe(body)}: apply(prune=True) keeps only objects of instance {self.config.name!r} in "
                 f"namespace {self.namespace!r}, but this one is in namespace {md['namespace']!r} with label "
                 f"{L_INSTANCE}={instance!r}: render it with this cluster's config, or pass prune=False"
@@ -505,14 +503,14 @@ class KubernetesCluster:
         secret = self._call("read", "Secret", KINDS[("v1", "Secret")], name, name, self.namespace)
         data = secret.data or {}
         if key not in data:
-            raise K8sError(
+            raise ConfigError(
                 f"Secret {self.namespace}/{name} has no key {key!r} (keys: {sorted(data)}); "
                 f"recreate it with that key (docs/kubernetes.md, section 2)"
             )
         try:
             return base64.b64decode(data[key], validate=True).decode()
         except (binascii.Error, UnicodeDecodeError) as e:
-            raise K8sError(
+            raise ConfigError(
                 f"Secret {self.namespace}/{name} key {key!r} is not base64-encoded UTF-8 text: {e}"
             ) from None
 
@@ -520,16 +518,16 @@ class KubernetesCluster:
 
     def deployment_name(self, component_or_deployment: str) -> str:
         """``"executor-gpu"`` -> ``"<name>-executor-gpu"``; a full Deployment name of this
-        instance passes through. Anything else raises ``K8sConfigError`` listing the choices."""
+        instance passes through. Anything else raises ``ConfigError`` listing the choices."""
         v = component_or_deployment
         if not isinstance(v, str):
-            raise K8sConfigTypeError(f"component must be a string, got {type(v).__name__} {v!r}")
+            raise ConfigTypeError(f"component must be a string, got {type(v).__name__} {v!r}")
         if v in SCALABLE:
             return object_name(self.config, v)
         if v in {object_name(self.config, c) for c in SCALABLE}:
             return v
         choices = list(SCALABLE) + [object_name(self.config, c) for c in SCALABLE]
-        raise K8sConfigError(f"cannot scale {v!r}: expected one of {choices}")
+        raise ConfigError(f"cannot scale {v!r}: expected one of {choices}")
 
     def scale(self, component_or_deployment: str, replicas: int) -> int:
         """Set a Deployment's replicas through its scale subresource (what an autoscaler
@@ -539,9 +537,9 @@ class KubernetesCluster:
         """
         name = self.deployment_name(component_or_deployment)
         if not _int(replicas):
-            raise K8sConfigTypeError(f"replicas must be an int, got {type(replicas).__name__} {replicas!r}")
+            raise ConfigTypeError(f"replicas must be an int, got {type(replicas).__name__} {replicas!r}")
         if not 0 <= replicas <= 1000:
-            raise K8sConfigError(f"replicas must be in 0..1000, got {replicas!r}")
+            raise ConfigError(f"replicas must be in 0..1000, got {replicas!r}")
         kind = KINDS[("apps/v1", "Deployment")]
         scale = self._call(
             "patch",
@@ -599,7 +597,7 @@ class KubernetesCluster:
         if value is None:  # rendered without autoscaling: what is running is the baseline
             return dep.spec.replicas if dep.spec is not None and dep.spec.replicas is not None else 1
         if not value.isdigit():
-            raise K8sError(
+            raise InternalError(
                 f"Deployment {self.namespace}/{dep.metadata.name}: annotation {A_BASELINE}={value!r} "
                 f"is not a replica count"
             )
@@ -613,9 +611,9 @@ class KubernetesCluster:
             cluster.set_deletion_cost("flowserve-executor-cpu-7d9f-x2x9q", -1000)
         """
         if not isinstance(pod, str) or not pod:
-            raise K8sConfigTypeError(f"pod must be a pod name, got {type(pod).__name__} {pod!r}")
+            raise ConfigTypeError(f"pod must be a pod name, got {type(pod).__name__} {pod!r}")
         if not _int(cost):
-            raise K8sConfigTypeError(f"cost must be an int, got {type(cost).__name__} {cost!r}")
+            raise ConfigTypeError(f"cost must be an int, got {type(cost).__name__} {cost!r}")
         body = {"metadata": {"annotations": {DELETION_COST: str(cost)}}}
         self._call("patch", "Pod", POD, pod, pod, self.namespace, body)
 
@@ -719,9 +717,9 @@ class KubernetesCluster:
         try:
             extra = {} if timeout_s is None else {"timeout_s": timeout_s}
             return client.deploy(flow, optimize=optimize, rules=rules, options=options, **extra)
-        except Exception as e:
+        except Exception as e:  # whatever the deploy raised: only a connection failure is said again
             if _unreachable(e):
-                raise K8sUnreachableError(self._unreachable_message(flow, url, kvs, e)) from e
+                raise UnreachableError(self._unreachable_message(flow, url, kvs, e)) from e
             raise
 
     def gateway_url(self) -> str:
@@ -751,7 +749,7 @@ class KubernetesCluster:
 
     def wait_ready(self, components=None, wait_s: float = 300) -> dict:
         """Poll ``status()`` until each of ``components`` is rolled out (every wanted replica
-        updated and ready); returns the last status. Raises ``K8sNotReadyError`` after
+        updated and ready); returns the last status. Raises ``DeadlineExceededError`` after
         ``wait_s`` seconds naming each component still short, with its replica counts.
         ``components`` None: the KVS, the gateway, the CPU executors and the GPU executors
         if they exist (``deploy`` passes exactly what it rendered).
@@ -771,7 +769,7 @@ class KubernetesCluster:
             if not pending:
                 return status
             if time.monotonic() >= deadline:
-                raise K8sNotReadyError(
+                raise DeadlineExceededError(
                     f"{self.config.name} in namespace {self.namespace} not ready after {wait_s:g} s: "
                     f"{'; '.join(pending)} (see kubectl -n {self.namespace} get pods -l "
                     f"{instance_selector(self.config)}, and describe the pending ones)"
@@ -783,7 +781,7 @@ class KubernetesCluster:
     ):
         """The runtime's client of a running cluster; one small method so tests can see what
         it is given. Imported here: the runtime is not needed to render or apply."""
-        from executors.cluster import ClusterClient
+        from executors.hosts.cluster import ClusterClient
 
         return ClusterClient(url=url, kvs_url=kvs_url, admin_token=admin_token, token=token, cluster_key=cluster_key)
 
@@ -821,7 +819,7 @@ class KubernetesCluster:
 
 def _check_wait(wait_s) -> None:
     if not isinstance(wait_s, (int, float)) or isinstance(wait_s, bool) or not 0 <= wait_s < float("inf"):
-        raise K8sConfigError(f"wait_s must be a number of seconds >= 0, got {wait_s!r}")
+        raise ConfigError(f"wait_s must be a number of seconds >= 0, got {wait_s!r}")
 
 
 def _optimized(flow, optimize: bool, rules, options):
@@ -830,7 +828,7 @@ def _optimized(flow, optimize: bool, rules, options):
     from optimizer import optimize as run_optimizer
 
     if not isinstance(optimize, bool):
-        raise K8sConfigTypeError(f"optimize must be a bool, got {type(optimize).__name__} {optimize!r}")
+        raise ConfigTypeError(f"optimize must be a bool, got {type(optimize).__name__} {optimize!r}")
     return run_optimizer(flow, rules=rules, options=options) if optimize else Plan.from_flow(flow)
 
 
@@ -870,9 +868,7 @@ def _unreachable(e: Exception) -> bool:
     import httpx
     import redis
 
-    from kvs.exceptions import KVSConnectionError
-
-    return isinstance(e, (httpx.TransportError, redis.exceptions.ConnectionError, KVSConnectionError, OSError))
+    return isinstance(e, (UnreachableError, httpx.TransportError, redis.exceptions.ConnectionError, OSError))
 
 
 __all__ = ["KINDS", "Kind", "KubernetesCluster", "WORKLOADS", "describe", "to_api_object"]

@@ -5,7 +5,7 @@
     kubectl apply -f flowserve.yaml
 
 Wired into the main CLI by ``add_k8s_parser(sub)`` in ``flowserve.cli.build_parser``; it
-also runs alone: ``python -m k8s.cli render ...``.
+also runs alone: ``python -m k8s.commands render ...``.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import runpy
 import sys
 from pathlib import Path
 
+from flow.configuration import ConfigError
 from flow.exceptions import FlowError
-from k8s.config import DEFAULT_IMAGE, SERVICE_TYPES, KubeConfig
-from k8s.exceptions import K8sConfigError
+from k8s.kube_config import DEFAULT_IMAGE, SERVICE_TYPES, KubeConfig
 from k8s.manifests import render, to_yaml
 
 
@@ -75,7 +75,7 @@ def _load_config(args) -> KubeConfig:
         try:
             text = path.read_text()
         except OSError as e:
-            raise K8sConfigError(f"--config {args.config!r}: cannot read it: {e.strerror or e}") from None
+            raise ConfigError(f"--config {args.config!r}: cannot read it: {e.strerror or e}") from None
         try:
             doc = json.loads(text)
         except ValueError:
@@ -83,10 +83,10 @@ def _load_config(args) -> KubeConfig:
                 import yaml
 
                 doc = yaml.safe_load(text)
-            except Exception as e:
-                raise K8sConfigError(f"--config {args.config!r}: neither JSON nor YAML: {e}") from None
+            except Exception as e:  # yaml's errors have no common base worth naming: any is "not YAML"
+                raise ConfigError(f"--config {args.config!r}: neither JSON nor YAML: {e}") from None
         if not isinstance(doc, dict):
-            raise K8sConfigError(
+            raise ConfigError(
                 f"--config {args.config!r} must hold a mapping of KubeConfig fields, got {type(doc).__name__}"
             )
         fields.update(doc)
@@ -112,7 +112,7 @@ def _plans(script: str | None) -> list:
 
     path = Path(script)
     if not path.is_file():
-        raise K8sConfigError(f"--script {script!r}: no such file")
+        raise ConfigError(f"--script {script!r}: no such file")
     sys.path.insert(0, str(path.parent.resolve()))
     try:
         namespace = runpy.run_path(str(path), run_name="__flowserve_render__")
@@ -120,7 +120,7 @@ def _plans(script: str | None) -> list:
         sys.path.pop(0)
     flows = [v for v in namespace.values() if isinstance(v, Flow)]
     if not flows:
-        raise K8sConfigError(f"--script {script!r} defines no Flow at module level")
+        raise ConfigError(f"--script {script!r} defines no Flow at module level")
     return [optimize(f) for f in flows]
 
 
@@ -128,14 +128,14 @@ def main(args) -> int:
     """Run a parsed ``flowserve k8s ...`` command (or parse ``args`` when it is a list)."""
     if args is None or isinstance(args, (list, tuple)):
         parser = argparse.ArgumentParser(
-            prog="python -m k8s.cli", description="Run FlowServe on Kubernetes (see docs/kubernetes.md)."
+            prog="python -m k8s.commands", description="Run FlowServe on Kubernetes (see docs/kubernetes.md)."
         )
         _add_commands(parser.add_subparsers(dest="k8s_command", required=True, metavar="K8S_COMMAND"))
         args = parser.parse_args(list(args) if args is not None else sys.argv[1:])
     try:
         if args.k8s_command == "render":
             return _render(args)
-        raise K8sConfigError(f"unknown k8s command {args.k8s_command!r}")  # pragma: no cover - argparse
+        raise ConfigError(f"unknown k8s command {args.k8s_command!r}")  # pragma: no cover - argparse
     except FlowError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ValueError) else 1
@@ -156,7 +156,7 @@ def _render(args) -> int:
         os.replace(tmp, out)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise K8sConfigError(f"--out {args.out!r}: cannot write it: {e.strerror or e}") from None
+        raise ConfigError(f"--out {args.out!r}: cannot write it: {e.strerror or e}") from None
     print(f"wrote {out} ({len(manifests)} objects)", file=sys.stderr)
     return 0
 

@@ -1,5 +1,5 @@
 """The gateway of a Kubernetes deployment: the runtime's standalone gateway
-(executors/standalone.py) with Kubernetes plugged in as its executor backend.
+(executors/hosts/standalone.py) with Kubernetes plugged in as its executor backend.
 
     python -m k8s.gateway --host 0.0.0.0 --port 8000 --address tcp://10.0.0.7:5556 \\
         --kvs redis://:pw@kvs:6379/0 --autoscale '{...}' --scaler k8s \\
@@ -7,7 +7,7 @@
 
 ``--scaler k8s`` lets the autoscaler add and remove executors by scaling this instance's
 executor Deployments (k8s/scaling.py); without it the gateway serves the executors that
-register, like ``python -m executors.standalone``. The rendered manifests run this module.
+register, like ``python -m executors.hosts.standalone``. The rendered manifests run this module.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import argparse
 import functools
 import os
 
-from executors.standalone import main as standalone_main
+from executors.hosts.standalone import main as standalone_main
 from k8s.scaling import KubernetesExecutors
 
 

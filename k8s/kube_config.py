@@ -5,8 +5,8 @@
                      gpu_executors=2, service_type="LoadBalancer", token_secret="flowserve-token")
 
 Every field declares its check (``flow.configuration``, like every config of the project),
-run when the object is built; a bad value raises ``K8sConfigError`` (a ``ConfigError``, a
-``ValueError``) or ``K8sConfigTypeError`` (also a ``TypeError``) naming the field and
+run when the object is built; a bad value raises ``ConfigError`` (a
+``ValueError``) or ``ConfigTypeError`` (also a ``TypeError``) naming the field and
 quoting the value. ``to_json``/``from_json`` (alias ``from_dict``) round-trip it.
 """
 
@@ -21,12 +21,11 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from flow.configuration import Bool, Check, Config, Int, Invalid, Nested, Number, OneOf, Str, setting
-from k8s.exceptions import K8sConfigError, K8sConfigTypeError
+from flow.configuration import Bool, Check, Config, ConfigTypeError, Int, Invalid, Nested, Number, OneOf, Str, setting
 from kvs.redact import redact_url  # one redaction for every package (k8s.backend imports it from here)
 
 if TYPE_CHECKING:  # importing the runtime costs ~0.3 s: only when autoscaling is configured
-    from executors.autoscale import AutoscalingConfig
+    from executors.hosts.autoscale import AutoscalingConfig
 
 
 def _package_version() -> str:
@@ -140,8 +139,6 @@ class Resources(Config):
         Resources(cpu="2", memory="4Gi")       # limits 2 CPUs and 4Gi (Guaranteed QoS)
     """
 
-    error, type_error = K8sConfigError, K8sConfigTypeError
-
     cpu: str = setting("500m", _quantity())
     memory: str = setting("512Mi", _quantity())
     cpu_limit: str | None = setting(None, _quantity(optional=True))
@@ -171,8 +168,6 @@ class Toleration(Config):
     Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
     """
 
-    error, type_error = K8sConfigError, K8sConfigTypeError
-
     key: str | None = setting(
         None, Check("a label key such as 'nvidia.com/gpu'", lambda v: _label_key_ok(v), optional=True)
     )
@@ -199,9 +194,7 @@ class Toleration(Config):
     def from_dict(cls, doc: Mapping) -> Toleration:
         """From the Kubernetes spelling (``tolerationSeconds``) or ours (``to_json``)."""
         if not isinstance(doc, Mapping):
-            raise K8sConfigTypeError(
-                f"a toleration must be a Toleration or a mapping, got {type(doc).__name__} {doc!r}"
-            )
+            raise ConfigTypeError(f"a toleration must be a Toleration or a mapping, got {type(doc).__name__} {doc!r}")
         return cls.from_json({"toleration_seconds" if k == "tolerationSeconds" else k: v for k, v in doc.items()})
 
     def to_k8s(self) -> dict:
@@ -315,7 +308,7 @@ def _gateway_settings(v, name: str) -> Mapping:
     unknown = sorted(set(v) - set(GATEWAY_SETTINGS))
     if unknown:
         raise Invalid(message=f"{name}: {unknown} are not gateway settings; known: {list(GATEWAY_SETTINGS)}")
-    from executors.config import ClusterConfig
+    from executors.hosts.cluster_config import ClusterConfig
     from flow.configuration import ConfigError
 
     try:  # the runtime's own checks, with its messages
@@ -351,13 +344,13 @@ def _autoscaling(v, name: str):
     when autoscaling is configured (it costs ~0.3 s)."""
     if v is None:
         return None
-    from executors.autoscale import AutoscalingConfig
+    from executors.hosts.autoscale import AutoscalingConfig
 
     if isinstance(v, Mapping):
         return Nested(AutoscalingConfig).decode(v, name)
     if not isinstance(v, AutoscalingConfig):
         raise Invalid(
-            message=f"{name} must be None, an executors.autoscale.AutoscalingConfig or a mapping of "
+            message=f"{name} must be None, an executors.hosts.autoscale.AutoscalingConfig or a mapping of "
             f"its fields, got {type(v).__name__} {v!r}",
             wrong_type=True,
         )
@@ -428,7 +421,7 @@ class KubeConfig(Config):
         Behind a proxy that keeps connections to the gateway open (an ingress: nginx keeps
         them 60 s), set ``idle_timeout_s`` above its keep-alive, or a request it sends on a
         connection the gateway is closing fails with 502.
-    autoscaling: None (default: fixed replicas), or an ``executors.autoscale.AutoscalingConfig``
+    autoscaling: None (default: fixed replicas), or an ``executors.hosts.autoscale.AutoscalingConfig``
         (a mapping of its fields is converted): the gateway then runs the autoscaler and
         scales the executor Deployments itself through the API (``--scaler k8s``), with a
         Role allowing just that and the API token mounted in the gateway pods only. Needs
@@ -440,8 +433,6 @@ class KubeConfig(Config):
         ``http://localhost:8080``, ``redis://localhost:6379/0``). A KVS URL without a
         password gets the one from ``redis_secret``, so no password needs to be written here.
     """
-
-    error, type_error = K8sConfigError, K8sConfigTypeError
 
     name: str = setting(
         "flowserve",
@@ -482,7 +473,7 @@ class KubeConfig(Config):
     )
     executor_threads: int = setting(4, Int(1, 256))
     gpus_per_executor: int = setting(1, Int(1, 16))
-    busy_poll_ms: float = setting(10.0, Number(ge=0, le=1000, note="ms; 0: off"))  # = executors.busypoll.WINDOW_MS
+    busy_poll_ms: float = setting(10.0, Number(ge=0, le=1000, note="ms; 0: off"))  # = executors.wire.busypoll.WINDOW_MS
     executor_cache_bytes: int = setting(
         256 * 1024 * 1024,  # = KVSOptions.cache_max_bytes (a test keeps them equal)
         Int(0, note="0: no local cache"),

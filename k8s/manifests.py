@@ -42,8 +42,8 @@ import json
 import warnings
 from collections.abc import Iterable, Sequence
 
-from k8s.config import KubeConfig
-from k8s.exceptions import K8sConfigTypeError
+from flow.configuration import ConfigTypeError
+from k8s.kube_config import KubeConfig
 
 PART_OF = "flowserve"
 MANAGED_BY = "flowserve"
@@ -55,7 +55,7 @@ REDIS_UID = 999  # the official redis image's ``redis`` user
 ARTIFACT_CACHE = "/var/cache/flowserve"
 
 GATEWAY_COMMAND = ["python", "-m", "k8s.gateway"]
-EXECUTOR_COMMAND = ["python", "-m", "executors.executor"]
+EXECUTOR_COMMAND = ["python", "-m", "executors.worker.executor"]
 
 L_NAME = "app.kubernetes.io/name"
 L_INSTANCE = "app.kubernetes.io/instance"
@@ -130,13 +130,13 @@ def _plans(plan) -> list:
 
     plans = [plan] if isinstance(plan, Plan) else plan
     if isinstance(plans, (str, bytes)) or not isinstance(plans, Iterable):
-        raise K8sConfigTypeError(
+        raise ConfigTypeError(
             f"plan must be an optimizer.Plan, a list of Plans or None, got {type(plan).__name__} {plan!r:.80}"
         )
     plans = list(plans)
     for p in plans:
         if not isinstance(p, Plan):
-            raise K8sConfigTypeError(
+            raise ConfigTypeError(
                 f"plan must be an optimizer.Plan, a list of Plans or None, got an item {type(p).__name__} {p!r:.80}"
             )
     return plans
@@ -453,7 +453,7 @@ def gateway(config: KubeConfig) -> list[dict]:
 
 
 def executor_args(config: KubeConfig, device: str) -> list[str]:
-    """``python -m executors.executor`` arguments in a pod: the pod name as id, messages on the
+    """``python -m executors.worker.executor`` arguments in a pod: the pod name as id, messages on the
     pod IP (downward API). The KVS URL (with the password from the Secret) is read from
     ``$FLOWSERVE_KVS_URL``, so it does not appear in the process's arguments."""
     args = [
@@ -591,7 +591,7 @@ def render(config: KubeConfig | None = None, plan=None) -> list[dict]:
     if config is None:
         config = KubeConfig()
     elif not isinstance(config, KubeConfig):
-        raise K8sConfigTypeError(f"config must be a k8s.KubeConfig, got {type(config).__name__} {config!r:.80}")
+        raise ConfigTypeError(f"config must be a k8s.KubeConfig, got {type(config).__name__} {config!r:.80}")
     plans = _plans(plan)
     need_gpu = gpu_stages(plans)
     n_gpu = gpu_executor_count(config, plans)
@@ -635,7 +635,7 @@ def to_yaml(manifests: Sequence[dict]) -> str:
     docs = list(manifests)
     for i, m in enumerate(docs):
         if not isinstance(m, dict):
-            raise K8sConfigTypeError(f"manifest #{i} must be a dict, got {type(m).__name__} {m!r:.80}")
+            raise ConfigTypeError(f"manifest #{i} must be a dict, got {type(m).__name__} {m!r:.80}")
     header = "# Rendered by `flowserve k8s render`; Secrets are referenced, not included.\n"
     try:
         import yaml

@@ -22,9 +22,11 @@ import functools
 import logging
 from collections.abc import Mapping
 
+from flow.configuration import ConfigError, ConfigTypeError
+from flow.exceptions import AccessDeniedError, InternalError, NotInstalledError
 from k8s.backend import KubernetesCluster
-from k8s.config import KubeConfig, _int
-from k8s.exceptions import K8sClientMissingError, K8sConfigError, K8sConfigTypeError, K8sError, K8sNotFoundError
+from k8s.exceptions import K8sNotFoundError
+from k8s.kube_config import KubeConfig, _int
 from k8s.manifests import SCALABLE
 
 log = logging.getLogger("flowserve.k8s.scaling")
@@ -49,14 +51,14 @@ class KubernetesExecutors:
 
     def __init__(self, cluster: KubernetesCluster, dispatcher, baseline: Mapping[str, int], wait_s: float = 120):
         if not isinstance(cluster, KubernetesCluster):
-            raise K8sConfigTypeError(
+            raise ConfigTypeError(
                 f"cluster must be a k8s.KubernetesCluster, got {type(cluster).__name__} {cluster!r:.80}"
             )
         self.cluster = cluster
         self.dispatcher = dispatcher
         self.baseline = _check_baseline(baseline)
         if not isinstance(wait_s, (int, float)) or isinstance(wait_s, bool) or not 0 < wait_s < float("inf"):
-            raise K8sConfigError(f"wait_s must be a number of seconds > 0, got {wait_s!r}")
+            raise ConfigError(f"wait_s must be a number of seconds > 0, got {wait_s!r}")
         self.wait_s = wait_s
         self._locks: dict[str, asyncio.Lock] = {}
         # ids add_executor returned: two concurrent scale-ups of one device wait for "a new
@@ -84,7 +86,7 @@ class KubernetesExecutors:
     async def add_executor(self, device: str) -> str | None:
         """Start one more executor of ``device``; its id once registered and serving, None
         when impossible (no executor Deployment for that device) or when it did not register
-        within ``wait_s`` (the scale-up is then undone). API failures raise ``K8sApiError``."""
+        within ``wait_s`` (the scale-up is then undone). API failures raise what ``k8s.exceptions.api_error_for`` says."""
         component = self._component(device)
         known = set(self.dispatcher.executors)
         self._claimed &= known  # ids of executors gone since can never come back as "new"
@@ -113,7 +115,7 @@ class KubernetesExecutors:
         delete, then scale its Deployment down by one."""
         info = self.dispatcher.executors.get(executor_id)
         if info is None:
-            raise K8sError(f"cannot remove executor {executor_id!r}: the dispatcher knows no such executor")
+            raise InternalError(f"cannot remove executor {executor_id!r}: the dispatcher knows no such executor")
         component = self._component(info.device)
         # a pod that is gone raises K8sNotFoundError here, before any scale-down: scaling
         # down blind would stop another, possibly busy, executor
@@ -160,7 +162,7 @@ class KubernetesExecutors:
     def _component(self, device) -> str:
         component = f"executor-{device}" if isinstance(device, str) else None
         if component not in SCALABLE:
-            raise K8sConfigError(f"device must be 'cpu' or 'gpu', got {device!r}")
+            raise ConfigError(f"device must be 'cpu' or 'gpu', got {device!r}")
         return component
 
     def _lock(self, device: str) -> asyncio.Lock:
@@ -186,16 +188,14 @@ def incluster_cluster(namespace: str, instance: str) -> KubernetesCluster:
         import kubernetes.client as client
         from kubernetes import config as kconfig
     except ImportError as e:
-        raise K8sClientMissingError(
-            f"--scaler k8s needs the kubernetes client: pip install 'flowserve[k8s]' ({e})"
-        ) from e
+        raise NotInstalledError(f"--scaler k8s needs the kubernetes client: pip install 'flowserve[k8s]' ({e})") from e
     configuration = client.Configuration()
     try:
         # into our own Configuration, not the process-wide default; the token is re-read
         # from its file when it expires (bound tokens rotate)
         kconfig.load_incluster_config(client_configuration=configuration)
     except kconfig.ConfigException as e:
-        raise K8sError(
+        raise AccessDeniedError(
             f"no in-cluster Kubernetes credentials for namespace {namespace!r}, instance {instance!r} "
             f"(--scaler k8s runs only in a pod whose ServiceAccount token is mounted): {e}"
         ) from e
@@ -211,16 +211,16 @@ def incluster_cluster(namespace: str, instance: str) -> KubernetesCluster:
 
 def _check_baseline(baseline) -> dict[str, int]:
     if not isinstance(baseline, Mapping):
-        raise K8sConfigTypeError(
+        raise ConfigTypeError(
             f"baseline must be a mapping of device to executor count, got {type(baseline).__name__} {baseline!r}"
         )
     for device, n in baseline.items():
         if device not in ("cpu", "gpu"):
-            raise K8sConfigError(f"baseline: device must be 'cpu' or 'gpu', got {device!r}")
+            raise ConfigError(f"baseline: device must be 'cpu' or 'gpu', got {device!r}")
         if not _int(n):
-            raise K8sConfigTypeError(f"baseline[{device!r}] must be an int >= 0, got {type(n).__name__} {n!r}")
+            raise ConfigTypeError(f"baseline[{device!r}] must be an int >= 0, got {type(n).__name__} {n!r}")
         if n < 0:
-            raise K8sConfigError(f"baseline[{device!r}] must be an int >= 0, got {n!r}")
+            raise ConfigError(f"baseline[{device!r}] must be an int >= 0, got {n!r}")
     return dict(baseline)
 
 

@@ -18,17 +18,7 @@ Modules: ``client`` (KVS), ``cache`` (CachedKVS), ``tracking`` (invalidations),
 
 from kvs.cache import CachedKVS, CacheStats
 from kvs.client import KVS, MISSING
-from kvs.exceptions import (
-    KeyNotFoundError,
-    KVSConnectionError,
-    KVSError,
-    KVSTypeError,
-    KVSValueError,
-    SerializationError,
-    ServerStartError,
-    StoreLostError,
-    StoreWriteError,
-)
+from kvs.exceptions import KeyNotFoundError, SerializationError, StoreLostError, StoreWriteError
 from kvs.options import KVSOptions
 from kvs.ref import KVSRef
 from kvs.serialization import decode, dumps_trusted, encode, loads_trusted
@@ -49,11 +39,6 @@ __all__ = [
     "decode",
     "dumps_trusted",
     "loads_trusted",
-    "KVSError",
-    "KVSConnectionError",
     "KeyNotFoundError",
     "SerializationError",
-    "ServerStartError",
-    "KVSTypeError",
-    "KVSValueError",
 ]

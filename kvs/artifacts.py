@@ -17,10 +17,11 @@ downloading the same bytes twice.
 Cache directory: ``cache_dir``, else ``FLOWSERVE_ARTIFACT_CACHE``, else
 ``$XDG_CACHE_HOME/flowserve/artifacts`` (``~/.cache/flowserve/artifacts``).
 
-Errors (all ``kvs.KVSError``): ``ArtifactURIError`` (also ValueError) for a malformed or
-unsupported URI, ``ArtifactNotFoundError`` (also FileNotFoundError) for a missing object,
-bucket or file, ``ArtifactAccessError`` for refused credentials, and
-``ArtifactUnavailableError`` (retryable) when the store cannot be reached.
+Errors (``flow.exceptions``' tree; ``uri`` names the artifact): ``FlowValueError`` for a
+malformed or unsupported URI, ``ArtifactNotFoundError`` (also FileNotFoundError) for a
+missing object, bucket or file, ``AccessDeniedError`` for refused or missing credentials,
+``UnreachableError`` / ``UnavailableError`` (retryable) when the store cannot be reached or
+fails for now, ``NotInstalledError`` without boto3, ``InternalError`` for anything else.
 """
 
 from __future__ import annotations
@@ -34,8 +35,18 @@ import threading
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from flow.exceptions import RetryableError
-from kvs.exceptions import KVSError, KVSTypeError, KVSValueError
+from flow.configuration import ConfigError
+from flow.exceptions import (
+    AccessDeniedError,
+    FlowDefinitionError,
+    FlowError,
+    FlowTypeError,
+    FlowValueError,
+    InternalError,
+    NotInstalledError,
+    UnavailableError,
+    UnreachableError,
+)
 
 ENDPOINT_ENV = ("FLOWSERVE_S3_ENDPOINT", "AWS_ENDPOINT_URL")
 CACHE_ENV = "FLOWSERVE_ARTIFACT_CACHE"
@@ -43,38 +54,15 @@ _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _CHUNK = 1 << 20
 
 
-class ArtifactError(KVSError):
-    """Root of the errors of ``fetch``; ``uri`` names the artifact."""
+class ArtifactNotFoundError(FlowDefinitionError, FileNotFoundError):
+    """The object, its bucket, or the local file does not exist (``uri`` names it): fix the
+    URI or upload the artifact. Also a ``FileNotFoundError`` (so an ``OSError``): ``fetch``
+    stands in for ``open`` on a path, and callers catch a missing file as they would there."""
 
-    def __init__(self, message: str, *, uri: str | None = None):
-        super().__init__(message)
-        self.uri = uri
-
-    def __reduce__(self):
-        return (_rebuild, (type(self), self.args[0], self.uri))
-
-
-class ArtifactURIError(ArtifactError, KVSValueError):
-    """A malformed or unsupported URI (the message quotes it and lists the schemes)."""
-
-
-class ArtifactNotFoundError(ArtifactError, FileNotFoundError):
-    """The object, its bucket, or the local file does not exist."""
+    uri: str | None = None
 
     def __str__(self) -> str:  # FileNotFoundError would format (errno, strerror)
         return str(self.args[0])
-
-
-class ArtifactAccessError(ArtifactError):
-    """The store refused the credentials (403/401): fix the credentials or the policy."""
-
-
-class ArtifactUnavailableError(ArtifactError, RetryableError):
-    """The store could not be reached or failed (5xx, timeout): the same fetch may work later."""
-
-
-def _rebuild(cls, message, uri):
-    return cls(message, uri=uri)
 
 
 # -- public -------------------------------------------------------------------------------
@@ -92,9 +80,9 @@ def fetch(uri, cache_dir=None, *, s3_client=None) -> Path:
     if isinstance(uri, os.PathLike):
         uri = os.fspath(uri)
     if not isinstance(uri, str):
-        raise KVSTypeError(f"artifact URI must be a str or a path, got {type(uri).__name__} {uri!r:.80}")
+        raise FlowTypeError(f"artifact URI must be a str or a path, got {type(uri).__name__} {uri!r:.80}")
     if not uri:
-        raise ArtifactURIError("artifact URI is empty", uri=uri)
+        raise FlowValueError("artifact URI is empty", uri=uri)
     scheme = urlsplit(uri).scheme.lower() if "://" in uri else ""
     if scheme == "s3":
         bucket, key = parse_s3_uri(uri)
@@ -102,28 +90,28 @@ def fetch(uri, cache_dir=None, *, s3_client=None) -> Path:
     if scheme == "file":
         return _local(_file_uri_path(uri), uri)
     if scheme:
-        raise ArtifactURIError(
+        raise FlowValueError(
             f"unsupported artifact URI {uri!r}: expected s3://bucket/key, file:///path or a plain path", uri=uri
         )
     return _local(Path(uri).expanduser(), uri)
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
-    """``"s3://bucket/a/b.pt"`` -> ``("bucket", "a/b.pt")``; a bad URI raises ``ArtifactURIError``."""
+    """``"s3://bucket/a/b.pt"`` -> ``("bucket", "a/b.pt")``; a bad URI raises ``FlowValueError``."""
     parts = urlsplit(uri)
     if parts.scheme.lower() != "s3":
-        raise ArtifactURIError(f"not an s3:// URI: {uri!r}", uri=uri)
+        raise FlowValueError(f"not an s3:// URI: {uri!r}", uri=uri)
     bucket, key = parts.netloc, parts.path.lstrip("/")
     if parts.query or parts.fragment:  # "?" and "#" are not part of a key here: refuse, not guess
-        raise ArtifactURIError(f"bad S3 URI {uri!r}: no query or fragment allowed (quote '?' and '#' in keys)", uri=uri)
+        raise FlowValueError(f"bad S3 URI {uri!r}: no query or fragment allowed (quote '?' and '#' in keys)", uri=uri)
     if not _BUCKET.match(bucket) or ".." in bucket:
-        raise ArtifactURIError(
+        raise FlowValueError(
             f"bad S3 URI {uri!r}: bucket {bucket!r} is not a valid bucket name "
             f"(3-63 lowercase letters, digits, '.', '-')",
             uri=uri,
         )
     if not key or key.endswith("/"):
-        raise ArtifactURIError(f"bad S3 URI {uri!r}: expected s3://bucket/key with a key naming an object", uri=uri)
+        raise FlowValueError(f"bad S3 URI {uri!r}: expected s3://bucket/key with a key naming an object", uri=uri)
     return bucket, unquote(key)
 
 
@@ -151,11 +139,11 @@ def s3_endpoint() -> str | None:
 def _file_uri_path(uri: str) -> Path:
     parts = urlsplit(uri)
     if parts.netloc not in ("", "localhost"):
-        raise ArtifactURIError(
+        raise FlowValueError(
             f"bad file URI {uri!r}: host {parts.netloc!r} is not local (use file:///absolute/path)", uri=uri
         )
     if not parts.path:
-        raise ArtifactURIError(f"bad file URI {uri!r}: no path", uri=uri)
+        raise FlowValueError(f"bad file URI {uri!r}: no path", uri=uri)
     return Path(unquote(parts.path))
 
 
@@ -182,19 +170,19 @@ def _default_client():
                 import boto3
                 from botocore.config import Config
             except ImportError as e:
-                raise ArtifactError(f"s3:// artifacts need boto3: pip install 'flowserve[k8s]' ({e})") from e
+                raise NotInstalledError(f"s3:// artifacts need boto3: pip install 'flowserve[k8s]' ({e})") from e
             cfg = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5, read_timeout=60)
             client = boto3.client("s3", endpoint_url=endpoint, config=cfg)
             _clients[endpoint] = client
         return client
 
 
-def _classify(e: Exception, uri: str, what: str) -> ArtifactError:
-    """Turn a botocore error into the ArtifactError a caller can act on."""
+def _classify(e: Exception, uri: str, what: str) -> FlowError:
+    """Turn a botocore error into the error of the tree a caller can act on."""
     try:
         from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
     except ImportError:  # pragma: no cover - boto3 was importable a moment ago
-        return ArtifactError(f"{what} {uri!r} failed: {type(e).__name__}: {e}", uri=uri)
+        return InternalError(f"{what} {uri!r} failed: {type(e).__name__}: {e}", uri=uri)
     if isinstance(e, ClientError):
         err = e.response.get("Error", {})
         code = str(err.get("Code", ""))
@@ -207,23 +195,21 @@ def _classify(e: Exception, uri: str, what: str) -> ArtifactError:
             401,
             403,
         ):
-            return ArtifactAccessError(
+            return AccessDeniedError(
                 f"{what} {uri!r}: access denied ({code or status}); check the credentials and the bucket policy",
                 uri=uri,
             )
         if code == "PreconditionFailed" or status == 412:  # GET IfMatch: a new version since the HEAD
-            return ArtifactUnavailableError(
-                f"artifact {uri!r} changed while it was being fetched; fetch it again", uri=uri
-            )
+            return UnavailableError(f"artifact {uri!r} changed while it was being fetched; fetch it again", uri=uri)
         if status >= 500 or code in ("SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout"):
-            return ArtifactUnavailableError(f"{what} {uri!r}: the store failed ({code or status})", uri=uri)
-        return ArtifactError(f"{what} {uri!r} failed: {code or status}: {err.get('Message', e)}", uri=uri)
+            return UnavailableError(f"{what} {uri!r}: the store failed ({code or status})", uri=uri)
+        return InternalError(f"{what} {uri!r} failed: {code or status}: {err.get('Message', e)}", uri=uri)
     if isinstance(e, NoCredentialsError):
-        return ArtifactAccessError(f"{what} {uri!r}: no AWS credentials found (environment, profile or role)", uri=uri)
+        return AccessDeniedError(f"{what} {uri!r}: no AWS credentials found (environment, profile or role)", uri=uri)
     if isinstance(e, BotoCoreError):
         endpoint = s3_endpoint() or "AWS"
-        return ArtifactUnavailableError(f"{what} {uri!r}: cannot reach the store at {endpoint}: {e}", uri=uri)
-    return ArtifactError(f"{what} {uri!r} failed: {type(e).__name__}: {e}", uri=uri)
+        return UnreachableError(f"{what} {uri!r}: cannot reach the store at {endpoint}: {e}", uri=uri)
+    return InternalError(f"{what} {uri!r} failed: {type(e).__name__}: {e}", uri=uri)
 
 
 def _cache_file(cache: Path, uri: str, etag: str, key: str) -> Path:
@@ -256,18 +242,18 @@ def _fetch_s3(uri: str, bucket: str, key: str, cache: Path, client) -> Path:
     client = client if client is not None else _default_client()
     try:
         head = client.head_object(Bucket=bucket, Key=key)
-    except Exception as e:
+    except Exception as e:  # botocore's own tree, or an injected client's: _classify sorts it
         raise _classify(e, uri, "HEAD") from e
     etag = str(head.get("ETag", "")).strip('"')
     if not etag:  # every S3 implementation sends one; without it nothing proves a copy is current
-        raise ArtifactError(f"artifact {uri!r}: the store sent no ETag", uri=uri)
+        raise InternalError(f"artifact {uri!r}: the store sent no ETag", uri=uri)
     target = _cache_file(cache, uri, etag, key)
     if target.is_file():
         return target
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ArtifactError(
+        raise ConfigError(  # cache_dir / FLOWSERVE_ARTIFACT_CACHE names a place it cannot write
             f"artifact {uri!r}: cannot create the cache directory {str(target.parent)!r}: {e.strerror or e}", uri=uri
         ) from e
     with _object_lock(target):
@@ -287,15 +273,13 @@ def _download(client, uri: str, bucket: str, key: str, etag: str, size: int, tar
                 body = resp["Body"]
                 for chunk in iter(lambda: body.read(_CHUNK), b""):
                     f.write(chunk)
-            except Exception as e:
+            except Exception as e:  # botocore's own tree, or an injected client's: _classify sorts it
                 raise _classify(e, uri, "GET") from e
             f.flush()
             os.fsync(f.fileno())
             written = f.tell()
         if size >= 0 and written != size:
-            raise ArtifactUnavailableError(
-                f"artifact {uri!r}: got {written} bytes, expected {size} (connection cut?)", uri=uri
-            )
+            raise UnreachableError(f"artifact {uri!r}: got {written} bytes, expected {size} (connection cut?)", uri=uri)
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)
     finally:
@@ -304,11 +288,7 @@ def _download(client, uri: str, bucket: str, key: str, etag: str, size: int, tar
 
 
 __all__ = [
-    "ArtifactAccessError",
-    "ArtifactError",
     "ArtifactNotFoundError",
-    "ArtifactURIError",
-    "ArtifactUnavailableError",
     "cache_path",
     "fetch",
     "parse_s3_uri",

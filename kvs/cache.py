@@ -40,8 +40,9 @@ from typing import Any
 
 import redis
 
+from flow.exceptions import FlowValueError
 from kvs.client import KVS, MISSING, check_key, decode_value, make_pool
-from kvs.exceptions import KeyNotFoundError, KVSError, SerializationError
+from kvs.exceptions import KeyNotFoundError, SerializationError
 from kvs.lru import ByteLRU
 from kvs.options import KVSOptions
 from kvs.serialization import is_mutable_payload, is_trusted_payload
@@ -97,6 +98,8 @@ class CachedKVS(KVS):
     Thread-safe. Cache size: ``options.cache_max_bytes`` (default 256 MiB).
     """
 
+    _epoch: int | None  # tracker epoch; None: not tracking, no inserts (set by _init_state)
+
     def __init__(self, url: str, options: KVSOptions | None = None, *, signing_key: bytes | None = None):
         super().__init__(url, options, signing_key=signing_key)
         self._listeners: list[InvalidationListener] = []
@@ -120,7 +123,7 @@ class CachedKVS(KVS):
                 self._misses += 1
         if entry is not None:
             if self._closed:
-                raise KVSError(f"CachedKVS for {self.url} is closed")
+                raise FlowValueError(f"CachedKVS for {self.url} is closed")  # as a closed file
             return self._value(key, entry, trusted)
         return self._fetch([key], default, trusted)[0]
 
@@ -141,7 +144,7 @@ class CachedKVS(KVS):
             self._hits += len(keys) - len(missing)
             self._misses += len(missing)
         if self._closed:
-            raise KVSError(f"CachedKVS for {self.url} is closed")
+            raise FlowValueError(f"CachedKVS for {self.url} is closed")  # as a closed file
         hit = set(range(len(keys))) - set(missing)
         for i in hit:
             results[i] = self._value(keys[i], results[i], trusted)
@@ -257,7 +260,7 @@ class CachedKVS(KVS):
         self._lock = threading.Lock()
         self._lru = ByteLRU(self._options.cache_max_bytes)
         self._inflight: dict[str, list[_Read]] = {}
-        self._epoch: int | None = None  # tracker epoch; None: not tracking, no inserts
+        self._epoch = None
         self._hits = self._misses = self._invalidations = self._flushes = 0
         self._restart_needed = False
 
@@ -398,7 +401,7 @@ class CachedKVS(KVS):
         for fn in list(self._listeners):
             try:
                 fn(keys)
-            except Exception:
+            except Exception:  # a listener's bug must not stop the others (or the tracking thread)
                 log.exception("KVS invalidation listener %r failed", fn)
 
 

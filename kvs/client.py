@@ -5,7 +5,7 @@ JSON-able data, ``KVSRef``); ``.redis`` gives the raw ``redis.Redis`` for the ha
 other layers keep (membership, metrics).
 
 Connection errors and timeouts are retried with exponential backoff for at most
-``options.retry_timeout`` seconds, then raised as ``KVSConnectionError`` (retryable,
+``options.retry_timeout`` seconds, then raised as ``UnreachableError`` (retryable,
 names the URL); the pool reconnects by itself when the server comes back. redis-py's
 pool notices a ``fork`` (it checks the pid) and opens fresh sockets in the child.
 
@@ -24,12 +24,9 @@ from typing import Any, TypeVar
 import redis
 from redis.exceptions import AuthenticationError, AuthorizationError
 
+from flow.exceptions import AccessDeniedError, FlowTypeError, FlowValueError, InternalError, UnreachableError
 from kvs.exceptions import (
     KeyNotFoundError,
-    KVSConnectionError,
-    KVSError,
-    KVSTypeError,
-    KVSValueError,
     SerializationError,
     StoreLostError,
     StoreWriteError,
@@ -49,19 +46,19 @@ MISSING: Any = object()
 
 
 def check_key(key: Any) -> str:
-    """Keys are ``str``; anything else is a ``KVSTypeError`` naming the type."""
+    """Keys are ``str``; anything else is a ``FlowTypeError`` naming the type."""
     if type(key) is not str:
         if isinstance(key, str):
             return str(key)
-        raise KVSTypeError(f"KVS keys must be str, got {type(key).__name__} ({key!r})")
+        raise FlowTypeError(f"KVS keys must be str, got {type(key).__name__} ({key!r})")
     return key
 
 
 def make_pool(url: str, options: KVSOptions, connection_class=None, **extra) -> redis.ConnectionPool:
     """A blocking redis-py pool for ``url`` without redis-py's own retries (``Retrier``
-    does them, bounded by time). Raises ``KVSValueError`` quoting a malformed URL."""
+    does them, bounded by time). Raises ``FlowValueError`` quoting a malformed URL."""
     if not isinstance(url, str):
-        raise KVSTypeError(f"url must be a str, got {type(url).__name__} ({url!r})")
+        raise FlowTypeError(f"url must be a str, got {type(url).__name__} ({url!r})")
     kwargs = dict(
         socket_timeout=options.socket_timeout,
         socket_connect_timeout=options.connect_timeout,
@@ -79,17 +76,17 @@ def make_pool(url: str, options: KVSOptions, connection_class=None, **extra) -> 
     try:
         pool = redis.BlockingConnectionPool.from_url(url, **kwargs)
     except ValueError as exc:
-        raise KVSValueError(f"bad Redis URL {redact_url(url)!r}: {exc}") from None
+        raise FlowValueError(f"bad Redis URL {redact_url(url)!r}: {exc}") from None
     return pool
 
 
 class Retrier:
     """Runs a Redis call, retrying connection errors and timeouts with jittered
     exponential backoff (``kvs.retry``) until ``options.retry_timeout`` has passed since
-    the first failure; then raises ``KVSConnectionError`` naming the (redacted) URL.
+    the first failure; then raises ``UnreachableError`` naming the (redacted) URL.
 
     Authentication failures and command errors are not retried: they will not fix
-    themselves, so they surface at once as ``KVSError``. ``clock`` and ``sleep`` are
+    themselves, so they surface at once (``AccessDeniedError``, ``InternalError``). ``clock`` and ``sleep`` are
     injectable for tests.
     """
 
@@ -108,7 +105,7 @@ class Retrier:
     def __call__(self, fn: Callable[[], T], what: str = "call") -> T:
         try:
             return fn()  # every KVS call comes here: a success costs nothing more
-        except Exception as exc:
+        except Exception as exc:  # retry() sorts it: retried if reconnecting may help, else re-raised
             first = exc
         o = self.options
         backoff = Backoff(o.backoff_base, o.backoff_cap)
@@ -123,9 +120,9 @@ class Retrier:
                 failed=first,
             )
         except (AuthenticationError, AuthorizationError) as exc:
-            raise KVSError(f"Redis at {self.url} refused the credentials: {exc}") from exc
+            raise AccessDeniedError(f"Redis at {self.url} refused the credentials: {exc}") from exc
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise KVSConnectionError(
+            raise UnreachableError(
                 f"Redis at {self.url} unreachable: {what} failed {backoff.failures + 1} time(s) within "
                 f"retry_timeout={o.retry_timeout:g} s; last error: {exc}",
                 url=self.url,
@@ -133,9 +130,9 @@ class Retrier:
         except redis.ResponseError as exc:
             if is_write_refusal(exc):
                 raise StoreWriteError(f"Redis at {self.url} refused {what}: {store_problem(exc)}") from exc
-            raise KVSError(f"Redis at {self.url} rejected {what}: {exc}") from exc
+            raise InternalError(f"Redis at {self.url} rejected {what}: {exc}") from exc
         except redis.RedisError as exc:
-            raise KVSError(f"Redis at {self.url}: {what} failed: {exc}") from exc
+            raise InternalError(f"Redis at {self.url}: {what} failed: {exc}") from exc
 
 
 def _reconnecting_may_help(error: BaseException) -> bool:
@@ -156,7 +153,7 @@ class KVS:
         if options is None:
             options = KVSOptions()
         elif not isinstance(options, KVSOptions):
-            raise KVSTypeError(f"options must be a KVSOptions, got {type(options).__name__}")
+            raise FlowTypeError(f"options must be a KVSOptions, got {type(options).__name__}")
         self._url = url
         self._options = options
         self._pool = make_pool(url, options)
@@ -166,7 +163,7 @@ class KVS:
         # the cluster key (never stored in the KVS): trusted pickles are signed with it on
         # put_trusted and checked before any is unpickled (kvs.serialization.sign_trusted)
         if signing_key is not None and (not isinstance(signing_key, bytes) or len(signing_key) < 16):
-            raise KVSValueError("signing_key must be bytes of at least 16 (the cluster key)")
+            raise FlowValueError("signing_key must be bytes of at least 16 (the cluster key)")
         self._signing_key = signing_key
 
     @classmethod
@@ -232,13 +229,13 @@ class KVS:
             if default is MISSING:
                 raise KeyNotFoundError(key)
             return default
-        return decode_value(key, data, trusted, self._signing_key)
+        return decode_value(key, data, trusted, self._signing_key)  # type: ignore[arg-type]  # bytes: the pool never decodes replies
 
     def get_bytes(self, key: str) -> bytes | None:
         """The stored bytes under ``key`` (not decoded, never from a local cache), or None:
         for callers that keep a value exactly as stored, e.g. to write it back."""
         key = check_key(key)
-        return self._call(lambda: self._redis.get(key), "GET")
+        return self._call(lambda: self._redis.get(key), "GET")  # type: ignore[return-value]  # bytes: the pool never decodes replies
 
     def mget(self, keys: Iterable[str], default: Any = MISSING, *, trusted: bool = False) -> list:
         """Values of ``keys`` in order, in one round trip. A missing key gives
@@ -248,7 +245,7 @@ class KVS:
         if not keys:
             return []
         blobs = self._call(lambda: self._redis.mget(keys), "MGET")
-        return [_value_or_default(k, b, default, trusted, self._signing_key) for k, b in zip(keys, blobs)]
+        return [_value_or_default(k, b, default, trusted, self._signing_key) for k, b in zip(keys, blobs)]  # type: ignore[arg-type]  # bytes: the pool never decodes replies
 
     def mput(self, mapping: Mapping[str, Any]) -> None:
         """Store several values atomically (one MSET)."""
@@ -282,7 +279,7 @@ class KVS:
             )
 
     def ping(self) -> bool:
-        """True if the server answers (raises ``KVSConnectionError`` otherwise)."""
+        """True if the server answers (raises ``UnreachableError`` otherwise)."""
         return bool(self._call(self._redis.ping, "PING"))
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -306,7 +303,7 @@ class KVS:
 
     def _call(self, fn: Callable[[], T], what: str) -> T:
         if self._closed:
-            raise KVSError(f"{type(self).__name__} for {self.url} is closed")
+            raise FlowValueError(f"{type(self).__name__} for {self.url} is closed")  # as a closed file
         try:
             return self._retry(fn, what)
         except StoreWriteError as e:
@@ -319,7 +316,8 @@ class KVS:
         """Where the server keeps its data, to name the disk in an error (None if it will
         not say: CONFIG may be renamed or refused on a managed server)."""
         try:
-            reply = self._redis.config_get("dir")
+            # keys are bytes here (the pool does not decode), though redis-py types them str
+            reply: Any = self._redis.config_get("dir")
         except redis.RedisError:
             return None
         value = reply.get(b"dir", reply.get("dir")) if isinstance(reply, dict) else None
@@ -361,12 +359,12 @@ def _value_or_default(
 
 def _merge_options(options: KVSOptions | None, fields: dict) -> KVSOptions:
     if options is not None and not isinstance(options, KVSOptions):
-        raise KVSTypeError(f"options must be a KVSOptions, got {type(options).__name__}")
+        raise FlowTypeError(f"options must be a KVSOptions, got {type(options).__name__}")
     if not fields:
         return options or KVSOptions()
     unknown = sorted(set(fields) - set(KVSOptions.field_names()))
     if unknown:
-        raise KVSTypeError(
+        raise FlowTypeError(
             f"unknown KVS option(s) {', '.join(map(repr, unknown))}; known: {', '.join(KVSOptions.field_names())}"
         )
     return dataclasses.replace(options or KVSOptions(), **fields)

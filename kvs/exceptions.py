@@ -1,44 +1,24 @@
-"""Errors raised by the KVS layer, rooted at ``flow.exceptions.FlowError``.
+"""The KVS layer's own errors, leaves of the one tree in ``flow.exceptions``.
 
-    KVSError                      root of everything kvs raises on purpose
-    ├── KVSConnectionError        (also RetryableError) server unreachable or timed out
-    ├── StoreLostError            (also RetryableError) the server restarted empty: the data is gone
-    ├── StoreWriteError           (also RetryableError) the server refuses writes: it cannot write its
-    │                             disk (full or read-only), or it is a read-only replica
-    ├── KeyNotFoundError          (also KeyError) get/mget of a missing key, no default
-    ├── SerializationError        (also TypeError) a value the codec refuses or cannot read
-    ├── ServerStartError          the embedded redis-server could not be found or started
-    ├── KVSTypeError              (also TypeError) a wrong argument type (a non-str key)
-    └── KVSValueError             (also ValueError) a bad argument value (an option, a URL)
+    StoreLostError        (RetryableError) the server restarted empty: the data is gone  -> 503
+    StoreWriteError       (RetryableError) the server refuses writes: it cannot write its
+                          disk (full or read-only), it is a read-only replica, or out of memory
+    KeyNotFoundError      (DataError, KeyError) get/mget of a missing key, no default
+    SerializationError    (FlowTypeError) a value the codec refuses, or bytes it cannot read
 
-Grouped by what the caller can do, like redis-py's tree: retry a
-``KVSConnectionError``; fix the key or the value for the others.
+The rest are the tree's shared classes: ``UnreachableError`` (the server did not answer
+within the retry budget: retry), ``AccessDeniedError`` (it refused the password),
+``FlowTypeError``/``FlowValueError`` (a wrong argument: a non-str key, a malformed URL),
+``ConfigError`` (a ``KVSOptions`` field), ``InternalError`` (a command the server rejected,
+a redis-server that did not start), ``NotInstalledError`` (no redis-server binary).
 """
 
 from __future__ import annotations
 
-from flow.exceptions import FlowError, RetryableError
+from flow.exceptions import DataError, FlowTypeError, RetryableError
 
 
-class KVSError(FlowError):
-    """Root of every error the KVS layer raises on purpose."""
-
-
-class KVSConnectionError(KVSError, RetryableError):
-    """The Redis server at ``url`` did not answer within the retry budget.
-
-    Retryable: the client reconnects by itself once the server is back.
-    """
-
-    def __init__(self, message: str, *, url: str | None = None):
-        super().__init__(message)
-        self.url = url
-
-    def __reduce__(self):  # keep ``url`` when sent to another process
-        return (_rebuild, (type(self), self.args[0], {"url": self.url}))
-
-
-class StoreLostError(KVSError, RetryableError):
+class StoreLostError(RetryableError):
     """A key is missing because the store lost its data (it restarted empty: the data
     marker of ``kvs.markers`` is gone), not because it was never written.
 
@@ -46,7 +26,7 @@ class StoreLostError(KVSError, RetryableError):
     """
 
 
-class StoreWriteError(KVSError, RetryableError):
+class StoreWriteError(RetryableError):
     """The server refuses writes for now: it cannot persist them to its disk (full or
     read-only: Redis answers MISCONF), it is a read-only replica, or it is out of memory.
     Reads still work. Retryable (HTTP 503): it takes writes again once the cause is gone,
@@ -81,37 +61,22 @@ def _reply(error: BaseException) -> str:
     return text.split(" of pipeline caused error: ", 1)[-1]
 
 
-class KeyNotFoundError(KVSError, KeyError):
+class KeyNotFoundError(DataError, KeyError):
     """``get``/``mget`` found no value for ``key`` and no default was given."""
 
+    key: str | None = None
+
     def __init__(self, key: str, message: str | None = None):
-        super().__init__(message or f"key {key!r} not found in the KVS")
-        self.key = key
+        super().__init__(message or f"key {key!r} not found in the KVS", key=key)
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0])
 
     def __reduce__(self):
-        return (type(self), (self.key, self.args[0]))
+        return (type(self), (self.key, self.args[0]), self.__dict__)
 
 
-class SerializationError(KVSError, TypeError):
+class SerializationError(FlowTypeError):
     """The codec refuses a value (unsupported type, object array, untrusted pickle)
-    or cannot read stored bytes (unknown tag, truncated payload)."""
-
-
-class ServerStartError(KVSError):
-    """No redis-server binary was found, or it did not come up (message has its log tail)."""
-
-
-class KVSTypeError(KVSError, TypeError):
-    """An argument of the wrong type, e.g. a key that is not a ``str``."""
-
-
-class KVSValueError(KVSError, ValueError):
-    """An argument with a bad value, e.g. a negative timeout or a malformed URL;
-    the message quotes the value."""
-
-
-def _rebuild(cls, message, attrs):
-    return cls(message, **attrs)
+    or cannot read stored bytes (unknown tag, truncated payload, a signature for another
+    key): fix what is stored."""

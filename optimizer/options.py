@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flow.configuration import Bool, Config, Int, Nested, setting
-from optimizer.plan import BatchConfig, OptimizerConfigError, OptimizerConfigTypeError
+from flow.configuration import Bool, Config, ConfigError, ConfigTypeError, Int, Nested, setting
+from optimizer.plan import BatchConfig
 
 #: The default rule order, and why (see optimizer.rules for each rule):
 #: 1. competition, 2. locality, 3. placement mark boundaries (high-variance operators and
@@ -48,8 +48,6 @@ class OptimizerOptions(Config):
         OptimizerOptions(batch=BatchConfig(max_batch_size=8, max_wait_ms=1))
     """
 
-    error, type_error = OptimizerConfigError, OptimizerConfigTypeError
-
     rules: tuple[str, ...] = setting(DEFAULT_RULES, lambda value, name: check_rules(value))
     competitive_replicas: int = setting(3, Int(1))
     batch: BatchConfig = setting(default_factory=BatchConfig, check=Nested(BatchConfig))
@@ -59,18 +57,16 @@ class OptimizerOptions(Config):
 
 
 def check_rules(rules) -> tuple[str, ...]:
-    """``rules`` as a tuple of known rule names; an OptimizerConfigError (a PlanError) quoting
+    """``rules`` as a tuple of known rule names; an ConfigError (a FlowValueError) quoting
     the bad value if not."""
     if isinstance(rules, (str, bytes)) or not isinstance(rules, (list, tuple)):
-        raise OptimizerConfigTypeError(
-            f"rules must be a list of rule names such as {list(DEFAULT_RULES)}, got {rules!r}"
-        )
+        raise ConfigTypeError(f"rules must be a list of rule names such as {list(DEFAULT_RULES)}, got {rules!r}")
     for r in rules:
         if not isinstance(r, str):
-            raise OptimizerConfigTypeError(f"rules must be rule names (str), got {r!r} in {list(rules)!r}")
+            raise ConfigTypeError(f"rules must be rule names (str), got {r!r} in {list(rules)!r}")
         if r not in RULE_NAMES:
-            raise OptimizerConfigError(f"unknown optimizer rule {r!r}; known rules are {sorted(RULE_NAMES)}")
+            raise ConfigError(f"unknown optimizer rule {r!r}; known rules are {sorted(RULE_NAMES)}")
     if len(set(rules)) != len(rules):
         dup = next(r for r in rules if list(rules).count(r) > 1)
-        raise OptimizerConfigError(f"optimizer rule {dup!r} is listed twice in {list(rules)!r}")
+        raise ConfigError(f"optimizer rule {dup!r} is listed twice in {list(rules)!r}")
     return tuple(rules)

@@ -5,9 +5,9 @@ fused operators, for one flow.
     plan.stages["preprocess"].inputs      # ("__input__",)
     print(plan.explain())
 
-A plan only describes: running a stage belongs to the runtime (``executors.stage_runner``:
+A plan only describes: running a stage belongs to the runtime (``executors.worker.stage_runner``:
 ``BoundStage(stage)([request_table], store)``), which reads these stages. The stage
-vocabulary (Stage, PlanNode, BatchConfig, ChooseOp, INPUT, the plan errors) is defined in
+vocabulary (Stage, PlanNode, BatchConfig, ChooseOp, INPUT) is defined in
 optimizer/stage.py and importable from here too.
 """
 
@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
+from flow.exceptions import FlowTypeError, FlowValueError
 from flow.types import ColumnType
 from optimizer.explain import explain
 from optimizer.stage import (  # noqa: F401  (the stage vocabulary, importable from the plan too)
@@ -25,11 +26,7 @@ from optimizer.stage import (  # noqa: F401  (the stage vocabulary, importable f
     WAIT_MODES,
     BatchConfig,
     ChooseOp,
-    OptimizerConfigError,
-    OptimizerConfigTypeError,
-    PlanError,
     PlanNode,
-    PlanTypeError,
     Stage,
     _is_int,
     stage_name,
@@ -42,7 +39,7 @@ class Plan:
 
     ``rules`` names the optimizer rules applied to get it, in order (empty: the baseline).
     ``timeout_s``: this flow's deadline when deployed (None: the cluster's default).
-    ``slo``: set when the plan is served under a latency SLO (``optimizer.slo.serving``
+    ``slo``: set when the plan is served under a latency SLO (``optimizer.slo.sizing``
     ``ServingSLO``: the objective, each stage's budget and why it got its size).
     """
 
@@ -59,32 +56,32 @@ class Plan:
         object.__setattr__(self, "rules", tuple(self.rules))
         t = self.timeout_s
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf")):
-            raise PlanTypeError(f"plan {self.flow_name!r}: timeout_s must be a number of seconds > 0, got {t!r}")
+            raise FlowTypeError(f"plan {self.flow_name!r}: timeout_s must be a number of seconds > 0, got {t!r}")
         if self.input_schema is not None:
             object.__setattr__(self, "input_schema", MappingProxyType(dict(self.input_schema)))
         if self.sink not in self.stages:
-            raise PlanError(f"plan {self.flow_name!r}: sink {self.sink!r} is not a stage")
+            raise FlowValueError(f"plan {self.flow_name!r}: sink {self.sink!r} is not a stage")
         seen = {INPUT}
         node_names: set[str] = set()
         for key, s in self.stages.items():
             if not isinstance(s, Stage):
-                raise PlanError(f"plan {self.flow_name!r}: {key!r} is not a Stage: {s!r}")
+                raise FlowValueError(f"plan {self.flow_name!r}: {key!r} is not a Stage: {s!r}")
             if key != s.name:
-                raise PlanError(f"plan {self.flow_name!r}: stage {s.name!r} is listed under {key!r}")
+                raise FlowValueError(f"plan {self.flow_name!r}: stage {s.name!r} is listed under {key!r}")
             for i in s.inputs:
                 if i not in seen:
-                    raise PlanError(
+                    raise FlowValueError(
                         f"plan {self.flow_name!r}: stage {s.name!r} reads {i!r}, which is not an earlier stage"
                     )
             for n in s.nodes:
                 if n.name in node_names:
-                    raise PlanError(f"plan {self.flow_name!r}: operator {n.name!r} appears in two places")
+                    raise FlowValueError(f"plan {self.flow_name!r}: operator {n.name!r} appears in two places")
                 node_names.add(n.name)
             seen.add(s.name)
         consumers = self.consumers()
         for name in self.stages:
             if name != self.sink and not consumers[name]:
-                raise PlanError(f"plan {self.flow_name!r}: stage {name!r} is not the sink and nothing reads it")
+                raise FlowValueError(f"plan {self.flow_name!r}: stage {name!r} is not the sink and nothing reads it")
 
     def __reduce__(self):  # read-only mappings do not pickle; ship plain dicts
         schema = dict(self.input_schema) if self.input_schema is not None else None
@@ -100,7 +97,7 @@ class Plan:
         from flow.reference import needed_nodes
 
         if not isinstance(flow, Flow):
-            raise PlanTypeError(f"Plan.from_flow expects a Flow, got {type(flow).__name__}")
+            raise FlowTypeError(f"Plan.from_flow expects a Flow, got {type(flow).__name__}")
         sink = flow.validate()
         stages: dict[str, Stage] = {}
         stage_of: dict[int, str] = {}
@@ -141,7 +138,7 @@ class Plan:
         The building block of every rule: splitting a stage, expanding an anyof, fusing two.
         """
         if old not in self.stages:
-            raise PlanError(f"plan {self.flow_name!r}: no stage {old!r}")
+            raise FlowValueError(f"plan {self.flow_name!r}: no stage {old!r}")
         new = list(new)
         out = new[-1].name
         stages: list[Stage] = []
@@ -157,7 +154,7 @@ class Plan:
         names = [s.name for s in stages]
         if len(set(names)) != len(names):
             dup = next(n for n in names if names.count(n) > 1)
-            raise PlanError(f"plan {self.flow_name!r}: two stages named {dup!r}")
+            raise FlowValueError(f"plan {self.flow_name!r}: two stages named {dup!r}")
         return self.replace_stages({s.name: s for s in stages}, sink=out if self.sink == old else self.sink)
 
     def explain(self, replicas: Mapping[str, int] | None = None) -> str:

@@ -8,7 +8,7 @@ was split first (the root of the split tree) in a hidden column, ``POS``:
 
 - ``split(table, idx)`` makes a part; a part that is split again keeps its rows' root
   positions (nested splits compose: positions stay relative to the root);
-- the runtime runs a continuation stage on a part (``executors.stage_runner``): its
+- the runtime runs a continuation stage on a part (``executors.worker.stage_runner``): its
   operators never see ``POS``; maps and lookups keep rows 1:1, filters drop some (their
   mask says which), so the output's positions are the surviving rows' (``with_positions``).
   A continuation stage is a chain of such one-input operators (``Stage`` validates it), so
@@ -34,7 +34,7 @@ from flow.table import Column, Table
 from flow.types import ColumnType
 
 # Not an identifier, so no operator can name an output column so; a request that brings a
-# column of this name is refused by the gateway (executors/httpcodec.py).
+# column of this name is refused by the gateway (executors/codec/bodies.py).
 POS = "#pos"
 _INT = ColumnType.parse(int, POS)
 

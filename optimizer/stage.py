@@ -6,13 +6,13 @@ on one executor. Its first node may have several inputs (join, union, choose), e
 node has exactly one input, the node before it. The stage's output is its last node's.
 A stage's name is its nodes' names joined with ``+`` (``preprocess+SmallNet``), so logs,
 metrics and ``explain()`` say where it came from. A stage only describes: running one
-belongs to the runtime (``executors.stage_runner``).
+belongs to the runtime (``executors.worker.stage_runner``).
 
 Edges carry whole Tables. Wait semantics live on the consumer:
 - ``wait="all"``: run once every input has arrived (a producer with ``competitive=k``
   counts as arrived at its first copy: k replicas race, the first answer wins);
 - ``wait="first_valid"``: the inputs are competing alternatives (``anyof``); per row, the
-  first result that the stage's ``ChooseOp`` accepts is used. In-process (``executors.interpreter``)
+  first result that the stage's ``ChooseOp`` accepts is used. In-process (``executors.worker.interpreter``)
   that is the first valid in argument order; in a deployment, the first to arrive.
 
 Other stage marks, set by the optimizer's rules (``optimizer.rules``):
@@ -38,30 +38,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from flow.configuration import Config, ConfigError, ConfigTypeError, Int, Number, setting
-from flow.exceptions import FlowError, NoValidResultError
+from flow.configuration import Config, Int, Number, setting
+from flow.exceptions import FlowTypeError, FlowValueError, NoValidResultError
 from flow.operators import AnyOfOp, BoundOperator, Operator, choose_first_valid, is_valid
 from flow.table import Table
 
 INPUT = "__input__"  # the name stages use for the request's rows
 WAIT_MODES = ("all", "first_valid")
 DEVICES = ("cpu", "gpu")
-
-
-class PlanError(FlowError, ValueError):
-    """A plan is inconsistent, or an optimizer option or rule name is wrong."""
-
-
-class PlanTypeError(PlanError, TypeError):
-    """An optimizer argument has the wrong type (e.g. ``rules="fusion"`` instead of a list)."""
-
-
-class OptimizerConfigError(PlanError, ConfigError):
-    """An optimizer option (``OptimizerOptions``, ``BatchConfig``, a rule list) has a wrong value."""
-
-
-class OptimizerConfigTypeError(OptimizerConfigError, PlanTypeError, ConfigTypeError):
-    """An optimizer option has the wrong type."""
 
 
 def _is_int(v) -> bool:
@@ -84,8 +68,6 @@ class BatchConfig(Config):
         BatchConfig(max_batch_size=32, max_wait_ms=5)
     """
 
-    error, type_error = OptimizerConfigError, OptimizerConfigTypeError
-
     max_batch_size: int = setting(20, Int(1))
     max_wait_ms: float = setting(0.0, Number(ge=0, what="a finite number >= 0"))
 
@@ -107,14 +89,15 @@ class ChooseOp(Operator):
     Its inputs are the alternatives' outputs in argument order (see plan module docs)."""
 
     kind = "choose"
-    anyof: AnyOfOp | None = None
+    # Required in effect: the default only lets __post_init__ raise FlowTypeError for a missing one
+    anyof: AnyOfOp = None  # type: ignore[assignment]  # never None after __post_init__
 
     def __post_init__(self):
         if not isinstance(self.anyof, AnyOfOp):
-            raise PlanTypeError(f"ChooseOp needs the AnyOfOp it chooses for, got {self.anyof!r}")
+            raise FlowTypeError(f"ChooseOp needs the AnyOfOp it chooses for, got {self.anyof!r}")
 
     @property
-    def arity(self):  # type: ignore[override]
+    def arity(self):  # type: ignore[override]  # a class attribute on Operator, computed here
         return len(self.anyof.alternatives)
 
     @property
@@ -131,6 +114,8 @@ class ChooseOp(Operator):
 class _BoundChoose(BoundOperator):
     """Inputs: each alternative's output Table (row-aligned: they ran on the same rows), or
     the error it raised (all its rows invalid), in argument order."""
+
+    op: ChooseOp  # the subclass binds only this operator kind (declared for the checker; no runtime cost)
 
     def __call__(self, inputs, store=None):
         template = next((t for t in inputs if isinstance(t, Table)), None)
@@ -173,47 +158,47 @@ class Stage:
         object.__setattr__(self, "nodes", tuple(self.nodes))
         object.__setattr__(self, "inputs", tuple(self.inputs))
         if not self.nodes:
-            raise PlanError(f"stage {self.name!r} has no operators")
+            raise FlowValueError(f"stage {self.name!r} has no operators")
         if self.wait not in WAIT_MODES:
-            raise PlanError(f"stage {self.name!r}: wait={self.wait!r}; expected one of {WAIT_MODES}")
+            raise FlowValueError(f"stage {self.name!r}: wait={self.wait!r}; expected one of {WAIT_MODES}")
         if self.device not in DEVICES:
-            raise PlanError(f"stage {self.name!r}: device={self.device!r}; expected one of {DEVICES}")
+            raise FlowValueError(f"stage {self.name!r}: device={self.device!r}; expected one of {DEVICES}")
         for attr in ("replicas", "competitive"):
             v = getattr(self, attr)
             if not _is_int(v) or v < 1:
-                raise PlanError(f"stage {self.name!r}: {attr} must be an int >= 1, got {v!r}")
+                raise FlowValueError(f"stage {self.name!r}: {attr} must be an int >= 1, got {v!r}")
         if self.competitive > self.replicas:
-            raise PlanError(
+            raise FlowValueError(
                 f"stage {self.name!r}: competitive={self.competitive} needs at least as many "
                 f"replicas, got replicas={self.replicas}"
             )
         if self.batch is not None and not isinstance(self.batch, BatchConfig):
-            raise PlanError(f"stage {self.name!r}: batch must be a BatchConfig or None, got {self.batch!r}")
+            raise FlowValueError(f"stage {self.name!r}: batch must be a BatchConfig or None, got {self.batch!r}")
         self._check_nodes()
         if self.batch is not None and not self.rowwise:
             bad = next(n.name for n in self.nodes if not n.op.rowwise)
-            raise PlanError(
+            raise FlowValueError(
                 f"stage {self.name!r}: cannot batch, operator {bad!r} mixes rows of different "
                 f"queries (merging requests would change their answers)"
             )
         if self.wait == "first_valid" and not isinstance(self.nodes[0].op, ChooseOp):
-            raise PlanError(f"stage {self.name!r}: wait='first_valid' needs a ChooseOp head")
+            raise FlowValueError(f"stage {self.name!r}: wait='first_valid' needs a ChooseOp head")
         if self.continuation is not None:
             head = self.nodes[0].op
             if getattr(head, "kind", None) != "lookup" or getattr(head, "column", None) != self.continuation:
-                raise PlanError(
+                raise FlowValueError(
                     f"stage {self.name!r}: continuation={self.continuation!r} needs a head "
                     f"lookup(column={self.continuation!r})"
                 )
-            bad = [n.name for n in self.nodes[1:] if not n.op.rowwise]
-            if bad:
-                raise PlanError(
+            mixers = [n.name for n in self.nodes[1:] if not n.op.rowwise]
+            if mixers:
+                raise FlowValueError(
                     f"stage {self.name!r}: a continuation stage runs per key group; operator "
-                    f"{bad[0]!r} mixes rows and cannot be part of it"
+                    f"{mixers[0]!r} mixes rows and cannot be part of it"
                 )
             if not self.chain:
                 # its key groups' outputs merge back by row position (optimizer.positions)
-                raise PlanError(
+                raise FlowValueError(
                     f"stage {self.name!r}: a continuation stage runs per key group and must be a "
                     f"chain of operators that each read the one before"
                 )
@@ -227,27 +212,29 @@ class Stage:
         used: set[str] = set()
         for node in self.nodes:
             if not isinstance(node, PlanNode):
-                raise PlanError(f"stage {self.name!r}: nodes must be PlanNodes, got {node!r}")
+                raise FlowValueError(f"stage {self.name!r}: nodes must be PlanNodes, got {node!r}")
             if node.op.kind == "source":
-                raise PlanError(f"stage {self.name!r}: the source is not an operator; use INPUT")
+                raise FlowValueError(f"stage {self.name!r}: the source is not an operator; use INPUT")
             if len(node.inputs) != node.op.arity:
-                raise PlanError(
+                raise FlowValueError(
                     f"stage {self.name!r}: node {node.name!r} ({node.op.kind}) takes "
                     f"{node.op.arity} input(s), got {node.inputs}"
                 )
             for i in node.inputs:
                 if i not in seen and i not in want:
-                    raise PlanError(
+                    raise FlowValueError(
                         f"stage {self.name!r}: node {node.name!r} reads {i!r}, which is neither an "
                         f"earlier node of the stage nor one of its inputs {sorted(want)}"
                     )
                 used.add(i)
             seen.add(node.name)
         if want - used:
-            raise PlanError(f"stage {self.name!r}: inputs {sorted(want - used)} are read by no node")
+            raise FlowValueError(f"stage {self.name!r}: inputs {sorted(want - used)} are read by no node")
         dangling = [n.name for n in self.nodes[:-1] if n.name not in used]
         if dangling:
-            raise PlanError(f"stage {self.name!r}: nodes {dangling} feed nothing; only the last node is the output")
+            raise FlowValueError(
+                f"stage {self.name!r}: nodes {dangling} feed nothing; only the last node is the output"
+            )
 
     @property
     def chain(self) -> bool:
@@ -271,7 +258,7 @@ class Stage:
     @property
     def deadline_answers(self) -> bool:
         """True if the stage's head is an ``ensemble``: it answers at the deadline with the
-        members that have arrived (flow.clipper.EnsembleOp)."""
+        members that have arrived (flow.prediction.EnsembleOp)."""
         return self.nodes[0].op.kind == "ensemble"
 
     @property

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU executors' check on a GPU machine, in one run (issue #39):
+# The GPU executors' check on a GPU machine, in one run:
 #
 #   scripts/gpu-check.sh OUTDIR
 #
@@ -112,7 +112,7 @@ EOF
     "$PY" -m pip list --disable-pip-version-check --path "$SITE" >"$WORK/pip-site.txt" 2>&1
     "$PY" -m pip list --disable-pip-version-check >"$WORK/pip-all.txt" 2>&1
     "$PY" -c "
-import flowserve, executors.daemon, executors.executor, executors.gpu, kvs, benchmarks.gpu
+import flowserve, executors.hosts.supervisor, executors.worker.executor, executors.worker.gpu, kvs, benchmarks.gpu
 from flow.targets import cluster, planner
 planner()
 print('imports: flowserve, the runtime, benchmarks.gpu: ok; the planner and the local target resolve')

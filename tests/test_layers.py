@@ -5,6 +5,10 @@ import is still a dependency). Two checks, from the source text alone:
 - packages import only the layers below them: flow (the ground: data model, errors,
   operator specs, the logical plan) <- optimizer, kvs <- executors (the runtime) <- k8s (a
   deploy target) <- flowserve (the public import and the CLI);
+- inside the runtime (executors/), each role imports only the roles below it: the shared
+  ground (errors, plans) <- codec (bodies), wire (between processes) <- gateway, worker
+  (which never import each other: they meet only in wire) <- hosts (processes, client,
+  CLI); the package's face (executors/__init__.py) hands the hosts' names on;
 - no file imports itself back through others (no import circle, within a package or across).
 """
 
@@ -22,6 +26,25 @@ LAYERS = {  # package -> the packages it may import (besides itself)
     "k8s": {"flow", "optimizer", "kvs", "executors"},
     "flowserve": {"flow", "optimizer", "kvs", "executors", "k8s"},
 }
+
+
+ROLES = {  # role inside executors/ -> the roles it may import (besides itself)
+    "errors": set(),
+    "plans": {"errors"},
+    "codec": {"errors"},
+    "wire": {"errors", "codec"},
+    "gateway": {"errors", "plans", "codec", "wire"},
+    "worker": {"errors", "plans", "codec", "wire"},
+    "hosts": {"errors", "plans", "codec", "wire", "gateway", "worker"},
+    "": {"errors", "hosts"},  # the package's face: public names
+}
+
+
+def role(module: str) -> str | None:
+    """A runtime module's role (its folder under executors/, or its own name for the shared
+    ground); None outside the runtime."""
+    parts = module.split(".")
+    return (parts[1] if len(parts) > 1 else "") if parts[0] == "executors" else None
 
 
 def module_name(path: Path) -> str:
@@ -70,6 +93,24 @@ def test_packages_import_only_the_layers_below():
         if b.split(".")[0] != a.split(".")[0] and b.split(".")[0] not in LAYERS[a.split(".")[0]]
     )
     assert wrong == [], "imports against the layers (docs/architecture.md):\n" + "\n".join(wrong)
+
+
+def role_breaks(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{a} -> {b}"
+        for a, deps in graph.items()
+        if role(a) is not None
+        for b in deps
+        if role(b) is not None and role(b) != role(a) and role(b) not in ROLES[role(a)]
+    )
+
+
+def test_runtime_roles_import_only_the_roles_below_and_gateway_and_worker_never_each_other():
+    graph = import_graph()
+    assert {role(m) for m in graph if role(m) is not None} == set(ROLES), "a runtime module outside the roles"
+    assert role_breaks(graph) == [], "imports against the runtime's roles (docs/architecture.md):\n" + "\n".join(
+        role_breaks(graph)
+    )
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -123,3 +164,5 @@ def test_the_checks_see_a_circle_and_a_layer_break():
     graph = {"flow.a": {"optimizer.b"}, "optimizer.b": {"flow.a"}, "kvs.c": set()}
     assert circles(graph) == [["flow.a", "optimizer.b"]]
     assert "optimizer" not in LAYERS["flow"]
+    broken = {"executors.worker.a": {"executors.gateway.b"}, "executors.gateway.b": {"executors.wire.c"}}
+    assert role_breaks(broken) == ["executors.worker.a -> executors.gateway.b"]

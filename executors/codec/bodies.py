@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from executors.errors import BadRequestError  # with the errors: the client raises it for any 4xx too
 from flow.exceptions import DataError, DataTypeError, SchemaError
 from flow.table import Table, built_column
 from flow.types import ColumnType, any_true, build_column
@@ -42,12 +43,8 @@ OFF_LOOP_ROWS = 5_000
 # serving other requests between them: one write of a 10 MiB answer held it 3-5 ms (the
 # copy into the kernel, faulting in the shared pages it is read from); in 1 MiB slices
 # the loop's p99 lag beside 25 such answers a second went from 3-5 ms to 0.55-0.75 ms
-# (benchmarks/README.md, session 15).
+# (benchmarks/README.md, "Small requests beside big ones").
 WRITE_SLICE = 1 << 20
-
-
-class BadRequestError(DataError, ValueError):
-    """The body is not valid JSON/Arrow, or not rows of the flow's input."""
 
 
 def parse_body(body: bytes, content_type: str, schema: dict[str, ColumnType] | None, max_inflated: int | None = None):
@@ -732,8 +729,9 @@ def _leaf_values(arr):
     return arr
 
 
-class UnencodableError(ValueError):
-    """An answer JSON cannot carry (the client may ask for Arrow instead)."""
+class UnencodableError(DataError, ValueError):
+    """An answer JSON cannot carry (the client may ask for Arrow instead); the gateway
+    answers it as the operator's ``OperatorOutputError``, naming the operator."""
 
 
 def one_row_table(body, content_type: str, qid: int, schema) -> Table | None:

@@ -5,7 +5,7 @@ An image sent as nested lists (224x224x3 uint8: 640 KB of JSON) cost the gateway
 interpreter time to parse: orjson's Python objects, then numpy's walk over them. The
 gateway parses a big body on a worker thread, but both hold the GIL, so its event loop
 waited as long, and so did every other request (a small flow's p99 went from 0.4 to 38
-ms beside 20 such images a second; benchmarks/README.md, session 15). Arrow's reader
+ms beside 20 such images a second; benchmarks/README.md, "Small requests beside big ones"). Arrow's reader
 builds flat arrays from the same bytes with the GIL released. A batch of tabular rows is
 the same story (1,000 rows of 20 floats: 34 ms of GIL the general way).
 
@@ -31,7 +31,7 @@ import threading
 
 import numpy as np
 
-from executors.httpcodec import _bounds
+from executors.codec.bodies import _bounds
 from flow.table import Column, built_column
 from flow.types import ColumnType
 

@@ -19,20 +19,27 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import itertools
 import logging
-import socket
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from executors import jsontensors
-from executors.busypoll import DEFAULT_MS as DEFAULT_BUSY_POLL_MS
-from executors.busypoll import BusyPoll
-from executors.errors import ClusterError, DeadlineExceededError, NoExecutorError, OperatorCrashedError, status_for
-from executors.messages import (
+from executors.codec import jsontensors
+from executors.errors import DeadlineExceededError, NoExecutorError, OperatorCrashedError
+from executors.gateway.counters import StageCounters
+from executors.gateway.links import ExecutorLinks
+from executors.gateway.records import (
+    DeployedFlow,
+    ExecutorInfo,
+    ExecutorLost,
+    RawBody,
+    Request,
+    RequestFailed,
+)
+from executors.wire.busypoll import DEFAULT_MS as DEFAULT_BUSY_POLL_MS
+from executors.wire.frames import pack_copies
+from executors.wire.messages import (
     Failure,
     Load,
     Loaded,
@@ -48,123 +55,16 @@ from executors.messages import (
     Unload,
     Unstuck,
     answer_key,
-    decode_unless,
 )
-from executors.routing import complete, deliveries, merge
-from executors.scaling import StageCounters
-from executors.transport import Outbox, Reader, TransportError, accept, listen
-from executors.wire import WireError, pack_copies
+from executors.wire.routing import complete, deliveries, merge
 from flow.table import Table
 from optimizer.plan import INPUT, Plan
 
 log = logging.getLogger("flowserve.gateway")
 
 
-class RequestFailed(Exception):
-    """A request's error as the client will see it: HTTP status and a JSON body."""
-
-    def __init__(self, status: int, body: dict):
-        super().__init__(body.get("message", ""))
-        self.status = status
-        self.body = body
-
-    @classmethod
-    def of(cls, error: Exception) -> RequestFailed:
-        """The client's view of an error raised here: its status from errors.status_for (the
-        one error -> HTTP mapping), its class name, message, and operator and qid if known."""
-        body = {"error": type(error).__name__, "message": str(error)}
-        for attr in ("operator", "qid"):
-            value = getattr(error, attr, None)
-            if value is not None:
-                body[attr] = value
-        return cls(status_for(error), body)
-
-
 CRASHES_TO_QUARANTINE = 2  # executors a request may crash before it is failed, not retried
 DEADLINE_GRACE_S = 0.2  # the gateway's own 504 waits this much for an executor's, which names the operator
-
-
-class ExecutorLost(ClusterError):
-    """The executor a load waited for died meanwhile: the load fails now, not at its timeout."""
-
-
-@dataclass
-class ExecutorInfo:
-    id: str
-    address: str
-    device: str = "cpu"
-    alive: bool = True
-    inflight: int = 0
-    # stage -> requests routed to this executor's replica of it and not yet answered: a
-    # stage's replicas are balanced on these (a replica on an executor that also hosts a
-    # stage every request uses is as free as any other for its own stage)
-    assigned: dict = field(default_factory=dict)
-    loaded: set = field(default_factory=set)  # (flow, version) pairs built there
-    stuck: dict = field(default_factory=dict)  # (flow, stage, operator) -> abandoned runs not back yet
-    stuck_since: float | None = None  # wall time of its oldest stuck report
-    recycled: int = 0  # times it was replaced because a thread was stuck
-    crashed: int = 0  # times its process died unexpectedly
-    gpus: list = field(default_factory=list)  # its last pong's GPU figures (executors/gpu.py; [] on cpu executors)
-
-
-@dataclass
-class DeployedFlow:
-    plan: Plan
-    version: int
-    placement: dict[str, list[str]]  # stage -> executor ids that host a replica
-    stats: dict = field(default_factory=dict)  # stage -> recent latencies (ms)
-    plan_blob: bytes | None = None  # the plan as stored: re-published if the store loses it
-
-    @functools.cached_property
-    def relay_stage(self) -> str | None:
-        """The stage a request's body may go to as it came (``RawBody``; see relay_stage)."""
-        return relay_stage(self.plan)
-
-
-def relay_stage(plan: Plan) -> str | None:
-    """The flow's only stage, when it takes the request's rows whole and gives the answer
-    (on one replica, or raced by copies; not hedged, key-split or a choice among
-    alternatives): the gateway may then relay a one-row JSON body to it unparsed
-    (messages.RawInput), to each racing copy alike."""
-    if len(plan.stages) != 1:
-        return None
-    (stage,) = plan.stages.values()
-    if (
-        tuple(stage.inputs) != (INPUT,)
-        or stage.continuation is not None
-        or stage.hedge is not None
-        or stage.wait != "all"
-    ):
-        return None
-    return stage.name
-
-
-@dataclass(frozen=True)
-class RawBody:
-    """A request's body relayed as it came: one JSON object, the row of query ``qid``."""
-
-    body: bytes
-    ctype: str
-    qid: int
-
-
-@dataclass
-class Request:
-    id: int
-    flow: DeployedFlow
-    table: Table | None  # None: the body goes as it came (raw)
-    deadline: float
-    future: asyncio.Future
-    attempt: int = 0
-    retries_left: int = 2
-    executors: set = field(default_factory=set)
-    assigned: list = field(default_factory=list)  # (executor id, (flow, stage)) counted in ExecutorInfo.assigned
-    parts: dict = field(default_factory=dict)  # path -> Table (sink output)
-    started: float = field(default_factory=time.perf_counter)
-    trace: list = field(default_factory=list)  # (stage, executor, ms, batch) of the answer
-    crashes: set = field(default_factory=set)  # (executor, attempt) crashes it was running in
-    solo: bool = False  # re-run alone after a crash: never merged into a batch
-    raw: RawBody | None = None
 
 
 class Dispatcher:
@@ -178,10 +78,7 @@ class Dispatcher:
         first_id: int = 1,
     ):
         self.address = address
-        # answers arrive on connections read by the event loop's reader callbacks
-        self.listener = listen(address)
-        self.outbox = Outbox("gateway")
-        self._connections: dict[int, socket.socket] = {}
+        self.links = ExecutorLinks(address, busy_poll_ms, self._on_message, self._stale_answer, self.requests_in_flight)
         self.executors: dict[str, ExecutorInfo] = {}
         self.flows: dict[str, DeployedFlow] = {}
         self.requests: dict[int, Request] = {}
@@ -205,9 +102,6 @@ class Dispatcher:
         self._counters: dict[tuple[str, str], StageCounters] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._joined: asyncio.Event | None = None  # set when an executor joins (wait_for_executor)
-        self._unsent: dict[str, list] = {}  # address -> messages sent this turn of the loop
-        self.busy_poll = BusyPoll(busy_poll_ms)  # busypoll.py: why the loop polls after a message
-        self._polling = False
         # True where dead executors are restarted (the local cluster's supervisor): a request
         # that finds no live executor waits for one (until its deadline) instead of a 503
         self.wait_for_restarts = False
@@ -216,18 +110,13 @@ class Dispatcher:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(self.listener.fileno(), self._accept)
+        self.links.start()
 
     async def close(self) -> None:
-        self._flush()
-        if self._loop is not None:
-            self._loop.remove_reader(self.listener.fileno())
-            for fd, conn in list(self._connections.items()):
-                self._loop.remove_reader(fd)
-                conn.close()
-        self._connections.clear()
-        self.outbox.close()
-        self.listener.close()
+        self.links.close()
+
+    def requests_in_flight(self) -> int:
+        return len(self.requests)
 
     # -- membership -----------------------------------------------------------------------
 
@@ -259,7 +148,7 @@ class Dispatcher:
         info.assigned.clear()
         info.stuck.clear()
         info.stuck_since = None
-        self.outbox.forget(info.address)
+        self.links.forget(info.address)
         blamed = None
         if running is not None:
             blamed = {}
@@ -313,7 +202,7 @@ class Dispatcher:
         info = self.executors.pop(id_, None)
         self.last_pong.pop(id_, None)
         if info is not None:
-            self.outbox.forget(info.address)
+            self.links.forget(info.address)
 
     async def ping(self, address: str, timeout: float, still_worth_it=lambda: True) -> Pong | None:
         """The executor's pong (id, device, GPUs) once it answers, or None after ``timeout``
@@ -323,7 +212,7 @@ class Dispatcher:
             token = f"ping-{next(self._ids)}"
             fut = asyncio.get_running_loop().create_future()
             self._waiters[token] = fut
-            self._send(address, Ping(self.address, token).encode())
+            self.links.send(address, Ping(self.address, token).encode())
             try:
                 return await asyncio.wait_for(fut, min(0.5, max(0.01, deadline - time.monotonic())))
             except asyncio.TimeoutError:
@@ -367,45 +256,6 @@ class Dispatcher:
             if not req.future.done():
                 self._dispatch(req)
 
-    def _send(self, address: str, frames: list) -> None:
-        """Send at the end of this turn of the event loop: the requests that arrived together
-        leave as one write per executor (one wake-up of it, and it sees them together). A
-        lone request (concurrency 1) leaves at once."""
-        if self._loop is None:
-            return self._send_now(address, [frames])
-        if not self._unsent and len(self.requests) <= 1:
-            # the only request in flight: none to wait for this turn, so no turn waited for
-            self._keep_hot()
-            return self._send_now(address, [frames])
-        if not self._unsent:
-            self._loop.call_soon(self._flush)
-        self._unsent.setdefault(address, []).append(frames)
-
-    def _keep_hot(self) -> None:
-        """A message came or went: keep the event loop polling (a ready callback makes it poll
-        without sleeping) for the busy-poll window, so the answer is read at once."""
-        self.busy_poll.touch()
-        if not self._polling and self.busy_poll.window_s:
-            self._polling = True
-            self._loop.call_soon(self._poll)
-
-    def _poll(self) -> None:
-        if self.busy_poll.hot():
-            self.busy_poll.pause()
-            self._loop.call_soon(self._poll)
-        else:
-            self._polling = False
-
-    def _flush(self) -> None:
-        self._keep_hot()
-        unsent, self._unsent = self._unsent, {}
-        for address, messages in unsent.items():
-            self._send_now(address, messages)
-
-    def _send_now(self, address: str, messages: list) -> None:
-        if not self.outbox.send_many(address, messages):
-            log.debug("%s cannot be reached; %d message(s) to it dropped", address, len(messages))
-
     # -- loading --------------------------------------------------------------------------
 
     async def load(self, flow: str, version: int, placement: dict[str, list[str]], timeout: float) -> dict:
@@ -426,7 +276,7 @@ class Dispatcher:
             self._waiters[token] = fut
             waits[ex_id] = (token, fut)
             self._building[token] = ex_id
-            self._send(info.address, Load(flow, version, sorted(set(stages)), self.address, token).encode())
+            self.links.send(info.address, Load(flow, version, sorted(set(stages)), self.address, token).encode())
         for ex_id, (token, fut) in waits.items():
             try:
                 reply: Loaded = await asyncio.wait_for(fut, timeout)
@@ -494,7 +344,7 @@ class Dispatcher:
         for info in self.executors.values():
             info.loaded.discard((name, version))
             if info.alive:  # every one: an executor may have built it on a message alone
-                self._send(info.address, Unload(name, version).encode())
+                self.links.send(info.address, Unload(name, version).encode())
         log.info("flow %s v%s released on the executors", name, version)
 
     async def reload_missing(self, timeout: float) -> dict:
@@ -646,7 +496,7 @@ class Dispatcher:
                     copy=copy,
                     body=raw.body,
                 )
-                self._send(address, msg.encode())
+                self.links.send(address, msg.encode())
             return
         for consumer in self._input_consumers(plan):
             stage = plan.stages[consumer]
@@ -675,7 +525,7 @@ class Dispatcher:
             else:
                 frames = [m.encode() for m in msgs]
             for d, f in zip(sent, frames):
-                self._send(d.address, f)
+                self.links.send(d.address, f)
 
     @staticmethod
     def _input_consumers(plan: Plan) -> list[str]:
@@ -748,32 +598,6 @@ class Dispatcher:
             req.future.set_result(result)
 
     # -- answers -----------------------------------------------------------------------------
-
-    def _accept(self) -> None:
-        while (conn := accept(self.listener)) is not None:
-            self._connections[conn.fileno()] = conn
-            self._loop.add_reader(conn.fileno(), self._readable, conn, Reader(conn))
-
-    def _readable(self, conn: socket.socket, reader: Reader) -> None:
-        self._keep_hot()
-        try:
-            messages, still_open = reader.read()
-        except TransportError as e:
-            log.warning("closing a connection that broke the framing: %s", e)
-            messages, still_open = [], False
-        for frames in messages:
-            try:
-                msg = decode_unless(frames, self._stale_answer)
-                if msg is not None:
-                    self._on_message(msg)
-            except WireError as e:
-                log.warning("dropped a malformed message: %s", e)
-            except Exception:
-                log.exception("error handling an answer")
-        if not still_open:
-            self._loop.remove_reader(conn.fileno())
-            self._connections.pop(conn.fileno(), None)
-            conn.close()
 
     def _stale_answer(self, header: dict) -> bool:
         """An answer no request waits for (a losing racing copy's, a superseded attempt's):

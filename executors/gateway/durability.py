@@ -19,8 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from executors.membership import DEPLOYED_KEY, register_deployed
-from executors.placement import PLAN_KEY, raise_version
+from executors.plans import DEPLOYED_KEY, PLAN_KEY, raise_version, register_deployed
 from kvs.markers import STORE_MARKER, mark_started
 from kvs.retry import Backoff
 

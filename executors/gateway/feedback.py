@@ -1,5 +1,5 @@
 """``POST /flows/{name}/feedback``: a reward or the true label for a query a ``select``
-answered (flow/clipper.py), applied to the weights the select keeps in the store.
+answered (flow/prediction.py), applied to the weights the select keeps in the store.
 
     POST /flows/digits/feedback   {"qid": 17, "label": 3}      or   {"qid": 17, "reward": 1.0}
     -> 200 {"flow": "digits", "qid": 17, "updated": 1}
@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from executors.errors import http_error
-from flow.clipper import FeedbackError, apply_feedback, selects_of
+from flow.prediction import FeedbackError, apply_feedback, selects_of
 
 MAX_BODY = 64 << 10
 

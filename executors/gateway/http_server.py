@@ -22,9 +22,35 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from executors.errors import http_error
-from executors.leanhttp import LeanCycle, flow_name
+from executors.gateway.leanhttp import LeanCycle, flow_name
 
 log = logging.getLogger("flowserve.gateway")
+
+
+def serve(app, gateway, config, *, sockets=None, host: str = "127.0.0.1", port: int = 0) -> None:
+    """Run a gateway's HTTP server until it is stopped: the one server setup of every
+    gateway host (the local cluster's gateway process on the listening socket its
+    supervisor holds, ``sockets``; the standalone gateway on ``host``:``port``). ``config``
+    gives the HTTP limits (``http_limits()``) and how long a graceful stop drains
+    (``request_timeout_s``). No access log (a line per request costs more than routing it;
+    errors are logged where they happen) and no proxy headers (the client address is the
+    socket's: a proxy in front is not trusted to say who called)."""
+    server = DrainingServer(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=30,
+            access_log=False,
+            proxy_headers=False,
+            http=limited_protocol(config.http_limits()),
+        ),
+        gateway,
+        drain_s=config.request_timeout_s,
+    )
+    server.run(sockets=sockets)
 
 
 class DrainingServer(uvicorn.Server):
@@ -155,7 +181,7 @@ class OneWrite:
 
     uvicorn writes an answer's head as soon as it is started and its body after: two
     sends, and two wake-ups of the client, which on a small machine shares the cores with
-    the gateway and the executors (benchmarks/README.md, #20: a bare uvicorn app served
+    the gateway and the executors (benchmarks/README.md: a bare uvicorn app served
     this way took 3 us less CPU a request at concurrency 8 and wrk got 1.4x the answers).
     Small writes are joined; a big one (a streamed answer's piece) is not copied. After
     ``write_eof`` (a lingering close) it is closing: later writes are dropped. ``on_close``:
@@ -300,6 +326,8 @@ def limited_protocol(limits: HttpLimits):
             room.sweep = loop.call_at(first + idle_s, sweep, loop)
 
     class LimitedHttpTools(HttpToolsProtocol):
+        discard_bytes = DISCARD_BYTES  # what of a body answered early is read past (leanhttp.py)
+
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             # an answer's head and body: one write; a close with a body still coming: lingering

@@ -3,16 +3,17 @@ itself, without the ASGI layers; every other request goes to the ASGI app unchan
 
 uvicorn's httptools protocol turns each request into an ASGI scope (a dict, the URL parsed
 again, the app state copied), runs the app, and takes the answer back as two ASGI messages
-whose headers it checks one by one against two regular expressions. For the gateway's hot
-path that is a quarter of its own CPU per small request (benchmarks/README.md, #20). Here
-the protocol (serving.LimitedHttpTools) recognises an invocation when its head is complete
-and runs a ``LeanCycle`` instead: a uvicorn request cycle, so the body, ``Expect:
-100-continue``, flow control, disconnects, pipelining (answers in order, one request at a
-time per connection), keep-alive, draining and the connection limits are uvicorn's own code
-as before, but the request goes straight to ``Gateway.invoke`` with the headers as they
-were parsed, and a whole answer (head and body) leaves in one write. Streamed,
-multi-piece and big answers (over ``WRITE_SLICE``: written in slices, gateway._body) go
-through the ASGI ``send`` as before.
+whose headers it checks one by one against two regular expressions: for the gateway's hot
+path that is a fifth of its own CPU per small request, and a request at concurrency 1
+waits for it (benchmarks/README.md, "The gateway's HTTP layer": the ensemble's p50 0.91x
+with this path). Here the protocol (http_server.LimitedHttpTools) recognises an invocation
+when its head is complete and runs a ``LeanCycle`` instead: a uvicorn request cycle, so
+the body, ``Expect: 100-continue``, flow control, disconnects, pipelining (answers in
+order, one request at a time per connection), keep-alive, draining and the connection
+limits are uvicorn's own code, but the request goes straight to the gateway's
+``InvokeFastPath.answer`` with the headers as they were parsed, and a whole answer (head
+and body) leaves in one write. Streamed, multi-piece and big answers (over
+``WRITE_SLICE``: written in slices) go through the ASGI ``send``.
 
 What the client sees is the same as on the ASGI path: the same statuses, error bodies,
 headers (uvicorn's ``server``/``date`` included) and metrics; a request the lean path does
@@ -26,7 +27,7 @@ import logging
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 
-from executors.httpcodec import WRITE_SLICE
+from executors.codec.bodies import WRITE_SLICE
 
 log = logging.getLogger("flowserve.gateway")
 
@@ -69,13 +70,14 @@ class LeanCycle(RequestResponseCycle):
             on_response=protocol.on_response_complete,
         )
         self.invoker, self.name, self.raw_headers = invoker, name, protocol.headers
+        self.discard_bytes = getattr(protocol, "discard_bytes", None)
 
     async def run_asgi(self, app) -> None:  # the protocol starts every cycle by this name
         try:
             status, body, extra = await self.invoker.answer(self.name, self.raw_headers, self.receive)
             if type(body) is bytes and len(body) <= WRITE_SLICE:
                 await self.write_answer(status, body, extra)
-            else:  # streamed, in pieces, or big (written in slices): through the ASGI send, as before
+            else:  # streamed, in pieces, or big (written in slices): through the ASGI send
                 await self.invoker.send(self.send, status, body, extra)
         except BaseException as exc:
             log.error("unhandled error answering an invocation", exc_info=exc)
@@ -102,6 +104,10 @@ class LeanCycle(RequestResponseCycle):
         out.append(b"content-length: %d\r\n" % len(body))
         for name, value in extra:
             out += (name, b": ", value, b"\r\n")
+        if self.keep_alive and self.more_body and not self._body_cheap_to_skip():
+            # answered before the body came (a 413, say), and the rest is more than the
+            # server reads past: it closes the connection, so the client must not reuse it
+            self.keep_alive = False
         if not self.keep_alive:
             out.append(b"connection: close\r\n")
         out += (b"\r\n", body)
@@ -113,6 +119,14 @@ class LeanCycle(RequestResponseCycle):
         if not self.keep_alive:
             transport.close()
         self.on_response()
+
+    def _body_cheap_to_skip(self) -> bool:
+        """Whether the rest of this request's body is small enough for the server to read
+        past (``discard_bytes``) so that the connection serves the next request."""
+        if self.discard_bytes is None:
+            return True
+        declared = next((v for k, v in self.raw_headers if k == b"content-length"), None)
+        return declared is not None and declared.isdigit() and int(declared) <= self.discard_bytes
 
 
 def _nothing() -> None:

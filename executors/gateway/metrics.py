@@ -52,7 +52,7 @@ class Metrics:
         self.crashes = Counter(
             "flowserve_executor_crashes", "Executor processes that died unexpectedly", ["executor"], registry=r
         )
-        # gpu executors' GPUs, from NVML through their pongs (executors/gpu.py)
+        # gpu executors' GPUs, from NVML through their pongs (executors/worker/gpu.py)
         self.gpu_utilisation = Gauge(
             "flowserve_gpu_utilisation_percent", "GPU utilisation (NVML)", ["executor", "gpu"], registry=r
         )
@@ -69,7 +69,7 @@ class Metrics:
             registry=r,
         )
 
-        # flows served under a latency SLO (executors/slo.py)
+        # flows served under a latency SLO (executors/hosts/profiling.py)
         self.slo_requests = Counter(
             "flowserve_slo_requests", "Answers within / over the flow's SLO", ["flow", "outcome"], registry=r
         )
@@ -83,7 +83,7 @@ class Metrics:
         self.slo_budget_share = Gauge(
             "flowserve_slo_budget_share", "Each stage's share of the flow's SLO budget", ["flow", "stage"], registry=r
         )
-        # Clipper's layer (flow/clipper.py): reported in the stage's trace entry (executors/clipper.py)
+        # Clipper's layer (flow/prediction.py): reported in the stage's trace entry (executors/worker/hedging.py)
         self.cache_lookups = Counter(
             "flowserve_prediction_cache_lookups",
             "Prediction cache lookups of map(..., cache=...) stages, by result (hit, shared_hit: from the KVS, miss)",

@@ -34,10 +34,11 @@ import httpx
 import numpy as np
 import redis
 
-from executors.config import CONFIG_ENV, STATE_FILE, ClusterConfig
-from executors.errors import ClusterStartError, DeployConflictError, DeployError, InvocationError
-from executors.httpcodec import ARROW
-from executors.placement import PLAN_KEY, next_version
+from executors.codec.bodies import ARROW
+from executors.errors import ClusterStartError, DeployConflictError, error_for_answer
+from executors.hosts.cluster_config import CONFIG_ENV, STATE_FILE, ClusterConfig
+from executors.plans import PLAN_KEY, next_version
+from flow.exceptions import DeadlineExceededError, FlowError, UnreachableError
 from flow.table import Table
 from kvs import KVS
 from kvs.exceptions import StoreWriteError, is_write_refusal, store_problem
@@ -119,11 +120,43 @@ class ClusterClient:
             self._http = httpx.Client(base_url=self.url, headers=headers, timeout=60)
         return self._http
 
+    def request(
+        self, method: str, path: str, what: str, *, failed: str | None = None, check: bool = True, **kwargs
+    ) -> httpx.Response:
+        """An HTTP call to the gateway, its failures raised as the tree's classes: a
+        connection refused, reset or cut is an ``UnreachableError`` (retry; a call that was
+        sent may have run), no answer within the client's timeout a ``DeadlineExceededError``,
+        and with ``check`` an answer other than 200 the class its body names, with ``.status``
+        and ``.body`` (``errors.error_for_answer``). ``what`` starts the messages (``"flow
+        'f'"``); ``failed``, an error answer's (``{status}`` is filled in; default ``"<what>
+        failed ({status})"``)."""
+        try:
+            r = self.http.request(method, path, **kwargs)
+        except (httpx.ConnectTimeout, httpx.PoolTimeout) as e:  # never got a connection
+            raise UnreachableError(f"{what}: the gateway at {self.url} did not answer ({e})", url=self.url) from e
+        except httpx.TimeoutException as e:  # sent, no answer in time: the call's deadline passed
+            raise DeadlineExceededError(
+                f"{what}: no answer within the client's timeout ({type(e).__name__})", url=self.url
+            ) from e
+        except httpx.TransportError as e:  # refused, reset, cut mid-answer
+            raise UnreachableError(
+                f"{what}: the connection to {self.url} failed ({type(e).__name__}: {e})", url=self.url
+            ) from e
+        if check and r.status_code != 200:
+            raise answer_error(r, failed or f"{what} failed ({{status}})")
+        return r
+
     def status(self) -> dict:
-        flows = self.http.get("/flows").json()["flows"]
-        out = {"url": self.url, "health": self.http.get("/healthz").json(), "flows": []}
+        flows = self.request("GET", "/flows", "listing the flows").json()["flows"]
+        out = {"url": self.url, "health": self.request("GET", "/healthz", "reading /healthz").json(), "flows": []}
         for f in flows:
-            out["flows"].append(self.http.get(f"/flows/{f['name']}").json())
+            what = f"reading flow {f['name']!r}"
+            r = self.request("GET", f"/flows/{f['name']}", what, check=False)
+            if r.status_code == 404:
+                continue  # undeployed since it was listed
+            if r.status_code != 200:
+                raise answer_error(r, f"{what} failed ({{status}})")
+            out["flows"].append(r.json())
         return out
 
     # -- deploy -------------------------------------------------------------------------------
@@ -143,10 +176,12 @@ class ClusterClient:
         ``timeout_s``: this flow's deadline (default: the cluster's ``request_timeout_s``;
         at most its ``max_request_timeout_s``).
 
-        ``slo=SLO(p99_ms=50)`` serves it under a latency objective (executors/slo.py):
+        ``slo=SLO(p99_ms=50)`` serves it under a latency objective (executors/hosts/profiling.py):
         ``traffic=`` (req/s, or arrival ms), ``samples=`` (rows to profile on), ``profile=``,
         ``planner=PlannerOptions(...)``. Raises ``DeployConflictError`` (409) when a
-        concurrent deploy of the same name with a newer version won: that one is served."""
+        concurrent deploy of the same name with a newer version won: that one is served;
+        for another failed deploy the class the gateway named (``DeployError``: building the
+        stages failed; ``NoExecutorError``, ``UnavailableError``: retry; ...)."""
         from optimizer import Plan
 
         if optimize:
@@ -158,7 +193,7 @@ class ClusterClient:
         if timeout_s is not None:
             plan = plan.with_timeout(timeout_s)
         if slo is not None or serving:
-            from executors.slo import plan_for_deploy
+            from executors.hosts.profiling import plan_for_deploy
 
             plan = plan_for_deploy(self.kvs, plan, slo, **serving)
         _register_by_value(plan)
@@ -178,27 +213,35 @@ class ClusterClient:
         _progress(
             f"deploying flow {flow.name!r} v{version} ({len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''})"
         )
-        r = httpx.post(
-            f"{self.url}/admin/deploy",
-            json={"flow": flow.name, "version": version},
-            headers={"Authorization": f"Bearer {self.state['admin_token']}"},
-            timeout=self.config.load_timeout_s + 30,
-        )
-        if r.status_code == 409:
-            body = r.json()
-            raise DeployConflictError(
-                f"deploying flow {flow.name!r} failed (409): {body.get('message')}",
-                version=version,
-                winner=body.get("winner"),
+        try:
+            self.request(
+                "POST",
+                "/admin/deploy",
+                f"deploying flow {flow.name!r}",
+                json={"flow": flow.name, "version": version},
+                headers={"Authorization": f"Bearer {self.state['admin_token']}"},
+                timeout=self.config.load_timeout_s + 30,
             )
-        if r.status_code != 200:
-            raise DeployError(
-                f"deploying flow {flow.name!r} failed ({r.status_code}): {r.json().get('message', r.text)}"
-            )
+        except DeployConflictError as e:
+            e.version = version  # this deploy's; ``winner`` is the one served
+            raise
         return Deployment(self, flow.name, plan, version)
 
     def undeploy(self, name: str) -> None:
         httpx.delete(f"{self.url}/admin/flows/{name}", headers={"Authorization": f"Bearer {self.state['admin_token']}"})
+
+
+def answer_error(r: httpx.Response, failed: str) -> FlowError:
+    """The exception for an error answer: the class of the tree its body names, with
+    ``.status`` and ``.body``; the message is ``failed`` (its ``{status}`` filled in) and
+    the server's message."""
+    try:
+        body = r.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        body = {"message": r.text}
+    return error_for_answer(r.status_code, body, f"{failed.format(status=r.status_code)}: {body.get('message')}")
 
 
 class LocalCluster(ClusterClient):
@@ -224,7 +267,7 @@ class LocalCluster(ClusterClient):
         (self.dir / STATE_FILE).unlink(missing_ok=True)
         _progress(f"starting local cluster ({self.config.executors} executors) in {self.dir}")
         t0 = time.monotonic()
-        cmd = [sys.executable, "-m", "executors.daemon", "--dir", str(self.dir)]
+        cmd = [sys.executable, "-m", "executors.hosts.supervisor", "--dir", str(self.dir)]
         env = dict(os.environ)
         # the config may hold the cluster's token: the environment (this user's only), not argv
         env[CONFIG_ENV] = json.dumps(self.config.to_json())
@@ -317,7 +360,7 @@ def _stop_supervisor(pid: int, timeout: float) -> None:
 
 
 def _is_supervisor(pid: int) -> bool:
-    """Whether ``pid`` is a running cluster supervisor (``python -m executors.daemon``)."""
+    """Whether ``pid`` is a running cluster supervisor (``python -m executors.hosts.supervisor``)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmdline = f.read()
@@ -325,7 +368,7 @@ def _is_supervisor(pid: int) -> bool:
             state = f.read().rsplit(b")", 1)[1].split()[0]
     except OSError:
         return False
-    return state != b"Z" and b"executors.daemon" in cmdline
+    return state != b"Z" and b"executors.hosts.supervisor" in cmdline
 
 
 def _register_by_value(plan) -> None:
@@ -403,7 +446,7 @@ def _callables(op):
         if callable(v):
             yield v
     yield from getattr(op, "alternatives", ()) or ()
-    yield from getattr(op, "models", ()) or ()  # select (flow/clipper.py)
+    yield from getattr(op, "models", ()) or ()  # select (flow/prediction.py)
     anyof = getattr(op, "anyof", None)
     if anyof is not None:
         yield from _callables(anyof)
@@ -444,8 +487,11 @@ class Deployment:
     def invoke(self, rows, timeout: float | None = None) -> Table:
         """Run the flow on rows (dict, list of dicts, DataFrame, Table) over HTTP; a Table back.
 
-        Uses Arrow IPC both ways so types survive exactly. Errors raise InvocationError
-        with the HTTP status and the server's message.
+        Uses Arrow IPC both ways so types survive exactly. An error answer raises the class
+        of the tree it names (``OperatorFailedError``, ``SchemaError``, ...; else by status:
+        504 ``DeadlineExceededError``, 503 a ``RetryableError``, 4xx ``BadRequestError``),
+        with ``.status``, ``.body`` and the server's message; a connection that fails raises
+        ``UnreachableError``.
         """
         return self.call(rows, timeout).table
 
@@ -462,20 +508,15 @@ class Deployment:
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, arrow.schema) as w:
             w.write_table(arrow)
-        r = self.cluster.http.post(
+        r = self.cluster.request(
+            "POST",
             f"/flows/{self.name}",
+            f"flow {self.name!r}",
+            failed=f"flow {self.name!r} answered {{status}}",
             content=sink.getvalue().to_pybytes(),
             headers={"Content-Type": ARROW, "Accept": ARROW},
             timeout=timeout or self.cluster.config.request_timeout_s + 10,
         )
-        if r.status_code != 200:
-            try:
-                body = r.json()
-            except ValueError:
-                body = {"message": r.text}
-            raise InvocationError(
-                f"flow {self.name!r} answered {r.status_code}: {body.get('message')}", r.status_code, body
-            )
         out = Table.from_arrow(pa.ipc.open_stream(r.content).read_all(), qid="qid")
         start = int(r.headers["x-qid-start"])
         return Answer(out, np.arange(start, start + len(table), dtype=np.int64))

@@ -6,15 +6,12 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from executors.autoscale import AutoscalingConfig
-from executors.busypoll import WINDOW_MS
-from executors.errors import ClusterError
+from executors.hosts.autoscale import AutoscalingConfig
+from executors.wire.busypoll import WINDOW_MS
 from flow.configuration import (
     Bool,
     Check,
     Config,
-    ConfigError,
-    ConfigTypeError,
     Int,
     Invalid,
     Nested,
@@ -26,30 +23,6 @@ from kvs.options import KVSOptions
 
 STATE_FILE = "cluster.json"  # a running local cluster's state (URL, tokens; mode 0600) in its directory
 CONFIG_ENV = "FLOWSERVE_CLUSTER_CONFIG"  # the daemon's ClusterConfig JSON: the environment, not argv (a token)
-KEY_ENV = "FLOWSERVE_CLUSTER_KEY"  # the cluster key (hex) plans are signed with; never stored in the KVS
-
-
-class ClusterConfigError(ClusterError, ConfigError):
-    """A ``ClusterConfig`` field (or the cluster key) has a wrong value."""
-
-
-class ClusterConfigTypeError(ClusterConfigError, ConfigTypeError):
-    """A ``ClusterConfig`` field has the wrong type."""
-
-
-def cluster_key(hex_key: str | None = None) -> bytes | None:
-    """The cluster key from ``hex_key`` or else ``$FLOWSERVE_CLUSTER_KEY`` (None: plans
-    unsigned, as on a Kubernetes deployment whose Secret does not carry one yet)."""
-    value = hex_key if hex_key is not None else os.environ.get(KEY_ENV)
-    if not value:
-        return None
-    try:
-        key = bytes.fromhex(value)
-    except ValueError:
-        raise ClusterConfigError(f"{KEY_ENV} must be hex, got {len(value)} characters that are not") from None
-    if len(key) < 16:
-        raise ClusterConfigError(f"{KEY_ENV} must hold at least 16 bytes (32 hex digits), got {len(key)}")
-    return key
 
 
 _SECONDS = Number(gt=0, note="seconds")
@@ -80,7 +53,7 @@ def default_executors(cores: int | None = None) -> int:
 
     The gateway's event loop takes about a core under load (HTTP, JSON, routing), so on
     2 cores a second executor only fights the gateway and the first executor for the CPUs:
-    measured side by side on the Ensemble (benchmarks/README.md, "Default shape"), 2 cores
+    measured side by side on the Ensemble (benchmarks/README.md, "End to end"), 2 cores
     served more with 1 executor than with 2."""
     cores = machine_cores() if cores is None else cores
     return max(1, cores - 1)
@@ -160,10 +133,10 @@ class ClusterConfig(Config):
     busy_poll_ms: after a message, the gateway and each executor keep polling for this long
         before sleeping (default 10): a woken process runs slowly for a while, so polling
         cuts each hop's latency; each poll yields the CPU to runnable work, so it uses idle
-        time only. 0 turns it off (executors/busypoll.py).
+        time only. 0 turns it off (executors/wire/busypoll.py).
     stuck_grace_s: an executor whose abandoned work (a run past its deadline or its
         operator's ``timeout_s``, already answered 504) has not come back within this long
-        is recycled: a new process takes its place (default 10; executors/watchdog.py).
+        is recycled: a new process takes its place (default 10; executors/worker/watchdog.py).
     persistence: keep the KVS on disk (append-only file, fsync every second) so its data
         survives a restart of the KVS server (default True; `flowserve up` too). The
         embedded cluster's directory is temporary unless ``dir`` is set, so its data
@@ -171,8 +144,6 @@ class ClusterConfig(Config):
         value (gateways re-publish their flows; lookups answer 503 until data is back).
     dir: where state, logs and sockets live (None: a private temporary directory).
     """
-
-    error, type_error = ClusterConfigError, ClusterConfigTypeError
 
     host: str = setting("127.0.0.1", Str("a host name or address"))
     port: int = setting(0, Int(0, 65535, note="0: a free port"))
@@ -215,8 +186,8 @@ class ClusterConfig(Config):
             )
 
     def http_limits(self):
-        """The HTTP edge's limits (executors/serving.py)."""
-        from executors.serving import HttpLimits
+        """The HTTP edge's limits (executors/gateway/http_server.py)."""
+        from executors.gateway.http_server import HttpLimits
 
         return HttpLimits(
             max_header_bytes=self.max_header_bytes,

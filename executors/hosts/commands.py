@@ -26,19 +26,19 @@ import runpy
 import sys
 from pathlib import Path
 
-from executors.errors import ClusterStartError
-from flow.exceptions import FlowError
+from flow.configuration import ConfigError
+from flow.exceptions import FlowError, FlowValueError
 
 
 def _cluster(args):
-    from executors.cluster import LocalCluster
+    from executors.hosts.cluster import LocalCluster
 
     return LocalCluster.connect(args.dir)
 
 
 def cmd_up(args) -> int:
-    from executors.cluster import LocalCluster
-    from executors.config import STATE_FILE, ClusterConfig
+    from executors.hosts.cluster import LocalCluster
+    from executors.hosts.cluster_config import STATE_FILE, ClusterConfig
 
     if (Path(args.dir) / STATE_FILE).exists():
         try:
@@ -61,7 +61,7 @@ def cmd_up(args) -> int:
     if args.max_body_mb is not None:
         fields["max_body_bytes"] = int(args.max_body_mb * 1024 * 1024)
     if args.autoscale:
-        from executors.autoscale import AutoscalingConfig
+        from executors.hosts.autoscale import AutoscalingConfig
 
         fields["autoscaling"] = AutoscalingConfig(max_replicas=args.max_replicas)
     c = LocalCluster(ClusterConfig(**fields), detached=True).start()
@@ -79,9 +79,9 @@ def _token(args) -> str | None:
         try:
             token = Path(args.token_file).read_text().strip()
         except OSError as e:
-            raise ClusterStartError(f"cannot read the token file {args.token_file}: {e.strerror or e}") from None
+            raise ConfigError(f"cannot read the token file {args.token_file}: {e.strerror or e}") from None
         if not token:
-            raise ClusterStartError(f"the token file {args.token_file} is empty")
+            raise ConfigError(f"the token file {args.token_file} is empty")
         return token
     return args.token or os.environ.get(TOKEN_ENV) or None
 
@@ -95,8 +95,8 @@ def _say(msg: str) -> None:
 def cmd_down(args) -> int:
     """Stop the cluster; with none running, say so and succeed (it is down), removing what a
     crashed one left behind (state file, sockets) so the next `up` starts clean."""
-    from executors.cluster import LocalCluster
-    from executors.config import STATE_FILE
+    from executors.hosts.cluster import LocalCluster
+    from executors.hosts.cluster_config import STATE_FILE
 
     home = Path(args.dir)
     if not (home / STATE_FILE).exists():
@@ -117,7 +117,7 @@ def cmd_down(args) -> int:
 def _clean_stale(home: Path) -> None:
     import shutil
 
-    from executors.config import STATE_FILE
+    from executors.hosts.cluster_config import STATE_FILE
 
     state = home / STATE_FILE
     try:
@@ -180,7 +180,7 @@ def cmd_deploy(args) -> int:
         return 2
     try:
         flows, setup = script_flows(script)
-    except _ScriptError as e:
+    except FlowValueError as e:  # the script breaks the convention (or its flows are wrong): say what
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.flow:
@@ -225,8 +225,8 @@ def _read_rows(path: str) -> list:
 def cmd_profile(args) -> int:
     """Time every stage of a deployed flow per batch size on sample rows; store the profile
     so that the next `flowserve deploy --slo-p99-ms` plans from it."""
-    from executors.placement import load_plan
-    from executors.slo import profile_plan, save_profile
+    from executors.hosts.profiling import profile_plan, save_profile
+    from executors.plans import load_plan
 
     c = _cluster(args)
     r = c.http.get(f"/flows/{args.name}")
@@ -244,10 +244,6 @@ def cmd_profile(args) -> int:
     return 0
 
 
-class _ScriptError(Exception):
-    """A deploy script does not follow the convention (the message says what to change)."""
-
-
 def script_flows(script: Path):
     """The Flows a deploy script defines and its ``setup(store)`` hook (or None)."""
     from flow.flow import Flow
@@ -259,12 +255,12 @@ def script_flows(script: Path):
         made = make()
         flows = [made] if isinstance(made, Flow) else list(made) if isinstance(made, (list, tuple)) else None
         if flows is None or not all(isinstance(f, Flow) for f in flows):
-            raise _ScriptError(f"{script}: flows() must return a Flow or a list of Flows, got {made!r}")
+            raise FlowValueError(f"{script}: flows() must return a Flow or a list of Flows, got {made!r}")
     else:
         flows = [v for v in namespace.values() if isinstance(v, Flow)]
     setup = namespace.get("setup")
     if setup is not None and not callable(setup):
-        raise _ScriptError(f"{script}: setup must be a function setup(store), got {setup!r}")
+        raise FlowValueError(f"{script}: setup must be a function setup(store), got {setup!r}")
     return flows, setup
 
 
@@ -356,15 +352,25 @@ def cmd_invoke(args) -> int:
     except ValueError as e:
         print(f"error: --json is not valid JSON: {e}", file=sys.stderr)
         return 2
-    r = c.http.post(f"/flows/{args.name}", json=body)
-    print(json.dumps(r.json(), indent=2))
-    return 0 if r.status_code == 200 else 1
+    what = f"flow {args.name!r}"
+    r = c.request("POST", f"/flows/{args.name}", what, check=False, json=body)  # no answer: UnreachableError
+    try:
+        print(json.dumps(r.json(), indent=2))  # the answer, or the error as the server sent it
+    except ValueError:
+        print(r.text)
+    if r.status_code == 200:
+        return 0
+    from executors.hosts.cluster import answer_error
+
+    error = answer_error(r, f"{what} answered {{status}}")  # the class the client raises for it
+    print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
+    return 1
 
 
 def add_runtime_commands(p: argparse.ArgumentParser, sub) -> None:
     """Add the local cluster's commands (up, status, deploy, invoke, kvs, down) to a parser
     and its ``add_subparsers()``; each sets ``fn``."""
-    from executors.cluster import DEFAULT_DIR
+    from executors.hosts.cluster import DEFAULT_DIR
 
     p.add_argument("--dir", default=str(DEFAULT_DIR), help=f"cluster directory (default {DEFAULT_DIR})")
 

@@ -1,7 +1,7 @@
 """The local cluster's control channel: between its supervisor and its gateway process.
 
-The supervisor (executors/daemon.py) owns the processes: the store, the executors and the
-gateway. The gateway (executors/cluster_gateway.py) owns what requests need: routing,
+The supervisor (executors/hosts/supervisor.py) owns the processes: the store, the executors and the
+gateway. The gateway (executors/hosts/local_gateway.py) owns what requests need: routing,
 flows, liveness pings. They talk over one connected Unix socket pair that the supervisor
 makes for each gateway it starts (the gateway inherits its end): a process that is not
 the supervisor's child cannot reach it, and a restarted gateway gets a fresh one.
@@ -29,13 +29,11 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable
 
+from executors.wire.frames import WireError
+
 log = logging.getLogger("flowserve.control")
 
 MAX_LINE = 1 << 20  # a hello lists every executor: far below this
-
-
-class ControlError(Exception):
-    """The other end of the control channel answered an error, or went away."""
 
 
 class Channel:
@@ -76,7 +74,7 @@ class Channel:
                     handled = self._on_message(msg)
                     if asyncio.iscoroutine(handled):
                         await handled
-                except Exception:
+                except Exception:  # the channel's reader must outlive one message its handler fails on
                     log.exception("handling control message %r failed", msg)
         except (ConnectionError, OSError) as e:
             log.warning("control channel lost: %s", e)
@@ -84,7 +82,7 @@ class Channel:
             self.closed.set()
             for fut in self._calls.values():
                 if not fut.done():
-                    fut.set_exception(ControlError("the control channel closed"))
+                    fut.set_exception(WireError("the control channel closed"))
             self._calls.clear()
             if self._writer is not None:
                 self._writer.close()
@@ -100,7 +98,7 @@ class Channel:
         self._writer.write(line)
 
     async def call(self, op: str, timeout: float = 60.0, **fields) -> dict:
-        """Send a call and return its reply; ``ControlError`` if it answers an error."""
+        """Send a call and return its reply; ``WireError`` if it answers an error or the channel closes."""
         n = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self._calls[n] = fut
@@ -110,7 +108,7 @@ class Channel:
         finally:
             self._calls.pop(n, None)
         if reply.get("error"):
-            raise ControlError(reply["error"])
+            raise WireError(reply["error"])
         return reply
 
     def reply(self, call: dict, **fields) -> None:

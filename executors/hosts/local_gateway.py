@@ -1,15 +1,15 @@
 """The local cluster's gateway process: HTTP, routing and the flows, over executors that
-the supervisor (executors/daemon.py) starts and restarts.
+the supervisor (executors/hosts/supervisor.py) starts and restarts.
 
 It is started by the supervisor with the listening socket and its end of the control
-channel (executors/control.py) as inherited descriptors, and learns the executors from the
+channel (executors/hosts/control.py) as inherited descriptors, and learns the executors from the
 supervisor's hello. A gateway that replaces one that died serves the flows the registry
 lists again: the executors still hold them built, so that takes milliseconds. Its request
 ids, query ids and answer address are its own (``incarnation``): an answer that an
 executor sends for a request of the gateway before it reaches nobody, never a request of
 this one.
 
-    python -m executors.cluster_gateway --dir D --rundir R --incarnation 0 --listen-fd 3 --control-fd 4
+    python -m executors.hosts.local_gateway --dir D --rundir R --incarnation 0 --listen-fd 3 --control-fd 4
 """
 
 from __future__ import annotations
@@ -26,20 +26,21 @@ import time
 from functools import partial
 from pathlib import Path
 
-import uvicorn
-
-from executors.config import CONFIG_ENV, ClusterConfig, cluster_key
-from executors.control import Channel, ControlError
-from executors.daemon import ADMIN_TOKEN_ENV, exit_reason, log_handlers
-from executors.dispatcher import Dispatcher
-from executors.durability import StoreWatch, registry_if_intact
-from executors.gateway import Gateway, LoadFailed, make_app
-from executors.liveness import watch_liveness
-from executors.membership import build_on
-from executors.metrics import Metrics
-from executors.scaling import ScalingLoop
-from executors.serving import DrainingServer, drain, limited_protocol
-from executors.watchdog import EXIT_RECYCLED
+from executors.gateway.app import Gateway, make_app
+from executors.gateway.builds import build_on
+from executors.gateway.deploys import LoadFailed
+from executors.gateway.dispatcher import Dispatcher
+from executors.gateway.durability import StoreWatch, registry_if_intact
+from executors.gateway.http_server import drain, serve
+from executors.gateway.liveness import watch_liveness
+from executors.gateway.metrics import Metrics
+from executors.hosts.cluster_config import CONFIG_ENV, ClusterConfig
+from executors.hosts.control import Channel
+from executors.hosts.scaling import ScalingLoop
+from executors.hosts.supervisor import ADMIN_TOKEN_ENV, exit_reason, log_handlers
+from executors.plans import cluster_key
+from executors.wire.frames import WireError
+from executors.worker.watchdog import EXIT_RECYCLED
 from kvs import KVS
 
 log = logging.getLogger("flowserve.cluster")
@@ -90,7 +91,9 @@ class ClusterGateway:
             max_rows=config.max_rows,
         )
         self.gateway.host_status = self.status
-        self.gateway.on_served = lambda name, version: self.channel.send({"served": {"flow": name, "version": version}})
+        self.gateway.deploys.on_served = lambda name, version: self.channel.send(
+            {"served": {"flow": name, "version": version}}
+        )
         self.scaling = ScalingLoop(
             lambda: self.dispatcher,
             self,
@@ -101,7 +104,7 @@ class ClusterGateway:
         self.gateway.shape_placement = self.scaling.initial_placement
         self.gateway.scaling_status = self.scaling.status
         self.scaling.monitor = self.gateway.slo
-        self.scaling.serve_replan = self.gateway.serve_replan  # the tuner's re-plans
+        self.scaling.serve_replan = self.gateway.deploys.serve_replan  # the tuner's re-plans
         self.channel = Channel(control, self._on_control)
         self.procs: dict[str, dict] = {}  # executor id -> what the supervisor said of its process
         self.extras: list[str] = []  # executors started for the autoscaler
@@ -110,21 +113,9 @@ class ClusterGateway:
         self._tasks: list[asyncio.Task] = []
 
     def run(self, listener: socket.socket) -> None:
-        server = DrainingServer(
-            uvicorn.Config(
-                make_app(self.gateway, on_startup=[self._started], on_shutdown=[self._stopping]),
-                log_level="warning",
-                lifespan="on",
-                timeout_graceful_shutdown=30,
-                access_log=False,
-                proxy_headers=False,
-                http=limited_protocol(self.config.http_limits()),
-            ),
-            self.gateway,
-            drain_s=self.config.request_timeout_s,
-        )
+        app = make_app(self.gateway, on_startup=[self._started], on_shutdown=[self._stopping])
         try:
-            server.run(sockets=[listener])
+            serve(app, self.gateway, self.config, sockets=[listener])
         finally:
             self.store.close()
 
@@ -142,7 +133,7 @@ class ClusterGateway:
                 self.dispatcher.executors[ex["id"]].alive = False
         # the newest version of each flow this cluster has served: a registry rolled back to
         # an older one (by someone with the store's password) is not served after a restart
-        self.gateway.served_high.update(self.hello.get("served", {}))
+        self.gateway.deploys.served_high.update(self.hello.get("served", {}))
         await self._wait_executors()
         self._tasks.append(
             loop.create_task(
@@ -202,7 +193,7 @@ class ClusterGateway:
         any more (its code changed underneath, a model is gone) is logged and skipped."""
         registry = await asyncio.to_thread(registry_if_intact, self.store.redis)
         for name, version in sorted((registry or {}).items()):
-            high = self.gateway.served_high.get(name, version)
+            high = self.gateway.deploys.served_high.get(name, version)
             if version < high:
                 log.error(
                     "the registry names flow %s v%s, older than v%s which this cluster served: a registry "
@@ -214,7 +205,7 @@ class ClusterGateway:
                 )
                 version = high
             try:
-                await self.gateway.load_flow(name, version)
+                await self.gateway.deploys.load_flow(name, version)
                 log.info("flow %s v%s restored from the store", name, version)
             except LoadFailed as e:
                 log.warning("flow %s v%s is registered but could not be restored: %s", name, version, e.message)
@@ -295,16 +286,16 @@ class ClusterGateway:
         )
         try:
             await self.channel.call("kill", id=id_)
-        except (ControlError, asyncio.TimeoutError) as e:
+        except (WireError, asyncio.TimeoutError) as e:
             log.error("could not have executor %s killed: %s", id_, e)
 
-    # -- the autoscaler's backend (executors/scaling.py) --------------------------------------------
+    # -- the autoscaler's backend (executors/hosts/scaling.py) --------------------------------------------
 
     async def add_executor(self, device: str) -> str | None:
         """Have the supervisor start one more executor; its id once it answers."""
         try:
             reply = await self.channel.call("add", device=device)
-        except (ControlError, asyncio.TimeoutError) as e:
+        except (WireError, asyncio.TimeoutError) as e:
             log.warning("could not start an executor for the autoscaler: %s", e)
             return None
         id_ = reply["id"]
@@ -330,7 +321,7 @@ class ClusterGateway:
         self.procs.pop(executor_id, None)
         try:
             await self.channel.call("remove", id=executor_id)
-        except (ControlError, asyncio.TimeoutError) as e:
+        except (WireError, asyncio.TimeoutError) as e:
             log.warning("could not stop executor %s: %s", executor_id, e)
         log.warning("stopped idle executor %s", executor_id)
 
@@ -360,7 +351,7 @@ def _placed_on(executor_id: str, flow) -> list[str]:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(
-        prog="python -m executors.cluster_gateway", description="The gateway process of a local cluster."
+        prog="python -m executors.hosts.local_gateway", description="The gateway process of a local cluster."
     )
     p.add_argument("--dir", required=True, help="the cluster's directory (logs)")
     p.add_argument("--rundir", required=True, help="the cluster's socket directory")

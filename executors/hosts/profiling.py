@@ -1,4 +1,4 @@
-"""Serving under a latency SLO, the runtime's side (issue 17; the pure core is optimizer/slo).
+"""Serving under a latency SLO, the planning side (the pure core is optimizer/slo).
 
 - ``profile_plan(plan, samples, kvs)``: times every stage of a plan per batch size on
   this machine, on the inputs each stage sees when the plan runs on the sample rows
@@ -7,33 +7,19 @@
 - ``plan_for_deploy``: what ``ClusterClient.deploy(flow, slo=...)`` does with the
   optimized plan: profile (given, stored, or measured now from ``samples``), plan
   (``optimizer.slo.serve_under``), store the profile.
-- ``SLOMonitor``: the gateway's per-flow figures: attainment (requests answered within
-  the SLO), each stage's budget share (``/metrics``) and the arrival envelope the tuner
-  (executors/scaling.py) watches.
+The gateway's figures of such flows are executors/gateway/app/slo_monitor.py.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import time
 from collections.abc import Sequence
 
-from executors.stage_runner import BoundStage
-from flow.exceptions import FlowError
+from executors.worker.stage_runner import BoundStage
+from flow.exceptions import FlowError, FlowTypeError, FlowValueError
 from flow.table import Table
 from optimizer.plan import INPUT, Plan
-from optimizer.slo import (
-    SLO,
-    ArrivalEnvelope,
-    PlannerOptions,
-    Profile,
-    SLOError,
-    SLOTypeError,
-    default_batch_sizes,
-    measure_batches,
-    serve_under,
-)
+from optimizer.slo import SLO, PlannerOptions, Profile, default_batch_sizes, measure_batches, serve_under
 
 log = logging.getLogger("flowserve.slo")
 
@@ -56,7 +42,7 @@ def stage_inputs(plan: Plan, samples, kvs=None) -> dict[str, list[list[Table]]]:
         samples = [samples]
     rows = Table.from_any(samples).to_pylist(qid=False)
     if len(rows) == 0:
-        raise SLOError(f"flow {plan.flow_name!r}: profiling needs at least one sample row")
+        raise FlowValueError(f"flow {plan.flow_name!r}: profiling needs at least one sample row")
     bound = {n: BoundStage(s) for n, s in plan.stages.items()}
     out: dict[str, list[list[Table]]] = {n: [] for n in plan.stages}
     for i in range(len(rows)):
@@ -74,7 +60,7 @@ def stage_inputs(plan: Plan, samples, kvs=None) -> dict[str, list[list[Table]]]:
                 pass  # this sample stops here; its later stages are profiled on the others
     empty = [n for n, v in out.items() if not v]
     if empty:
-        raise SLOError(
+        raise FlowValueError(
             f"flow {plan.flow_name!r}: no sample row reached stage(s) {empty} (every run failed or was "
             f"filtered before); give sample rows that pass through the whole flow"
         )
@@ -149,12 +135,12 @@ def _trace_or_rate(traffic):
     if traffic is None:
         return None, None
     if isinstance(traffic, bool):
-        raise SLOTypeError(f"traffic must be requests per second or a trace of arrival ms, got {traffic!r}")
+        raise FlowTypeError(f"traffic must be requests per second or a trace of arrival ms, got {traffic!r}")
     if isinstance(traffic, (int, float)):
         return None, float(traffic)
     if isinstance(traffic, Sequence) or hasattr(traffic, "__array__"):
         return traffic, None
-    raise SLOTypeError(f"traffic must be requests per second or a trace of arrival ms, got {traffic!r:.80}")
+    raise FlowTypeError(f"traffic must be requests per second or a trace of arrival ms, got {traffic!r:.80}")
 
 
 def plan_for_deploy(
@@ -171,7 +157,7 @@ def plan_for_deploy(
     else measured now from ``samples`` (and stored), else the stored one; planned when
     there is a profile and a load (``traffic``), else the SLO is only attached."""
     if not isinstance(slo, SLO):
-        raise SLOTypeError(f"slo must be an SLO (flowserve.SLO(p99_ms=50)), got {type(slo).__name__} {slo!r:.80}")
+        raise FlowTypeError(f"slo must be an SLO (flowserve.SLO(p99_ms=50)), got {type(slo).__name__} {slo!r:.80}")
     if profile is None and samples is not None:
         profile = profile_plan(plan, samples, kvs)
         save_profile(kvs, plan.flow_name, profile)
@@ -187,67 +173,3 @@ def plan_for_deploy(
     # (PlannerOptions.ladder, tuning.py): a switch rebuilds every stage, so it is opt-in
     ladder = planner.ladder if planner is not None and profile is not None else ()
     return serve_under(plan, slo, profile=profile, trace=trace, rate_rps=rate, options=planner, ladder=ladder)
-
-
-# -- the gateway's figures -----------------------------------------------------------------
-
-
-class SLOMonitor:
-    """Per flow with an SLO: answers within it and over it (``/metrics``:
-    ``flowserve_slo_attainment``), each stage's budget share, and the arrival envelope.
-    Flows without an SLO cost one attribute test per request."""
-
-    def __init__(self, metrics=None):
-        self.metrics = metrics
-        self.envelopes: dict[str, ArrivalEnvelope] = {}
-        self.counts: dict[str, list[int]] = {}  # flow -> [within, total]
-        self._t0 = time.monotonic()
-        self._shares: set = set()
-
-    def arrived(self, name: str, plan: Plan) -> None:
-        if getattr(plan, "slo", None) is None:
-            return
-        env = self.envelopes.get(name)
-        if env is None:
-            env = self.envelopes[name] = ArrivalEnvelope()
-        env.record((time.monotonic() - self._t0) * 1000.0)
-
-    def answered(self, name: str, plan: Plan, ms: float) -> None:
-        slo = getattr(plan, "slo", None)
-        if slo is None:
-            return
-        c = self.counts.setdefault(name, [0, 0])
-        c[1] += 1
-        if ms <= slo.slo.p99_ms:
-            c[0] += 1
-        if self.metrics is not None:
-            m = self.metrics
-            m.child(m.slo_requests, name, "within" if ms <= slo.slo.p99_ms else "over").inc()
-            m.child(m.slo_attainment, name).set(c[0] / c[1])
-            if (name, id(slo)) not in self._shares:  # set once per deployed version
-                self._shares.add((name, id(slo)))
-                m.child(m.slo_target, name).set(slo.slo.p99_ms)
-                for stage, share in slo.shares().items():
-                    m.child(m.slo_budget_share, name, stage).set(share)
-
-    def attainment(self, name: str) -> float | None:
-        c = self.counts.get(name)
-        return None if not c or not c[1] else c[0] / c[1]
-
-    def now_ms(self) -> float:
-        return (time.monotonic() - self._t0) * 1000.0
-
-    def describe(self, name: str, plan: Plan) -> dict | None:
-        """``GET /flows/{name}``'s ``slo`` field."""
-        slo = getattr(plan, "slo", None)
-        if slo is None:
-            return None
-        out = slo.to_dict()
-        c = self.counts.get(name, [0, 0])
-        out["answered"] = c[1]
-        out["attainment"] = self.attainment(name)
-        return out
-
-
-def slo_json(slo) -> str:
-    return json.dumps(slo.to_dict())

@@ -2,7 +2,7 @@
 
 Every ``interval_s`` it turns what the gateway saw per stage (requests routed to it,
 run time per request from the answers' traces, requests in flight) into
-``StageMetrics``, asks the policy (``executors.autoscale``) for decisions, and applies
+``StageMetrics``, asks the policy (``executors.hosts.autoscale``) for decisions, and applies
 them: a scale-up pins the stage on more executors (building it there first, starting
 a new executor process when every existing one already hosts it, up to
 ``max_executors``); a scale-down unpins it from the least busy ones. Unpinning is the
@@ -17,7 +17,7 @@ flight and the busy fraction (``utilisation``: the run time the answers' traces 
 over the interval, divided by the replicas' time). Queue length is not fed: a stage's
 queue is its executors' batchers', and no message carries its length to the gateway.
 
-A flow planned under an SLO (``plan.slo``, optimizer/slo/serving.py) is not sized by the
+A flow planned under an SLO (``plan.slo``, optimizer/slo/sizing.py) is not sized by the
 policy but by ``SLOTuner`` (InferLine's tuner): it reads the flow's arrival envelope (the
 gateway's ``SLOMonitor``) and gives each stage the replicas its profiled throughput at the
 planned batch size needs for the highest recent rate, at once when traffic leaves the
@@ -36,41 +36,11 @@ import asyncio
 import logging
 import math
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Protocol
 
-from executors.autoscale import Autoscaler, AutoscalingConfig, ScalingDecision, StageMetrics
+from executors.hosts.autoscale import Autoscaler, AutoscalingConfig, ScalingDecision, StageMetrics
 
 log = logging.getLogger("flowserve.autoscaler")
-
-
-@dataclass
-class StageCounters:
-    """What the gateway saw of one stage since the last control step."""
-
-    arrivals: int = 0
-    service_ms: float = 0.0
-    served: int = 0
-    last: list = field(default_factory=list)  # recent decisions, for status
-    batches: deque = field(default_factory=lambda: deque(maxlen=4096))  # (monotonic s, batch size) per answer
-    caps: dict = field(default_factory=dict)  # executor -> (monotonic s, AIMD's cap) from its last answer
-
-    def batch_seen(self, window_s: float = 2.0, now: float | None = None) -> dict | None:
-        """The batches the answers of the last ``window_s`` ran in: their mean size (per
-        batch, not per request) and the largest; None when none was answered."""
-        now = time.monotonic() if now is None else now
-        sizes = [b for t, b in list(self.batches) if t > now - window_s]
-        if not sizes:
-            return None
-        return {"mean": round(len(sizes) / sum(1.0 / b for b in sizes), 2), "max": max(sizes), "window_s": window_s}
-
-    def batch_caps(self, window_s: float = 60.0, now: float | None = None) -> dict | None:
-        """AIMD's cap on each executor, as its latest answer of the last ``window_s`` said;
-        None when no answer carried one (no SLO, or no traffic)."""
-        now = time.monotonic() if now is None else now
-        caps = {ex: cap for ex, (t, cap) in list(self.caps.items()) if t > now - window_s}
-        return caps or None
 
 
 class ExecutorBackend(Protocol):
@@ -236,7 +206,7 @@ class ScalingLoop:
         self.scalers: dict[str, Autoscaler] = {}
         self.decisions: dict[tuple[str, str], list[ScalingDecision]] = {}
         self.tuners: dict[str, tuple[object, SLOTuner]] = {}  # flow -> (its plan's SLO, tuner)
-        self.monitor = None  # the gateway's SLOMonitor (executors/slo.py), for SLO flows
+        self.monitor = None  # the gateway's SLOMonitor (executors/hosts/profiling.py), for SLO flows
         self.serve_replan = None  # the gateway's serve_replan, for the tuner's re-plans
         self._last = time.monotonic()
 
@@ -326,7 +296,7 @@ class ScalingLoop:
     async def _replan(self, name: str, flow, tuner: SLOTuner, rung, now: float) -> None:
         """Serve ``rung`` of the flow's ladder as its next version (new batch sizes, budgets
         and replicas), starting the executors it needs first."""
-        from optimizer.slo.serving import with_rung
+        from optimizer.slo.sizing import with_rung
 
         if dict(rung.configs) == dict(flow.plan.slo.configs):
             tuner.running = tuner.replanner.current

@@ -9,7 +9,7 @@ one Service all serve the same flows, whichever of them took the deploy. If the 
 restarts empty, it re-publishes the flows it serves (durability.py) instead of reading
 the empty registry as "everything was undeployed".
 
-    FLOWSERVE_ADMIN_TOKEN=... python -m executors.standalone --host 0.0.0.0 --port 8000 \\
+    FLOWSERVE_ADMIN_TOKEN=... python -m executors.hosts.standalone --host 0.0.0.0 --port 8000 \\
         --address tcp://10.0.0.7:5556 --kvs redis://:pw@kvs:6379/0 --membership kvs
 """
 
@@ -24,19 +24,20 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 
-import uvicorn
-
-from executors.autoscale import AutoscalingConfig, AutoscalingError
-from executors.config import ClusterConfig, cluster_key
-from executors.dispatcher import Dispatcher
-from executors.durability import mark_started, registry_if_intact, republish
-from executors.gateway import Gateway, LoadFailed, make_app
-from executors.liveness import watch_liveness
-from executors.membership import GATEWAYS_KEY, Absence, build_on, live_members
-from executors.metrics import Metrics
-from executors.placement import place
-from executors.scaling import FixedExecutors, ScalingLoop
-from executors.serving import DrainingServer, drain, limited_protocol
+from executors.gateway.app import Gateway, make_app
+from executors.gateway.builds import build_on
+from executors.gateway.deploys import LoadFailed
+from executors.gateway.dispatcher import Dispatcher
+from executors.gateway.durability import mark_started, registry_if_intact, republish
+from executors.gateway.http_server import drain, serve
+from executors.gateway.liveness import watch_liveness
+from executors.gateway.metrics import Metrics
+from executors.gateway.placement import place
+from executors.hosts.autoscale import AutoscalingConfig
+from executors.hosts.cluster_config import ClusterConfig
+from executors.hosts.scaling import FixedExecutors, ScalingLoop
+from executors.plans import cluster_key
+from executors.wire.membership import GATEWAYS_KEY, Absence, live_members
 from kvs import KVS
 from kvs.retry import Backoff, retry_async
 
@@ -44,7 +45,7 @@ log = logging.getLogger("flowserve.gateway")
 QID_BLOCK = 1 << 40  # each gateway start takes its own range of query ids
 
 # How a deploy target plugs its executors into the autoscaler: given the gateway's
-# dispatcher, the backend that adds and removes executors (executors/scaling.py's
+# dispatcher, the backend that adds and removes executors (executors/hosts/scaling.py's
 # interface). k8s/gateway.py passes Kubernetes' one; the runtime never imports a target.
 ScalerFactory = Callable[[Dispatcher], object]
 ScalerOption = Callable[[argparse.Namespace], ScalerFactory]
@@ -99,7 +100,7 @@ class StandaloneGateway:
             self.gateway.shape_placement = self.scaling.initial_placement
             self.gateway.scaling_status = self.scaling.status
             self.scaling.monitor = self.gateway.slo  # SLO flows: the tuner's arrival envelope
-            self.scaling.serve_replan = self.gateway.serve_replan  # the tuner's re-plans
+            self.scaling.serve_replan = self.gateway.deploys.serve_replan  # the tuner's re-plans
         self._failed_loads: dict[tuple[str, int], float] = {}  # (flow, version) -> retry after
         self._tasks: list[asyncio.Task] = []
 
@@ -107,21 +108,8 @@ class StandaloneGateway:
         return make_app(self.gateway, on_startup=[self._started], on_shutdown=[self._stopping])
 
     def run(self, host: str, port: int) -> None:
-        server = DrainingServer(
-            uvicorn.Config(
-                self.app(),
-                host=host,
-                port=port,
-                log_level="warning",
-                lifespan="on",
-                timeout_graceful_shutdown=30,
-                http=limited_protocol(self.config.http_limits()),
-            ),
-            self.gateway,
-            drain_s=self.config.request_timeout_s,
-        )
         try:
-            server.run()
+            serve(self.app(), self.gateway, self.config, host=host, port=port)
         finally:
             self.store.close()
 
@@ -262,7 +250,7 @@ class StandaloneGateway:
         def newer_here(name: str) -> bool:
             # a deploy or undeploy this gateway handled since the registry was read is newer
             # than what was read (checked at each step: loading a flow below takes a while)
-            return self.gateway.changed_at.get(name, float("-inf")) >= read_at
+            return self.gateway.deploys.changed_at.get(name, float("-inf")) >= read_at
 
         for name in [n for n in d.flows if n not in registry and not newer_here(n)]:
             log.warning("flow %s was undeployed", name)
@@ -275,7 +263,7 @@ class StandaloneGateway:
             if (current is not None and current.version >= version) or self._failed_loads.get((name, version), 0) > now:
                 continue
             try:
-                await self.gateway.load_flow(name, version, install_if=lambda n=name: not newer_here(n))
+                await self.gateway.deploys.load_flow(name, version, install_if=lambda n=name: not newer_here(n))
             except LoadFailed as e:
                 # e.g. no executor yet: try again, without flooding the log
                 log.warning("flow %s v%s is not served here yet: %s", name, version, e.message)
@@ -285,7 +273,7 @@ class StandaloneGateway:
 def main(
     argv=None,
     *,
-    prog: str = "python -m executors.standalone",
+    prog: str = "python -m executors.hosts.standalone",
     scalers: Mapping[str, ScalerOption] | None = None,
     add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
 ) -> None:
@@ -339,7 +327,7 @@ def main(
             fields["token"] = os.environ["FLOWSERVE_TOKEN"]
         config = ClusterConfig.from_json(fields)
         autoscaling = None if args.autoscale is None else AutoscalingConfig.from_json(json.loads(args.autoscale))
-    except (ValueError, TypeError, AutoscalingError) as e:
+    except (ValueError, TypeError) as e:  # every config error is one (ConfigError: a ValueError)
         p.error(str(e))
     logging.basicConfig(
         level=os.environ.get("FLOWSERVE_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s %(levelname)s %(message)s"

@@ -11,13 +11,13 @@ the store and the flows built on them live on in their own processes, and this o
 a new gateway on the same listening socket, which it holds across gateway restarts:
 connections that arrive meanwhile wait in the socket's backlog instead of being refused.
 The gateway keeps what requests need (routing, flows, pings); this process keeps only
-processes, so there is little here that can fail (executors/control.py is how they talk).
+processes, so there is little here that can fail (executors/hosts/control.py is how they talk).
 
 Nothing is given up on: a process that fails to start, or dies soon after it started, is
 started again after a backoff (0.1 s doubling to 10 s), each failure logged with its
 reason, while every other process stays supervised.
 
-    python -m executors.daemon --dir /tmp/fs --config '{"executors": 2}'
+    python -m executors.hosts.supervisor --dir /tmp/fs --config '{"executors": 2}'
 """
 
 from __future__ import annotations
@@ -38,11 +38,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from executors.config import CONFIG_ENV, KEY_ENV, STATE_FILE, ClusterConfig, math_thread_env
-from executors.control import Channel
-from executors.durability import mark_started
-from executors.gpu import gpu_for_executor
-from executors.watchdog import EXIT_RECYCLED, Blackbox
+from executors.gateway.durability import mark_started
+from executors.hosts.cluster_config import CONFIG_ENV, STATE_FILE, ClusterConfig, math_thread_env
+from executors.hosts.control import Channel
+from executors.plans import KEY_ENV
+from executors.worker.gpu import gpu_for_executor
+from executors.worker.watchdog import EXIT_RECYCLED, Blackbox
+from flow.configuration import ConfigError
 from kvs import KVS, RedisServer
 from kvs.retry import Backoff
 from kvs.server import popen, terminate
@@ -227,7 +229,7 @@ class ClusterSupervisor:
                     await asyncio.to_thread(self.redis.restart)
                     self.store_backoff.reset()
                     return
-                except Exception as e:
+                except Exception as e:  # the store must come back: any failure is logged and tried again
                     delay = self.store_backoff.next()
                     log.error("starting the KVS server failed (%s); trying again in %.1f s", e, delay)
                     await asyncio.sleep(delay)
@@ -251,7 +253,7 @@ class ClusterSupervisor:
         cmd = [
             sys.executable,
             "-m",
-            "executors.executor",
+            "executors.worker.executor",
             "--id",
             ex.id,
             "--address",
@@ -346,7 +348,7 @@ class ClusterSupervisor:
         cmd = [
             sys.executable,
             "-m",
-            "executors.cluster_gateway",
+            "executors.hosts.local_gateway",
             "--dir",
             str(self.dir),
             "--rundir",
@@ -541,17 +543,13 @@ def _listen(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         if e.errno == errno.EADDRINUSE:
-            raise PortInUseError(
+            raise ConfigError(  # the address is the config's (--host, --port): choose another
                 f"port {port} on {host} is in use by another process; choose another with --port"
             ) from None
-        raise PortInUseError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     sock.listen(2048)  # connections wait here while a new gateway starts
     sock.set_inheritable(True)
     return sock
-
-
-class PortInUseError(OSError):
-    """The gateway's address cannot be bound (taken, or not this machine's)."""
 
 
 def _tail(path: Path, n: int = 8) -> str:
@@ -595,7 +593,9 @@ def log_handlers(path: Path) -> list[logging.Handler]:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m executors.daemon", description="Run a FlowServe local cluster.")
+    p = argparse.ArgumentParser(
+        prog="python -m executors.hosts.supervisor", description="Run a FlowServe local cluster."
+    )
     p.add_argument("--dir", required=True, help="state, logs and sockets directory")
     p.add_argument(
         "--config",
@@ -615,7 +615,7 @@ def main(argv=None) -> None:
     supervisor = ClusterSupervisor(config, dir_)
     try:
         supervisor.run()
-    except PortInUseError as e:
+    except ConfigError as e:  # a port in use, an address not this machine's: said, not a traceback
         log.error("%s", e)
         sys.exit(2)
 

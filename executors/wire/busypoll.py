@@ -71,7 +71,7 @@ class BusyPoll:
         yield alone is no such sign: on the quiet VM a polling gateway lost one (1.0-1.8 ms:
         the hypervisor, an interrupt) about 3 times a second, and backing off on each kept
         it asleep 60-85% of the time, so an executor's answer had to wake it (+40 us a
-        request at concurrency 1; benchmarks/README.md, session 13). Polling pays where it
+        request at concurrency 1; benchmarks/README.md, "Busy polling"). Polling pays where it
         keeps an otherwise idle CPU awake; after the back-off it is tried again."""
         t0 = time.perf_counter()
         os.sched_yield()

@@ -21,13 +21,17 @@ from typing import Any
 import numpy as np
 import orjson
 
-from flow.exceptions import DataError
+from flow.exceptions import InternalError
 from flow.table import Column, Table
 from flow.types import ColumnType
 
 
-class WireError(DataError, ValueError):
-    """A message that does not follow the wire format (truncated, wrong kinds, bad sizes)."""
+class WireError(InternalError, ValueError):
+    """A message between FlowServe's processes that does not follow the wire format
+    (truncated, wrong kinds, bad sizes, an unknown type or a missing field: the text names
+    the message type and the field), a peer that broke the framing, or a control call the
+    other end answered with an error or left unanswered (its channel closed). The receiver
+    drops the message (or the connection) and logs it."""
 
 
 def encode_table(table: Table, buffers: list) -> dict:

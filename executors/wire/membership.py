@@ -37,7 +37,6 @@ log = logging.getLogger("flowserve.membership")
 
 MEMBERS_KEY = "flowserve:executors"
 ALIVE_KEY = "flowserve:alive:{id}"
-DEPLOYED_KEY = "flowserve:deployed"
 GATEWAYS_KEY = "flowserve:gateways"  # counter: each gateway takes its own block of qids
 HEARTBEAT_S = 1.0
 
@@ -101,7 +100,7 @@ class Heartbeat:
             pipe.delete(ALIVE_KEY.format(id=self.member.id))
             pipe.hdel(MEMBERS_KEY, self.member.id)
             pipe.execute()
-        except Exception as e:
+        except Exception as e:  # best effort on the way out: the registration expires by itself anyway
             log.warning("executor %s: could not deregister (%s); it expires by itself", self.member.id, e)
 
 
@@ -131,43 +130,6 @@ def live_members(redis) -> dict[str, Member]:
     if dead:
         redis.hdel(MEMBERS_KEY, *dead)
     return out
-
-
-# HSET only forward: a version older than the registered one never replaces it
-_REGISTER = """
-local cur = redis.call('HGET', KEYS[1], ARGV[1])
-if cur and tonumber(cur) > tonumber(ARGV[2]) then return cur end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-return ARGV[2]
-"""
-
-
-def register_deployed(redis, name: str, version: int) -> int:
-    """Register ``name`` at ``version`` unless a newer version is registered; returns the
-    version registered afterwards (``version``, or the newer one that won)."""
-    return int(redis.eval(_REGISTER, 1, DEPLOYED_KEY, name, str(int(version))))
-
-
-async def build_on(dispatcher, executor_id: str, pick, load_timeout_s: float) -> list[tuple[object, list[str]]]:
-    """Build on one executor the stages ``pick(flow)`` chooses of each deployed flow, and
-    return ``(flow, stages)`` for each flow built there. Both gateway hosts call it when an
-    executor (re)joins: the local cluster's supervisor for an executor it restarted (the
-    stages placed on it), the standalone gateway for one that registered (its share). A
-    build that failed is logged and left out: the store watch (durability.py) or the next
-    membership change builds it again."""
-    built = []
-    for name, flow in list(dispatcher.flows.items()):
-        stages = pick(flow)
-        if not stages:
-            continue
-        errors = await dispatcher.load(name, flow.version, {s: [executor_id] for s in stages}, load_timeout_s)
-        if errors.get(executor_id):
-            log.warning(
-                "executor %s: building flow %s v%s failed: %s", executor_id, name, flow.version, errors[executor_id]
-            )
-            continue
-        built.append((flow, stages))
-    return built
 
 
 class Absence:

@@ -18,7 +18,7 @@ travel with every request on every hop. Keys, by message (-> who sends it):
 
     ping      gateway -> executor   reply (address for the pong), token
     pong      executor -> gateway   executor, token, device ("cpu"/"gpu"), gpus (stats),
-                                    relays (takes bodies; omitted: false, as before there were any)
+                                    relays (takes bodies; omitted: false, as an executor that predates relaying says)
     load      gateway -> executor   flow, version, stages (names; null: all), reply, token
     loaded    executor -> gateway   executor, flow, version, token, error (null: built)
     unload    gateway -> executor   flow, version
@@ -48,9 +48,9 @@ travel with every request on every hop. Keys, by message (-> who sends it):
     unstuck   executor -> gateway   executor, flow, stage, operator
     recycling executor -> gateway   executor, flow, operator, reason
 
-``decode`` checks the type and every field's JSON type, and raises MessageError (a
-WireError) naming the message type and the field for anything else; it does not look
-inside nested values (routes, trace) beyond their outer type.
+``decode`` checks the type and every field's JSON type, and raises WireError naming the
+message type and the field for anything else; it does not look inside nested values
+(routes, trace) beyond their outer type.
 """
 
 from __future__ import annotations
@@ -60,15 +60,9 @@ from typing import Any, ClassVar
 
 import orjson
 
-from executors.wire import WireError, decode_table, pack, unpack, unpack_header
+from executors.wire.frames import WireError, decode_table, pack, unpack, unpack_header
 from flow.table import Table
 from optimizer.stage import INPUT
-
-
-class MessageError(WireError):
-    """A message whose header is not one of the messages below (unknown type, a field
-    missing or of the wrong type); the text names the message type and the field."""
-
 
 _NONE = type(None)
 _REQUIRED: Any = object()  # a field's default when the message must carry it
@@ -139,11 +133,11 @@ class Message:
         if cls._TABLE_FIELD is not None:
             table = tables.get(_TABLE)
             if table is None and cls._TABLE_FIELD[1]:
-                raise MessageError(f"{cls.TYPE!r} message: its table {_TABLE!r} is missing")
+                raise WireError(f"{cls.TYPE!r} message: its table {_TABLE!r} is missing")
             args.append(table)
         if cls._BLOB_FIELD is not None:
             if blob is None:
-                raise MessageError(f"{cls.TYPE!r} message: its body (frame 1) is missing")
+                raise WireError(f"{cls.TYPE!r} message: its body (frame 1) is missing")
             args.append(blob)
         return cls(*args)
 
@@ -165,7 +159,7 @@ def carried(*, required: bool):
 def blob():
     """The field holding the bytes a message carries as they are, in frame 1 (a message
     carries a table or a blob, never both; the blob is its last field, and a decoded
-    message without frame 1 is a MessageError whatever the default)."""
+    message without frame 1 is a WireError whatever the default)."""
     return field(default=b"", metadata={"blob": True})
 
 
@@ -190,15 +184,15 @@ def message(kind: str):
     return declare
 
 
-def _field_error(kind: str, key: str, value, types: tuple) -> MessageError:
+def _field_error(kind: str, key: str, value, types: tuple) -> WireError:
     if value is _REQUIRED:
-        return MessageError(f"{kind!r} message: field {key!r} is missing")
+        return WireError(f"{kind!r} message: field {key!r} is missing")
     names = [_TYPE_NAMES.get(t, t.__name__) for t in types if not (t is int and float in types)]
     want = " or ".join(names)
     shown = repr(value)
     if len(shown) > 80:
         shown = shown[:77] + "..."
-    return MessageError(f"{kind!r} message: field {key!r} must be {want}, got {shown}")
+    return WireError(f"{kind!r} message: field {key!r} must be {want}, got {shown}")
 
 
 def _optional(types: tuple) -> tuple:
@@ -537,7 +531,7 @@ MESSAGES: dict[str, type[Message]] = {
 
 
 def decode(frames: list) -> Message:
-    """The message in ``frames``; MessageError (a WireError) if it is not a known, well-formed one."""
+    """The message in ``frames``; WireError if it is not a known, well-formed one."""
     header, tables = unpack(frames)
     cls = _message_class(header)
     if cls._BLOB_FIELD is not None:
@@ -546,13 +540,13 @@ def decode(frames: list) -> Message:
 
 
 def _message_class(header: dict) -> type:
-    """The Message class a header's ``type`` names; MessageError if none."""
+    """The Message class a header's ``type`` names; WireError if none."""
     kind = header.get("type")
     cls = MESSAGES.get(kind) if kind.__class__ is str else None
     if cls is None:
         if kind is None:
-            raise MessageError("message without a 'type'")
-        raise MessageError(f"unknown message type {kind!r} (expected one of {', '.join(MESSAGES)})")
+            raise WireError("message without a 'type'")
+        raise WireError(f"unknown message type {kind!r} (expected one of {', '.join(MESSAGES)})")
     return cls
 
 

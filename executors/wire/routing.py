@@ -10,7 +10,7 @@ that executor's local cache holds it after the first read; when a replica is add
 removed only the keys of that replica move (about 1/n of them). An executor that already
 holds a row's key in its own cache may keep that row (a hit here costs no hop; a hit at
 the owner costs one): the owner is where a key is read from the store, not the only place
-it may be served from. The executor decides which (``Executor._kept_keys``: none while
+it may be served from. The executor decides which (``worker.outputs.Outputs._kept_keys``: none while
 its cache is evicting).
 
 Racing copies of a producer (``competitive > 1``) each split the same output, and label
@@ -83,7 +83,7 @@ def deliveries(
         local = holds if here is not None and holds is not None and here in addresses else None
         return _by_key(table, stage.continuation, addresses, path, here, local)
     if len(addresses) > 1 and stage.hedge is not None:
-        # a hedged stage: the first replica runs it; the second is its backup (executors/clipper.py)
+        # a hedged stage: the first replica runs it; the second is its backup (executors/worker/hedging.py)
         return [Delivery(addresses[0], table, path)]
     if len(addresses) > 1:
         # competing copies: every copy runs, the consumer keeps the first answer

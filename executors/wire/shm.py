@@ -83,7 +83,7 @@ def map_segment(fd: int, size: int) -> SharedMap:
         if st.st_size < size or size <= 0:
             raise ValueError(f"segment of {st.st_size} bytes, frame needs {size}")
         m = SharedMap(fd, st.st_size, mmap.MAP_SHARED, mmap.PROT_READ)
-    except BaseException:
+    except BaseException:  # not kept: close the descriptor, whatever went wrong, and re-raise
         os.close(fd)
         raise
     return _own(m, fd)
@@ -103,7 +103,7 @@ def new_segment(data: memoryview) -> tuple[int, int]:
         done = 0
         while done < size:
             done += os.pwrite(fd, data[done:], done)
-    except BaseException:
+    except BaseException:  # not kept: close the descriptor, whatever went wrong, and re-raise
         os.close(fd)
         raise
     return fd, size

@@ -1,7 +1,7 @@
 """Messages between the gateway and the executors: framed byte streams over Unix-domain
 sockets (``ipc:///path``) or TCP (``tcp://host:port``).
 
-Why not ZeroMQ (which session 1 used): libzmq moves every message through an I/O thread
+Why not ZeroMQ: libzmq moves every message through an I/O thread
 on each side, so one message between two processes that sleep between requests wakes
 three threads. Measured on this project's machine with two processes that idle between
 messages: a round trip costs 105 us over ZeroMQ IPC and 17 us over a Unix socket
@@ -11,7 +11,7 @@ A message is a list of frames (the wire format's header and buffers, see wire.py
 messages there are: messages.py). On
 the stream it is ``u32 frame count, u64 length per frame, the frames``. Limits on the
 count and the total size keep a hostile or broken peer from making a receiver allocate
-without bound; a peer that breaks them is disconnected.
+without bound; a peer that breaks them is disconnected (``WireError``, logged).
 
 Sending (``Outbox``) never blocks the caller: a message goes straight into the socket
 when it fits in the kernel's buffer (the common case: no thread hop); what does not fit
@@ -42,7 +42,9 @@ import threading
 from array import array
 from collections import deque
 
-from executors import shm
+from executors.wire import shm
+from executors.wire.frames import WireError
+from flow.exceptions import FlowValueError
 
 log = logging.getLogger("flowserve.transport")
 
@@ -55,10 +57,6 @@ _SMALL_HEADS = ["<I" + "Q" * k for k in range(17)]  # a message of k frames' hea
 _ANC_SPACE = socket.CMSG_SPACE(shm.MAX_FDS * array("i").itemsize)
 
 
-class TransportError(OSError):
-    """A peer broke the framing (it is disconnected), or an address is malformed."""
-
-
 def parse_address(address: str):
     """``ipc:///path`` -> (AF_UNIX, path); ``tcp://host:port`` -> (AF_INET/6, (host, port))."""
     if address.startswith("ipc://"):
@@ -66,11 +64,11 @@ def parse_address(address: str):
     if address.startswith("tcp://"):
         host, sep, port = address[len("tcp://") :].rpartition(":")
         if not sep or not port.isdigit():
-            raise TransportError(f"address {address!r}: expected tcp://host:port")
+            raise FlowValueError(f"address {address!r}: expected tcp://host:port")
         host = host.strip("[]")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         return family, (host, int(port))
-    raise TransportError(f"address {address!r}: expected ipc:///path or tcp://host:port")
+    raise FlowValueError(f"address {address!r}: expected ipc:///path or tcp://host:port")
 
 
 def listen(address: str) -> socket.socket:
@@ -217,7 +215,7 @@ class Reader:
                 fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
                 self._fds.extend(fds)
         if flags & _MSG_CTRUNC:
-            raise TransportError(f"a peer sent more than {shm.MAX_FDS} descriptors in one message")
+            raise WireError(f"a peer sent more than {shm.MAX_FDS} descriptors in one message")
 
     def close(self) -> None:
         """Close the descriptors received for frames not yet parsed."""
@@ -267,7 +265,7 @@ class Reader:
                     return
                 (count,) = _COUNT.unpack_from(self._head)
                 if not 0 < count <= MAX_FRAMES:
-                    raise TransportError(f"message with {count} frames (at most {MAX_FRAMES})")
+                    raise WireError(f"message with {count} frames (at most {MAX_FRAMES})")
                 need = 4 + 8 * count
                 if len(self._head) < need:
                     return
@@ -275,10 +273,10 @@ class Reader:
                 self._shared = {i for i, length in enumerate(lengths) if length & _SHARED}
                 for i in self._shared:
                     if lengths[i] != _SHARED | _SHM_DESC.size:
-                        raise TransportError(f"shared frame with a {lengths[i] & ~_SHARED}-byte descriptor")
+                        raise WireError(f"shared frame with a {lengths[i] & ~_SHARED}-byte descriptor")
                     lengths[i] = _SHM_DESC.size
                 if sum(lengths) > MAX_MESSAGE_BYTES:
-                    raise TransportError(f"message of {sum(lengths)} bytes (at most {MAX_MESSAGE_BYTES})")
+                    raise WireError(f"message of {sum(lengths)} bytes (at most {MAX_MESSAGE_BYTES})")
                 del self._head[:need]
                 self._lengths, self._frames = lengths, []
             # frames: take what the head buffer already holds, then read the rest in place
@@ -304,13 +302,13 @@ class Reader:
         """A shared frame: its segment's descriptor (received, in order) mapped read-only."""
         offset, length = _SHM_DESC.unpack(desc)
         if not self._fds:
-            raise TransportError("a shared frame came without its segment's descriptor")
+            raise WireError("a shared frame came without its segment's descriptor")
         if length > MAX_MESSAGE_BYTES:
-            raise TransportError(f"shared frame of {length} bytes (at most {MAX_MESSAGE_BYTES})")
+            raise WireError(f"shared frame of {length} bytes (at most {MAX_MESSAGE_BYTES})")
         try:
             segment = shm.map_segment(self._fds.popleft(), offset + length)
         except (OSError, ValueError) as e:
-            raise TransportError(f"shared frame: {e}") from None
+            raise WireError(f"shared frame: {e}") from None
         return memoryview(segment)[offset : offset + length]
 
     def _frame_done(self, out: list) -> None:

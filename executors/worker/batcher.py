@@ -10,7 +10,7 @@ rule matters for closed-loop clients: one client that sends its next request whe
 answer comes arrives often, yet nothing ever comes during a wait. A batcher that stopped
 waiting tries again every ``PROBE_EVERY`` batches. Whatever is already queued is always taken.
 
-Under a latency SLO (``plan.slo``, optimizer/slo/serving.py) the cap and the window are
+Under a latency SLO (``plan.slo``, optimizer/slo/sizing.py) the cap and the window are
 Clipper's AIMD instead (optimizer/slo/aimd.py ``aimd_config``, which the simulator models
 too): each batch gets half the stage's budget (a request may wait for the batch in
 progress, then run in its own); the cap grows by one after a batch within it (full, or
@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from executors.messages import StageInput
+from executors.wire.messages import StageInput
 from optimizer.slo import AIMDBatcher
 from optimizer.slo.aimd import aimd_config
 

@@ -1,4 +1,4 @@
-"""The executor's side of Clipper's layer (flow/clipper.py): reactive hedging, deadline
+"""The executor's side of Clipper's layer (flow/prediction.py): reactive hedging, deadline
 answers, and what a stage reports to the gateway's /metrics about them and its cache.
 
 Only stages that ask for one of these get the pieces (``equip``); every other stage keeps
@@ -19,7 +19,7 @@ others are still missing, a timer is set at the request's deadline (less a margi
 the answer beats the gateway's 504) or ``deadline_ms`` later, whichever is sooner. If
 the inputs are still incomplete then, the ensemble runs on what has arrived (a missing
 member's input is None) and late inputs are dropped. A member whose run the watchdog
-abandons at the request's deadline sends no 504 (executor._fail): it is just missing.
+abandons at the request's deadline sends no 504 (outputs.Outputs.fail): it is just missing.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from collections import deque
 
 import numpy as np
 
-from executors.batcher import WorkItem
-from executors.prediction_cache import CachedOperator
-from executors.routing import complete, merge
-from flow.clipper import cache_prefix
+from executors.wire.routing import complete, merge
+from executors.worker.batcher import WorkItem
+from executors.worker.prediction_cache import CachedOperator
+from flow.prediction import cache_prefix
 
 log = logging.getLogger("flowserve.executor")
 
@@ -153,17 +153,19 @@ class Hedger:
 
 
 class EarlyAnswers:
-    """One ensemble stage on one executor: answers at the deadline with what arrived."""
+    """One ensemble stage on one executor: answers at the deadline with what arrived, taking
+    the request's inputs from ``inputs`` (inputs.Inputs) and running it with ``run_one``."""
 
-    def __init__(self, executor, hosted):
-        self.executor = executor
+    def __init__(self, inputs, run_one, hosted):
+        self.inputs = inputs
+        self.run_one = run_one
         self.hosted = hosted
         op = hosted.stage.nodes[0].op
         self.after_s = None if op.deadline_ms is None else op.deadline_ms / 1000
         self.armed: set = set()
 
     def arm(self, h, rid) -> None:
-        """Called under the executor's lock when an input arrived and others are missing."""
+        """Called under the inputs' lock when an input arrived and others are missing."""
         if rid in self.armed:
             return
         self.armed.add(rid)
@@ -177,30 +179,28 @@ class EarlyAnswers:
         timers().at(now + max(0.0, wait), self._fire, h, rid)
 
     def _fire(self, h, rid) -> None:
-        ex, stage = self.executor, self.hosted.stage
-        with ex._lock:
-            self.armed.discard(rid)
-            pend = ex.pending.pop(rid, None)
-            if pend is None:
-                return  # every member answered in time
-            ex._mark_done(rid)  # members that answer later are dropped
-            inputs = [
-                merge(pend.parts[s]) if s in pend.parts and complete(pend.parts[s]) else None for s in stage.inputs
-            ]
+        pend = self.inputs.claim(rid)  # members that answer later are dropped
+        self.armed.discard(rid)  # after the claim: rid is done, so no input arms it again
+        if pend is None:
+            return  # every member answered in time
+        stage = self.hosted.stage
+        inputs = [merge(pend.parts[s]) if s in pend.parts and complete(pend.parts[s]) else None for s in stage.inputs]
         if h.deadline is not None:  # the gateway waits a little past the deadline: this answer may use it
             h = dataclasses.replace(h, deadline=h.deadline + MARGIN_S)
         # run here, not queued behind the pool's work (a combine is cheap; the deadline is near)
-        ex.run_one(self.hosted, WorkItem(h, inputs, (), pend.trace))
+        self.run_one(self.hosted, WorkItem(h, inputs, (), pend.trace))
 
 
-def equip(executor, hosted) -> None:
-    """Give a newly built stage the pieces it asks for (none for a plain stage)."""
+def equip(hosted, address: str, send, inputs, run_one) -> None:
+    """Give a newly built stage the pieces it asks for (none for a plain stage): a hedger
+    sends backups from ``address`` with ``send``; deadline answers take a request's inputs
+    from ``inputs`` and run it with ``run_one`` (the executor's Inputs and Runner)."""
     stage = hosted.stage
     caches = [b for b in hosted.bound.bound if isinstance(b, CachedOperator)]
     if stage.hedge is not None:
-        hosted.hedger = Hedger(stage.hedge, executor.address, executor.send)
+        hosted.hedger = Hedger(stage.hedge, address, send)
     if stage.deadline_answers:
-        hosted.early = EarlyAnswers(executor, hosted)
+        hosted.early = EarlyAnswers(inputs, run_one, hosted)
     for c in caches:
         if c.spec.shared:
             c.share(cache_prefix(hosted.plan.flow_name, hosted.version, c.name))

@@ -39,10 +39,11 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from executors.stage_runner import BoundStage
+from executors.worker.stage_runner import BoundStage
 from flow.exceptions import (
     DataError,
     FlowError,
+    FlowTypeError,
     OperatorFailedError,
     OperatorOutputError,
     RowRejectedError,
@@ -50,7 +51,7 @@ from flow.exceptions import (
 )
 from flow.table import Table
 from optimizer import positions
-from optimizer.plan import INPUT, Plan, PlanTypeError, Stage
+from optimizer.plan import INPUT, Plan, Stage
 
 # The errors an anyof alternative may raise without failing the query (see AnyOfOp).
 ALTERNATIVE_ERRORS = (OperatorFailedError, OperatorOutputError, RowRejectedError)
@@ -99,7 +100,7 @@ class Interpreter:
 
     def __init__(self, plan: Plan, *, route_by_key: bool = False):
         if not isinstance(plan, Plan):
-            raise PlanTypeError(f"Interpreter expects a Plan, got {type(plan).__name__}")
+            raise FlowTypeError(f"Interpreter expects a Plan, got {type(plan).__name__}")
         self.plan = plan
         self.route_by_key = route_by_key
         self._bound = {name: BoundStage(s) for name, s in plan.stages.items()}
@@ -122,7 +123,7 @@ class Interpreter:
         """Run several requests (Tables or row data with disjoint qids) together; batching
         stages see them merged. Returns every request's result or error, and stats."""
         if isinstance(requests, (Table, str, bytes)) or not isinstance(requests, Sequence):
-            raise PlanTypeError(f"run_many expects a list of requests, got {type(requests).__name__}")
+            raise FlowTypeError(f"run_many expects a list of requests, got {type(requests).__name__}")
         reqs = [_Request(self._input(d)) for d in requests]
         owner: dict[int, int] = {}
         for r, req in enumerate(reqs):

@@ -1,7 +1,7 @@
 """The prediction cache of a ``map(..., cache=...)``: one per replica (per built stage), so a
 redeploy (a new flow version, new replicas) starts it empty.
 
-A row's key is a hash of the values the map reads (``flow.clipper.row_keys``); a hit
+A row's key is a hash of the values the map reads (``flow.prediction.row_keys``); a hit
 returns the output row that an earlier call produced (with this query's qid), a miss is
 computed with the other misses of the call in one call of the operator (a batching map
 still gets one Table, never an empty one). CLOCK (Clipper's choice: one reference bit
@@ -12,7 +12,7 @@ by a number of entries.
     out = cached([table], store)
 
 Shared (``CacheSpec(shared=True)``, deployed): the executor names a KVS prefix per flow
-version and operator (``flow.clipper.cache_prefix``, set by ``executors.clipper.equip``).
+version and operator (``flow.prediction.cache_prefix``, set by ``executors.worker.hedging.equip``).
 Local misses are then looked up in the KVS in one MGET through the executor's cached
 KVS; what is found there is a hit (counted apart, ``shared_hits``) and kept locally; what
 is computed is written there (one row as a Table: Arrow, never pickle) with the spec's
@@ -28,8 +28,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from flow.clipper import CacheSpec, row_keys
 from flow.operators import BoundOperator
+from flow.prediction import CacheSpec, row_keys
 from flow.table import Table
 from kvs.serialization import encode
 

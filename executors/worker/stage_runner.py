@@ -1,7 +1,7 @@
 """Running a stage: the runtime's side of the optimizer's ``Stage``.
 
 A Plan only describes stages (which operators, fused how, batched, placed where); every
-runtime (the executors, and the in-process ``executors.interpreter``) runs them through
+runtime (the executors, and the in-process ``executors.worker.interpreter``) runs them through
 ``BoundStage``: each operator built once per replica (``op.instantiate()``: constructors,
 init functions), then called on input Tables.
 
@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from executors import fused, prediction_cache
+from executors.worker import fused, prediction_cache
+from flow.exceptions import FlowValueError
 from flow.operators import BoundOperator
 from flow.table import Table
-from optimizer.plan import PlanError, Stage
+from optimizer.plan import Stage
 from optimizer.positions import POS, positions, strip, with_positions
 
 
@@ -69,7 +70,7 @@ class BoundStage:
             else:
                 out = op([out], store)
                 if len(out) != before:  # a plan bug: Stage lets only maps, filters and lookups follow
-                    raise PlanError(
+                    raise FlowValueError(
                         f"stage {self.stage.name!r}: operator {node.name!r} gave {len(out)} rows "
                         f"for {before}; a continuation stage must keep rows 1:1 or filter them"
                     )

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TypeGuard
 
+from flow.operators import LookupOp
 from optimizer.plan import Plan, PlanNode, Stage, stage_name
 
 
@@ -26,7 +28,7 @@ def rewrite_each(plan: Plan, matches: Callable[[Stage], bool], rewrite: Callable
         plan = rewrite(plan, todo)
 
 
-def is_dynamic_lookup(op) -> bool:
+def is_dynamic_lookup(op) -> TypeGuard[LookupOp]:
     """A per-row ``lookup(column=...)``: the start of a continuation stage."""
     return op.kind == "lookup" and getattr(op, "column", None) is not None
 
@@ -66,12 +68,13 @@ def cut(plan: Plan, name: str, at: Sequence[int]) -> Plan:
 
 
 def _piece(stage: Stage, nodes: list[PlanNode], first: bool, upstream: str | None) -> Stage:
+    """One piece of ``stage``: the first reads the stage's inputs, each other its ``upstream``."""
     racing = stage.competitive > 1 and any(n.op.high_variance for n in nodes)
     competitive = stage.competitive if racing else 1
     return Stage(
         name=stage_name(nodes),
         nodes=tuple(nodes),
-        inputs=stage.inputs if first else (upstream,),
+        inputs=stage.inputs if first or upstream is None else (upstream,),  # upstream: None only for the first
         replicas=stage.replicas if (racing or stage.competitive == 1) else 1,
         competitive=competitive,
         device="gpu" if stage.device == "gpu" and any(n.op.gpu for n in nodes) else "cpu",

@@ -22,6 +22,8 @@
 
 from __future__ import annotations
 
+from flow.exceptions import FlowValueError
+from flow.operators import AnyOfOp
 from optimizer.options import OptimizerOptions
 from optimizer.plan import ChooseOp, Plan, PlanNode, Stage
 from optimizer.rules.base import cut, cut_between, rewrite_each, wants_batching
@@ -86,6 +88,8 @@ def expand_anyof(plan: Plan, name: str) -> Plan:
     stage = plan.stages[name]
     (node,) = stage.nodes
     op = node.op
+    if not isinstance(op, AnyOfOp):  # callers pass the stages _anyof_index found
+        raise FlowValueError(f"stage {name!r}: expand_anyof needs an anyof operator, got {op.kind}")
     alts = []
     for i in range(len(op.alternatives)):
         alt_name = f"{node.name}[{i}]"

@@ -1,4 +1,4 @@
-"""Serving under a latency SLO (issue 17): the pure parts, over plans and profiles.
+"""Serving under a latency SLO: the pure parts, over plans and profiles.
 
 - ``SLO``: the objective (``spec``); ``Profile``: measured latency per stage, executor
   class and batch size (``profile``), filled by ``measure_batches`` (``profiler``).
@@ -6,7 +6,7 @@
   (``simulator``, ``pipeline``, ``traces``).
 - ``plan_for_slo``: InferLine's greedy planner: batch size, replicas and executor class
   per stage at the least cost under the SLO (``planner``).
-- ``serve_under``: a Plan configured by the planner, carrying a ``ServingSLO`` (``serving``).
+- ``serve_under``: a Plan configured by the planner, carrying a ``ServingSLO`` (``sizing``).
 - ``AIMDBatcher``: Clipper's adaptive batch size and delay window (``aimd``);
   ``ArrivalEnvelope``: max arrivals per window, for the tuner (``envelope``).
 
@@ -15,7 +15,7 @@ docs/slo.md says how they plug into the runtime.
 
 from optimizer.slo.aimd import AIMDBatcher
 from optimizer.slo.envelope import WINDOWS_MS, ArrivalEnvelope, envelope_of
-from optimizer.slo.errors import InfeasibleSLOError, SLOError, SLOTypeError
+from optimizer.slo.errors import InfeasibleSLOError
 from optimizer.slo.pipeline import (
     ROUTINGS,
     Shape,
@@ -32,8 +32,8 @@ from optimizer.slo.pipeline import (
 from optimizer.slo.planner import PlannerOptions, SLOPlan, StagePlan, plan_for_slo
 from optimizer.slo.profile import LatencyFit, Profile
 from optimizer.slo.profiler import default_batch_sizes, measure_batches
-from optimizer.slo.serving import ServingSLO, equal_budgets, planning_trace, serve_under
 from optimizer.slo.simulator import SimResult, StageStats, simulate
+from optimizer.slo.sizing import ServingSLO, equal_budgets, planning_trace, serve_under
 from optimizer.slo.spec import SLO
 from optimizer.slo.traces import bursty, check_trace, poisson
 
@@ -47,9 +47,7 @@ __all__ = [
     "LatencyFit",
     "PlannerOptions",
     "Profile",
-    "SLOError",
     "SLOPlan",
-    "SLOTypeError",
     "ServingSLO",
     "Shape",
     "SimPipeline",

@@ -1,33 +1,33 @@
-"""Small validators shared by the SLO modules: each raises an SLOError quoting the value."""
+"""Small validators shared by the SLO modules: each raises an FlowValueError quoting the value."""
 
 from __future__ import annotations
 
 import math
 
+from flow.exceptions import FlowTypeError, FlowValueError
 from optimizer.plan import _is_int
-from optimizer.slo.errors import SLOError, SLOTypeError
 
 
 def positive_number(what: str, v, allow_zero: bool = False) -> float:
     """``v`` as a float if it is a finite number > 0 (>= 0 with ``allow_zero``)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
-        raise SLOTypeError(f"{what} must be a number, got {type(v).__name__} {v!r:.80}")
+        raise FlowTypeError(f"{what} must be a number, got {type(v).__name__} {v!r:.80}")
     f = float(v)
     if not math.isfinite(f) or f < 0 or (f == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
-        raise SLOError(f"{what} must be a finite number {bound}, got {v!r}")
+        raise FlowValueError(f"{what} must be a finite number {bound}, got {v!r}")
     return f
 
 
 def positive_int(what: str, v, minimum: int = 1) -> int:
     if not _is_int(v):
-        raise SLOTypeError(f"{what} must be an int, got {type(v).__name__} {v!r:.80}")
+        raise FlowTypeError(f"{what} must be an int, got {type(v).__name__} {v!r:.80}")
     if v < minimum:
-        raise SLOError(f"{what} must be >= {minimum}, got {v!r}")
+        raise FlowValueError(f"{what} must be >= {minimum}, got {v!r}")
     return int(v)
 
 
 def name(what: str, v) -> str:
     if not isinstance(v, str) or not v:
-        raise SLOTypeError(f"{what} must be a non-empty str, got {v!r:.80}")
+        raise FlowTypeError(f"{what} must be a non-empty str, got {v!r:.80}")
     return v

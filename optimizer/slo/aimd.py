@@ -33,7 +33,7 @@ size, and a delay window chosen from the arrival rate.
   once requests arrive faster than that, the queue that forms during each batch makes
   the next one bigger by itself, and a wait on top only lowers the throughput (the first
   rule, which waited for the batch the rate needed, ran below the arrival rate over HTTP:
-  benchmarks/README.md "AIMD over HTTP"). So the window buys fewer, bigger batches (less
+  docs/slo.md "AIMD batcher"). So the window buys fewer, bigger batches (less
   work) on a stage that is cheap for its rate, and a stage that is busy never waits.
 
 latency(b) is an exponentially weighted least-squares fit ``a + c*b`` of the batches
@@ -55,8 +55,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from flow.exceptions import FlowTypeError, FlowValueError
 from optimizer.slo._check import positive_int, positive_number
-from optimizer.slo.errors import SLOError, SLOTypeError
 
 FIT_WEIGHT = 0.05  # weight of the newest batch in the latency fit (about the last 20 batches)
 EPS_MS = 1e-6  # the fit's rounding: a batch the curve puts at the budget is within it
@@ -70,8 +70,8 @@ CEILING_BATCHES = 200  # a full batch over budget stops the curve's increases pa
 #: pays the wait in full (docs/slo.md "AIMD batcher")
 DELAY_SHARE = 0.1
 #: the share of a stage's budget one batch may take (``aimd_config``): a request that
-#: arrives while a batch runs waits for it, then runs in its own (benchmarks/README.md
-#: "AIMD on a torch model")
+#: arrives while a batch runs waits for it, then runs in its own (docs/slo.md "AIMD
+#: batcher")
 BATCH_SHARE = 0.5
 #: a planned stage's batch may grow to this many times the planned size
 HEADROOM = 2
@@ -143,12 +143,12 @@ class AIMDBatcher:
         self.step = positive_int("AIMDBatcher.step", step)
         self.decrease = positive_number("AIMDBatcher.decrease", decrease)
         if not self.decrease < 1:
-            raise SLOError(f"AIMDBatcher.decrease must be in (0, 1), got {decrease!r}")
+            raise FlowValueError(f"AIMDBatcher.decrease must be in (0, 1), got {decrease!r}")
         self.min_batch = positive_int("AIMDBatcher.min_batch", min_batch)
         self.max_batch = positive_int("AIMDBatcher.max_batch", max_batch, minimum=self.min_batch)
         self.size = positive_int("AIMDBatcher.start", start, minimum=self.min_batch)
         if self.size > self.max_batch:
-            raise SLOError(f"AIMDBatcher.start ({start!r}) exceeds max_batch ({max_batch!r})")
+            raise FlowValueError(f"AIMDBatcher.start ({start!r}) exceeds max_batch ({max_batch!r})")
         self.max_delay_ms = (
             self.budget_ms * DELAY_SHARE
             if max_delay_ms is None
@@ -156,10 +156,10 @@ class AIMDBatcher:
         )
         self.utilisation = positive_number("AIMDBatcher.utilisation", utilisation)
         if self.utilisation > 1:
-            raise SLOError(f"AIMDBatcher.utilisation must be in (0, 1], got {utilisation!r}")
+            raise FlowValueError(f"AIMDBatcher.utilisation must be in (0, 1], got {utilisation!r}")
         self.rate_window_ms = positive_number("AIMDBatcher.rate_window_ms", rate_window_ms)
         if not callable(clock):
-            raise SLOTypeError(f"clock must be a callable returning seconds, got {clock!r:.80}")
+            raise FlowTypeError(f"clock must be a callable returning seconds, got {clock!r:.80}")
         self.clock = clock
         self._arrivals: deque[float] = deque()  # ms timestamps within the rate window
         self.fit = _LatencyFit()
@@ -336,7 +336,7 @@ def _planned_batch_ms(serving, stage: str, batch_size: int) -> float:
         return 0.0
     try:
         return profile.latency(stage, config.executor_class, batch_size, serving.slo.percentile)
-    except SLOError:  # not profiled on that class or size
+    except FlowValueError:  # not profiled on that class or size
         return 0.0
 
 

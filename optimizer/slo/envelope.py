@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 
+from flow.exceptions import FlowTypeError, FlowValueError
 from optimizer.slo._check import positive_int, positive_number
-from optimizer.slo.errors import SLOError, SLOTypeError
 from optimizer.slo.traces import check_trace
 
 #: 10 ms to 60 s, roughly doubling (a 1-2-5 series)
@@ -28,11 +28,12 @@ class ArrivalEnvelope:
 
     def __init__(self, windows_ms: Sequence[float] = WINDOWS_MS):
         if isinstance(windows_ms, (str, bytes)) or not isinstance(windows_ms, Sequence) or not windows_ms:
-            raise SLOTypeError(
+            raise FlowTypeError(
                 f"windows_ms must be a non-empty sequence of window lengths in ms, got {windows_ms!r:.80}"
             )
         self.windows_ms = tuple(sorted({positive_number("window length (ms)", w) for w in windows_ms}))
-        self._events = {w: deque() for w in self.windows_ms}  # (t, n) within the window
+        # per window: the (t, n) arrivals within it
+        self._events: dict[float, deque[tuple[float, int]]] = {w: deque() for w in self.windows_ms}
         self._count = dict.fromkeys(self.windows_ms, 0)
         self._peak = dict.fromkeys(self.windows_ms, 0)
         self._last = float("-inf")
@@ -42,7 +43,7 @@ class ArrivalEnvelope:
         t_ms = positive_number("arrival time (ms)", t_ms, allow_zero=True)
         n = positive_int("n", n)
         if t_ms < self._last:
-            raise SLOError(f"arrival times must not go back: {t_ms!r} after {self._last!r}")
+            raise FlowValueError(f"arrival times must not go back: {t_ms!r} after {self._last!r}")
         self._last = t_ms
         for w in self.windows_ms:
             self._events[w].append((t_ms, n))
@@ -70,10 +71,10 @@ class ArrivalEnvelope:
         """Windows whose count is over ``reference`` (e.g. the planning trace's envelope):
         the current trailing counts at ``now_ms``, or the peaks if ``now_ms`` is None."""
         if not isinstance(reference, Mapping):
-            raise SLOTypeError(f"reference must map window length (ms) -> arrivals, got {reference!r:.80}")
+            raise FlowTypeError(f"reference must map window length (ms) -> arrivals, got {reference!r:.80}")
         missing = [w for w in self.windows_ms if w not in reference]
         if missing:
-            raise SLOError(f"reference envelope has no count for window(s) {missing} ms")
+            raise FlowValueError(f"reference envelope has no count for window(s) {missing} ms")
         counts = self.peak() if now_ms is None else self.current(now_ms)
         return [w for w in self.windows_ms if counts[w] > reference[w]]
 

@@ -1,24 +1,15 @@
-"""The SLO machinery's exceptions, under the optimizer's ``PlanError`` (so a caller that
-already catches plan mistakes catches these too)."""
+"""The SLO machinery's one exception of its own; its other mistakes (a bad SLO, profile,
+trace or planner setting) are ``flow.exceptions.FlowValueError``/``FlowTypeError`` quoting
+the bad value, like the optimizer's."""
 
 from __future__ import annotations
 
-from optimizer.plan import PlanError, PlanTypeError
+from flow.exceptions import FlowValueError
 
 
-class SLOError(PlanError):
-    """A bad SLO, profile, trace or planner setting; the message quotes the bad value."""
-
-
-class SLOTypeError(SLOError, PlanTypeError):
-    """An SLO argument has the wrong type."""
-
-
-class InfeasibleSLOError(SLOError):
+class InfeasibleSLOError(FlowValueError):
     """No configuration the planner may choose meets the SLO. ``stage`` names the stage
     that cannot meet it (its fastest run alone, or the bottleneck the search could not
     relieve), so the user knows what to speed up or which budget to relax."""
 
-    def __init__(self, message: str, stage: str | None = None):
-        super().__init__(message)
-        self.stage = stage
+    stage: str | None = None

@@ -14,10 +14,10 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from flow.exceptions import FlowTypeError, FlowValueError
 from optimizer.plan import INPUT, Plan
 from optimizer.slo._check import name, positive_int, positive_number
 from optimizer.slo.aimd import AIMDConfig, aimd_config
-from optimizer.slo.errors import SLOError, SLOTypeError
 from optimizer.slo.profile import Profile
 
 ROUTINGS = ("least_loaded", "round_robin", "shared", "gateway")
@@ -95,9 +95,9 @@ class SimStage:
         name("SimStage.name", self.name)
         object.__setattr__(self, "inputs", tuple(self.inputs))
         if not self.inputs:
-            raise SLOError(f"stage {self.name!r}: needs at least one input (INPUT for the request)")
+            raise FlowValueError(f"stage {self.name!r}: needs at least one input (INPUT for the request)")
         if not callable(self.service):
-            raise SLOTypeError(
+            raise FlowTypeError(
                 f"stage {self.name!r}: service must be a callable (batch, rng) -> ms, got {self.service!r:.80}"
             )
         positive_int(f"stage {self.name!r}: replicas", self.replicas)
@@ -106,17 +106,17 @@ class SimStage:
         positive_int(f"stage {self.name!r}: threads", self.threads)
         positive_number(f"stage {self.name!r}: max_wait_ms", self.max_wait_ms, allow_zero=True)
         if self.competitive > self.replicas:
-            raise SLOError(
+            raise FlowValueError(
                 f"stage {self.name!r}: competitive={self.competitive} needs as many replicas, "
                 f"got replicas={self.replicas}"
             )
         if self.wait not in WAITS:
-            raise SLOError(f"stage {self.name!r}: wait={self.wait!r}; expected one of {WAITS}")
+            raise FlowValueError(f"stage {self.name!r}: wait={self.wait!r}; expected one of {WAITS}")
         if self.aimd is not None:
             if not isinstance(self.aimd, AIMDConfig):
-                raise SLOTypeError(f"stage {self.name!r}: aimd must be an AIMDConfig, got {self.aimd!r:.80}")
+                raise FlowTypeError(f"stage {self.name!r}: aimd must be an AIMDConfig, got {self.aimd!r:.80}")
             if self.threads != 1:
-                raise SLOError(
+                raise FlowValueError(
                     f"stage {self.name!r}: an AIMD stage runs one batch at a time, got threads={self.threads}"
                 )
 
@@ -148,37 +148,37 @@ class SimPipeline:
     def __post_init__(self):
         object.__setattr__(self, "stages", tuple(self.stages))
         if not self.stages:
-            raise SLOError("a SimPipeline needs at least one stage")
+            raise FlowValueError("a SimPipeline needs at least one stage")
         seen = {INPUT}
         for s in self.stages:
             if not isinstance(s, SimStage):
-                raise SLOTypeError(f"SimPipeline stages must be SimStages, got {s!r:.80}")
+                raise FlowTypeError(f"SimPipeline stages must be SimStages, got {s!r:.80}")
             if s.name in seen:
-                raise SLOError(f"two stages named {s.name!r}")
+                raise FlowValueError(f"two stages named {s.name!r}")
             for i in s.inputs:
                 if i not in seen:
-                    raise SLOError(f"stage {s.name!r} reads {i!r}, which is not an earlier stage")
+                    raise FlowValueError(f"stage {s.name!r} reads {i!r}, which is not an earlier stage")
             seen.add(s.name)
         if self.sink not in seen - {INPUT}:
-            raise SLOError(f"sink {self.sink!r} is not a stage")
+            raise FlowValueError(f"sink {self.sink!r} is not a stage")
         positive_number("hop_ms", self.hop_ms, allow_zero=True)
         object.__setattr__(
             self, "hop_samples", tuple(positive_number("hop sample (ms)", h, allow_zero=True) for h in self.hop_samples)
         )
         if self.routing not in ROUTINGS:
-            raise SLOError(f"routing={self.routing!r}; expected one of {ROUTINGS}")
+            raise FlowValueError(f"routing={self.routing!r}; expected one of {ROUTINGS}")
         if self.placement is not None:
             if self.routing != "gateway":
-                raise SLOError(f"a placement is only used by routing='gateway', got routing={self.routing!r}")
+                raise FlowValueError(f"a placement is only used by routing='gateway', got routing={self.routing!r}")
             placement = {}
             for s in self.stages:
                 ids = self.placement.get(s.name)
                 if ids is None or len(tuple(ids)) != s.replicas:
-                    raise SLOError(
+                    raise FlowValueError(
                         f"stage {s.name!r}: placement must name one executor per replica ({s.replicas}), got {ids!r}"
                     )
                 if len(set(ids)) != len(tuple(ids)):
-                    raise SLOError(f"stage {s.name!r}: two replicas on one executor in placement {ids!r}")
+                    raise FlowValueError(f"stage {s.name!r}: two replicas on one executor in placement {ids!r}")
                 placement[s.name] = tuple(str(i) for i in ids)
             object.__setattr__(self, "placement", placement)
 
@@ -242,7 +242,7 @@ class Shape:
     @classmethod
     def from_plan(cls, plan: Plan) -> Shape:
         if not isinstance(plan, Plan):
-            raise SLOTypeError(f"expected an optimizer Plan, got {type(plan).__name__}")
+            raise FlowTypeError(f"expected an optimizer Plan, got {type(plan).__name__}")
         return cls(
             tuple(
                 StageShape(
@@ -271,12 +271,12 @@ class Shape:
         real pipeline cheaper, never dearer, than simulated)."""
         missing = [s.name for s in self.stages if s.name not in configs]
         if missing:
-            raise SLOError(f"no StageConfig for stage(s) {missing}")
+            raise FlowValueError(f"no StageConfig for stage(s) {missing}")
         out = []
         for s in self.stages:
             cfg = configs[s.name]
             if cfg.batch_size > 1 and not s.batchable:
-                raise SLOError(
+                raise FlowValueError(
                     f"stage {s.name!r} cannot batch (an operator mixes rows of different queries), "
                     f"got batch_size={cfg.batch_size}"
                 )

@@ -6,7 +6,7 @@ cost whose simulated tail latency on a planning trace meets the SLO.
     result.configs()["SmallNet"]          # StageConfig(batch_size=8, replicas=2, executor_class='gpu')
     print(result.explain())               # per stage, what it got and why
 
-Two greedy phases (InferLine section 4.2, starting cheap as issue 17 asks):
+Two greedy phases (InferLine section 4.2, starting from the cheapest configuration):
 1. from batch 1, the fewest replicas and the cheapest class everywhere, while the SLO is
    missed apply the move (a replica more, the next profiled batch size, another class)
    with the best latency gain per unit of added cost (free moves first);
@@ -22,9 +22,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from flow.exceptions import FlowTypeError, FlowValueError
 from optimizer.plan import INPUT
 from optimizer.slo._check import name, positive_int, positive_number
-from optimizer.slo.errors import InfeasibleSLOError, SLOError, SLOTypeError
+from optimizer.slo.errors import InfeasibleSLOError
 from optimizer.slo.pipeline import ROUTINGS, Shape, StageConfig
 from optimizer.slo.profile import Profile
 from optimizer.slo.simulator import simulate
@@ -68,7 +69,7 @@ class PlannerOptions:
 
     def __post_init__(self):
         if not isinstance(self.prices, Mapping) or not self.prices:
-            raise SLOTypeError(
+            raise FlowTypeError(
                 f"PlannerOptions.prices must be a non-empty {{class: price}} mapping, got {self.prices!r:.80}"
             )
         object.__setattr__(
@@ -78,7 +79,7 @@ class PlannerOptions:
         )
         positive_number("PlannerOptions.hop_ms", self.hop_ms, allow_zero=True)
         if self.routing not in ROUTINGS:
-            raise SLOError(f"PlannerOptions.routing={self.routing!r}; expected one of {ROUTINGS}")
+            raise FlowValueError(f"PlannerOptions.routing={self.routing!r}; expected one of {ROUTINGS}")
         positive_int("PlannerOptions.max_replicas", self.max_replicas)
         positive_int("PlannerOptions.max_batch", self.max_batch)
         positive_int("PlannerOptions.max_steps", self.max_steps)
@@ -86,15 +87,15 @@ class PlannerOptions:
         if isinstance(self.ladder, (str, bytes)) or not all(
             isinstance(f, (int, float)) and not isinstance(f, bool) and f > 1 for f in self.ladder
         ):
-            raise SLOError(
+            raise FlowValueError(
                 f"PlannerOptions.ladder must be multiples of the planning rate above 1, got {self.ladder!r:.80}"
             )
         object.__setattr__(self, "ladder", tuple(float(f) for f in self.ladder))
         positive_number("PlannerOptions.headroom", self.headroom, allow_zero=True)
         if self.headroom >= 0.5:
-            raise SLOError(f"PlannerOptions.headroom is a share of the SLO below 0.5, got {self.headroom!r}")
+            raise FlowValueError(f"PlannerOptions.headroom is a share of the SLO below 0.5, got {self.headroom!r}")
         if not isinstance(self.fuse, bool):
-            raise SLOTypeError(f"PlannerOptions.fuse must be True or False, got {self.fuse!r:.80}")
+            raise FlowTypeError(f"PlannerOptions.fuse must be True or False, got {self.fuse!r:.80}")
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ class _Search:
         for s in shape.stages:
             priced = [c for c in profile.classes(s.name) if c in options.prices]
             if not priced:
-                raise SLOError(
+                raise FlowValueError(
                     f"stage {s.name!r} was profiled on {sorted(profile.classes(s.name))} but only "
                     f"{sorted(options.prices)} have a price; price one of them"
                 )
@@ -310,14 +311,14 @@ def plan_for_slo(
     if isinstance(shape, Plan):
         shape = Shape.from_plan(shape)
     if not isinstance(shape, Shape):
-        raise SLOTypeError(f"plan_for_slo needs a Shape or a Plan, got {type(shape).__name__}")
+        raise FlowTypeError(f"plan_for_slo needs a Shape or a Plan, got {type(shape).__name__}")
     if not isinstance(profile, Profile):
-        raise SLOTypeError(f"plan_for_slo needs a Profile, got {type(profile).__name__}")
+        raise FlowTypeError(f"plan_for_slo needs a Profile, got {type(profile).__name__}")
     if not isinstance(slo, SLO):
-        raise SLOTypeError(f"plan_for_slo needs an SLO, got {type(slo).__name__}")
+        raise FlowTypeError(f"plan_for_slo needs an SLO, got {type(slo).__name__}")
     options = PlannerOptions() if options is None else options
     if not isinstance(options, PlannerOptions):
-        raise SLOTypeError(f"options must be PlannerOptions, got {type(options).__name__}")
+        raise FlowTypeError(f"options must be PlannerOptions, got {type(options).__name__}")
     trace = check_trace(trace)
     search = _Search(shape, profile, slo, trace, options)
     _check_feasible(search)
@@ -337,7 +338,8 @@ def plan_for_slo(
             if gain <= 0:
                 continue
             added = search.cost_rate(trial) - now_cost
-            score = (1, gain) if added <= 0 else (0, gain / added)  # free moves first
+            # (float, float): phase 2 reuses the name for its own scores
+            score: tuple[float, float] = (1, gain) if added <= 0 else (0, gain / added)  # free moves first
             if best is None or score > best[0]:
                 best = (score, trial)
         configs = best[1] if best is not None else _relieve_bottleneck(search, configs)
@@ -365,14 +367,14 @@ def plan_for_slo(
 
 def _check_start(search, start) -> dict:
     if not isinstance(start, Mapping):
-        raise SLOTypeError(f"start must map stage -> StageConfig, got {type(start).__name__}")
+        raise FlowTypeError(f"start must map stage -> StageConfig, got {type(start).__name__}")
     out = {}
     for s in search.shape.stages:
         c = start.get(s.name)
         if not isinstance(c, StageConfig):
-            raise SLOTypeError(f"start: stage {s.name!r} needs a StageConfig, got {c!r:.80}")
+            raise FlowTypeError(f"start: stage {s.name!r} needs a StageConfig, got {c!r:.80}")
         if c.executor_class not in search.classes[s.name]:
-            raise SLOError(
+            raise FlowValueError(
                 f"start: stage {s.name!r} on {c.executor_class!r}, which has no price or profile "
                 f"(priced and profiled: {search.classes[s.name]})"
             )

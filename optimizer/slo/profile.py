@@ -20,8 +20,8 @@ from types import MappingProxyType
 
 import numpy as np
 
+from flow.exceptions import FlowTypeError, FlowValueError
 from optimizer.slo._check import name, positive_int, positive_number
-from optimizer.slo.errors import SLOError, SLOTypeError
 
 FORMAT = 1  # bumped when the JSON layout changes
 
@@ -55,17 +55,19 @@ class LatencyFit:
 
 def _freeze(stages) -> Mapping:
     if not isinstance(stages, Mapping):
-        raise SLOTypeError(f"Profile needs {{stage: {{class: {{batch: [ms, ...]}}}}}}, got {stages!r:.120}")
+        raise FlowTypeError(f"Profile needs {{stage: {{class: {{batch: [ms, ...]}}}}}}, got {stages!r:.120}")
     out = {}
     for stage, classes in stages.items():
         name("a profiled stage name", stage)
         if not isinstance(classes, Mapping) or not classes:
-            raise SLOError(f"profile of stage {stage!r}: needs {{class: {{batch: [ms, ...]}}}}, got {classes!r:.120}")
+            raise FlowValueError(
+                f"profile of stage {stage!r}: needs {{class: {{batch: [ms, ...]}}}}, got {classes!r:.120}"
+            )
         per_class = {}
         for cls, batches in classes.items():
             name(f"profile of stage {stage!r}: executor class", cls)
             if not isinstance(batches, Mapping) or not batches:
-                raise SLOError(
+                raise FlowValueError(
                     f"profile of stage {stage!r} on {cls!r}: needs {{batch: [ms, ...]}}, got {batches!r:.120}"
                 )
             per_batch = {}
@@ -73,7 +75,9 @@ def _freeze(stages) -> Mapping:
                 where = f"profile of stage {stage!r} on {cls!r}"
                 b = positive_int(f"{where}: batch size", b)
                 if isinstance(samples, (int, float)) or not samples:
-                    raise SLOError(f"{where} batch {b}: needs a non-empty list of latencies in ms, got {samples!r:.80}")
+                    raise FlowValueError(
+                        f"{where} batch {b}: needs a non-empty list of latencies in ms, got {samples!r:.80}"
+                    )
                 per_batch[b] = tuple(
                     positive_number(f"{where} batch {b}: latency", s, allow_zero=True) for s in samples
                 )
@@ -99,9 +103,9 @@ class Profile:
 
     def _get(self, stage: str, cls: str) -> Mapping:
         if stage not in self.stages:
-            raise SLOError(f"no profile for stage {stage!r}; profiled stages: {sorted(self.stages)}")
+            raise FlowValueError(f"no profile for stage {stage!r}; profiled stages: {sorted(self.stages)}")
         if cls not in self.stages[stage]:
-            raise SLOError(
+            raise FlowValueError(
                 f"stage {stage!r} was not profiled on executor class {cls!r}; "
                 f"profiled classes: {sorted(self.stages[stage])}"
             )
@@ -109,7 +113,7 @@ class Profile:
 
     def classes(self, stage: str) -> tuple[str, ...]:
         if stage not in self.stages:
-            raise SLOError(f"no profile for stage {stage!r}; profiled stages: {sorted(self.stages)}")
+            raise FlowValueError(f"no profile for stage {stage!r}; profiled stages: {sorted(self.stages)}")
         return tuple(self.stages[stage])
 
     def batch_sizes(self, stage: str, cls: str) -> tuple[int, ...]:
@@ -151,7 +155,7 @@ class Profile:
         return Profile(stages)
 
     def to_dict(self) -> dict:
-        out = {}
+        out: dict[str, dict[str, dict]] = {}
         for stage, classes in self.stages.items():
             out[stage] = {}
             for cls, batches in classes.items():
@@ -165,13 +169,15 @@ class Profile:
     @classmethod
     def from_dict(cls, d) -> Profile:
         if not isinstance(d, Mapping) or d.get("format") != FORMAT or not isinstance(d.get("stages"), Mapping):
-            raise SLOError(f"not a stored profile (format {FORMAT} with 'stages'): {d!r:.120}")
-        stages = {}
+            raise FlowValueError(f"not a stored profile (format {FORMAT} with 'stages'): {d!r:.120}")
+        stages: dict[str, dict[str, dict[int, list]]] = {}
         for stage, classes in d["stages"].items():
             stages[stage] = {}
             for c, body in classes.items():
                 if not isinstance(body, Mapping) or not isinstance(body.get("samples_ms"), Mapping):
-                    raise SLOError(f"stored profile of stage {stage!r} on {c!r} has no 'samples_ms': {body!r:.120}")
+                    raise FlowValueError(
+                        f"stored profile of stage {stage!r} on {c!r} has no 'samples_ms': {body!r:.120}"
+                    )
                 stages[stage][c] = {_batch_key(stage, b): s for b, s in body["samples_ms"].items()}
         return cls(stages)
 
@@ -183,7 +189,7 @@ class Profile:
         try:
             d = json.loads(text)
         except (TypeError, ValueError) as e:
-            raise SLOError(f"a stored profile must be JSON text: {e}") from None
+            raise FlowValueError(f"a stored profile must be JSON text: {e}") from None
         return cls.from_dict(d)
 
 
@@ -191,7 +197,7 @@ def _batch_key(stage, b) -> int:
     try:
         return int(b)
     except ValueError:
-        raise SLOError(f"stored profile of stage {stage!r}: batch size {b!r} is not an integer") from None
+        raise FlowValueError(f"stored profile of stage {stage!r}: batch size {b!r} is not an integer") from None
 
 
 def _plain(stages) -> dict:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from flow.exceptions import FlowTypeError, FlowValueError
 from optimizer.slo._check import positive_int
-from optimizer.slo.errors import SLOError, SLOTypeError
 
 
 def default_batch_sizes(max_batch: int) -> tuple[int, ...]:
@@ -50,12 +50,12 @@ def measure_batches(
         measure_batches(model, rows, batch_sizes=[1, 8, 32], repeats=20)
     """
     if not callable(run):
-        raise SLOTypeError(f"run must be a callable taking one batch, got {run!r:.80}")
+        raise FlowTypeError(f"run must be a callable taking one batch, got {run!r:.80}")
     if isinstance(samples, (str, bytes)) or not isinstance(samples, Sequence) or not samples:
-        raise SLOError(f"samples must be a non-empty sequence of stage inputs, got {samples!r:.80}")
+        raise FlowValueError(f"samples must be a non-empty sequence of stage inputs, got {samples!r:.80}")
     sizes = default_batch_sizes(max_batch) if batch_sizes is None else tuple(batch_sizes)
     if not sizes:
-        raise SLOError("batch_sizes is empty; give at least one batch size")
+        raise FlowValueError("batch_sizes is empty; give at least one batch size")
     sizes = tuple(sorted({positive_int("batch size", b) for b in sizes}))
     warmup = positive_int("warmup", warmup, minimum=0)
     repeats = positive_int("repeats", repeats)

@@ -14,12 +14,13 @@ import heapq
 import random
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from flow.exceptions import FlowValueError
 from optimizer.plan import INPUT
 from optimizer.slo._check import positive_number
-from optimizer.slo.errors import SLOError
 from optimizer.slo.pipeline import SimPipeline
 from optimizer.slo.traces import check_trace
 
@@ -51,7 +52,7 @@ class SimResult:
         """The ``q``-th percentile of end-to-end latency, in ms."""
         q = positive_number("percentile", q, allow_zero=True)
         if q > 100:
-            raise SLOError(f"a percentile is in [0, 100], got {q!r}")
+            raise FlowValueError(f"a percentile is in [0, 100], got {q!r}")
         return float(np.percentile(self.latencies_ms, q))
 
     @property
@@ -88,7 +89,7 @@ class _Stage:
         self.round_robin = routing == "round_robin"
         self.gateway = routing == "gateway"
         n = spec.replicas
-        self.queues = [deque() for _ in range(1 if self.shared else n)]
+        self.queues: list[deque] = [deque() for _ in range(1 if self.shared else n)]
         self.timer = [None] * len(self.queues)
         self.n = n
         self.threads = spec.threads
@@ -114,14 +115,15 @@ class _Stage:
 def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
     """Run ``pipe`` on the arrival ``trace`` (sorted timestamps, ms) to the last answer."""
     if not isinstance(pipe, SimPipeline):
-        raise SLOError(f"simulate needs a SimPipeline, got {type(pipe).__name__}")
+        raise FlowValueError(f"simulate needs a SimPipeline, got {type(pipe).__name__}")
     arrivals = check_trace(trace)
     # a seed of its own: the same int given to a trace generator must not correlate them
     rng = random.Random(f"simulate:{seed}")
     hop, hops = pipe.hop_ms, pipe.hop_samples
     hop_rng = random.Random(f"hops:{seed}")  # apart, so measured hops do not shift service draws
     per_request = pipe.hop_per_request and bool(hops)
-    req_hop = [hops[int(hop_rng.random() * len(hops))] for _ in range(len(arrivals))] if per_request else None
+    # [] when unused, not None: hop_ms reads it only when per_request
+    req_hop = [hops[int(hop_rng.random() * len(hops))] for _ in range(len(arrivals))] if per_request else []
 
     def hop_ms(req: int) -> float:
         if per_request:
@@ -129,12 +131,14 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
         return hops[int(hop_rng.random() * len(hops))] if hops else hop
 
     sim_now = [0.0]  # ms: the AIMD batchers' clock (seconds) reads it
-    for s in pipe.stages:
-        if s.aimd is not None and pipe.routing == "shared":
-            raise SLOError(f"stage {s.name!r}: AIMD batches per replica; routing='shared' has one queue per stage")
+    for spec in pipe.stages:
+        if spec.aimd is not None and pipe.routing == "shared":
+            raise FlowValueError(
+                f"stage {spec.name!r}: AIMD batches per replica; routing='shared' has one queue per stage"
+            )
     stages = [_Stage(s, i, pipe.routing, lambda: sim_now[0] / 1000.0) for i, s in enumerate(pipe.stages)]
     index = {s.spec.name: s for s in stages}
-    entry = []
+    entry: list[int] = []
     for s in stages:
         for i in s.spec.inputs:
             (entry if i == INPUT else index[i].consumers).append(s.index)
@@ -152,7 +156,10 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
         routes: dict[int, list] = {}
         uses: dict[int, set] = {}
         turn = 0
-        events = [(t, req, _ENTER, -1, req) for req, t in enumerate(arrivals.tolist())]
+        # (time ms, sequence, event kind, stage index, the request or a (replica, batch, ms) result)
+        events: list[tuple[float, int, int, int, Any]] = [
+            (t, req, _ENTER, -1, req) for req, t in enumerate(arrivals.tolist())
+        ]
     else:
         events = [
             (t + hop_ms(req), req * len(entry) + j, _ARRIVE, si, req)
@@ -199,7 +206,7 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
         push(events, (now + ms, seq, _DONE, st.index, (r, batch, ms)))
 
     def start_aimd(st, qi, now):
-        """The executor's batcher loop under an SLO (executors/batcher.py): a free replica
+        """The executor's batcher loop under an SLO (executors/worker/batcher.py): a free replica
         takes up to the AIMD cap of what is queued; holding a single request, it waits up
         to the delay window (from now) for the batch to fill, else it runs at once."""
         nonlocal seq
@@ -260,7 +267,8 @@ def simulate(pipe: SimPipeline, trace, seed: int = 0) -> SimResult:
         requests in flight, then on the executors with the fewest requests in flight (ties in
         turn), all chosen when the request enters."""
         nonlocal seq, turn
-        chosen, used = [], set()
+        chosen: list[list[int]] = []
+        used: set[int] = set()
         for si, (s, exs) in enumerate(zip(stages, replica_ex)):
             n = len(exs)
             turn += 1

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
+from flow.exceptions import FlowTypeError, FlowValueError
 from optimizer.plan import DEVICES, INPUT, BatchConfig, Plan
 from optimizer.slo.aimd import HEADROOM
 from optimizer.slo.envelope import envelope_of
-from optimizer.slo.errors import SLOError, SLOTypeError
 from optimizer.slo.pipeline import Shape, StageConfig
 from optimizer.slo.planner import PlannerOptions, SLOPlan, describe_change, plan_for_slo
 from optimizer.slo.profile import Profile
@@ -158,12 +159,12 @@ def serve_under(
     the runtime's tuner switches to when traffic leaves the planned envelope. Raises
     ``InfeasibleSLOError`` naming the stage that cannot meet the SLO."""
     if not isinstance(plan, Plan):
-        raise SLOTypeError(f"serve_under needs an optimizer Plan, got {type(plan).__name__}")
+        raise FlowTypeError(f"serve_under needs an optimizer Plan, got {type(plan).__name__}")
     if not isinstance(slo, SLO):
-        raise SLOTypeError(f"slo must be an SLO (SLO(p99_ms=50)), got {type(slo).__name__} {slo!r:.80}")
+        raise FlowTypeError(f"slo must be an SLO (SLO(p99_ms=50)), got {type(slo).__name__} {slo!r:.80}")
     options = PlannerOptions() if options is None else options
     if not isinstance(options, PlannerOptions):
-        raise SLOTypeError(f"options must be PlannerOptions, got {type(options).__name__}")
+        raise FlowTypeError(f"options must be PlannerOptions, got {type(options).__name__}")
     opts = {
         "prices": dict(options.prices),
         "hop_ms": options.hop_ms,
@@ -178,16 +179,16 @@ def serve_under(
         attached = ServingSLO(slo, equal_budgets(plan, slo, options.hop_ms), options=opts)
         return replace(plan, slo=attached)
     if not isinstance(profile, Profile):
-        raise SLOTypeError(f"profile must be a Profile, got {type(profile).__name__}")
+        raise FlowTypeError(f"profile must be a Profile, got {type(profile).__name__}")
     missing = [n for n in plan.stages if n not in profile.stages]
     if missing:
-        raise SLOError(
+        raise FlowValueError(
             f"flow {plan.flow_name!r}: the profile has no stage(s) {missing} (profiled: {sorted(profile.stages)}); "
             f"profile this plan again (`flowserve profile {plan.flow_name}`)"
         )
     if trace is None:
         if rate_rps is None:
-            raise SLOError(
+            raise FlowValueError(
                 f"flow {plan.flow_name!r}: planning under an SLO needs the expected load: "
                 f"traffic=<requests per second> or a trace of arrival times (ms)"
             )
@@ -196,15 +197,14 @@ def serve_under(
     result = plan_for_slo(Shape.from_plan(plan), profile, slo, trace, options)
     if options.fuse:
         plan, profile, result = _fused(plan, profile, slo, trace, options, result)
-    shape = Shape.from_plan(plan)
-    served = apply_plan(plan, result, profile, trace, opts)
+    rungs: tuple = ()
     if ladder:
         from optimizer.slo.tuning import ladder as plan_ladder
 
-        rate = float(rate_rps) if rate_rps is not None else served.slo.rate_rps
+        rate = float(rate_rps) if rate_rps is not None else _mean_rate(trace)
+        shape = Shape.from_plan(plan)
         rungs = plan_ladder(shape, profile, slo, rate, result, options, factors=ladder, trace=trace)
-        served = replace(served, slo=replace(served.slo, ladder=tuple(r.to_dict() for r in rungs)))
-    return served
+    return apply_plan(plan, result, profile, trace, opts, ladder=tuple(r.to_dict() for r in rungs))
 
 
 def _fused(plan: Plan, profile: Profile, slo: SLO, trace, options: PlannerOptions, first: SLOPlan):
@@ -234,12 +234,12 @@ def with_rung(plan: Plan, rung) -> Plan:
     size and replicas, the budgets (what AIMD keeps batches within) and the rate the tuner
     compares traffic with; the ladder, profile and options are kept."""
     serving = plan.slo
-    if serving is None or not serving.planned:
-        raise SLOError(f"flow {plan.flow_name!r}: only a plan served under a profiled SLO has re-plans")
+    if not isinstance(serving, ServingSLO) or not serving.planned:  # Plan.slo: a ServingSLO or None
+        raise FlowValueError(f"flow {plan.flow_name!r}: only a plan served under a profiled SLO has re-plans")
     stages = {}
     for name, stage in plan.stages.items():
         c = rung.configs[name]
-        changes = {"replicas": max(c.replicas, stage.competitive)}
+        changes: dict[str, Any] = {"replicas": max(c.replicas, stage.competitive)}
         if stage.batch is not None:
             changes["batch"] = BatchConfig(max_batch_size=c.batch_size, max_wait_ms=stage.batch.max_wait_ms)
         stages[name] = replace(stage, **changes)
@@ -255,18 +255,18 @@ def with_rung(plan: Plan, rung) -> Plan:
     return replace(plan.replace_stages(stages), slo=attached)
 
 
-def apply_plan(plan: Plan, result: SLOPlan, profile: Profile, trace, options: Mapping) -> Plan:
-    """The planner's ``result`` written into ``plan``'s stages, with the ``ServingSLO``."""
+def apply_plan(plan: Plan, result: SLOPlan, profile: Profile, trace, options: Mapping, ladder: tuple = ()) -> Plan:
+    """The planner's ``result`` written into ``plan``'s stages, with the ``ServingSLO``
+    (``ladder``: its re-plans, ``Rung.to_dict()`` each)."""
     stages = {}
     for name, stage in plan.stages.items():
         c = result.stages[name].config
-        changes = {"replicas": max(c.replicas, stage.competitive)}
+        changes: dict[str, Any] = {"replicas": max(c.replicas, stage.competitive)}
         if stage.batch is not None:
             changes["batch"] = BatchConfig(max_batch_size=c.batch_size, max_wait_ms=stage.batch.max_wait_ms)
         if c.executor_class in DEVICES:
             changes["device"] = c.executor_class
         stages[name] = replace(stage, **changes)
-    duration_s = max((float(trace[-1]) - float(trace[0])) / 1000.0, 1e-3)
     attached = ServingSLO(
         result.slo,
         budgets={n: s.budget_ms for n, s in result.stages.items()},
@@ -275,9 +275,16 @@ def apply_plan(plan: Plan, result: SLOPlan, profile: Profile, trace, options: Ma
         tail_ms=result.tail_ms,
         p50_ms=result.p50_ms,
         cost_per_s=result.cost_per_s,
-        rate_rps=len(trace) / duration_s,
+        rate_rps=_mean_rate(trace),
         envelope=envelope_of(trace),
         profile_json=profile.to_json(),
         options=dict(options),
+        ladder=ladder,
     )
     return replace(plan.replace_stages(stages), slo=attached)
+
+
+def _mean_rate(trace) -> float:
+    """Requests per second over the planning trace (arrival ms)."""
+    duration_s = max((float(trace[-1]) - float(trace[0])) / 1000.0, 1e-3)
+    return len(trace) / duration_s

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flow.exceptions import FlowValueError
 from optimizer.slo._check import positive_number
-from optimizer.slo.errors import SLOError
 
 
 @dataclass(frozen=True)
@@ -31,10 +31,10 @@ class SLO:
         if self.p50_ms is not None:
             object.__setattr__(self, "p50_ms", positive_number("SLO.p50_ms", self.p50_ms))
             if self.p50_ms > self.p99_ms:
-                raise SLOError(f"SLO.p50_ms ({self.p50_ms!r}) cannot exceed SLO.p99_ms ({self.p99_ms!r})")
+                raise FlowValueError(f"SLO.p50_ms ({self.p50_ms!r}) cannot exceed SLO.p99_ms ({self.p99_ms!r})")
         pct = positive_number("SLO.percentile", self.percentile)
         if not 50 <= pct < 100:
-            raise SLOError(f"SLO.percentile must be in [50, 100), got {self.percentile!r}")
+            raise FlowValueError(f"SLO.percentile must be in [50, 100), got {self.percentile!r}")
         object.__setattr__(self, "percentile", pct)
 
     def met_by(self, tail_ms: float, median_ms: float | None = None) -> bool:
@@ -49,10 +49,10 @@ class SLO:
     @classmethod
     def from_dict(cls, d) -> SLO:
         if not isinstance(d, dict) or "p99_ms" not in d:
-            raise SLOError(f"an SLO needs a dict with 'p99_ms', got {d!r:.120}")
+            raise FlowValueError(f"an SLO needs a dict with 'p99_ms', got {d!r:.120}")
         unknown = set(d) - {"p99_ms", "p50_ms", "percentile"}
         if unknown:
-            raise SLOError(f"unknown SLO field(s) {sorted(unknown)}; known: p99_ms, p50_ms, percentile")
+            raise FlowValueError(f"unknown SLO field(s) {sorted(unknown)}; known: p99_ms, p50_ms, percentile")
         return cls(d["p99_ms"], d.get("p50_ms"), d.get("percentile", 99.0))
 
     def describe(self) -> str:

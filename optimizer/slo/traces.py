@@ -11,25 +11,25 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from flow.exceptions import FlowTypeError, FlowValueError
 from optimizer.slo._check import positive_int, positive_number
-from optimizer.slo.errors import SLOError, SLOTypeError
 
 
 def check_trace(trace) -> np.ndarray:
     """``trace`` as a float array of non-decreasing, finite, >= 0 timestamps (ms)."""
     if isinstance(trace, (str, bytes)):
-        raise SLOTypeError(f"an arrival trace must be a sequence of timestamps in ms, got {trace!r:.80}")
+        raise FlowTypeError(f"an arrival trace must be a sequence of timestamps in ms, got {trace!r:.80}")
     try:
         t = np.asarray(trace, dtype=float)
     except (TypeError, ValueError):
-        raise SLOTypeError(f"an arrival trace must be a sequence of timestamps in ms, got {trace!r:.80}") from None
+        raise FlowTypeError(f"an arrival trace must be a sequence of timestamps in ms, got {trace!r:.80}") from None
     if t.ndim != 1 or len(t) == 0:
-        raise SLOError(f"an arrival trace must be a non-empty 1-d sequence of timestamps, got shape {t.shape}")
+        raise FlowValueError(f"an arrival trace must be a non-empty 1-d sequence of timestamps, got shape {t.shape}")
     if not np.all(np.isfinite(t)) or t[0] < 0:
-        raise SLOError(f"arrival timestamps must be finite and >= 0, got {trace!r:.80}")
+        raise FlowValueError(f"arrival timestamps must be finite and >= 0, got {trace!r:.80}")
     if np.any(np.diff(t) < 0):
         i = int(np.argmax(np.diff(t) < 0))
-        raise SLOError(
+        raise FlowValueError(
             f"arrival timestamps must be sorted: {float(t[i])!r} comes before {float(t[i + 1])!r} (index {i + 1})"
         )
     return t
@@ -55,10 +55,10 @@ def bursty(
     spans = []
     for b in bursts:
         if not isinstance(b, (tuple, list)) or len(b) != 3:
-            raise SLOError(f"a burst is (start_s, end_s, multiplier), got {b!r}")
+            raise FlowValueError(f"a burst is (start_s, end_s, multiplier), got {b!r}")
         start, end, k = (positive_number("burst field", v, allow_zero=True) for v in b)
         if end <= start:
-            raise SLOError(f"a burst must end after it starts, got {b!r}")
+            raise FlowValueError(f"a burst must end after it starts, got {b!r}")
         spans.append((start * 1000.0, end * 1000.0, k))
     peak = max([1.0] + [k for _, _, k in spans]) * rate / 1000.0  # per ms
     rng = random.Random(seed)
@@ -71,5 +71,5 @@ def bursty(
         if rng.random() * peak < k * rate / 1000.0:
             out.append(t)
     if not out:
-        raise SLOError(f"no arrivals in {duration_s!r} s at {rate_rps!r} req/s; lengthen the trace")
+        raise FlowValueError(f"no arrivals in {duration_s!r} s at {rate_rps!r} req/s; lengthen the trace")
     return np.array(out)

@@ -1,6 +1,6 @@
 """The tuner's re-plans: the planner run again over a higher (or lower) arrival rate, and
 the decision of which plan to run as traffic moves (InferLine's reactive controller,
-with batch sizes re-planned too, issue 17 item 6).
+with batch sizes re-planned too).
 
     rungs = ladder(shape, profile, SLO(p99_ms=60), 60.0, planned_configs, options)
     # rungs[0] is the plan for 60 req/s, then one per factor: 90, 120, 180, 240, 360 req/s
@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from flow.exceptions import FlowTypeError, FlowValueError
 from optimizer.slo._check import positive_number
 from optimizer.slo.envelope import envelope_of
-from optimizer.slo.errors import InfeasibleSLOError, SLOError, SLOTypeError
+from optimizer.slo.errors import InfeasibleSLOError
 from optimizer.slo.pipeline import Shape, StageConfig
 from optimizer.slo.planner import PlannerOptions, SLOPlan, plan_for_slo
 from optimizer.slo.profile import Profile
@@ -116,7 +117,7 @@ def replan(
     when no configuration within the options' limits meets the SLO at that rate."""
     rate_rps = positive_number("rate_rps", rate_rps)
     if not isinstance(current, Mapping) or not current:
-        raise SLOTypeError(f"current must map stage -> StageConfig, got {current!r:.80}")
+        raise FlowTypeError(f"current must map stage -> StageConfig, got {current!r:.80}")
     return _replan(shape, profile, slo, rate_rps, current, options, requests)[0]
 
 
@@ -146,7 +147,7 @@ def ladder(
     last = planned.configs()
     for f in sorted(positive_number("ladder factor", x) for x in factors):
         if f <= 1:
-            raise SLOError(f"ladder factors must be over 1 (multiples of the planning rate), got {f!r}")
+            raise FlowValueError(f"ladder factors must be over 1 (multiples of the planning rate), got {f!r}")
         try:
             result, planned_on = _replan(shape, profile, slo, rate_rps * f, last, options, requests)
         except InfeasibleSLOError:
@@ -182,10 +183,10 @@ class RePlanner:
         windows_ms: Sequence[float] = DECISION_WINDOWS_MS,
     ):
         if not rungs or not all(isinstance(r, Rung) for r in rungs):
-            raise SLOTypeError(f"RePlanner needs a non-empty sequence of Rungs, got {rungs!r:.80}")
+            raise FlowTypeError(f"RePlanner needs a non-empty sequence of Rungs, got {rungs!r:.80}")
         rates = [r.rate_rps for r in rungs]
         if rates != sorted(rates):
-            raise SLOError(f"ladder rungs must be in increasing rate order, got rates {rates}")
+            raise FlowValueError(f"ladder rungs must be in increasing rate order, got rates {rates}")
         self.rungs = tuple(rungs)
         self.downscale_after_s = positive_number("downscale_after_s", downscale_after_s, allow_zero=True)
         self.current = current

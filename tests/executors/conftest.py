@@ -13,8 +13,8 @@ import os
 import httpx
 import pytest
 
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
 
 os.environ.setdefault("FLOWSERVE_QUIET", "1")
 _names = itertools.count()

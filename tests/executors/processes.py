@@ -1,6 +1,6 @@
 """Runtime processes started the way a Kubernetes pod starts them, for tests: executors
-(``python -m executors.executor``, KVS URL from the environment, registering themselves)
-and standalone gateways (``python -m executors.standalone --membership kvs``)."""
+(``python -m executors.worker.executor``, KVS URL from the environment, registering themselves)
+and standalone gateways (``python -m executors.hosts.standalone --membership kvs``)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class Procs:
             [
                 sys.executable,
                 "-m",
-                "executors.executor",
+                "executors.worker.executor",
                 "--id",
                 id_,
                 "--address",
@@ -61,7 +61,7 @@ class Procs:
             [
                 sys.executable,
                 "-m",
-                "executors.standalone",
+                "executors.hosts.standalone",
                 "--port",
                 str(port),
                 "--address",

@@ -7,8 +7,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
 from flow import Flow
 
 TOKEN = "user-token-for-tests"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
-from executors.autoscale import AutoscalingConfig
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig
+from executors.hosts.autoscale import AutoscalingConfig
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
 from flow import Flow
 from tests.executors.processes import steady_load
 

@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
 from flow import ColumnType, Flow
 
 GOOD = {"x": 1, "f": 0.5, "s": "a", "b": base64.b64encode(b"hi").decode(), "img": [[1, 2], [3, 4]]}

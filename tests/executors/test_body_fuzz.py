@@ -31,10 +31,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from executors import httpcodec, jsontensors
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig
-from executors.httpcodec import ARROW, BadRequestError, input_table, one_row_table, parse_body
+from executors.codec import bodies as httpcodec
+from executors.codec import jsontensors
+from executors.codec.bodies import ARROW, BadRequestError, input_table, one_row_table, parse_body
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
 from flow import ColumnType, Flow
 from flow.exceptions import DataError
 from flow.table import Table

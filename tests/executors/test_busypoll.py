@@ -1,17 +1,17 @@
-"""Busy polling (executors/busypoll.py): the window, the settings and their validation.
+"""Busy polling (executors/wire/busypoll.py): the window, the settings and their validation.
 The runtime tests run with the default window on; test_runtime_paths runs a cluster with
 it off."""
 
 import pytest
 
-from executors.busypoll import BUSY_BACKOFF_S, LOST_WINDOW_S, LOST_YIELD_S, LOST_YIELDS, BusyPoll
-from executors.config import ClusterConfig
-from executors.executor import main as executor_main
+from executors.hosts.cluster_config import ClusterConfig
+from executors.wire.busypoll import BUSY_BACKOFF_S, LOST_WINDOW_S, LOST_YIELD_S, LOST_YIELDS, BusyPoll
+from executors.worker.executor import main as executor_main
 
 
 def test_the_window_opens_on_a_message_and_closes_after_it(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr("executors.busypoll.time.perf_counter", lambda: now[0])
+    monkeypatch.setattr("executors.wire.busypoll.time.perf_counter", lambda: now[0])
     poll = BusyPoll(10)
     assert not poll.hot()  # nothing happened yet: sleep
     poll.touch()
@@ -55,8 +55,8 @@ def test_yields_that_keep_losing_the_cpu_stop_polling_for_a_while(monkeypatch):
     # a busy machine: every yield comes back a time slice later, so sleeping (and being
     # woken by the next message) beats waiting out other work's slices, for BUSY_BACKOFF_S
     now = [100.0]
-    monkeypatch.setattr("executors.busypoll.time.perf_counter", lambda: now[0])
-    monkeypatch.setattr("executors.busypoll.os.sched_yield", lambda: now.__setitem__(0, now[0] + delay))
+    monkeypatch.setattr("executors.wire.busypoll.time.perf_counter", lambda: now[0])
+    monkeypatch.setattr("executors.wire.busypoll.os.sched_yield", lambda: now.__setitem__(0, now[0] + delay))
     poll = BusyPoll(10)
     poll.touch()
     delay = LOST_YIELD_S / 4  # another process ran a moment (a client's turn): keep polling
@@ -80,8 +80,10 @@ def test_a_lost_yield_now_and_then_keeps_polling(monkeypatch):
     # on a quiet VM a yield loses a millisecond a few times a second (the hypervisor, an
     # interrupt): backing off on each kept a gateway asleep most of the time
     now = [100.0]
-    monkeypatch.setattr("executors.busypoll.time.perf_counter", lambda: now[0])
-    monkeypatch.setattr("executors.busypoll.os.sched_yield", lambda: now.__setitem__(0, now[0] + LOST_YIELD_S * 1.5))
+    monkeypatch.setattr("executors.wire.busypoll.time.perf_counter", lambda: now[0])
+    monkeypatch.setattr(
+        "executors.wire.busypoll.os.sched_yield", lambda: now.__setitem__(0, now[0] + LOST_YIELD_S * 1.5)
+    )
     poll = BusyPoll(10)
     for _ in range(4 * LOST_YIELDS):
         poll.touch()

@@ -57,7 +57,9 @@ def test_up_deploy_invoke_status_down(home, tmp_path):
     assert [r["y"] for r in json.loads(out.stdout)["rows"]] == [6, 15]
 
     bad = flowserve("invoke", "tripler", "--json", '{"x": "no"}', home=home, check=False)
-    assert bad.returncode == 1 and "'x'" in bad.stdout
+    assert bad.returncode == 1 and "'x'" in bad.stdout  # the server's answer, as it sent it
+    said = json.loads(bad.stdout)["error"]
+    assert f"error: {said}: flow 'tripler' answered 400: " in bad.stderr  # the class the client raises
 
     status = flowserve("status", home=home)
     # versions are unique across KVS restarts (floored at the server clock in ms: README)
@@ -221,7 +223,7 @@ def test_standalone_gateway_bad_config_json_exits_2_without_a_traceback(args, me
         [
             sys.executable,
             "-m",
-            "executors.standalone",
+            "executors.hosts.standalone",
             "--kvs",
             "redis://127.0.0.1:1",
             "--address",
@@ -340,4 +342,5 @@ def test_the_token_from_a_file_or_the_environment(home, tmp_path, how):
 
 def test_a_missing_token_file_is_a_clear_error(home, tmp_path):
     r = flowserve("up", "--port", "0", "--token-file", str(tmp_path / "nope"), home=home, check=False)
-    assert r.returncode == 1 and "cannot read the token file" in r.stderr and "Traceback" not in r.stderr
+    # a bad flag value: argparse's status for bad usage (flowserve/cli.py), said without a traceback
+    assert r.returncode == 2 and "cannot read the token file" in r.stderr and "Traceback" not in r.stderr

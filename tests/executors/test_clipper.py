@@ -1,4 +1,4 @@
-"""Clipper's layer on the real local cluster (flow/clipper.py, executors/clipper.py):
+"""Clipper's layer on the real local cluster (flow/prediction.py, executors/worker/hedging.py):
 prediction cache, deadline answers, reactive hedging, selection with feedback. Each
 deployed answer is compared with flow.run's."""
 
@@ -14,11 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from executors.clipper import BACKUP, Hedger
-from executors.prediction_cache import CachedOperator, Clock
-from executors.routing import keeps_rows
+from executors.wire.routing import keeps_rows
+from executors.worker.hedging import BACKUP, Hedger
+from executors.worker.prediction_cache import CachedOperator, Clock
 from flow import CacheSpec, Flow, FlowValueError, OperatorOutputError, current_store, feedback, optimize
-from flow.clipper import cache_prefix, record_key, weights_key
+from flow.prediction import cache_prefix, record_key, weights_key
 from flow.table import Table
 from kvs.cache import CachedKVS
 from tests.executors.conftest import unique

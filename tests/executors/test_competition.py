@@ -14,8 +14,8 @@ import httpx
 import numpy as np
 import pytest
 
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
 from flow import ColumnType, Flow, current_store, wait
 from optimizer import OptimizerOptions
 from tests.executors.test_runtime_paths import _metric

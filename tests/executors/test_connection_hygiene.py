@@ -1,4 +1,4 @@
-"""Connection hygiene at the HTTP edge (executors/serving.py), met over real sockets against
+"""Connection hygiene at the HTTP edge (executors/gateway/http_server.py), met over real sockets against
 real gateways: idle sockets cannot fill the connection limit (the idle longest make room,
 and the idle timeout closes them), a body must keep a minimum rate, and an error answer is
 closed lingering, so the client reads it instead of a reset."""
@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
 from flow import Flow
 
 
@@ -203,6 +203,7 @@ def small():
     config = ClusterConfig(executors=1, threads=8, max_connections=8, idle_timeout_s=120.0, header_timeout_s=30.0)
     with LocalCluster(config) as cluster:
         cluster.deploy(_edge_flow())
+        cluster.close()  # its client's kept-alive connection would take one of the 8 slots
         yield cluster
 
 
@@ -523,3 +524,16 @@ def test_malformed_http_gets_a_400_the_client_reads(edge):
     request = b"POST /flows/edge HTTP/1.1\r\ncontent-length: abc\r\n\r\n" + b"z" * (1 << 20)
     seen = [_status_read(edge, request) for _ in range(50)]
     assert seen == [400] * 50, {x: seen.count(x) for x in set(seen)}
+
+
+@pytest.mark.parametrize("size, reused", [(2 << 20, False), (256 << 10, True)])
+def test_an_early_413_says_whether_the_connection_serves_another_request(edge, size, reused):
+    """The rest of a body answered early is read past when it is small (the connection then
+    serves the next request) and not when it is big: then the answer says Connection: close,
+    so a client that keeps connections never sends its next request on a closed one."""
+    with httpx.Client(timeout=30) as http:
+        first = http.post(f"{edge.url}/flows/edge", content=b" " * size)
+        assert first.status_code == 413, first.text
+        assert (first.headers.get("connection") == "close") is not reused, dict(first.headers)
+        again = http.post(f"{edge.url}/flows/edge", json={"x": 1, "s": 0.5})  # on the same connection if kept
+        assert again.status_code == 200, again.text

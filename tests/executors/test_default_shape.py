@@ -3,7 +3,7 @@ the machine's cores."""
 
 import os
 
-from executors.config import (
+from executors.hosts.cluster_config import (
     MATH_THREAD_ENV,
     ClusterConfig,
     default_executors,

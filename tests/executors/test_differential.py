@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from executors.errors import InvocationError
-from flow.exceptions import OperatorError
+from flow.exceptions import FlowError, OperatorError
 from optimizer import DEFAULT_RULES
 from tests.executors.caches import CacheWarmer
 from tests.executors.conftest import unique
@@ -47,7 +46,7 @@ def test_deployed_flows_match_flow_run(cluster, optimize):
             d = cluster.deploy(flow, optimize=optimize, rules=rules)
             try:
                 answer = d.call(case.table)
-            except InvocationError as e:
+            except FlowError as e:
                 # the reference run on the same qids must fail the same way
                 with pytest.raises(OperatorError):
                     flow.run(case.table.with_qid(_gateway_qids(d, case)), kvs=case.store)

@@ -10,8 +10,8 @@ import time
 import httpx
 import pytest
 
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
 from flow import Flow
 from tests.executors.test_runtime_paths import _executor_pids, _metric
 

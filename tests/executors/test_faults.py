@@ -14,8 +14,8 @@ import time
 import httpx
 import pytest
 
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
 from flow import Flow
 from tests.executors.processes import wait_until
 from tests.executors.test_runtime_paths import _executor_pids
@@ -182,7 +182,7 @@ def test_hung_operator_on_the_io_thread_is_contained(one_executor):
     o = _deploy(c, "other-io", plus_one)
     with httpx.Client() as http:
         # a quick stage becomes cheap and runs on the IO thread once its runs average under
-        # 2 ms (executor.HostedStage.observe): warm it until 20 runs in a row took under 1 ms
+        # 2 ms (hosting.HostedStage.observe): warm it until 20 runs in a row took under 1 ms
         quick = 0
         for i in range(400):
             r = http.post(d.url, json={"x": i})

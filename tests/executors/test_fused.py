@@ -1,4 +1,4 @@
-"""The compiled chain of a fused stage (executors/fused.py) gives exactly flow.run's rows and
+"""The compiled chain of a fused stage (executors/worker/fused.py) gives exactly flow.run's rows and
 the generic loop's errors: maps (batching and row-wise), filters dropping rows, joins of
 branches, unions, aggregates, NaN and None, errors inside operators, batches of requests."""
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from executors import fused
-from executors.interpreter import Interpreter
-from executors.stage_runner import BoundStage
+from executors.worker import fused
+from executors.worker.interpreter import Interpreter
+from executors.worker.stage_runner import BoundStage
 from flow import ColumnType, Flow, Table
 from flow.exceptions import OperatorFailedError, OperatorOutputError
 from optimizer import OptimizerOptions, optimize

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from executors import gpu
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
+from executors.worker import gpu
 from flow import Flow, current_device
 
 

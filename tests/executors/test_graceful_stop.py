@@ -8,8 +8,8 @@ import threading
 
 import httpx
 
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
 from flow import Flow
 from tests.executors.processes import wait_until
 

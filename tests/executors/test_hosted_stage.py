@@ -1,6 +1,6 @@
 """Where an executor runs a stage: on its IO thread (cheap) or on its worker pool."""
 
-from executors.executor import CHEAP_MS, COSTLY_MS, HostedStage
+from executors.worker.hosting import CHEAP_MS, COSTLY_MS, HostedStage
 from flow import Flow
 from optimizer import OptimizerOptions, optimize
 

@@ -8,9 +8,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from executors.errors import InvocationError
-from executors.httpcodec import ARROW
-from flow import ColumnType, Flow, RejectRow
+from executors.codec.bodies import ARROW
+from flow import ColumnType, Flow, RejectRow, RowRejectedError
+from flow.exceptions import FlowError
 from flow.table import Table
 from tests.executors.conftest import unique
 
@@ -164,9 +164,10 @@ def test_invoke_raises_with_status(cluster):
     f = Flow(unique("rej"), schema={"x": int})
     f.map(rejecting, names=["y"])
     d = cluster.deploy(f)
-    with pytest.raises(InvocationError) as e:
+    with pytest.raises(RowRejectedError) as e:  # the class the gateway named, a DataError: fix the input
         d.invoke({"x": -5})
-    assert e.value.status == 422
+    assert e.value.status == 422 and e.value.operator == "rejecting" and e.value.body["error"] == "RowRejectedError"
+    assert isinstance(e.value, FlowError)  # the root catches every error the client raises
 
 
 def test_listing_describe_health_metrics_openapi(cluster, http):

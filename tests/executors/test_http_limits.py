@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
 from flow import Flow
 from tests.executors.test_connection_hygiene import gateway_pid
 
@@ -37,6 +37,7 @@ def c():
         f = Flow("edge", schema={"x": int})
         f.map(lambda r: r.x + 1, names=["y"])
         cluster.deploy(f)
+        cluster.close()  # its client's kept-alive connection would take one of the 40 slots
         yield cluster
 
 

@@ -1,4 +1,4 @@
-"""Request bodies to rows and result Tables to JSON (executors/httpcodec.py)."""
+"""Request bodies to rows and result Tables to JSON (executors/codec/bodies.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from executors.httpcodec import (
+from executors.codec.bodies import (
     BadRequestError,
     UnencodableError,
     input_table,
@@ -97,7 +97,7 @@ def test_the_runtimes_position_column_is_refused_in_a_request():
 # Table and the same errors as reading the whole body at once.
 @pytest.fixture
 def small_pieces(monkeypatch):
-    import executors.httpcodec as codec
+    import executors.codec.bodies as codec
 
     monkeypatch.setattr(codec, "CHUNKED_JSON_BYTES", 0)
     monkeypatch.setattr(codec, "CHUNK_BYTES", 200)
@@ -543,7 +543,7 @@ def test_validating_an_arrow_tensor_body_costs_next_to_nothing():
 
 def test_a_relayed_body_read_from_a_view_of_its_message_parses_as_bytes_do():
     """An executor gets a relayed body as a memoryview of the frames it arrived in."""
-    from executors.httpcodec import one_row_table
+    from executors.codec.bodies import one_row_table
 
     schema = {"x": ColumnType.scalar("int"), "v": ColumnType.tensor(np.float32, (2,))}
     body = b'{"x": 3, "v": [1.5, 2.5]}'

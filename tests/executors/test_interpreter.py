@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from executors.interpreter import Interpreter, run_many, run_plan
-from executors.stage_runner import BoundStage
-from flow import Flow, NoValidResultError, OperatorFailedError, SchemaError, Table
-from flow.exceptions import LookupKeyError
-from optimizer import BatchConfig, OptimizerOptions, PlanError, optimize
+from executors.worker.interpreter import Interpreter, run_many, run_plan
+from executors.worker.stage_runner import BoundStage
+from flow import Flow, Table
+from flow.exceptions import (
+    FlowTypeError,
+    LookupKeyError,
+    NoValidResultError,
+    OperatorFailedError,
+    SchemaError,
+)
+from optimizer import BatchConfig, OptimizerOptions, optimize
 from tests.flowgen import assert_same_rows
 from tests.optimizer import examples as ex
 
@@ -100,9 +106,9 @@ def test_overlapping_qids_are_rejected():
 
 
 def test_interpreter_checks_its_arguments():
-    with pytest.raises(PlanError, match="expects a Plan, got Flow"):
+    with pytest.raises(FlowTypeError, match="expects a Plan, got Flow"):
         Interpreter(ex.ensemble())
-    with pytest.raises(PlanError, match="list of requests"):
+    with pytest.raises(FlowTypeError, match="list of requests"):
         Interpreter(optimize(ex.ensemble())).run_many(Table.from_pylist([{"raw": 1.0}]))
     with pytest.raises(SchemaError, match="missing column"):
         run_plan(optimize(ex.ensemble()), [{"other": 1.0}])

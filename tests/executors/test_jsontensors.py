@@ -1,4 +1,4 @@
-"""The short way for a big JSON row of tensors (executors/jsontensors.py) against the
+"""The short way for a big JSON row of tensors (executors/codec/jsontensors.py) against the
 general path (httpcodec.parse_body + input_table): every body it takes it reads into the
 same tensors, and every body it leaves (None) is the general path's to read or refuse; over
 real HTTP the answers and the errors are the general path's."""
@@ -10,10 +10,10 @@ import numpy as np
 import orjson
 import pytest
 
-from executors import jsontensors
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig
-from executors.httpcodec import input_table, parse_body
+from executors.codec import jsontensors
+from executors.codec.bodies import input_table, parse_body
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
 from flow import ColumnType, Flow
 from flow.exceptions import DataError
 

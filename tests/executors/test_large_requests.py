@@ -11,10 +11,11 @@ import numpy as np
 import orjson
 import pytest
 
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig, ClusterConfigError
-from executors.errors import DeployError
+from executors.errors import BadRequestError
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
 from flow import ColumnType, Flow
+from flow.configuration import ConfigError
 from tests.executors.conftest import unique
 
 
@@ -86,7 +87,7 @@ def test_a_big_one_row_answer_comes_whole_in_arrow_and_in_json(roomy):
     leave in slices over the lean path, and arrive as flow.run's rows."""
     import pyarrow as pa
 
-    from executors.httpcodec import WRITE_SLICE
+    from executors.codec.bodies import WRITE_SLICE
 
     n = 3 * WRITE_SLICE // 4
     f = Flow(unique("wide"), schema={"v": ColumnType.tensor(np.float32, (n,))})
@@ -116,8 +117,8 @@ def test_a_big_answer_is_sent_in_slices_with_the_event_loop_running_others_betwe
     none over WRITE_SLICE, the length declared up front; another task runs between slices."""
     import asyncio
 
-    from executors.gateway import Streamed, _send
-    from executors.httpcodec import WRITE_SLICE
+    from executors.codec.bodies import WRITE_SLICE
+    from executors.gateway.invoke import Streamed, _send
 
     big = np.random.default_rng(3).integers(0, 255, 2 * WRITE_SLICE + 12345, dtype=np.uint8)
 
@@ -184,12 +185,13 @@ def test_the_flows_deadline_and_a_request_asking_for_more_or_less(roomy):
 def test_a_flow_deadline_over_the_cluster_maximum_is_refused(roomy):
     f = Flow(unique("greedy"), schema={"x": int})
     f.map(lambda r: r.x, names=["y"])
-    with pytest.raises(DeployError, match=r"timeout_s 60 is over the cluster's max_request_timeout_s 3"):
+    with pytest.raises(BadRequestError, match=r"timeout_s 60 is over the cluster's max_request_timeout_s 3") as e:
         roomy.deploy(f, timeout_s=60)
+    assert e.value.status == 400  # fix the request: the gateway named the class, the client raised it
     with pytest.raises(Exception, match="timeout_s must be a number of seconds > 0"):
         roomy.deploy(f, timeout_s=-1)
 
 
 def test_the_cluster_default_may_not_exceed_its_maximum():
-    with pytest.raises(ClusterConfigError, match="request_timeout_s must be <= max_request_timeout_s"):
+    with pytest.raises(ConfigError, match="request_timeout_s must be <= max_request_timeout_s"):
         ClusterConfig(request_timeout_s=60, max_request_timeout_s=30)

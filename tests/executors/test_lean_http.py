@@ -1,4 +1,4 @@
-"""The data plane's lean HTTP path (executors/leanhttp.py) over real connections: which
+"""The data plane's lean HTTP path (executors/gateway/leanhttp.py) over real connections: which
 requests it takes, and that it keeps HTTP's rules as the ASGI path did: keep-alive,
 pipelined requests answered in order (mixed with requests the ASGI app answers), chunked
 bodies, the body limit's 413, malformed requests 400 without harm to others, concurrent
@@ -15,10 +15,10 @@ from urllib.parse import urlsplit
 import pytest
 import uvicorn
 
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig
-from executors.leanhttp import flow_name
-from executors.serving import HttpLimits, limited_protocol
+from executors.gateway.http_server import HttpLimits, limited_protocol
+from executors.gateway.leanhttp import flow_name
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
 from flow import Flow
 
 LIMIT = 64 * 1024

@@ -2,8 +2,8 @@
 gateways find them, several gateways serve the flows any one of them took.
 
 Real processes throughout: the session's Redis server (flushed per test), executors started with
-``python -m executors.executor`` on TCP addresses, gateways with ``python -m
-executors.standalone --membership kvs``, HTTP between them and the test.
+``python -m executors.worker.executor`` on TCP addresses, gateways with ``python -m
+executors.hosts.standalone --membership kvs``, HTTP between them and the test.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import time
 import httpx
 import pytest
 
-from executors.cluster import ClusterClient
-from executors.membership import ALIVE_KEY, Absence, Heartbeat, Member, live_members
+from executors.hosts.cluster import ClusterClient
+from executors.wire.membership import ALIVE_KEY, Absence, Heartbeat, Member, live_members
 from flow import Flow
 from flow.table import Table
 from kvs import KVS, RedisServer
@@ -156,14 +156,14 @@ def test_absence_waits_out_the_grace_period():
     "cmd, env, message",
     [
         (
-            ["executors.standalone", "--address", "tcp://127.0.0.1:1", "--kvs", "redis://127.0.0.1:1/0"],
+            ["executors.hosts.standalone", "--address", "tcp://127.0.0.1:1", "--kvs", "redis://127.0.0.1:1/0"],
             {},
             "FLOWSERVE_ADMIN_TOKEN",
         ),
-        (["executors.standalone", "--address", "tcp://127.0.0.1:1"], {"FLOWSERVE_ADMIN_TOKEN": "t"}, "--kvs"),
+        (["executors.hosts.standalone", "--address", "tcp://127.0.0.1:1"], {"FLOWSERVE_ADMIN_TOKEN": "t"}, "--kvs"),
         (
             [
-                "executors.standalone",
+                "executors.hosts.standalone",
                 "--address",
                 "tcp://127.0.0.1:1",
                 "--kvs",
@@ -174,14 +174,14 @@ def test_absence_waits_out_the_grace_period():
             {"FLOWSERVE_ADMIN_TOKEN": "t"},
             "nope",
         ),
-        (["executors.executor", "--id", "e", "--address", "tcp://127.0.0.1:1"], {}, "--kvs"),
+        (["executors.worker.executor", "--id", "e", "--address", "tcp://127.0.0.1:1"], {}, "--kvs"),
         (
             ["k8s.gateway", "--address", "tcp://127.0.0.1:1", "--kvs", "redis://x/0", "--scaler", "k8s"],
             {"FLOWSERVE_ADMIN_TOKEN": "t", "POD_NAMESPACE": ""},
             "--k8s-namespace",
         ),
         (
-            ["executors.standalone", "--address", "tcp://127.0.0.1:1", "--kvs", "redis://x/0", "--scaler", "k8s"],
+            ["executors.hosts.standalone", "--address", "tcp://127.0.0.1:1", "--kvs", "redis://x/0", "--scaler", "k8s"],
             {"FLOWSERVE_ADMIN_TOKEN": "t"},
             "--scaler",
         ),
@@ -255,9 +255,9 @@ def test_a_registry_read_older_than_a_local_deploy_or_undeploy_does_not_undo_it(
     deployed (or undeployed) here after that read must not be dropped (or reloaded)."""
     import asyncio
 
-    from executors.config import ClusterConfig
-    from executors.dispatcher import DeployedFlow
-    from executors.standalone import StandaloneGateway
+    from executors.gateway.records import DeployedFlow
+    from executors.hosts.cluster_config import ClusterConfig
+    from executors.hosts.standalone import StandaloneGateway
     from optimizer import Plan
 
     gw = StandaloneGateway(ClusterConfig(), kvs_url=redis_server.url, address=f"ipc://{tmp_path}/gw", admin_token=ADMIN)
@@ -268,28 +268,28 @@ def test_a_registry_read_older_than_a_local_deploy_or_undeploy_does_not_undo_it(
     async def scenario():
         read_at = time.monotonic()  # the sync loop starts reading the registry ...
         gw.dispatcher.flows["raced"] = flow  # ... a deploy lands here meanwhile ...
-        gw.gateway.changed_at["raced"] = time.monotonic()
+        gw.gateway.deploys.changed_at["raced"] = time.monotonic()
         await gw._registry_changed({}, read_at)  # ... and the read did not list it yet
         assert gw.dispatcher.flows.get("raced") is flow
         await gw._registry_changed({}, time.monotonic())  # a later read without it: undeployed elsewhere
         assert "raced" not in gw.dispatcher.flows
 
         read_at = time.monotonic()  # an undeploy here after the read listed the flow:
-        gw.gateway.changed_at["raced"] = time.monotonic()
+        gw.gateway.deploys.changed_at["raced"] = time.monotonic()
         await gw._registry_changed({"raced": 1}, read_at)  # not reloaded (no load is attempted)
         assert "raced" not in gw.dispatcher.flows and not gw._failed_loads
 
         # a read that starts after the deploy but before its registry write lands
         gw.dispatcher.flows["raced"] = flow
         reads = []
-        await gw.gateway._record_change("raced", lambda: reads.append(time.monotonic()))
+        await gw.gateway.deploys._record_change("raced", lambda: reads.append(time.monotonic()))
         await gw._registry_changed({}, reads[0])  # the read did not see the write yet
         assert gw.dispatcher.flows.get("raced") is flow
 
     try:
         asyncio.run(scenario())
     finally:
-        gw.dispatcher.listener.close()  # never started: nothing else is open
+        gw.dispatcher.links.listener.close()  # never started: nothing else is open
         gw.store.close()
 
 
@@ -317,7 +317,7 @@ def test_an_executor_restarted_in_place_has_its_requests_rerun(procs):
             [
                 sys.executable,
                 "-m",
-                "executors.executor",
+                "executors.worker.executor",
                 "--id",
                 "e0",
                 "--address",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from executors.serving import OneWrite
+from executors.gateway.http_server import OneWrite
 
 
 class Recorder:

@@ -22,10 +22,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from executors.cluster import ClusterClient, LocalCluster
-from executors.config import KEY_ENV, ClusterConfig
-from executors.membership import DEPLOYED_KEY
-from executors.placement import PLAN_KEY
+from executors.hosts.cluster import ClusterClient, LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
+from executors.plans import DEPLOYED_KEY, KEY_ENV, PLAN_KEY
 from flow import Flow
 from kvs import KVS
 from tests.executors.processes import ADMIN, Procs, health, wait_until

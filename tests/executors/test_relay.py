@@ -12,12 +12,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig
-from executors.dispatcher import DeployedFlow, Dispatcher, RawBody, Request, RequestFailed, relay_stage
-from executors.gateway import RELAY_MAX_BYTES, _relayable
-from executors.httpcodec import ARROW
-from executors.messages import Pong, decode
+from executors.codec.bodies import ARROW
+from executors.gateway.dispatcher import Dispatcher
+from executors.gateway.invoke import RELAY_MAX_BYTES, _relayable
+from executors.gateway.records import DeployedFlow, RawBody, Request, RequestFailed, relay_stage
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
+from executors.wire.messages import Pong, decode
 from flow import ColumnType, Flow
 from optimizer import OptimizerOptions, optimize
 from tests.executors.test_bad_inputs import CASES, nan_tensor, plus_one
@@ -95,7 +96,7 @@ def test_a_body_goes_only_where_every_replica_said_it_takes_bodies(tmp_path):
         d._on_message(Pong("e1", "t", "cpu", [], relays=True))  # upgraded
         assert d.relays_to(flow) == stage
     finally:
-        d.listener.close()
+        d.links.listener.close()
 
 
 @pytest.mark.parametrize(

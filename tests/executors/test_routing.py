@@ -9,16 +9,16 @@ import json
 import numpy as np
 import pytest
 
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig
-from executors.routing import complete, deliveries, keeps_rows, merge, rendezvous
-from executors.stage_runner import BoundStage
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
+from executors.wire.routing import complete, deliveries, keeps_rows, merge, rendezvous
+from executors.worker.stage_runner import BoundStage
 from flow import Flow, optimize
+from flow.exceptions import FlowValueError
 from flow.table import Table
 from kvs.cache import ENTRY_OVERHEAD
 from kvs.serialization import encode
 from optimizer import positions
-from optimizer.plan import PlanError
 from tests.executors.conftest import unique
 
 ADDRESSES = ["ipc:///a", "ipc:///b", "ipc:///c"]
@@ -147,7 +147,7 @@ def test_a_continuation_that_changes_its_row_count_is_a_named_error():
     table = positions.split(_keyed(4).select(["k"]), np.arange(4))
     bound = BoundStage(stage)
     bound.bound[1] = lambda inputs, store: inputs[0].take([0])  # a broken operator: rows lost
-    with pytest.raises(PlanError, match="operator 'lambda' gave 1 rows for 4"):
+    with pytest.raises(FlowValueError, match="operator 'lambda' gave 1 rows for 4"):
         bound([table], {f"key:{i}": i for i in range(7)})
 
 

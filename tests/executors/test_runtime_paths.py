@@ -9,8 +9,8 @@ import time
 import httpx
 import numpy as np
 
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
 from flow import Flow
 from flow.table import Table
 from optimizer import BatchConfig, OptimizerOptions
@@ -150,7 +150,7 @@ def test_no_live_executor_gives_503():
 def _executor_pids(c: LocalCluster) -> list[int]:
     import subprocess
 
-    out = subprocess.run(["pgrep", "-f", f"executors.executor .*{c.dir}"], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-f", f"executors.worker.executor .*{c.dir}"], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
 
 

@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
 
 
 def _cluster_cmdlines(c: LocalCluster) -> dict[int, str]:
@@ -41,12 +41,20 @@ def test_no_secret_in_any_cluster_process_arguments():
         cmdlines = _cluster_cmdlines(c)
         kinds = {
             k
-            for k in ("executors.daemon", "executors.cluster_gateway", "executors.executor", "redis-server")
+            for k in (
+                "executors.hosts.supervisor",
+                "executors.hosts.local_gateway",
+                "executors.worker.executor",
+                "redis-server",
+            )
             if any(k in line for line in cmdlines.values())
         }
-        assert kinds == {"executors.daemon", "executors.cluster_gateway", "executors.executor", "redis-server"}, (
-            cmdlines
-        )
+        assert kinds == {
+            "executors.hosts.supervisor",
+            "executors.hosts.local_gateway",
+            "executors.worker.executor",
+            "redis-server",
+        }, cmdlines
         assert len(cmdlines) >= 5, cmdlines  # supervisor, gateway, 2 executors, the KVS server
         for pid, line in cmdlines.items():
             for name, secret in (("KVS password", password), ("admin token", c.state["admin_token"]), ("token", token)):

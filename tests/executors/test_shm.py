@@ -1,4 +1,4 @@
-"""Big frames over local sockets travel as shared memory (executors/shm.py): the bytes
+"""Big frames over local sockets travel as shared memory (executors/wire/shm.py): the bytes
 arrive intact, a frame already shared is sent on without a copy, and no segment outlives
 the processes that hold it, kill -9 included. Real sockets, real processes."""
 
@@ -17,11 +17,12 @@ import httpx
 import numpy as np
 import pytest
 
-from executors import shm
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig
-from executors.messages import StageInput, decode
-from executors.transport import Outbox, Reader, accept, listen
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
+from executors.wire import shm
+from executors.wire.frames import WireError
+from executors.wire.messages import StageInput, decode
+from executors.wire.transport import Outbox, Reader, accept, listen
 from flow import ColumnType, Flow
 from flow.table import Table
 from tests.executors.processes import wait_until
@@ -130,7 +131,7 @@ def test_a_broken_descriptor_frame_is_refused(tmp_path):
         while conn is None:
             conn = accept(listener)
         conn.setblocking(True)
-        with pytest.raises(OSError, match="without its segment"):
+        with pytest.raises(WireError, match="without its segment"):
             Reader(conn).read()
         s.close()
         conn.close()
@@ -141,7 +142,7 @@ def test_a_broken_descriptor_frame_is_refused(tmp_path):
 _SENDER = textwrap.dedent(
     """
     import sys, numpy as np
-    from executors.transport import Outbox
+    from executors.wire.transport import Outbox
     out = Outbox("child")
     big = np.full(4 << 20, 7, dtype=np.uint8)
     while True:  # until killed
@@ -153,7 +154,7 @@ _SENDER = textwrap.dedent(
 _HOLDER = textwrap.dedent(
     """
     import selectors, sys, time
-    from executors.transport import Reader, accept, listen
+    from executors.wire.transport import Reader, accept, listen
     listener = listen(sys.argv[1])
     held = []
     sel = selectors.DefaultSelector()
@@ -276,7 +277,7 @@ def test_a_cluster_serves_big_tensors_over_shared_memory_and_kill_9_leaks_nothin
         assert len(results) == 36 and all(results)
         gateway = int(
             subprocess.run(
-                ["pgrep", "-f", f"executors.cluster_gateway --dir {c.dir}"], capture_output=True, text=True
+                ["pgrep", "-f", f"executors.hosts.local_gateway --dir {c.dir}"], capture_output=True, text=True
             ).stdout.split()[0]
         )
 
@@ -391,7 +392,7 @@ def test_a_big_arrow_answer_is_pieces_that_share_the_columns_memory():
     column itself (no copy on the way to the socket); a small answer stays one bytes."""
     import pyarrow as pa
 
-    from executors.httpcodec import arrow_answer, arrow_bytes
+    from executors.codec.bodies import arrow_answer, arrow_bytes
 
     x = np.random.default_rng(2).standard_normal((2, MB // 4)).astype(np.float32)
     table = Table.from_dict({"x": x, "k": np.array([1, 2])})
@@ -420,7 +421,7 @@ def test_a_client_gone_mid_body_leaves_no_segment_in_the_gateway(monkeypatch):
         d = c.deploy(f)
         gateway = int(
             subprocess.run(
-                ["pgrep", "-f", f"executors.cluster_gateway --dir {c.dir}"], capture_output=True, text=True
+                ["pgrep", "-f", f"executors.hosts.local_gateway --dir {c.dir}"], capture_output=True, text=True
             ).stdout.split()[0]
         )
         url = urlsplit(d.url)

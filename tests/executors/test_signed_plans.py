@@ -11,9 +11,9 @@ import signal
 import httpx
 import pytest
 
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig
-from executors.placement import PLAN_KEY
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
+from executors.plans import PLAN_KEY
 from kvs import KVS, SerializationError
 from kvs.serialization import dumps_trusted
 from tests.executors.processes import wait_until

@@ -10,12 +10,13 @@ import time
 
 import pytest
 
-from executors.batcher import Batcher, aimd_for
-from executors.executor import HostedStage
-from executors.slo import load_profile, profile_plan, stage_inputs
+from executors.hosts.profiling import load_profile, profile_plan, stage_inputs
+from executors.worker.batcher import Batcher, aimd_for
+from executors.worker.hosting import HostedStage
 from flow import Flow
+from flow.exceptions import FlowTypeError, FlowValueError
 from optimizer import optimize
-from optimizer.slo import SLO, InfeasibleSLOError, PlannerOptions, Profile, SLOError, serve_under
+from optimizer.slo import SLO, InfeasibleSLOError, PlannerOptions, Profile, serve_under
 from tests.executors.conftest import unique
 
 
@@ -128,11 +129,11 @@ def test_an_slo_no_stage_can_meet_names_the_stage(cluster):
 
 def test_bad_slo_arguments_are_clear_errors(cluster):
     f = two_stage("slo-args")
-    with pytest.raises(SLOError, match="slo must be an SLO"):
+    with pytest.raises(FlowTypeError, match="slo must be an SLO"):
         cluster.deploy(f, rules=RULES, slo=40)
     with pytest.raises(TypeError, match="needs slo=SLO"):
         f.deploy(cluster, traffic=10)
-    with pytest.raises(SLOError, match="no stage"):
+    with pytest.raises(FlowValueError, match="no stage"):
         serve_under(optimize(f), SLO(50), profile=PROFILE, rate_rps=10)  # fused plan: other stage names
 
 
@@ -144,7 +145,7 @@ def test_profiling_times_each_stage_on_the_inputs_it_really_gets():
     assert [a[0]["y"].tolist() for a in inputs["plus_one"]] == [[2], [4]]
     p = profile_plan(plan, [{"x": 1}, {"x": 2}], max_batch=4, repeats=2, warmup=0)
     assert p.batch_sizes("plus_one", "cpu") == (1, 2, 3, 4)
-    with pytest.raises(SLOError, match="no sample row reached"):
+    with pytest.raises(FlowValueError, match="no sample row reached"):
         g = Flow(unique("prof-none"))
         g.filter(lambda r: False).map(plus_one, names=["z"], batching=True)
         stage_inputs(optimize(g, rules=RULES), [{"x": 1, "y": 1}])
@@ -172,7 +173,7 @@ def test_profiling_per_class_runs_each_stage_as_on_that_class():
 
 
 def test_the_batch_sizes_answers_ran_in_are_counted_per_batch():
-    from executors.scaling import StageCounters
+    from executors.gateway.counters import StageCounters
 
     c = StageCounters()
     # one batch of 4 (its 4 answers each say 4), then two batches of 1, within the window
@@ -183,7 +184,7 @@ def test_the_batch_sizes_answers_ran_in_are_counted_per_batch():
 
 
 def test_the_live_aimd_cap_is_each_executors_latest():
-    from executors.scaling import StageCounters
+    from executors.gateway.counters import StageCounters
 
     c = StageCounters()
     assert c.batch_caps(now=10.0) is None
@@ -254,7 +255,7 @@ def _tuned_plan():
 
 
 def test_the_tuner_scales_up_at_once_when_traffic_leaves_the_envelope_and_down_after_15_s():
-    from executors.scaling import SLOTuner
+    from executors.hosts.scaling import SLOTuner
 
     plan = _tuned_plan()
     stage = plan.sink
@@ -273,7 +274,7 @@ def test_the_tuner_scales_up_at_once_when_traffic_leaves_the_envelope_and_down_a
 
 def test_the_tuner_scales_down_on_a_loop_whose_ticks_miss_the_window_edge():
     # the scaling loop ticks every 0.5 s plus whatever the tick cost: never exactly 15 s apart
-    from executors.scaling import SLOTuner
+    from executors.hosts.scaling import SLOTuner
 
     plan = _tuned_plan()
     stage = plan.sink
@@ -290,8 +291,8 @@ def test_the_tuner_scales_down_on_a_loop_whose_ticks_miss_the_window_edge():
 @pytest.fixture
 def own_cluster():
     """A cluster of its own: the tuner adds executors, which the shared one must not keep."""
-    from executors.cluster import LocalCluster
-    from executors.config import ClusterConfig
+    from executors.hosts.cluster import LocalCluster
+    from executors.hosts.cluster_config import ClusterConfig
 
     with LocalCluster(ClusterConfig(executors=2, threads=4, request_timeout_s=20)) as c:
         yield c
@@ -376,7 +377,7 @@ def test_the_tuner_keeps_the_planned_replicas_and_scales_them_with_the_envelope(
     # the planning envelope doubles them
     from dataclasses import replace
 
-    from executors.scaling import SLOTuner
+    from executors.hosts.scaling import SLOTuner
     from optimizer.slo import StageConfig
 
     plan = _tuned_plan()

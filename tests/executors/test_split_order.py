@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pyarrow as pa
 
-from executors.httpcodec import ARROW
+from executors.codec.bodies import ARROW
 from flow import Flow
 from flow.table import Table
 from tests.executors.caches import CacheWarmer

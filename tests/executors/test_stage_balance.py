@@ -13,7 +13,8 @@ import collections
 
 import pytest
 
-from executors.dispatcher import DeployedFlow, Dispatcher, Request
+from executors.gateway.dispatcher import Dispatcher
+from executors.gateway.records import DeployedFlow, Request
 from flow import Flow
 from flow.table import Table
 from optimizer import optimize
@@ -39,7 +40,7 @@ def dispatcher(tmp_path):
         d.executors[f"e{i}"].loaded.add(("balanced", 1))
     flow = DeployedFlow(plan, 1, {first: ["e0"], second: ["e1", "e0"]})
     yield d, flow, second
-    d.listener.close()
+    d.links.listener.close()
 
 
 def _enter(d, flow, n):

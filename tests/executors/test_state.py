@@ -20,10 +20,10 @@ import httpx
 import numpy as np
 import pytest
 
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig
 from executors.errors import DeployConflictError
-from executors.membership import DEPLOYED_KEY
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
+from executors.plans import DEPLOYED_KEY
 from flow import Flow
 from tests.executors.conftest import unique
 from tests.executors.processes import wait_until
@@ -60,7 +60,7 @@ def started(config: ClusterConfig) -> LocalCluster:
 
 
 def executor_pids(c: LocalCluster) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"executors.executor .*{c.dir}"], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-f", f"executors.worker.executor .*{c.dir}"], capture_output=True, text=True).stdout
     return sorted(int(p) for p in out.split())
 
 
@@ -134,9 +134,9 @@ def test_redeploys_and_undeploy_give_the_models_memory_back():
 def test_an_unloaded_version_is_gone_and_is_not_rebuilt_by_a_late_message(kvs, redis_url, tmp_path):
     from dataclasses import replace
 
-    from executors.executor import Executor
-    from executors.messages import Load, StageInput, Unload
-    from executors.placement import PLAN_KEY
+    from executors.plans import PLAN_KEY
+    from executors.wire.messages import Load, StageInput, Unload
+    from executors.worker.executor import Executor
     from optimizer import optimize
 
     f = Flow("unloaded", schema={"x": float})
@@ -149,24 +149,24 @@ def test_an_unloaded_version_is_gone_and_is_not_rebuilt_by_a_late_message(kvs, r
     nobody = f"ipc://{tmp_path}/nobody"  # replies go nowhere: this test reads the executor itself
     try:
         for v in (1, 2):
-            ex.on_load(Load("unloaded", v, None, nobody, f"load-{v}"))
-        batcher = ex.hosted[("unloaded", 1, stage)].batcher
+            ex.stages.load(Load("unloaded", v, None, nobody, f"load-{v}"))
+        batcher = ex.stages.hosted[("unloaded", 1, stage)].batcher
         assert batcher is not None and batcher.thread.is_alive()
 
-        ex.on_unload(Unload("unloaded", 1))
-        assert [k for k in ex.hosted if k[1] == 1] == [] and ("unloaded", 2, stage) in ex.hosted
+        ex.stages.unload(Unload("unloaded", 1))
+        assert [k for k in ex.stages.hosted if k[1] == 1] == [] and ("unloaded", 2, stage) in ex.stages.hosted
         batcher.thread.join(5)
         assert not batcher.thread.is_alive()  # its batcher thread ended
 
         run = StageInput(1, 0, "unloaded", 1, stage, "__input__", {}, nobody)
-        assert ex.gather(run) == [] and ("unloaded", 1, stage) not in ex.hosted  # not rebuilt
-        assert ex.gather(replace(run, version=3)) == []  # no plan in the store: an error, not an exception
+        assert ex.inputs.gather(run) == [] and ("unloaded", 1, stage) not in ex.stages.hosted  # not rebuilt
+        assert ex.inputs.gather(replace(run, version=3)) == []  # no plan in the store: an error, not an exception
 
         # an executor that restarted (it retired nothing) still rebuilds from the store
         fresh = Executor("u1", f"ipc://{tmp_path}/u1", redis_url, threads=1)
         try:
-            fresh.gather(replace(run, version=2))
-            assert ("unloaded", 2, stage) in fresh.hosted
+            fresh.inputs.gather(replace(run, version=2))
+            assert ("unloaded", 2, stage) in fresh.stages.hosted
         finally:
             _close(fresh)
     finally:
@@ -175,7 +175,7 @@ def test_an_unloaded_version_is_gone_and_is_not_rebuilt_by_a_late_message(kvs, r
 
 def _close(ex) -> None:
     ex.stop()
-    for hosted in ex.hosted.values():
+    for hosted in ex.stages.hosted.values():
         hosted.retired.set()
     ex.pool.shutdown(wait=True)
     ex.listener.close()
@@ -346,7 +346,7 @@ def test_standalone_gateway_releases_old_versions_and_republishes_a_lost_store(t
     (a Redis pod without a volume): redeploys free the executors' memory, and after the
     KVS restarts empty the gateway puts its flows back, so a restarted executor rebuilds
     them; lost lookup data answers 503."""
-    from executors.cluster import ClusterClient
+    from executors.hosts.cluster import ClusterClient
     from kvs import RedisServer
     from tests.executors.processes import ADMIN, Procs, health
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from executors.durability import registry_if_intact, republish
 from executors.errors import status_for
-from executors.membership import DEPLOYED_KEY, register_deployed
-from executors.placement import next_version
+from executors.gateway.durability import registry_if_intact, republish
+from executors.plans import DEPLOYED_KEY, next_version, register_deployed
 from flow import Flow
 from flow.exceptions import LookupKeyError, RetryableError
 from kvs import StoreLostError
@@ -80,8 +79,8 @@ def test_the_registry_only_moves_forward(kvs):
 
 
 def test_a_lost_registry_reads_as_lost_not_empty_and_is_republished(kvs):
-    from executors.dispatcher import DeployedFlow
-    from executors.placement import PLAN_KEY, VERSION_KEY
+    from executors.gateway.records import DeployedFlow
+    from executors.plans import PLAN_KEY, VERSION_KEY
     from optimizer import Plan
 
     f = Flow("kept")

@@ -11,7 +11,17 @@ import time
 import numpy as np
 import pytest
 
-from executors.transport import MAX_FRAMES, Outbox, Reader, TransportError, accept, encode, listen, parse_address
+from executors.wire.frames import WireError
+from executors.wire.transport import (
+    MAX_FRAMES,
+    Outbox,
+    Reader,
+    accept,
+    encode,
+    listen,
+    parse_address,
+)
+from flow.exceptions import FlowValueError
 from kvs.server import free_port
 
 
@@ -140,7 +150,7 @@ def test_a_peer_that_breaks_the_framing_is_refused(tmp_path, head):
             assert time.monotonic() < deadline
             time.sleep(0.01)
         reader = Reader(conn)
-        with pytest.raises(TransportError):
+        with pytest.raises(WireError):
             while time.monotonic() < deadline:
                 reader.read()
         conn.close()
@@ -151,7 +161,7 @@ def test_a_peer_that_breaks_the_framing_is_refused(tmp_path, head):
 
 @pytest.mark.parametrize("bad", ["zmq://x", "tcp://host", "tcp://host:port", "/tmp/x"])
 def test_malformed_addresses_are_named(bad):
-    with pytest.raises(TransportError, match="address"):
+    with pytest.raises(FlowValueError, match="address"):
         parse_address(bad)
 
 
@@ -210,7 +220,7 @@ def test_a_closed_outbox_sends_nothing_and_connects_nowhere(tmp_path):
 def test_a_write_the_kernel_takes_in_part_leaves_the_rest_in_order():
     # plain bytes take the short way through _send_now; what the socket buffer cannot take
     # comes back as views of the rest, which the peer's backlog sends later
-    from executors.transport import _send_now
+    from executors.wire.transport import _send_now
 
     a, b = socket.socketpair()
     a.setblocking(False)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 import time
 
-from executors.messages import StageInput
-from executors.watchdog import Blackbox, Run, Watchdog, monotonic_deadline
+from executors.wire.messages import StageInput
+from executors.worker.watchdog import Blackbox, Run, Watchdog, monotonic_deadline
 
 
 def _run(lane="pool", deadlines=None, n=1):

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from executors.wire import WireError, pack, unpack
+from executors.wire.frames import WireError, pack, unpack
 from flow.table import Table
 from tests.flowgen import assert_same_rows
 

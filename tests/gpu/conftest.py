@@ -71,8 +71,8 @@ def cuda() -> int:
 
 @pytest.fixture(scope="session")
 def gpu_cluster(cuda):
-    from executors.cluster import LocalCluster
-    from executors.config import ClusterConfig
+    from executors.hosts.cluster import LocalCluster
+    from executors.hosts.cluster_config import ClusterConfig
 
     keep = os.environ.get("FLOWSERVE_GPU_TEST_DIR")
     where = {"dir": os.path.join(keep, "gpu-cluster")} if keep else {}

@@ -262,7 +262,7 @@ def test_cuda_is_initialised_in_gpu_executors_only(gpu_cluster, where):
     assert cuda_mapped(gpu_pid), "positive control: the gpu executor that ran the model has CUDA loaded"
     daemon = gpu_cluster.proc.pid
     python = [p for p in [daemon, *descendants(daemon)] if "python" in Path((cmdline(p) or ["-"])[0]).name]
-    executors = {p: cmdline(p) for p in python if "executors.executor" in cmdline(p)}
+    executors = {p: cmdline(p) for p in python if "executors.worker.executor" in cmdline(p)}
     gpu_executors = [p for p, cmd in executors.items() if cmd[cmd.index("--device") + 1] == "gpu"]
     assert gpu_pid in gpu_executors, (gpu_pid, executors)
     runtime = [p for p in python if p not in executors]  # the supervisor, the gateway
@@ -290,7 +290,7 @@ import json, sys
 import torch
 mapped_by_import = "libcuda.so" in open("/proc/self/maps").read()
 import numpy as np
-from executors.cluster import Deployment, LocalCluster
+from executors.hosts.cluster import Deployment, LocalCluster
 from flow import ColumnType, Flow
 from tests.gpu.test_gpu_executors import ROWS, WhereAmI, int_rows
 c = LocalCluster.connect(sys.argv[1])

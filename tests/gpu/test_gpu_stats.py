@@ -1,4 +1,4 @@
-"""executors/gpu.py's logic, on any machine: which GPUs CUDA_VISIBLE_DEVICES leaves, NVML
+"""executors/worker/gpu.py's logic, on any machine: which GPUs CUDA_VISIBLE_DEVICES leaves, NVML
 opened once and read at most every STATS_TTL_S (the executor answers a ping a second on its
 IO thread), the device strings operator code may be given.
 
@@ -15,7 +15,7 @@ from collections import namedtuple
 
 import pytest
 
-from executors import gpu
+from executors.worker import gpu
 from flow.context import current_device, set_device
 from flow.exceptions import FlowValueError
 
@@ -158,7 +158,7 @@ def test_bad_device_strings(device):
     ],
 )
 def test_gpu_executors_take_the_visible_gpus_in_turn(monkeypatch, spec, want):
-    from executors.gpu import gpu_for_executor
+    from executors.worker.gpu import gpu_for_executor
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", spec)
     assert [gpu_for_executor(k) for k in range(3)] == want

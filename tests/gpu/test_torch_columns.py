@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from executors import fused
-from executors.cluster import LocalCluster
-from executors.config import ClusterConfig
-from executors.stage_runner import BoundStage
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
+from executors.worker import fused
+from executors.worker.stage_runner import BoundStage
 from flow import ColumnType, Flow, Table
 from flow.exceptions import DataTypeError, OperatorOutputError
 from flow.table import Column, TorchColumn, torch_column

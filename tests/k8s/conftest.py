@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from executors.autoscale import AutoscalingConfig
+from executors.hosts.autoscale import AutoscalingConfig
 from flow import Flow
 from k8s import KubeConfig, Resources, Toleration
 from optimizer import optimize

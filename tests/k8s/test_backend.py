@@ -14,17 +14,19 @@ import warnings
 
 import pytest
 
-from flow.exceptions import RetryableError
-from k8s import KubeConfig, render
-from k8s.exceptions import (
-    K8sApiError,
-    K8sConfigError,
-    K8sConfigTypeError,
-    K8sError,
-    K8sNotFoundError,
-    K8sUnavailableError,
-    ManifestError,
+from flow.configuration import ConfigError, ConfigTypeError
+from flow.exceptions import (
+    AccessDeniedError,
+    DeadlineExceededError,
+    FlowError,
+    FlowValueError,
+    InternalError,
+    RetryableError,
+    UnavailableError,
+    UnreachableError,
 )
+from k8s import KubeConfig, render
+from k8s.exceptions import K8sConflictError, K8sNotFoundError, api_error_for
 from tests.k8s.conftest import configs
 
 client = pytest.importorskip("kubernetes.client")
@@ -77,7 +79,7 @@ def test_a_field_the_model_does_not_know_is_refused_not_dropped():
     m = render()[-1]
     m["spec"]["template"]["spec"]["containers"][0]["resource"] = {"limits": {"cpu": "1"}}
     with pytest.raises(
-        ManifestError,
+        FlowValueError,
         match=r"Deployment flowserve/flowserve-executor-cpu: field "
         r"'spec.template.spec.containers\[0\].resource' is not part of V1Deployment",
     ):
@@ -85,11 +87,11 @@ def test_a_field_the_model_does_not_know_is_refused_not_dropped():
 
 
 def test_unsupported_kind_and_missing_name_are_manifest_errors():
-    with pytest.raises(ManifestError, match=r"unsupported apiVersion/kind 'batch/v1'/'Job'; supported: .*Deployment"):
+    with pytest.raises(FlowValueError, match=r"unsupported apiVersion/kind 'batch/v1'/'Job'; supported: .*Deployment"):
         to_api_object({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "x"}})
-    with pytest.raises(ManifestError, match="metadata.name is missing"):
+    with pytest.raises(FlowValueError, match="metadata.name is missing"):
         to_api_object({"apiVersion": "v1", "kind": "Service", "metadata": {}})
-    with pytest.raises(ManifestError, match="not a valid V1Deployment"):
+    with pytest.raises(FlowValueError, match="not a valid V1Deployment"):
         bad = render()[-1]
         del bad["spec"]["selector"]
         to_api_object(bad)
@@ -103,7 +105,7 @@ def test_apply_converts_everything_before_sending_anything():
     manifests[-1]["spec"]["template"]["spec"]["containers"][0]["imagePulPolicy"] = "Always"
     cluster, wire, apis = cluster_with()
     with pytest.raises(
-        ManifestError,
+        FlowValueError,
         match=r"Deployment flowserve/flowserve-executor-cpu: field "
         r"'spec.template.spec.containers\[0\].imagePulPolicy'",
     ):
@@ -116,9 +118,9 @@ def test_apply_converts_everything_before_sending_anything():
 @pytest.mark.parametrize(
     "status,error,retryable",
     [
-        (503, K8sUnavailableError, True),
-        (500, K8sUnavailableError, True),
-        (429, K8sUnavailableError, True),
+        (503, UnavailableError, True),
+        (500, UnavailableError, True),
+        (429, UnavailableError, True),
     ],
 )
 def test_api_errors_name_the_verb_and_the_object(status, error, retryable):
@@ -132,7 +134,7 @@ def test_api_errors_name_the_verb_and_the_object(status, error, retryable):
     assert msg in str(e)
     assert (e.verb, e.kind, e.namespace, e.name, e.status) == ("patch", "Deployment", NS, "flowserve-gateway", status)
     assert isinstance(e, RetryableError) is retryable
-    assert isinstance(e, K8sError)
+    assert isinstance(e, FlowError)
 
 
 def test_no_answer_from_the_api_server_is_retryable():
@@ -144,7 +146,7 @@ def test_no_answer_from_the_api_server_is_retryable():
 
     cluster, _, _ = cluster_with(wire=Refusing())
     with pytest.raises(
-        K8sUnavailableError,
+        UnreachableError,
         match=r"scale|patch Deployment flowserve/flowserve-gateway failed: "
         r"no answer .*is the API server reachable",
     ) as info:
@@ -165,12 +167,12 @@ def test_scale_accepts_the_deployment_name_and_zero():
 @pytest.mark.parametrize(
     "target,replicas,error,match",
     [
-        ("kvs", 2, K8sConfigError, r"cannot scale 'kvs': expected one of \['gateway', 'executor-cpu'"),
-        ("other-gateway", 2, K8sConfigError, r"cannot scale 'other-gateway'"),
-        ("gateway", -1, K8sConfigError, r"replicas must be in 0..1000, got -1"),
-        ("gateway", "3", K8sConfigTypeError, r"replicas must be an int, got str '3'"),
-        ("gateway", True, K8sConfigTypeError, r"replicas must be an int, got bool True"),
-        (3, 1, K8sConfigTypeError, r"component must be a string, got int 3"),
+        ("kvs", 2, ConfigError, r"cannot scale 'kvs': expected one of \['gateway', 'executor-cpu'"),
+        ("other-gateway", 2, ConfigError, r"cannot scale 'other-gateway'"),
+        ("gateway", -1, ConfigError, r"replicas must be in 0..1000, got -1"),
+        ("gateway", "3", ConfigTypeError, r"replicas must be an int, got str '3'"),
+        ("gateway", True, ConfigTypeError, r"replicas must be an int, got bool True"),
+        (3, 1, ConfigTypeError, r"component must be a string, got int 3"),
     ],
 )
 def test_scale_rejects_bad_targets_and_counts_before_calling(target, replicas, error, match):
@@ -209,9 +211,9 @@ def test_status_of_an_empty_namespace():
 def test_namespace_and_image_override_the_config():
     c = KubernetesCluster(namespace="ml", image="reg.example.com/flowserve:2.0.0", config=KubeConfig(name="vision"))
     assert (c.config.namespace, c.config.image, c.config.name) == ("ml", "reg.example.com/flowserve:2.0.0", "vision")
-    with pytest.raises(K8sConfigError, match="namespace must be .*got 'Bad_NS'"):
+    with pytest.raises(ConfigError, match="namespace must be .*got 'Bad_NS'"):
         KubernetesCluster(namespace="Bad_NS")
-    with pytest.raises(K8sConfigTypeError, match="config must be a k8s.KubeConfig, got dict"):
+    with pytest.raises(ConfigTypeError, match="config must be a k8s.KubeConfig, got dict"):
         KubernetesCluster(config={"namespace": "ml"})
 
 
@@ -220,7 +222,7 @@ def test_without_credentials_the_default_client_fails_clearly(monkeypatch, tmp_p
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing-kubeconfig"))
     monkeypatch.setenv("HOME", str(tmp_path))
     cluster = KubernetesCluster()  # nothing is contacted yet
-    with pytest.raises(K8sError, match="no Kubernetes credentials"):
+    with pytest.raises(AccessDeniedError, match="no Kubernetes credentials"):
         cluster.status()
 
 
@@ -243,7 +245,14 @@ def test_every_kind_maps_to_real_client_methods():
         for verb in ("create", "read", "replace", "delete", "list"):
             assert callable(getattr(apis[kind.api], f"{verb}_{kind.suffix}")), (kind_name, verb)
         assert hasattr(client, kind.model)
-    assert isinstance(K8sApiError("x"), K8sError)
+    for status, cls in [
+        (404, K8sNotFoundError),
+        (409, K8sConflictError),
+        (403, AccessDeniedError),
+        (422, FlowValueError),
+    ]:
+        assert api_error_for(status) is cls
+    assert api_error_for(0) is UnreachableError and api_error_for(418) is InternalError
 
 
 # -- autoscaling: RBAC objects, replicas, baseline, pod deletion cost ---------------------------
@@ -319,7 +328,7 @@ def test_replicas_of_a_missing_deployment_or_a_bad_component():
     cluster, wire, _ = cluster_with()  # default answer to a GET of one object: 404
     with pytest.raises(K8sNotFoundError, match="read Deployment flowserve/flowserve-executor-gpu failed: 404"):
         cluster.replicas("executor-gpu")
-    with pytest.raises(K8sConfigError, match="cannot scale 'kvs'"):
+    with pytest.raises(ConfigError, match="cannot scale 'kvs'"):
         cluster.replicas("kvs")
     assert len(wire.requests) == 1
 
@@ -365,7 +374,7 @@ def test_a_bad_baseline_annotation_is_named():
     )
     cluster, _, _ = cluster_with(wire=wire)
     with pytest.raises(
-        K8sError,
+        InternalError,
         match=r"Deployment flowserve/flowserve-executor-cpu: annotation "
         r"flowserve.io/baseline-replicas='two' is not a replica count",
     ):
@@ -390,9 +399,9 @@ def test_set_deletion_cost_errors():
         K8sNotFoundError, match=r'patch Pod flowserve/gone failed: 404 Not Found: pods "gone" not found'
     ):
         cluster.set_deletion_cost("gone", -1000)
-    with pytest.raises(K8sConfigTypeError, match="cost must be an int, got str '-1000'"):
+    with pytest.raises(ConfigTypeError, match="cost must be an int, got str '-1000'"):
         cluster.set_deletion_cost("p", "-1000")
-    with pytest.raises(K8sConfigTypeError, match="pod must be a pod name, got str ''"):
+    with pytest.raises(ConfigTypeError, match="pod must be a pod name, got str ''"):
         cluster.set_deletion_cost("", -1000)
     assert len(wire.requests) == 1
 
@@ -425,9 +434,9 @@ def test_read_secret_errors_name_the_secret_and_key():
         .reply("GET", f"{CORE}/secrets/b", 200, _secret("b", {"token": "not base64!"}))
     )
     cluster, _, _ = cluster_with(wire=wire)
-    with pytest.raises(K8sError, match=r"Secret flowserve/a has no key 'token' \(keys: \['password'\]\)"):
+    with pytest.raises(ConfigError, match=r"Secret flowserve/a has no key 'token' \(keys: \['password'\]\)"):
         cluster.read_secret("a", "token")
-    with pytest.raises(K8sError, match="Secret flowserve/b key 'token' is not base64-encoded"):
+    with pytest.raises(ConfigError, match="Secret flowserve/b key 'token' is not base64-encoded"):
         cluster.read_secret("b", "token")
     with pytest.raises(K8sNotFoundError, match="read Secret flowserve/c failed: 404"):
         cluster.read_secret("c", "token")
@@ -481,5 +490,5 @@ def test_the_package_exports_the_scaling_backend_lazily():
     from k8s.scaling import KubernetesExecutors
 
     assert k8s.KubernetesExecutors is KubernetesExecutors
-    assert issubclass(k8s.K8sNotReadyError, K8sError) and not issubclass(k8s.K8sNotReadyError, RetryableError)
-    assert issubclass(k8s.K8sUnreachableError, RetryableError)
+    assert not issubclass(DeadlineExceededError, RetryableError)  # not ready in time: wait longer or give up
+    assert issubclass(UnreachableError, RetryableError)

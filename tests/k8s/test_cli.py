@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from k8s.cli import main
+from k8s.commands import main
 from tests.k8s.conftest import K8S_VERSIONS
 
 yaml = pytest.importorskip("yaml")
@@ -153,12 +153,15 @@ def test_wires_into_the_flowserve_parser(capsys):
 
 def test_runs_as_a_module():
     r = subprocess.run(
-        [sys.executable, "-m", "k8s.cli", "render", "--namespace", "ml"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "k8s.commands", "render", "--namespace", "ml"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert r.returncode == 0, r.stderr
     assert len(list(yaml.safe_load_all(r.stdout))) == 9
     r = subprocess.run(
-        [sys.executable, "-m", "k8s.cli", "render", "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "k8s.commands", "render", "--help"], capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 0 and "--gpu-executors N" in r.stdout and "Secrets are referenced" in r.stdout
 

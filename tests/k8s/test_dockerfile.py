@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from k8s.config import KubeConfig
+from k8s.kube_config import KubeConfig
 from k8s.manifests import APP_UID, ARTIFACT_CACHE
 
 ROOT = Path(__file__).resolve().parents[2]

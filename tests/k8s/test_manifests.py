@@ -15,9 +15,9 @@ import warnings
 
 import pytest
 
-from executors.autoscale import AutoscalingConfig
+from executors.hosts.autoscale import AutoscalingConfig
+from flow.configuration import ConfigTypeError
 from k8s import KubeConfig, render, to_yaml
-from k8s.exceptions import K8sConfigTypeError
 from k8s.manifests import A_BASELINE, A_FLOWS, A_GPU_STAGES, SCALABLE, executor_args, gateway_args, selector
 from tests.k8s.conftest import K8S_VERSIONS, configs
 
@@ -287,7 +287,7 @@ def test_gateway_is_probed_on_healthz_and_readyz_and_exposed_by_its_service():
 def test_executors_listen_on_the_pod_ip_and_read_the_kvs_url_from_the_secret():
     dep = named(_render("cpu-default"), "flowserve-executor-cpu")
     (ex,) = containers(dep)
-    assert ex["command"] == ["python", "-m", "executors.executor"]
+    assert ex["command"] == ["python", "-m", "executors.worker.executor"]
     args = ex["args"]
     assert args[args.index("--address") + 1] == "tcp://$(POD_IP):5555"
     assert "--kvs" not in args  # the URL holds the password: from the environment, not argv
@@ -386,11 +386,11 @@ def test_render_returns_independent_objects():
 
 
 def test_render_rejects_what_is_not_a_config_or_plan():
-    with pytest.raises(K8sConfigTypeError, match="config must be a k8s.KubeConfig, got dict"):
+    with pytest.raises(ConfigTypeError, match="config must be a k8s.KubeConfig, got dict"):
         render({"namespace": "x"})
-    with pytest.raises(K8sConfigTypeError, match="plan must be an optimizer.Plan"):
+    with pytest.raises(ConfigTypeError, match="plan must be an optimizer.Plan"):
         render(KubeConfig(), plan="ensemble")
-    with pytest.raises(K8sConfigTypeError, match="got an item int"):
+    with pytest.raises(ConfigTypeError, match="got an item int"):
         render(KubeConfig(), plan=[1])
 
 
@@ -525,7 +525,7 @@ def test_to_yaml_round_trips_without_aliases(name):
 
 
 def test_to_yaml_rejects_non_dicts():
-    with pytest.raises(K8sConfigTypeError, match="manifest #1 must be a dict, got str"):
+    with pytest.raises(ConfigTypeError, match="manifest #1 must be a dict, got str"):
         to_yaml([{"kind": "Service"}, "kind: Service"])
 
 
@@ -533,8 +533,8 @@ def test_to_yaml_rejects_non_dicts():
 
 
 def test_busy_polling_defaults_to_the_runtimes_and_renders_nothing_extra():
-    from executors.busypoll import DEFAULT_MS
-    from executors.config import ClusterConfig
+    from executors.hosts.cluster_config import ClusterConfig
+    from executors.wire.busypoll import DEFAULT_MS
 
     assert KubeConfig.busy_poll_ms == DEFAULT_MS == ClusterConfig.busy_poll_ms
     assert "--busy-poll-ms" not in executor_args(KubeConfig(), "cpu")
@@ -542,7 +542,7 @@ def test_busy_polling_defaults_to_the_runtimes_and_renders_nothing_extra():
 
 
 def test_busy_polling_off_reaches_the_gateway_and_the_executors():
-    from executors.config import ClusterConfig
+    from executors.hosts.cluster_config import ClusterConfig
 
     cfg = KubeConfig(busy_poll_ms=0)
     args = executor_args(cfg, "cpu")
@@ -552,7 +552,7 @@ def test_busy_polling_off_reaches_the_gateway_and_the_executors():
 
 
 def test_gateway_settings_reach_the_gateway_as_the_runtime_reads_them():
-    from executors.config import ClusterConfig
+    from executors.hosts.cluster_config import ClusterConfig
 
     cfg = KubeConfig(gateway_settings={"idle_timeout_s": 75, "request_timeout_s": 10}, busy_poll_ms=0)
     gw = gateway_args(cfg)
@@ -577,8 +577,8 @@ def test_gateway_settings_are_checked_when_the_config_is_made(bad, message):
 
 
 def test_executor_cache_size_reaches_the_executors_and_matches_the_local_default():
-    from executors.config import ClusterConfig
-    from executors.executor import DEFAULT_CACHE_BYTES
+    from executors.hosts.cluster_config import ClusterConfig
+    from executors.worker.executor import DEFAULT_CACHE_BYTES
 
     assert KubeConfig.executor_cache_bytes == ClusterConfig.executor_cache_bytes == DEFAULT_CACHE_BYTES
     assert "--cache-bytes" not in executor_args(KubeConfig(), "cpu")

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from executors.autoscale import AutoscalingConfig
+from executors.hosts.autoscale import AutoscalingConfig
+from flow.exceptions import AccessDeniedError, DeadlineExceededError, FlowValueError
 from k8s import KubeConfig, render
-from k8s.exceptions import K8sForbiddenError, K8sNotFoundError, K8sNotReadyError, ManifestError
+from k8s.exceptions import K8sNotFoundError
 from tests.k8s import realcluster as rc
 
 pytest.importorskip("kubernetes.client")
@@ -188,7 +189,7 @@ def test_wait_ready_names_what_the_scheduler_cannot_place(control_plane, k8s_nam
     cluster = cluster_as(control_plane, "developer", cfg)
     cluster.ensure_secrets()
     cluster.apply()
-    with pytest.raises(K8sNotReadyError, match=r"executor-gpu: 0/1 ready") as e:
+    with pytest.raises(DeadlineExceededError, match=r"executor-gpu: 0/1 ready") as e:
         cluster.wait_ready(wait_s=3)
     assert "executor-cpu" not in str(e.value) and "gateway" not in str(e.value)
 
@@ -235,7 +236,7 @@ def test_reapplying_without_gpu_executors_or_autoscaling_prunes_them(control_pla
 
 def test_prune_refuses_manifests_of_another_instance_before_sending_anything(control_plane, k8s_namespace):
     cluster = cluster_as(control_plane, "developer", config(k8s_namespace))
-    with pytest.raises(ManifestError, match="instance 'flowserve'.*'other'"):
+    with pytest.raises(FlowValueError, match="instance 'flowserve'.*'other'"):
         cluster.apply(render(config(k8s_namespace, name="other")))
     assert live_objects(control_plane, k8s_namespace, "other") == set()
 
@@ -299,13 +300,13 @@ def test_delete_as_the_deployer_removes_everything_and_keeps_data_by_default(con
 
 def test_a_user_without_the_deployer_role_is_refused_naming_verb_and_object(control_plane, k8s_namespace):
     cluster = cluster_as(control_plane, "outsider", config(k8s_namespace))
-    with pytest.raises(K8sForbiddenError) as e:
+    with pytest.raises(AccessDeniedError) as e:
         cluster.apply()
     msg = str(e.value)
     assert f"read ServiceAccount {k8s_namespace}/flowserve failed: 403" in msg
     assert 'User "outsider" cannot get resource "serviceaccounts"' in msg
     assert e.value.verb == "read" and e.value.kind == "ServiceAccount" and e.value.status == 403
-    with pytest.raises(K8sForbiddenError, match=f"list Deployment in namespace {k8s_namespace} failed: 403"):
+    with pytest.raises(AccessDeniedError, match=f"list Deployment in namespace {k8s_namespace} failed: 403"):
         cluster.delete()
 
 
@@ -321,7 +322,7 @@ def test_each_verb_of_the_documented_role_is_needed(control_plane, k8s_namespace
         if "deployments" in rule.resources:
             rule.verbs = [v for v in rule.verbs if v != "delete"]
     rbac.replace_namespaced_role("flowserve-deployer", k8s_namespace, role)
-    with pytest.raises(K8sForbiddenError, match=rf"delete Deployment {k8s_namespace}/flowserve-\S+ failed: 403"):
+    with pytest.raises(AccessDeniedError, match=rf"delete Deployment {k8s_namespace}/flowserve-\S+ failed: 403"):
         cluster.delete()
     with pytest.raises(K8sNotFoundError):
         cluster.scale("executor-gpu", 1)  # not rendered: named as missing, not forbidden

@@ -23,7 +23,7 @@ import pytest
 
 from flow import Flow
 from k8s import KubeConfig, render
-from k8s.config import Resources
+from k8s.kube_config import Resources
 from tests.k8s import realcluster as rc
 
 pytestmark = pytest.mark.skipif(rc.real_node_unavailable() is not None, reason=str(rc.real_node_unavailable()))
@@ -202,7 +202,7 @@ def slow_double(row):
 
 
 def test_a_load_step_makes_the_autoscaler_add_an_executor_pod_that_serves(node):
-    from executors.autoscale import AutoscalingConfig
+    from executors.hosts.autoscale import AutoscalingConfig
 
     core, ns = namespace(node, "scale")
     flow = Flow("slow")

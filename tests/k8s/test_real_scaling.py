@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from executors.autoscale import AutoscalingConfig
+from executors.hosts.autoscale import AutoscalingConfig
+from flow.exceptions import AccessDeniedError
 from k8s import KubeConfig
-from k8s.exceptions import K8sForbiddenError
 from tests.k8s import realcluster as rc
 from tests.k8s.test_real_backend import IMAGE, cluster_as
 
@@ -129,7 +129,7 @@ def test_the_autoscaler_adds_and_removes_executors_under_its_role(
         ("list the workloads", backend.cluster.status, "list"),
         ("apply", backend.cluster.apply, "read"),
     ]:
-        with pytest.raises(K8sForbiddenError) as e:
+        with pytest.raises(AccessDeniedError) as e:
             call()
         assert e.value.verb == verb, what
         assert f'User "system:serviceaccount:{k8s_namespace}:flowserve" cannot' in str(e.value), what

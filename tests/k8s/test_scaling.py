@@ -23,8 +23,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from flow.configuration import ConfigError, ConfigTypeError
+from flow.exceptions import AccessDeniedError, InternalError, UnavailableError
 from k8s import KubeConfig
-from k8s.exceptions import K8sConfigError, K8sConfigTypeError, K8sError, K8sForbiddenError, K8sNotFoundError
+from k8s.exceptions import K8sNotFoundError
 
 client = pytest.importorskip("kubernetes.client")
 from k8s.scaling import KubernetesExecutors, incluster_cluster  # noqa: E402 - needs the client
@@ -159,7 +161,7 @@ def test_an_api_refusal_while_scaling_up_is_raised_naming_the_deployment():
     d = StandInDispatcher()
     wire = WireRecorder().reply("PATCH", CPU_SCALE, 403, status_body(403, "cannot patch deployments/scale"))
     b, wire = backend(d, Replicas(cpu=2), wire=wire)
-    with pytest.raises(K8sForbiddenError, match="patch Deployment flowserve/flowserve-executor-cpu failed: 403"):
+    with pytest.raises(AccessDeniedError, match="patch Deployment flowserve/flowserve-executor-cpu failed: 403"):
         asyncio.run(b.add_executor("cpu"))
     assert d.waits == []
 
@@ -186,7 +188,7 @@ def test_concurrent_scale_ups_add_one_pod_each_and_claim_different_executors():
 
 def test_add_executor_rejects_an_unknown_device_before_calling():
     b, wire = backend(StandInDispatcher())
-    with pytest.raises(K8sConfigError, match="device must be 'cpu' or 'gpu', got 'tpu'"):
+    with pytest.raises(ConfigError, match="device must be 'cpu' or 'gpu', got 'tpu'"):
         asyncio.run(b.add_executor("tpu"))
     assert wire.requests == []
 
@@ -207,7 +209,7 @@ def test_removing_a_pod_that_is_gone_scales_nothing_down():
 
 def test_removing_an_unknown_executor_is_an_error():
     b, wire = backend(StandInDispatcher(Info("cpu-a")))
-    with pytest.raises(K8sError, match="cannot remove executor 'cpu-zzz': the dispatcher knows no such executor"):
+    with pytest.raises(InternalError, match="cannot remove executor 'cpu-zzz': the dispatcher knows no such executor"):
         asyncio.run(b.remove_executor("cpu-zzz"))
     assert wire.requests == []
 
@@ -216,7 +218,7 @@ def test_a_refused_scale_down_is_raised():
     d = StandInDispatcher(Info("cpu-a"), Info("cpu-b"))
     wire = WireRecorder().reply("PATCH", CPU_SCALE, 503, status_body(503, "etcd timeout"))
     b, wire = backend(d, Replicas(cpu=2), baseline={"cpu": 1}, wire=wire)
-    with pytest.raises(K8sError, match="patch Deployment flowserve/flowserve-executor-cpu failed: 503"):
+    with pytest.raises(UnavailableError, match="patch Deployment flowserve/flowserve-executor-cpu failed: 503"):
         asyncio.run(b.remove_executor("cpu-b"))
 
 
@@ -246,10 +248,10 @@ def test_removable_lists_live_executors_beyond_the_baseline_newest_first():
 @pytest.mark.parametrize(
     "baseline,error,match",
     [
-        ([2], K8sConfigTypeError, r"baseline must be a mapping of device to executor count, got list \[2\]"),
-        ({"tpu": 1}, K8sConfigError, r"device must be 'cpu' or 'gpu', got 'tpu'"),
-        ({"cpu": -1}, K8sConfigError, r"baseline\['cpu'\] must be an int >= 0, got -1"),
-        ({"cpu": "2"}, K8sConfigTypeError, r"baseline\['cpu'\] must be an int >= 0, got str '2'"),
+        ([2], ConfigTypeError, r"baseline must be a mapping of device to executor count, got list \[2\]"),
+        ({"tpu": 1}, ConfigError, r"device must be 'cpu' or 'gpu', got 'tpu'"),
+        ({"cpu": -1}, ConfigError, r"baseline\['cpu'\] must be an int >= 0, got -1"),
+        ({"cpu": "2"}, ConfigTypeError, r"baseline\['cpu'\] must be an int >= 0, got str '2'"),
     ],
 )
 def test_bad_baselines(baseline, error, match):
@@ -258,15 +260,17 @@ def test_bad_baselines(baseline, error, match):
 
 
 def test_bad_wait_and_cluster():
-    with pytest.raises(K8sConfigError, match="wait_s must be a number of seconds > 0, got 0"):
+    with pytest.raises(ConfigError, match="wait_s must be a number of seconds > 0, got 0"):
         backend(StandInDispatcher(), wait_s=0)
-    with pytest.raises(K8sConfigTypeError, match="cluster must be a k8s.KubernetesCluster, got str"):
+    with pytest.raises(ConfigTypeError, match="cluster must be a k8s.KubernetesCluster, got str"):
         KubernetesExecutors("flowserve", StandInDispatcher(), {})
 
 
 def test_outside_a_pod_there_are_no_incluster_credentials(monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    with pytest.raises(K8sError, match="no in-cluster Kubernetes credentials for namespace 'ml', instance 'vision'"):
+    with pytest.raises(
+        AccessDeniedError, match="no in-cluster Kubernetes credentials for namespace 'ml', instance 'vision'"
+    ):
         KubernetesExecutors.from_incluster("ml", "vision", StandInDispatcher(), {"cpu": 1})
-    with pytest.raises(K8sConfigError, match="namespace must be .*got 'Bad NS'"):
+    with pytest.raises(ConfigError, match="namespace must be .*got 'Bad NS'"):
         incluster_cluster("Bad NS", "vision")

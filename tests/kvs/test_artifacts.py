@@ -16,20 +16,24 @@ from pathlib import Path
 
 import pytest
 
-from flow.exceptions import FlowError, RetryableError
-from kvs import KVSError
+from flow.exceptions import (
+    AccessDeniedError,
+    FlowDefinitionError,
+    FlowError,
+    FlowTypeError,
+    FlowValueError,
+    InternalError,
+    RetryableError,
+    UnavailableError,
+    UnreachableError,
+)
 from kvs.artifacts import (
-    ArtifactAccessError,
-    ArtifactError,
     ArtifactNotFoundError,
-    ArtifactUnavailableError,
-    ArtifactURIError,
     cache_path,
     fetch,
     parse_s3_uri,
     s3_endpoint,
 )
-from kvs.exceptions import KVSTypeError
 
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
@@ -192,7 +196,7 @@ def test_an_object_replaced_during_the_download_is_refused(endpoint, s3, tmp_pat
         put(s3, "racy.pt", b"second")
 
     client.meta.events.register("before-call.s3.GetObject", replace_first)
-    with pytest.raises(ArtifactUnavailableError, match="changed while it was being fetched"):
+    with pytest.raises(UnavailableError, match="changed while it was being fetched"):
         fetch(uri, tmp_path, s3_client=client)
     assert leftovers(tmp_path) == []
     assert [p for p in tmp_path.rglob("*racy*") if not p.name.endswith(".lock")] == []  # nothing cached
@@ -203,7 +207,7 @@ def test_missing_objects_and_buckets(endpoint, tmp_path):
     with pytest.raises(ArtifactNotFoundError, match=r"artifact 's3://models/nope.pt' not found") as info:
         fetch(f"s3://{BUCKET}/nope.pt", tmp_path)
     e = info.value
-    assert isinstance(e, FileNotFoundError) and isinstance(e, KVSError) and isinstance(e, FlowError)
+    assert isinstance(e, FileNotFoundError) and isinstance(e, FlowDefinitionError) and isinstance(e, FlowError)
     assert e.uri == "s3://models/nope.pt"
     with pytest.raises(ArtifactNotFoundError, match="s3://no-such-bucket/x"):
         fetch("s3://no-such-bucket/x", tmp_path)
@@ -214,7 +218,7 @@ def test_unreachable_store_is_retryable(endpoint, tmp_path):
     dead = boto3.client(
         "s3", endpoint_url="http://127.0.0.1:9", config=Config(retries={"max_attempts": 1}, connect_timeout=1)
     )
-    with pytest.raises(ArtifactUnavailableError, match=r"HEAD 's3://models/x': cannot reach the store") as info:
+    with pytest.raises(UnreachableError, match=r"HEAD 's3://models/x': cannot reach the store") as info:
         fetch(f"s3://{BUCKET}/x", tmp_path, s3_client=dead)
     assert isinstance(info.value, RetryableError)
 
@@ -279,13 +283,13 @@ def test_local_paths_and_file_uris_pass_through(tmp_path):
     ],
 )
 def test_bad_uris_are_value_errors_quoting_the_uri(uri, match):
-    with pytest.raises(ArtifactURIError, match=match) as info:
+    with pytest.raises(FlowValueError, match=match) as info:
         fetch(uri)
     assert isinstance(info.value, ValueError) and info.value.uri == uri
 
 
 def test_wrong_type():
-    with pytest.raises(KVSTypeError, match="artifact URI must be a str or a path, got int 3"):
+    with pytest.raises(FlowTypeError, match="artifact URI must be a str or a path, got int 3"):
         fetch(3)
 
 
@@ -307,7 +311,7 @@ def test_store_answers_are_classified():
             {"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject"
         )
 
-    assert type(_classify(err("AccessDenied", 403), "s3://m/k", "GET")) is ArtifactAccessError
-    assert type(_classify(err("SlowDown", 503), "s3://m/k", "GET")) is ArtifactUnavailableError
+    assert type(_classify(err("AccessDenied", 403), "s3://m/k", "GET")) is AccessDeniedError
+    assert type(_classify(err("SlowDown", 503), "s3://m/k", "GET")) is UnavailableError
     assert type(_classify(err("NoSuchKey", 404), "s3://m/k", "GET")) is ArtifactNotFoundError
-    assert type(_classify(err("InvalidRange", 416), "s3://m/k", "GET")) is ArtifactError
+    assert type(_classify(err("InvalidRange", 416), "s3://m/k", "GET")) is InternalError

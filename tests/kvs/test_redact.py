@@ -61,9 +61,9 @@ def test_no_form_of_a_password_survives(template):
 
 
 def test_k8s_and_the_kvs_client_use_the_same_function():
-    import k8s.config
+    import k8s.kube_config
 
-    assert k8s.config.redact_url is redact_url
+    assert k8s.kube_config.redact_url is redact_url
     with KVS.from_url("redis://user:hunter2@[::1]:6379/0") as store:  # connects lazily: nothing is sent
         assert store.url == "redis://user:***@[::1]:6379/0"
         assert "hunter2" not in repr(store)

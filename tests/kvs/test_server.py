@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from kvs import KVS, RedisServer, ServerStartError, find_server_binary
+from flow.configuration import ConfigError
+from flow.exceptions import InternalError
+from kvs import KVS, RedisServer, find_server_binary
 from kvs.server import ENV_BINARY
 from tests.kvs.helpers import wait_until
 
@@ -165,7 +167,7 @@ def test_die_with_parent_false_outlives_the_parent(tmp_path):
 
 def test_start_failure_reports_the_log_tail(tmp_path):
     server = RedisServer(dir=tmp_path, maxmemory="not-a-size")
-    with pytest.raises(ServerStartError, match="log tail") as info:
+    with pytest.raises(InternalError, match="log tail") as info:
         server.start()
     assert "not-a-size" in str(info.value)  # only the server's own log says that
     assert not server.running
@@ -178,7 +180,7 @@ def test_server_that_never_answers_times_out_and_is_killed(tmp_path, monkeypatch
     fake.chmod(0o755)
     monkeypatch.setenv(ENV_BINARY, str(fake))
     server = RedisServer(dir=tmp_path / "work", startup_timeout=0.5)
-    with pytest.raises(ServerStartError, match="did not answer PING") as info:
+    with pytest.raises(InternalError, match="did not answer PING") as info:
         server.start()
     assert "fake server warming up" in str(info.value)
     assert not pid_alive(int(pidfile.read_text()))
@@ -186,7 +188,7 @@ def test_server_that_never_answers_times_out_and_is_killed(tmp_path, monkeypatch
 
 def test_binary_lookup_env_override(monkeypatch, tmp_path):
     monkeypatch.setenv(ENV_BINARY, str(tmp_path / "missing-redis"))
-    with pytest.raises(ServerStartError, match="missing-redis"):
+    with pytest.raises(ConfigError, match="missing-redis"):
         find_server_binary()
     monkeypatch.delenv(ENV_BINARY)
     assert os.access(find_server_binary(), os.X_OK)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 
-from executors.interpreter import Interpreter
+from executors.worker.interpreter import Interpreter
 from optimizer import DEFAULT_RULES, OptimizerOptions, optimize
 from tests.flowgen import assert_same_rows, flows_and_inputs
 

@@ -200,7 +200,7 @@ def test_racing_stage_takes_in_cheap_neighbours_on_both_sides():
     assert layout(optimize(flow)) == [("f+g+h", (REQ,), {"replicas": 3, "competitive": 3})]
     off = optimize(flow, options=OptimizerOptions(fuse_into_race=False))
     assert layout(off) == [("f", (REQ,), {}), ("g", ("f",), {"replicas": 3, "competitive": 3}), ("h", ("g",), {})]
-    # no racing (k=1): the three maps fuse as before
+    # no racing (k=1): the three maps fuse into one stage
     assert layout(optimize(flow, options=OptimizerOptions(competitive_replicas=1))) == [("f+g+h", (REQ,), {})]
 
 

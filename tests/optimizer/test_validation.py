@@ -7,20 +7,11 @@ import dataclasses
 import pytest
 
 import flow as flow_pkg
-from flow import Flow, FlowError, SinkError
+from flow import Flow
+from flow.configuration import ConfigTypeError
+from flow.exceptions import FlowDefinitionError, FlowTypeError, FlowValueError
 from flow.operators import AggOp, LookupOp, MapOp, UnionOp
-from optimizer import (
-    DEFAULT_RULES,
-    INPUT,
-    BatchConfig,
-    OptimizerOptions,
-    Plan,
-    PlanError,
-    PlanNode,
-    PlanTypeError,
-    Stage,
-    optimize,
-)
+from optimizer import DEFAULT_RULES, INPUT, BatchConfig, OptimizerOptions, Plan, PlanNode, Stage, optimize
 from tests.optimizer import examples as ex
 
 
@@ -29,15 +20,20 @@ def test_optimize_is_exported_from_flow():
     assert isinstance(plan, Plan) and plan.rules == ("fusion",)
 
 
-def test_plan_errors_are_flow_errors_and_value_errors():
-    assert issubclass(PlanError, FlowError) and issubclass(PlanError, ValueError)
-    assert issubclass(PlanTypeError, PlanError) and issubclass(PlanTypeError, TypeError)
+def test_plan_errors_are_the_flows_definition_errors():
+    """A bad plan, rule or option is fixed where the flow is written: the same branch."""
+    with pytest.raises(FlowValueError) as e:
+        optimize(ex.cascade(), rules=["nope"])
+    assert isinstance(e.value, FlowDefinitionError) and isinstance(e.value, ValueError)
+    with pytest.raises(ConfigTypeError) as e:  # rules are an option
+        optimize(ex.cascade(), rules="fusion")
+    assert isinstance(e.value, FlowDefinitionError) and isinstance(e.value, TypeError)
 
 
 def test_unknown_rule_is_quoted_with_the_known_ones():
-    with pytest.raises(PlanError, match=r"unknown optimizer rule 'fusoin'; known rules are \['batching', "):
+    with pytest.raises(FlowValueError, match=r"unknown optimizer rule 'fusoin'; known rules are \['batching', "):
         optimize(ex.cascade(), rules=["fusion", "fusoin"])
-    with pytest.raises(PlanError, match="unknown optimizer rule 'cull'"):
+    with pytest.raises(FlowValueError, match="unknown optimizer rule 'cull'"):
         OptimizerOptions(rules=("cull",))
 
 
@@ -50,18 +46,18 @@ def test_unknown_rule_is_quoted_with_the_known_ones():
     ],
 )
 def test_rules_of_the_wrong_type(rules, message):
-    with pytest.raises(PlanTypeError, match=message):
+    with pytest.raises(ConfigTypeError, match=message):
         optimize(ex.cascade(), rules=rules)
 
 
 def test_a_rule_listed_twice():
-    with pytest.raises(PlanError, match="optimizer rule 'fusion' is listed twice"):
+    with pytest.raises(FlowValueError, match="optimizer rule 'fusion' is listed twice"):
         optimize(ex.cascade(), rules=["fusion", "batching", "fusion"])
 
 
 @pytest.mark.parametrize("value", [0, -2, True, 2.5, "3", None])
 def test_bad_competitive_replicas(value):
-    with pytest.raises(PlanError, match=f"competitive_replicas must be an int >= 1, got {value!r}"):
+    with pytest.raises(FlowValueError, match=f"competitive_replicas must be an int >= 1, got {value!r}"):
         OptimizerOptions(competitive_replicas=value)
 
 
@@ -78,16 +74,16 @@ def test_bad_competitive_replicas(value):
     ],
 )
 def test_bad_batch_config(kwargs, message):
-    with pytest.raises(PlanError, match=message):
+    with pytest.raises(FlowValueError, match=message):
         BatchConfig(**kwargs)
 
 
 def test_bad_options_of_the_wrong_type():
-    with pytest.raises(PlanTypeError, match="batch must be a BatchConfig, got 20"):
+    with pytest.raises(ConfigTypeError, match="batch must be a BatchConfig, got 20"):
         OptimizerOptions(batch=20)
-    with pytest.raises(PlanTypeError, match="fuse_across_devices must be a bool, got 'yes'"):
+    with pytest.raises(ConfigTypeError, match="fuse_across_devices must be a bool, got 'yes'"):
         OptimizerOptions(fuse_across_devices="yes")
-    with pytest.raises(PlanTypeError, match="options must be an OptimizerOptions, got dict"):
+    with pytest.raises(FlowTypeError, match="options must be an OptimizerOptions, got dict"):
         optimize(ex.cascade(), options={"competitive_replicas": 3})
 
 
@@ -111,9 +107,9 @@ def test_flow_errors_pass_through():
     flow = Flow("two_sinks", schema={"x": int})
     flow.map(lambda r: r.x, names=["a"])
     flow.map(lambda r: r.x, names=["b"])
-    with pytest.raises(SinkError, match="2 unmerged sinks"):
+    with pytest.raises(FlowValueError, match="2 unmerged sinks"):
         optimize(flow)
-    with pytest.raises(PlanTypeError, match="expects a Flow, got str"):
+    with pytest.raises(FlowTypeError, match="expects a Flow, got str"):
         optimize("not a flow")
 
 
@@ -137,24 +133,24 @@ def node(name, op=None, inputs=("@0",)):
     ],
 )
 def test_bad_stage_marks(kwargs, message):
-    with pytest.raises(PlanError, match=message):
+    with pytest.raises(FlowValueError, match=message):
         Stage("s", (node("s"),), (INPUT,), **kwargs)
 
 
 def test_stage_node_wiring_is_checked():
-    with pytest.raises(PlanError, match="has no operators"):
+    with pytest.raises(FlowValueError, match="has no operators"):
         Stage("s", (), (INPUT,))
-    with pytest.raises(PlanError, match=r"node 'a' reads '@1', which is neither an earlier node"):
+    with pytest.raises(FlowValueError, match=r"node 'a' reads '@1', which is neither an earlier node"):
         Stage("a", (node("a", inputs=("@1",)),), (INPUT,))
-    with pytest.raises(PlanError, match=r"node 'b' reads 'x', which is neither an earlier node"):
+    with pytest.raises(FlowValueError, match=r"node 'b' reads 'x', which is neither an earlier node"):
         Stage("a+b", (node("a"), node("b", inputs=("x",))), (INPUT,))
-    with pytest.raises(PlanError, match=r"node 'a' reads 'b', which is neither an earlier node"):
+    with pytest.raises(FlowValueError, match=r"node 'a' reads 'b', which is neither an earlier node"):
         Stage("a+b", (node("a", inputs=("b",)), node("b")), (INPUT,))  # not in topological order
-    with pytest.raises(PlanError, match=r"nodes \['a'\] feed nothing"):
+    with pytest.raises(FlowValueError, match=r"nodes \['a'\] feed nothing"):
         Stage("a+b", (node("a"), node("b")), (INPUT,))
-    with pytest.raises(PlanError, match=r"inputs \['@1'\] are read by no node"):
+    with pytest.raises(FlowValueError, match=r"inputs \['@1'\] are read by no node"):
         Stage("a", (node("a"),), (INPUT, INPUT))
-    with pytest.raises(PlanError, match=r"takes 2 input\(s\)"):
+    with pytest.raises(FlowValueError, match=r"takes 2 input\(s\)"):
         from flow.operators import JoinOp
 
         Stage("j", (node("j", JoinOp()),), (INPUT,))
@@ -162,35 +158,35 @@ def test_stage_node_wiring_is_checked():
 
 def test_batching_a_mixing_stage_is_refused():
     agg = AggOp(fn="count", name="n")
-    with pytest.raises(PlanError, match="cannot batch, operator 'n' mixes rows of different queries"):
+    with pytest.raises(FlowValueError, match="cannot batch, operator 'n' mixes rows of different queries"):
         Stage("n", (node("n", agg),), (INPUT,), batch=BatchConfig())
 
 
 def test_a_continuation_stage_must_stay_rowwise():
     lookup = LookupOp(column="k", name="v")
-    with pytest.raises(PlanError, match="runs per key group; operator 'n' mixes rows"):
+    with pytest.raises(FlowValueError, match="runs per key group; operator 'n' mixes rows"):
         Stage("l+n", (node("l", lookup), node("n", AggOp(name="n"), ("l",))), (INPUT,), continuation="k")
 
 
 def test_a_continuation_stage_must_be_a_chain():
     """Its key groups' outputs merge back by row position, which a fork-join cannot keep."""
     lookup = LookupOp(column="k", name="v")
-    with pytest.raises(PlanError, match="runs per key group and must be a chain"):
+    with pytest.raises(FlowValueError, match="runs per key group and must be a chain"):
         Stage("l+u", (node("l", lookup), node("u", UnionOp(), ("l", "l"))), (INPUT,), continuation="k")
 
 
 def test_plan_wiring_is_checked():
     a = Stage("a", (node("a"),), (INPUT,))
     b = Stage("b", (node("b"),), ("a",))
-    with pytest.raises(PlanError, match="stage 'b' reads 'a', which is not an earlier stage"):
+    with pytest.raises(FlowValueError, match="stage 'b' reads 'a', which is not an earlier stage"):
         Plan("p", {"b": b, "a": a}, "b")
-    with pytest.raises(PlanError, match="sink 'c' is not a stage"):
+    with pytest.raises(FlowValueError, match="sink 'c' is not a stage"):
         Plan("p", {"a": a, "b": b}, "c")
-    with pytest.raises(PlanError, match="stage 'a' is listed under 'x'"):
+    with pytest.raises(FlowValueError, match="stage 'a' is listed under 'x'"):
         Plan("p", {"x": a}, "x")
-    with pytest.raises(PlanError, match="stage 'a' is not the sink and nothing reads it"):
+    with pytest.raises(FlowValueError, match="stage 'a' is not the sink and nothing reads it"):
         Plan("p", {"a": a, "c": Stage("c", (node("c"),), (INPUT,))}, "c")
-    with pytest.raises(PlanError, match="operator 'a' appears in two places"):
+    with pytest.raises(FlowValueError, match="operator 'a' appears in two places"):
         Plan("p", {"a": a, "a2": Stage("a2", (node("a"),), ("a",))}, "a2")
 
 

@@ -1,6 +1,6 @@
 """Per-stage autoscaling: a pure policy (metrics in, replica decisions out) and its settings.
 
-    from executors.autoscale import Autoscaler, AutoscalingConfig, StageMetrics
+    from executors.hosts.autoscale import Autoscaler, AutoscalingConfig, StageMetrics
 
     scaler = Autoscaler({"preprocess": AutoscalingConfig(), "SmallNet": AutoscalingConfig(max_replicas=2)})
     scaler.observe("SmallNet", StageMetrics(time=now, arrival_rate=40, service_time_ms=35,
@@ -11,13 +11,7 @@
 ``simulate(scaler, trace)`` replays a recorded metric trace and returns the replica timeline.
 """
 
-from executors.autoscale.config import (
-    AutoscalingConfig,
-    AutoscalingError,
-    AutoscalingTypeError,
-    AutoscalingValueError,
-)
-from executors.autoscale.policy import (
+from executors.hosts.autoscale.autoscaler import (
     Autoscaler,
     ScalingDecision,
     SimulationResult,
@@ -25,13 +19,11 @@ from executors.autoscale.policy import (
     StageStatus,
     simulate,
 )
+from executors.hosts.autoscale.autoscaling_config import AutoscalingConfig
 
 __all__ = [
     "Autoscaler",
     "AutoscalingConfig",
-    "AutoscalingError",
-    "AutoscalingTypeError",
-    "AutoscalingValueError",
     "ScalingDecision",
     "SimulationResult",
     "StageMetrics",

@@ -4,7 +4,7 @@ Nothing here reads a clock, talks to a backend or logs: the control loop passes 
 metrics in and applies the decisions it gets back, so the same inputs always give the
 same decisions (and ``simulate`` can replay a recorded trace).
 
-    >>> from executors.autoscale import Autoscaler, AutoscalingConfig, StageMetrics
+    >>> from executors.hosts.autoscale import Autoscaler, AutoscalingConfig, StageMetrics
     >>> a = Autoscaler({"net": AutoscalingConfig()})
     >>> for t in (0.0, 1.0):
     ...     a.observe("net", StageMetrics(time=t, arrival_rate=40, service_time_ms=50, replicas=1))
@@ -75,13 +75,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from executors.autoscale.config import (
-    AutoscalingConfig,
-    AutoscalingTypeError,
-    AutoscalingValueError,
-    check_int,
-    check_number,
-)
+from executors.hosts.autoscale.autoscaling_config import AutoscalingConfig, check_int, check_number
+from flow.exceptions import FlowTypeError, FlowValueError
 
 DEVICES = ("cpu", "gpu")
 _EPS = 1e-9  # float slack: 2.8 / 0.7 must need 4 replicas, not 5
@@ -130,7 +125,7 @@ class StageMetrics:
         check_int(self.inflight, f"{f}.inflight", 0)
         check_int(self.draining, f"{f}.draining", 0)
         if self.device not in DEVICES:
-            err = AutoscalingValueError if isinstance(self.device, str) else AutoscalingTypeError
+            err = FlowValueError if isinstance(self.device, str) else FlowTypeError
             raise err(f"{f}.device must be one of {DEVICES}, got {self.device!r}")
 
     @property
@@ -239,24 +234,20 @@ class Autoscaler:
         stale_after_s: float | None = 10.0,
     ):
         if not isinstance(configs, Mapping):
-            raise AutoscalingTypeError(
-                f"Autoscaler configs must be a dict of stage -> AutoscalingConfig, got {configs!r}"
-            )
+            raise FlowTypeError(f"Autoscaler configs must be a dict of stage -> AutoscalingConfig, got {configs!r}")
         for stage, cfg in configs.items():
             if not isinstance(stage, str) or not stage:
-                raise AutoscalingTypeError(f"Autoscaler configs: a stage name must be a non-empty str, got {stage!r}")
+                raise FlowTypeError(f"Autoscaler configs: a stage name must be a non-empty str, got {stage!r}")
             if not isinstance(cfg, AutoscalingConfig):
-                raise AutoscalingTypeError(f"Autoscaler configs[{stage!r}] must be an AutoscalingConfig, got {cfg!r}")
+                raise FlowTypeError(f"Autoscaler configs[{stage!r}] must be an AutoscalingConfig, got {cfg!r}")
         if capacity is not None:
             if not isinstance(capacity, Mapping):
-                raise AutoscalingTypeError(
+                raise FlowTypeError(
                     f"Autoscaler capacity must be a dict of device class -> int or None, got {capacity!r}"
                 )
             for device, n in capacity.items():
                 if device not in DEVICES:
-                    raise AutoscalingValueError(
-                        f"Autoscaler capacity: device class must be one of {DEVICES}, got {device!r}"
-                    )
+                    raise FlowValueError(f"Autoscaler capacity: device class must be one of {DEVICES}, got {device!r}")
                 check_int(n, f"Autoscaler capacity[{device!r}]", 1)
         if stale_after_s is not None:
             check_number(stale_after_s, "Autoscaler stale_after_s", "a number > 0 or None", lambda v: v > 0)
@@ -279,9 +270,9 @@ class Autoscaler:
         """Record one sample of ``stage``; its times must increase (per stage)."""
         st = self._stage(stage)
         if not isinstance(metrics, StageMetrics):
-            raise AutoscalingTypeError(f"Autoscaler.observe({stage!r}) needs a StageMetrics, got {metrics!r}")
+            raise FlowTypeError(f"Autoscaler.observe({stage!r}) needs a StageMetrics, got {metrics!r}")
         if st.times and metrics.time <= st.times[-1]:
-            raise AutoscalingValueError(
+            raise FlowValueError(
                 f"StageMetrics.time of stage {stage!r} must increase: got {metrics.time!r} after {st.times[-1]!r}"
             )
         if st.device is not None and metrics.device != st.device:
@@ -306,7 +297,7 @@ class Autoscaler:
         """
         check_number(now, "Autoscaler.decide now", "a finite number (seconds)", lambda v: True)
         if self._now is not None and now < self._now:
-            raise AutoscalingValueError(f"Autoscaler.decide now must not go backwards: got {now!r} after {self._now!r}")
+            raise FlowValueError(f"Autoscaler.decide now must not go backwards: got {now!r} after {self._now!r}")
         self._now = now
         decisions: list[ScalingDecision] = []
         ups: list[tuple[_Stage, int, int, str]] = []  # stage, wanted, need, reason
@@ -346,9 +337,7 @@ class Autoscaler:
     def _stage(self, stage: str) -> _Stage:
         st = self._stages.get(stage)
         if st is None:
-            raise AutoscalingValueError(
-                f"no AutoscalingConfig for stage {stage!r}; configured stages: {sorted(self._stages)}"
-            )
+            raise FlowValueError(f"no AutoscalingConfig for stage {stage!r}; configured stages: {sorted(self._stages)}")
         return st
 
     def _clamped(self, st: _Stage) -> bool:
@@ -574,15 +563,15 @@ def simulate(autoscaler: Autoscaler, trace) -> SimulationResult:
         [3, 1, 1]
     """
     if not isinstance(autoscaler, Autoscaler):
-        raise AutoscalingTypeError(f"simulate needs an Autoscaler, got {autoscaler!r}")
+        raise FlowTypeError(f"simulate needs an Autoscaler, got {autoscaler!r}")
     steps: list[tuple[float, list[tuple[str, StageMetrics]]]] = []
     for i, item in enumerate(trace):
         if not (isinstance(item, tuple) and len(item) == 3):
-            raise AutoscalingTypeError(f"simulate trace[{i}] must be a (t, stage, StageMetrics) tuple, got {item!r}")
+            raise FlowTypeError(f"simulate trace[{i}] must be a (t, stage, StageMetrics) tuple, got {item!r}")
         t, stage, metrics = item
         check_number(t, f"simulate trace[{i}] t", "a finite number (seconds)", lambda v: True)
         if steps and t < steps[-1][0]:
-            raise AutoscalingValueError(
+            raise FlowValueError(
                 f"simulate trace times must not decrease: trace[{i}] has t={t!r} after {steps[-1][0]!r}"
             )
         if not steps or t != steps[-1][0]:

@@ -1,17 +1,11 @@
 """Per-stage autoscaling settings: one frozen, validated object with documented defaults.
 
-    >>> from executors.autoscale import AutoscalingConfig
+    >>> from executors.hosts.autoscale import AutoscalingConfig
     >>> AutoscalingConfig(min_replicas=1, max_replicas=4, target_utilisation=0.6).max_step_up
     2.0
 
-Errors (rooted at ``executors.ClusterError``, hence at ``flow.FlowError``):
-
-    AutoscalingError
-    ├── AutoscalingTypeError    (also TypeError) a field or argument has the wrong type
-    └── AutoscalingValueError   (also ValueError) a field or argument has a wrong value
-        └── AutoscalingConfigError       (also flow.configuration.ConfigError) an AutoscalingConfig field
-            └── AutoscalingConfigTypeError   (also AutoscalingTypeError, ConfigTypeError) of the wrong type
-
+A bad field raises ``ConfigError`` (``ConfigTypeError`` for a wrong type); a bad metric
+or argument of the autoscaler ``FlowValueError`` / ``FlowTypeError`` (``flow.exceptions``).
 Every message names the field and quotes the bad value, e.g.
 ``AutoscalingConfig.min_replicas must be an int >= 0, got -1``.
 """
@@ -21,29 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from executors.errors import ClusterError
-from flow.configuration import Check, Config, ConfigError, ConfigTypeError, Int, Number, check_value, setting
-
-
-class AutoscalingError(ClusterError):
-    """A bad autoscaling setting, metric or call (a bug of the caller: fix the value)."""
-
-
-class AutoscalingTypeError(AutoscalingError, TypeError):
-    """An autoscaling setting or argument has the wrong type."""
-
-
-class AutoscalingValueError(AutoscalingError, ValueError):
-    """An autoscaling setting or argument has a wrong value."""
-
-
-class AutoscalingConfigError(AutoscalingValueError, ConfigError):
-    """An ``AutoscalingConfig`` field has a wrong value."""
-
-
-class AutoscalingConfigTypeError(AutoscalingConfigError, AutoscalingTypeError, ConfigTypeError):
-    """An ``AutoscalingConfig`` field has the wrong type."""
-
+from flow.configuration import Check, Config, Int, Number, check_value, setting
+from flow.exceptions import FlowTypeError, FlowValueError
 
 _SECONDS = Number(ge=0, note="seconds")
 
@@ -100,8 +73,6 @@ class AutoscalingConfig(Config):
         10 % tolerance).
     """
 
-    error, type_error = AutoscalingConfigError, AutoscalingConfigTypeError
-
     min_replicas: int = setting(1, Int(0))
     max_replicas: int = setting(8, Int(1))
     target_utilisation: float | None = setting(0.7, Number(gt=0, le=1, optional=True))
@@ -137,7 +108,7 @@ def is_number(v) -> bool:
 
 def check_int(v, name: str, minimum: int) -> None:
     """``v`` must be an int (not a bool) >= minimum; the message quotes the bad value."""
-    check_value(v, name, Int(minimum), error=AutoscalingValueError, type_error=AutoscalingTypeError)
+    check_value(v, name, Int(minimum), error=FlowValueError, type_error=FlowTypeError)
 
 
 def check_number(v, name: str, what: str, ok) -> None:
@@ -146,6 +117,6 @@ def check_number(v, name: str, what: str, ok) -> None:
         v,
         name,
         Check(what, lambda x: math.isfinite(x) and ok(x), types=(int, float)),
-        error=AutoscalingValueError,
-        type_error=AutoscalingTypeError,
+        error=FlowValueError,
+        type_error=FlowTypeError,
     )

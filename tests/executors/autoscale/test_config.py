@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from executors import ClusterError
-from executors.autoscale import AutoscalingConfig, AutoscalingError, AutoscalingTypeError, AutoscalingValueError
+from executors.hosts.autoscale import AutoscalingConfig
 from flow import FlowError
+from flow.configuration import ConfigError, ConfigTypeError
 
 
 def test_defaults_are_the_documented_ones():
@@ -103,10 +103,9 @@ def test_bad_values_name_the_field_and_quote_the_value(kwargs, error, message):
     with pytest.raises(error) as info:
         AutoscalingConfig(**kwargs)
     assert str(info.value) == message
-    # one family, under the project's root, split by what is wrong
-    assert isinstance(info.value, AutoscalingError) and isinstance(info.value, ClusterError)
+    # the one config error, under the project's root, split by what is wrong
     assert isinstance(info.value, FlowError)
-    assert isinstance(info.value, AutoscalingValueError if error is ValueError else AutoscalingTypeError)
+    assert type(info.value) is (ConfigError if error is ValueError else ConfigTypeError)
 
 
 def test_one_target_is_enough():

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from executors.autoscale import Autoscaler, AutoscalingConfig, StageMetrics, simulate
+from executors.hosts.autoscale import Autoscaler, AutoscalingConfig, StageMetrics, simulate
 
 from .traces import NAIVE, changes, run, sample, steps, trace
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from executors.autoscale import Autoscaler, AutoscalingConfig, SimulationResult, simulate
+from executors.hosts.autoscale import Autoscaler, AutoscalingConfig, SimulationResult, simulate
 
 from .traces import sample, steps
 

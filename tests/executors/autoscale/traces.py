@@ -10,7 +10,7 @@ computations in the tests use:
 
 from __future__ import annotations
 
-from executors.autoscale import Autoscaler, AutoscalingConfig, StageMetrics, simulate
+from executors.hosts.autoscale import Autoscaler, AutoscalingConfig, StageMetrics, simulate
 
 SERVICE_MS = 100.0
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from optimizer.slo import AIMDBatcher, SLOError
+from flow.exceptions import FlowValueError
+from optimizer.slo import AIMDBatcher
 
 
 class Clock:
@@ -271,7 +272,7 @@ def test_config_builds_the_runtime_batcher():
     assert aimd_config(planned, "m", 8) == AIMDConfig(20 * BATCH_SHARE, start=8, max_batch=8 * HEADROOM)
     assert aimd_config(None, "m", 8) is None
     assert aimd_config(ServingSLO(SLO(20), budgets={"m": 20.0}, adapt=False), "m", 8) is None
-    with pytest.raises(SLOError, match=r"AIMDBatcher.start \(9\) exceeds max_batch \(4\)"):
+    with pytest.raises(FlowValueError, match=r"AIMDBatcher.start \(9\) exceeds max_batch \(4\)"):
         AIMDConfig(10, start=9, max_batch=4)
 
 
@@ -286,7 +287,7 @@ def test_config_builds_the_runtime_batcher():
     ],
 )
 def test_bad_settings_are_quoted(kwargs, message):
-    with pytest.raises(SLOError, match=message):
+    with pytest.raises(FlowValueError, match=message):
         AIMDBatcher(**kwargs)
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from optimizer.slo import ArrivalEnvelope, SLOError, bursty, envelope_of
+from flow.exceptions import FlowValueError
+from optimizer.slo import ArrivalEnvelope, bursty, envelope_of
 
 
 def test_counts_arrivals_in_trailing_windows():
@@ -45,9 +46,9 @@ def test_a_higher_rate_exceeds_the_long_windows():
 def test_bad_input_is_named():
     env = ArrivalEnvelope([10])
     env.record(5.0)
-    with pytest.raises(SLOError, match=r"arrival times must not go back: 4.0 after 5.0"):
+    with pytest.raises(FlowValueError, match=r"arrival times must not go back: 4.0 after 5.0"):
         env.record(4.0)
-    with pytest.raises(SLOError, match=r"reference envelope has no count for window\(s\) \[10.0\] ms"):
+    with pytest.raises(FlowValueError, match=r"reference envelope has no count for window\(s\) \[10.0\] ms"):
         env.exceeds({100: 3})
-    with pytest.raises(SLOError, match="window length"):
+    with pytest.raises(FlowValueError, match="window length"):
         ArrivalEnvelope([0])

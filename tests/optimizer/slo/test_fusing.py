@@ -95,7 +95,7 @@ def test_serve_under_fuses_by_default_says_why_and_keeps_the_rows():
     assert "fused model, post by the planner (cost 7 -> 6" in served.slo.explain()
     assert set(served.slo.budgets) == {"model+post"} and served.slo.options["fuse"] is True
     assert set(served.slo.profile().stages) == {"model+post"}  # what the tuner re-plans from
-    from executors.interpreter import run_plan
+    from executors.worker.interpreter import run_plan
 
     rows = [{"x": i} for i in range(5)]
     assert run_plan(served, rows)["z"].tolist() == f.run(rows)["z"].tolist()

@@ -5,18 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from flow.exceptions import FlowTypeError, FlowValueError
 from optimizer import optimize
-from optimizer.slo import (
-    SLO,
-    InfeasibleSLOError,
-    PlannerOptions,
-    Profile,
-    Shape,
-    SLOError,
-    StageConfig,
-    plan_for_slo,
-    simulate,
-)
+from optimizer.slo import SLO, InfeasibleSLOError, PlannerOptions, Profile, Shape, StageConfig, plan_for_slo, simulate
 from tests.optimizer import examples as ex
 
 
@@ -126,13 +117,13 @@ def test_too_few_replicas_allowed_names_the_bottleneck():
 
 def test_bad_planner_inputs_are_named():
     profile = Profile({"m": {"tpu": {1: [1.0]}}})
-    with pytest.raises(SLOError, match=r"stage 'm' was profiled on \['tpu'\] but only \['cpu'\] have a price"):
+    with pytest.raises(FlowValueError, match=r"stage 'm' was profiled on \['tpu'\] but only \['cpu'\] have a price"):
         plan_for_slo(Shape.chain("m"), profile, SLO(10), every(1.0))
-    with pytest.raises(SLOError, match="price of 'gpu' must be a finite number > 0, got -1"):
+    with pytest.raises(FlowValueError, match="price of 'gpu' must be a finite number > 0, got -1"):
         PlannerOptions(prices={"gpu": -1})
-    with pytest.raises(SLOError, match=r"no profile for stage 'n'"):
+    with pytest.raises(FlowValueError, match=r"no profile for stage 'n'"):
         plan_for_slo(Shape.chain("n"), profile, SLO(10), every(1.0))
-    with pytest.raises(SLOError, match="plan_for_slo needs an SLO, got float"):
+    with pytest.raises(FlowTypeError, match="plan_for_slo needs an SLO, got float"):
         plan_for_slo(Shape.chain("m"), profile, 10.0, every(1.0))
 
 
@@ -143,5 +134,5 @@ def test_headroom_plans_within_a_share_of_the_slo_and_reports_the_slo_itself():
     options = PlannerOptions(prices={"cpu": 1.0, "gpu": 3.0}, headroom=0.2)
     kept = plan_for_slo(Shape.chain("m"), GPU_OR_CPU, SLO(11), every(10.0), options)
     assert kept.configs()["m"] == StageConfig(1, 1, "gpu") and kept.slo == SLO(11)
-    with pytest.raises(SLOError, match="headroom"):
+    with pytest.raises(FlowValueError, match="headroom"):
         PlannerOptions(headroom=0.6)

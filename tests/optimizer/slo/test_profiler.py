@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from optimizer.slo import (
-    Profile,
-    SLOError,
-    SLOTypeError,
-    default_batch_sizes,
-    measure_batches,
-)
+from flow.exceptions import FlowTypeError, FlowValueError
+from optimizer.slo import Profile, default_batch_sizes, measure_batches
 
 
 class FakeClock:
@@ -75,11 +70,11 @@ def test_measurements_make_a_profile_whose_fit_recovers_the_curve():
 
 
 def test_bad_arguments_are_named():
-    with pytest.raises(SLOTypeError, match="run must be a callable"):
+    with pytest.raises(FlowTypeError, match="run must be a callable"):
         measure_batches(None, [1])
-    with pytest.raises(SLOError, match="samples must be a non-empty sequence"):
+    with pytest.raises(FlowValueError, match="samples must be a non-empty sequence"):
         measure_batches(len, [])
-    with pytest.raises(SLOError, match="batch size must be >= 1, got 0"):
+    with pytest.raises(FlowValueError, match="batch size must be >= 1, got 0"):
         measure_batches(len, [1], batch_sizes=[0, 1])
-    with pytest.raises(SLOError, match="repeats must be >= 1, got 0"):
+    with pytest.raises(FlowValueError, match="repeats must be >= 1, got 0"):
         measure_batches(len, [1], repeats=0)

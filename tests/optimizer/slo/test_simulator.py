@@ -7,12 +7,12 @@ import math
 import numpy as np
 import pytest
 
+from flow.exceptions import FlowValueError
 from optimizer import INPUT, optimize
 from optimizer.slo import (
     Profile,
     SimPipeline,
     SimStage,
-    SLOError,
     StageConfig,
     exponential,
     fixed,
@@ -134,9 +134,9 @@ def test_pipeline_from_an_optimized_plan():
     assert [s.name for s in pipe.stages] == names and pipe.sink == plan.sink
     assert simulate(pipe, [0.0]).latencies_ms[0] > 0
     unbatched = next(n for n, s in plan.stages.items() if s.batch is None)
-    with pytest.raises(SLOError, match=f"stage '{unbatched}' cannot batch"):
+    with pytest.raises(FlowValueError, match=f"stage '{unbatched}' cannot batch"):
         pipeline_from_plan(plan, profile, {**configs, unbatched: StageConfig(batch_size=2)})
-    with pytest.raises(SLOError, match=r"no StageConfig for stage\(s\)"):
+    with pytest.raises(FlowValueError, match=r"no StageConfig for stage\(s\)"):
         pipeline_from_plan(plan, profile, {})
 
 
@@ -157,7 +157,7 @@ def test_pipeline_from_an_optimized_plan():
     ],
 )
 def test_bad_pipelines_and_traces_are_named(build, message):
-    with pytest.raises(SLOError, match=message):
+    with pytest.raises(FlowValueError, match=message):
         build()
 
 
@@ -227,7 +227,7 @@ def test_gateway_routing_balances_a_stage_on_an_executor_every_request_uses():
     ],
 )
 def test_bad_placements_are_named(kw, message):
-    with pytest.raises(SLOError, match=message):
+    with pytest.raises(FlowValueError, match=message):
         chain_ab(**kw)
 
 
@@ -358,7 +358,7 @@ def test_pipeline_from_a_plan_served_under_an_slo_batches_with_aimd():
     assert all(s.aimd is None for s in pipeline_from_plan(served, profile, configs, adapt=False).stages)
     assert all(s.aimd is None for s in pipeline_from_plan(plan, profile, configs).stages)
     assert simulate(pipe, poisson(100, 200, seed=1)).throughput_rps > 0
-    with pytest.raises(SLOError, match="AIMD batches per replica; routing='shared'"):
+    with pytest.raises(FlowValueError, match="AIMD batches per replica; routing='shared'"):
         simulate(SimPipeline((aimd_stage(),), "s", routing="shared"), [0.0])
-    with pytest.raises(SLOError, match="an AIMD stage runs one batch at a time, got threads=4"):
+    with pytest.raises(FlowValueError, match="an AIMD stage runs one batch at a time, got threads=4"):
         SimStage("s", (INPUT,), fixed(1.0), threads=4, aimd=AIMDConfig(10.0))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from optimizer import PlanError
-from optimizer.slo import SLO, LatencyFit, Profile, SLOError, SLOTypeError
+from flow.exceptions import FlowTypeError, FlowValueError
+from optimizer.slo import SLO, LatencyFit, Profile
 
 
 def test_slo_fields_and_defaults():
@@ -28,15 +28,14 @@ def test_slo_fields_and_defaults():
     ],
 )
 def test_bad_slo_values_are_quoted(kwargs, message):
-    with pytest.raises(SLOError, match=message):
+    with pytest.raises(FlowValueError, match=message):
         SLO(**kwargs)
 
 
-def test_slo_errors_sit_in_the_plan_error_tree():
-    assert issubclass(SLOError, PlanError) and issubclass(SLOTypeError, TypeError)
-    with pytest.raises(SLOTypeError, match="SLO.p99_ms must be a number, got str '50'"):
+def test_slo_errors_are_the_flows_definition_errors():
+    with pytest.raises(FlowTypeError, match="SLO.p99_ms must be a number, got str '50'"):
         SLO(p99_ms="50")
-    with pytest.raises(SLOError, match=r"unknown SLO field\(s\) \['p95_ms'\]"):
+    with pytest.raises(FlowValueError, match=r"unknown SLO field\(s\) \['p95_ms'\]"):
         SLO.from_dict({"p99_ms": 5, "p95_ms": 3})
 
 
@@ -85,19 +84,20 @@ def test_profile_json_round_trip_keeps_every_sample():
     ],
 )
 def test_bad_profiles_name_stage_class_and_batch(stages, message):
-    with pytest.raises(SLOError, match=message):
+    with pytest.raises(FlowValueError, match=message):
         Profile(stages)
 
 
 def test_missing_stage_or_class_is_named():
     p = Profile(PROFILE)
-    with pytest.raises(SLOError, match=r"no profile for stage 'other'; profiled stages: \['model'\]"):
+    with pytest.raises(FlowValueError, match=r"no profile for stage 'other'; profiled stages: \['model'\]"):
         p.latency("other", "cpu", 1)
     with pytest.raises(
-        SLOError, match=r"stage 'model' was not profiled on executor class 'tpu'; profiled classes: \['cpu', 'gpu'\]"
+        FlowValueError,
+        match=r"stage 'model' was not profiled on executor class 'tpu'; profiled classes: \['cpu', 'gpu'\]",
     ):
         p.latency("model", "tpu", 1)
-    with pytest.raises(SLOError, match="not a stored profile"):
+    with pytest.raises(FlowValueError, match="not a stored profile"):
         Profile.from_json('{"stages": {}}')
-    with pytest.raises(SLOError, match="must be JSON text"):
+    with pytest.raises(FlowValueError, match="must be JSON text"):
         Profile.from_json("{nope")

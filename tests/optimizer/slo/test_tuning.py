@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from flow import Flow
+from flow.exceptions import FlowValueError
 from optimizer import optimize
-from optimizer.slo import SLO, PlannerOptions, Profile, Shape, SLOError, StageConfig, plan_for_slo, poisson
-from optimizer.slo.serving import serve_under, with_rung
+from optimizer.slo import SLO, PlannerOptions, Profile, Shape, StageConfig, plan_for_slo, poisson
+from optimizer.slo.sizing import serve_under, with_rung
 from optimizer.slo.tuning import RePlanner, Rung, ladder, pinned_profile, replan
 
 # latency(b) = 4 + 1 x b ms, measured at the sizes the profiler uses
@@ -36,7 +37,7 @@ def test_a_replan_keeps_each_stage_on_its_class():
 
 def test_a_start_on_an_unpriced_class_names_the_stage():
     profile = Profile({"m": {"cpu": LINEAR}})
-    with pytest.raises(SLOError, match="stage 'm' on 'gpu'"):
+    with pytest.raises(FlowValueError, match="stage 'm' on 'gpu'"):
         plan_for_slo(Shape.chain("m"), profile, SLO(40), poisson(100, 200), start={"m": StageConfig(1, 1, "gpu")})
 
 
@@ -53,7 +54,7 @@ def test_the_ladder_re_plans_each_rate_from_the_rung_below_and_stops_where_the_s
     cap = [r.configs["m"].replicas * r.configs["m"].batch_size / (4 + r.configs["m"].batch_size) for r in rungs]
     assert cap == sorted(cap) and cap[-1] * 1000 > 800
     assert Rung.from_dict(rungs[2].to_dict()) == rungs[2]
-    with pytest.raises(SLOError, match="over 1"):
+    with pytest.raises(FlowValueError, match="over 1"):
         ladder(shape, profile, SLO(40), 100.0, planned, options, factors=(0.5,))
 
 
@@ -113,7 +114,7 @@ def test_the_ladder_keeps_each_rungs_planning_envelope():
 
 
 def test_rungs_must_come_in_rate_order():
-    with pytest.raises(SLOError, match="increasing rate"):
+    with pytest.raises(FlowValueError, match="increasing rate"):
         RePlanner(rungs(90, 60))
 
 
@@ -131,13 +132,13 @@ def test_serve_under_plans_the_ladder_and_with_rung_applies_one():
     assert (top.stages[stage].batch.max_batch_size, top.stages[stage].replicas) == (c.batch_size, c.replicas)
     assert top.slo.budgets == rungs[-1].budgets and top.slo.rate_rps == 400.0
     assert top.slo.ladder == served.slo.ladder and "re-planned for 400 req/s" in top.slo.reasons[stage]
-    with pytest.raises(SLOError, match="re-plans"):
+    with pytest.raises(FlowValueError, match="re-plans"):
         with_rung(plan, rungs[0])
 
 
 @pytest.mark.parametrize("ladder", [(1.0,), (0.5, 2), ("2",), "23", (True,)])
 def test_a_ladder_that_is_not_multiples_above_1_is_refused(ladder):
-    with pytest.raises(SLOError, match=r"PlannerOptions.ladder must be multiples of the planning rate above 1"):
+    with pytest.raises(FlowValueError, match=r"PlannerOptions.ladder must be multiples of the planning rate above 1"):
         PlannerOptions(ladder=ladder)
 
 

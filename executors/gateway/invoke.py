@@ -1,0 +1,413 @@
+"""The data plane: ``POST /flows/{name}``, from the body to the answer.
+
+The body is read (under the size limit; a big Arrow body straight into shared memory),
+parsed and checked against the flow's input schema (executors/codec), given query ids and
+a deadline, and submitted to the dispatcher; the answer is encoded as JSON or Arrow (a big
+one is written as it is encoded, on a worker thread). A one-row JSON body for a flow of one
+stage is relayed to that stage's executor unparsed (docs/architecture.md, "Relayed
+bodies"). A client may shorten its deadline with ``X-Request-Timeout: <seconds>``.
+Answers carry ``X-Qid-Start`` (row i of the request was given qid ``X-Qid-Start + i``),
+``X-Flowserve-Trace`` (JSON: ``[stage, executor, ms, batch size]`` per stage run) and
+``Server-Timing``.
+
+``InvokeFastPath`` answers invocations as a bare ASGI app in front of Starlette (every
+other route goes through Starlette); the server's lean path (leanhttp.py) calls its
+``answer`` directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+import orjson
+
+from executors.codec import jsontensors
+from executors.codec.bodies import (
+    ARROW,
+    OFF_LOOP_BYTES,
+    OFF_LOOP_ROWS,
+    WRITE_SLICE,
+    BadRequestError,
+    arrow_answer,
+    arrow_pieces,
+    input_table,
+    is_json,
+    json_pieces,
+    json_rows,
+    parse_body,
+)
+from executors.errors import JSON_CONTENT_TYPE, encode_error, http_error, http_error_for
+from executors.gateway.records import DeployedFlow, RawBody, RequestFailed
+from executors.wire import shm
+from executors.wire.messages import Rendered
+from flow.exceptions import DataError, OperatorOutputError
+from flow.table import Table
+from flow.types import ColumnType
+from flow.validation import check_schema
+
+log = logging.getLogger("flowserve.gateway")
+
+
+class Invocations:
+    """``POST /flows/{name}`` for a gateway: its settings are read once here, its state
+    (``accepting``, the token) on the gateway at each request."""
+
+    def __init__(self, gateway):
+        self.g = gateway
+        self.dispatcher = gateway.dispatcher
+        self.metrics = gateway.metrics
+        self.slo = gateway.slo
+        self.output_schemas = gateway.output_schemas  # shared with the status routes (OpenAPI)
+        self.max_body_bytes = gateway.max_body_bytes
+        self.max_rows = gateway.max_rows
+        self.request_timeout_s = gateway.request_timeout_s
+        self.max_request_timeout_s = gateway.max_request_timeout_s
+
+    async def invoke(self, name: str, headers: dict[str, str], receive) -> tuple[int, bytes, list]:
+        """POST /flows/{name}: (status, body, extra headers). ``headers`` has lower-case
+        names; ``receive`` is the ASGI receive callable the body comes from.
+
+        Every answer is counted once, here: ``requests_total`` by status, and errors (status
+        >= 400) in ``errors_total`` too; names that are not deployed flows count as "-" (a
+        client must not be able to grow the metrics with made-up names)."""
+        status, body, extra = await self._invoke(name, headers, receive)
+        # counted once the answer is written (the caller writes it in this same step of the
+        # event loop, before any callback runs): counting is no part of the client's latency
+        asyncio.get_running_loop().call_soon(self._count, name if name in self.dispatcher.flows else "-", status)
+        return status, body, extra
+
+    def _count(self, label: str, status: int) -> None:
+        code = str(status)
+        self.metrics.child(self.metrics.requests, label, code).inc()
+        if status >= 400:
+            self.metrics.child(self.metrics.errors, label, code).inc()
+
+    async def _invoke(self, name: str, headers: dict[str, str], receive) -> tuple[int, bytes, list]:
+        if self.g.token:
+            refused = self.g.refusal("/flows/", headers.get("authorization", ""))
+            if refused is not None:
+                return _error_body(refused)
+        flow = self.dispatcher.flows.get(name)
+        if flow is None:
+            return _error_body(http_error("UnknownFlow", f"no deployed flow named {name!r}; GET /flows lists them"))
+        if not self.g.accepting:
+            status, body, extra = _error_body(
+                http_error(
+                    "ShuttingDown", "the gateway is shutting down; retry (another gateway, or this one once restarted)"
+                )
+            )
+            return status, body, [*extra, (b"retry-after", b"1")]
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            return _error_body(
+                http_error("PayloadTooLarge", f"body of {declared} bytes is over the limit of {self.max_body_bytes}")
+            )
+        body = await _read_body(receive, self.max_body_bytes, _shared_size(headers, declared))
+        if body is None:
+            return _error_body(http_error("PayloadTooLarge", f"body is over the limit of {self.max_body_bytes} bytes"))
+        t0 = time.perf_counter()
+        raw = table = None
+        if _relayable(body, headers) and self.dispatcher.relays_to(flow) is not None:
+            # one JSON row for a flow of one stage: the stage's executor parses and checks it
+            # (the same code, the same errors) and answers in JSON; this process only relays
+            qid_start = self.dispatcher.new_qid()
+            raw = RawBody(body, headers.get("content-type", ""), qid_start)
+        else:
+            qid_start, table, error = await self._parse(name, flow, body, headers)
+            if error is not None:
+                return _error_body(error)
+        body = None  # the rows hold what is needed; the body's memory can go now
+        timeout = flow.plan.timeout_s or self.request_timeout_s  # the flow's deadline, else the cluster's
+        asked = headers.get("x-request-timeout")
+        if asked is not None:
+            seconds = _seconds(asked)
+            if seconds is None:
+                return _error_body(
+                    http_error_for(
+                        BadRequestError(f"header X-Request-Timeout must be a number of seconds > 0, got {asked!r}")
+                    )
+                )
+            # a client may ask for less or more time than the flow's deadline, up to the cluster's maximum
+            timeout = min(seconds, self.max_request_timeout_s)
+        self.slo.arrived(name, flow.plan)
+        try:
+            trace: list = []
+            result = await self.dispatcher.submit(name, table, timeout, trace, raw)
+            table = raw = None  # answered: the request's rows can go before the answer is encoded
+        except RequestFailed as e:
+            if not (raw is not None and e.status == 400):  # a relayed body that did not parse: not served
+                self.slo.answered(name, flow.plan, float("inf"))  # an error never meets the SLO
+            return e.status, encode_error(e.body), [JSON_CONTENT_TYPE]
+        ms = (time.perf_counter() - t0) * 1000
+        asyncio.get_running_loop().call_soon(self._timed, name, flow.plan, ms)  # after the write, as _count
+        if isinstance(result, Rendered):  # a relayed body's answer: the client's JSON already
+            if self.output_schemas.get(name, (None,))[0] != flow.version and result.rows:
+                schema = {c: ColumnType.from_json(t) for c, t in result.schema.items()}
+                self.output_schemas[name] = (flow.version, schema)
+            return 200, result.body, [JSON_CONTENT_TYPE, *self._answer_headers(ms, qid_start, trace)]
+        if self.output_schemas.get(name, (None,))[0] != flow.version and len(result):
+            self.output_schemas[name] = (flow.version, dict(result.schema))
+        extra = self._answer_headers(ms, qid_start, trace)
+        arrow = ARROW in headers.get("accept", "")
+        ctype = (b"content-type", ARROW.encode()) if arrow else JSON_CONTENT_TYPE
+        try:
+            if len(result) <= OFF_LOOP_ROWS:
+                body = arrow_answer(result) if arrow else json_rows(result)
+            else:  # a big answer is written on a worker thread and sent as it is written
+                pieces = arrow_pieces(result) if arrow else json_pieces(result)
+                body = Streamed(await asyncio.to_thread(next, pieces), pieces)
+        except (TypeError, ValueError) as e:  # orjson's errors are TypeErrors; UnencodableError
+            op = flow.plan.stages[flow.plan.sink].nodes[-1].name
+            return _error_body(
+                http_error_for(
+                    OperatorOutputError(f"operator {op!r} returned an answer JSON cannot carry: {e}", operator=op)
+                )
+            )
+        return 200, body, [ctype, *extra]
+
+    def _timed(self, name: str, plan, ms: float) -> None:
+        self.metrics.child(self.metrics.latency, name).observe(ms)
+        self.slo.answered(name, plan, ms)
+
+    async def _parse(self, name: str, flow: DeployedFlow, body, headers: dict):
+        """(qid_start, the input Table, None) for a request body; (None, None, (status, error
+        body)) if it is bad."""
+        schema = flow.plan.input_schema
+        # a big body is parsed and converted on a worker thread: the event loop keeps
+        # serving other requests meanwhile (the interpreter switches threads every 5 ms)
+        big = len(body) > OFF_LOOP_BYTES
+        # an Arrow body in a shared segment (_read_body) parses without a copy, in tens of us: on a thread
+        # only if it has many rows to convert (two thread hops cost more than a 10 MB row's parse)
+        inline = big and isinstance(body, memoryview)
+        try:
+            ctype = headers.get("content-type", "")
+            if len(body) > jsontensors.MIN_BYTES and not inline and is_json(ctype) and jsontensors.eligible(schema):
+                # JSON rows of numbers (images as nested lists, tabular batches): read outside the GIL
+                got = await asyncio.to_thread(jsontensors.read_rows, body, schema)
+                if got is not None and got[0] <= self.max_rows:  # else the general path says what is wrong
+                    n, cols = got
+                    qid_start = self.dispatcher.next_qid
+                    table = Table.built(cols, self.dispatcher.new_qids(n))
+                    return qid_start, check_schema(name, schema, table), None
+            # a compressed Arrow body may not inflate past the body limit (httpcodec.arrow_table)
+            rows = (
+                await asyncio.to_thread(parse_body, body, ctype, schema, self.max_body_bytes)
+                if big and not inline
+                else parse_body(body, ctype, schema, self.max_body_bytes)
+            )
+            big = big and not (inline and len(rows) <= OFF_LOOP_ROWS)
+            body = None  # the rows hold what is needed; the body's memory can go now
+            if len(rows) > self.max_rows:
+                why = f"the request has {len(rows)} rows, over the limit of {self.max_rows} (max_rows)"
+                return None, None, http_error("TooManyRows", why)
+            qid_start = self.dispatcher.next_qid
+            qids = self.dispatcher.new_qids(len(rows))
+            table = (
+                await asyncio.to_thread(input_table, name, rows, qids, schema)
+                if big
+                else input_table(name, rows, qids, schema)
+            )
+        except (BadRequestError, DataError) as e:
+            return None, None, http_error_for(e)
+        return qid_start, table, None
+
+    @staticmethod
+    def _answer_headers(ms: float, qid_start: int, trace: list) -> list:
+        return [
+            (b"server-timing", f"flow;dur={ms:.3f}".encode()),
+            # row i of the request was query qid_start + i: clients can match answers to rows
+            (b"x-qid-start", str(qid_start).encode()),
+            # where each stage ran, for how long, in a batch of how many requests
+            (b"x-flowserve-trace", _trace_header(trace)),
+        ]
+
+
+def _shared_size(headers: dict, declared: str | None) -> int | None:
+    """The size to read an Arrow body of into shared memory (shm.py), or None: its tensor
+    columns then go to the executors as references to the body's own bytes, no copy."""
+    if declared is None or not declared.isdigit() or int(declared) < shm.SHM_MIN_BYTES:
+        return None
+    return int(declared) if headers.get("content-type", "").startswith(ARROW) else None
+
+
+async def _read_body(receive, limit: int, shared: int | None = None) -> bytes | bytearray | memoryview | None:
+    """The request body, or None once it grows over ``limit`` bytes. A body in one piece
+    (most) is returned as it came; pieces are gathered into one growing buffer, so a big
+    body never exists twice (a list of pieces joined at the end would need twice its size).
+    ``shared``: the declared size of a body to gather into a shared-memory segment."""
+    first: bytes | None = None
+    buf: bytearray | None = None
+    size = 0
+    segment = shm.SegmentWriter(shared) if shared and shared <= limit else None
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        if segment is not None and size + len(chunk) <= shared:
+            segment.write(chunk)
+            size += len(chunk)
+            if not message.get("more_body", False):
+                return segment.mapped()
+            continue
+        if segment is not None:  # more than declared (uvicorn refuses that): as any body
+            first, segment = segment.mapped().tobytes(), None
+        size += len(chunk)
+        if size > limit:
+            return None
+        if first is None:
+            first = chunk
+        else:
+            if buf is None:
+                buf = bytearray(first)
+            buf += chunk
+        if not message.get("more_body", False):
+            break
+    return buf if buf is not None else (first if first is not None else b"")
+
+
+# Relayed bodies are parsed on the executor's IO thread, between its reads of other
+# messages: only small ones (a 28x28 image as JSON is about 3 KiB; 64 KiB parses in about a
+# millisecond: a 112x112 tensor, 62 KB, took 1.3 ms here)
+RELAY_MAX_BYTES = 64 * 1024
+
+
+def _relayable(body, headers: dict) -> bool:
+    """A body the flow's one stage may parse itself (RawInput): one JSON object (one row),
+    small (RELAY_MAX_BYTES), for a client that takes a JSON answer. Anything else is
+    parsed here (Arrow, lists of rows, big bodies, answers in Arrow)."""
+    return (
+        isinstance(body, (bytes, bytearray))
+        and 0 < len(body) <= RELAY_MAX_BYTES
+        and (body[:1] == b"{" or body.lstrip()[:1] == b"{")
+        and is_json(headers.get("content-type", ""))
+        and ARROW not in headers.get("accept", "")
+    )
+
+
+def _seconds(text: str) -> float | None:
+    """A positive, finite number of seconds, or None ("nan", "-1", "0", "abc")."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 < value < float("inf") else None
+
+
+def _trace_header(trace: list) -> bytes:
+    """The X-Flowserve-Trace value: JSON, ASCII only (a header is Latin-1; a stage named in
+    other letters is escaped, as the json module does)."""
+    entries = _unique(e[:4] for e in trace)
+    value = orjson.dumps(entries)
+    return value if value.isascii() else json.dumps(entries, separators=(",", ":")).encode()
+
+
+def _unique(entries) -> list:
+    """Trace entries once each, in order (a stage's entry reaches the sink along every
+    path through a join or a key split)."""
+    seen, out = set(), []
+    for e in entries:
+        key = tuple(e)
+        if key not in seen:
+            seen.add(key)
+            out.append(list(e))
+    return out
+
+
+def _error_body(answer: tuple[int, bytes]) -> tuple[int, bytes, list]:
+    """The same error answer on the invoke path: bytes and headers, no Starlette objects."""
+    status, body = answer
+    return status, body, [JSON_CONTENT_TYPE]
+
+
+class InvokeFastPath:
+    """``POST /flows/{name}`` answered as a bare ASGI app in front of Starlette.
+
+    Invocations are the gateway's hot path; Starlette's middleware, routing and Request/
+    Response objects cost about as much per call as everything else the gateway does for
+    a small request. Every other route goes through Starlette."""
+
+    def __init__(self, gateway, app):
+        self.gateway = gateway
+        self.invocations = gateway.invocations
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path", "")
+        if (
+            scope["type"] != "http"
+            or scope["method"] != "POST"
+            or not path.startswith("/flows/")
+            or "/" in path[7:]
+            or len(path) == 7
+        ):
+            if scope["type"] == "http":
+                authorization = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), "")
+                refused = self.gateway.refusal(path, authorization)
+                if refused is not None:
+                    return await _send(send, *_error_body(refused))
+            return await self.app(scope, receive, send)
+        await _send(send, *await self.answer(path[7:], scope["headers"], receive))
+
+    async def answer(self, name: str, raw_headers, receive) -> tuple[int, bytes, list]:
+        """Flow ``name``'s answer to a request: (status, body, extra headers). ``raw_headers``
+        as the server parsed them (lower-case names, bytes). The server's lean path
+        (leanhttp.py) calls this directly, and ``send`` for an answer that is not one piece."""
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in raw_headers}
+        try:
+            return await self.invocations.invoke(name, headers, receive)
+        except Exception as exc:  # last resort: never a traceback to a client
+            log.exception("unhandled error on /flows/%s", name)
+            return _error_body(http_error("InternalError", f"{type(exc).__name__}: {exc}"))
+
+    @staticmethod
+    async def send(send, status: int, body, extra: list) -> None:
+        await _send(send, status, body, extra)
+
+
+class Streamed:
+    """An answer sent as it is written: its first piece (written before the status is
+    sent, so an answer that cannot be encoded is still a clean 500) and the iterator of the
+    rest, each written on a worker thread. Sent without a length (chunked)."""
+
+    def __init__(self, first: bytes, rest):
+        self.first, self.rest = first, rest
+
+
+async def _send(send, status: int, body: bytes | list | Streamed, extra: list) -> None:
+    if isinstance(body, Streamed):
+        await send({"type": "http.response.start", "status": status, "headers": extra})
+        piece = body.first
+        while piece is not None:
+            # the server applies flow control: each send waits until the client takes it
+            await _body(send, [piece], more=True)
+            piece = await asyncio.to_thread(next, body.rest, None)
+        await send({"type": "http.response.body", "body": b""})
+        return
+    # pieces of one answer (arrow_answer: views of its big buffers, not joined), or one big body
+    pieces = body if isinstance(body, list) else [body]
+    length = sum(memoryview(piece).nbytes for piece in pieces)
+    head = [(b"content-length", str(length).encode()), *extra]
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await _body(send, pieces, more=False)
+
+
+async def _body(send, pieces: list, more: bool) -> None:
+    """Send ``pieces`` as the body's next messages (the last one ending the body unless
+    ``more``), none longer than WRITE_SLICE, the event loop running others between slices."""
+    last = len(pieces) - 1
+    for i, piece in enumerate(pieces):
+        view = memoryview(piece)
+        n = view.nbytes
+        if n <= WRITE_SLICE:
+            await send({"type": "http.response.body", "body": piece, "more_body": more or i < last})
+            continue
+        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        for at in range(0, n, WRITE_SLICE):
+            end = min(at + WRITE_SLICE, n)
+            await send({"type": "http.response.body", "body": view[at:end], "more_body": more or i < last or end < n})
+            if end < n:
+                await asyncio.sleep(0)  # a ready callback (another request's) runs before the next slice

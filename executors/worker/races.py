@@ -1,0 +1,102 @@
+"""Races on an executor: which races were won (here, or by a copy elsewhere that said so with
+a ``Cancel``), so that their losing copies are dropped while queued, on arrival, or as they
+finish; and the copies running here, whose ``flow.wait`` returns when their race is won.
+
+A stage races when its copies compete (``competitive > 1``) or when it is hedged (a backup
+copy); not a continuation, whose key groups each race on their own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+
+from executors.wire.messages import Cancel, StageInput
+
+CANCEL_MEMORY = 100_000  # races won (request attempt, stage) remembered to drop their losing copies
+CANCEL_TTL_S = 60.0  # ...each until the request's deadline, or this long if it has none
+
+
+def raced(stage) -> bool:
+    """True for a stage whose copies race (competitive, or hedged: a backup copy) and whose
+    losing copies are cancelled (not a continuation: each key group races on its own)."""
+    return stage.continuation is None and (stage.competitive > 1 or stage.hedge is not None)
+
+
+class Races:
+    """The races won that this executor knows of, and its copies running now.
+
+    ``cancelled`` is read without the lock on the data path (``if cancelled and key in
+    cancelled``: a dict's membership test is atomic, and empty is the common case); it is
+    changed only under ``lock``, the lock the executor's inputs share (executor.py)."""
+
+    def __init__(self, lock: threading.Lock, send, address: str):
+        self.lock = lock
+        self.send = send
+        self.address = address
+        # (gateway, request, attempt, stage) -> expiry (wall clock): races won, whose other
+        # copies are dropped if still queued here or yet to arrive
+        self.cancelled: OrderedDict = OrderedDict()
+        self._running: dict = {}  # the same key -> Events of its copies running here (flow.wait returns on set)
+
+    def cancel(self, key: tuple, deadline: float | None) -> bool:
+        """Remember that the race of ``key`` (gateway, request, attempt, stage) was won: its
+        copies still queued here are dropped when their turn comes (``lost``), and copies
+        arriving later are not gathered. False if it was known already."""
+        with self.lock:
+            if key in self.cancelled:
+                return False
+            self.cancelled[key] = (deadline if deadline is not None else time.time()) + (
+                1.0 if deadline is not None else CANCEL_TTL_S
+            )
+            if len(self.cancelled) > CANCEL_MEMORY:
+                self.cancelled.popitem(last=False)
+            for ev in self._running.get(key, ()):
+                ev.set()  # a copy running here that waits in flow.wait stops now
+            return True
+
+    def lost(self, hosted, h: StageInput) -> bool:
+        """True if ``h`` is a copy of a race already won (queued here, or just run)."""
+        return raced(hosted.stage) and bool(self.cancelled) and (h.gateway, h.req, h.attempt, h.stage) in self.cancelled
+
+    def cancel_rivals(self, h: StageInput) -> None:
+        """This copy of a racing stage finished first here and its output has gone (in the
+        same corked write, after it): tell the executors of the other copies to drop theirs
+        if still queued, or their output if still running. A crash of this executor after
+        the cancel still answers: the gateway re-runs what was in flight on a dead executor
+        as a new attempt, which no cancel names. Not for continuation stages (each key group
+        races on its own: a cancel would name them all)."""
+        if not self.cancel((h.gateway, h.req, h.attempt, h.stage), h.deadline):
+            return  # another copy won (it told us) or a copy here already told the rivals
+        rivals = {a for a in h.routes.get(h.stage, ()) if a != self.address}
+        if rivals:
+            frames = Cancel(h.gateway, h.req, h.attempt, h.stage).encode()
+            for address in rivals:
+                self.send(address, frames)
+
+    def start(self, key: tuple, ev: threading.Event) -> bool:
+        """A copy of ``key``'s race starts running here, stopped early by ``ev`` (set when the
+        race is won elsewhere); False if it was won already: do not run it."""
+        with self.lock:
+            if self.cancelled and key in self.cancelled:
+                return False
+            self._running.setdefault(key, []).append(ev)
+            return True
+
+    def finish(self, key: tuple, ev: threading.Event) -> None:
+        """The copy that ``start`` registered is done."""
+        with self.lock:
+            evs = self._running.pop(key, [])
+            if len(evs) > 1:
+                evs.remove(ev)
+                self._running[key] = evs
+
+    def expire(self, now: float) -> None:
+        """Forget races whose requests are over."""
+        with self.lock:
+            while self.cancelled:  # oldest first (deadlines come roughly in order): stop at a live one
+                key, until = next(iter(self.cancelled.items()))
+                if until >= now:
+                    break
+                del self.cancelled[key]

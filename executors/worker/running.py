@@ -1,0 +1,398 @@
+"""Running a stage's ready work on an executor: where it runs (the IO thread for a quick
+stage, the pool, the stage's batcher), one request or several merged into one Table, the
+losing copies of a race skipped, late requests answered without a run; each run watched
+(watchdog.py: overdue runs answered 504, lost threads replaced, a stuck executor recycled)
+and recorded in the blackbox; its output handed to Outputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from executors.errors import OperatorTimeoutError
+from executors.wire.messages import Message, Recycling, StageInput, Stuck, Unstuck
+from executors.worker.batcher import Batcher, WorkItem, aimd_for
+from executors.worker.hosting import HostedStage
+from executors.worker.outputs import Outputs
+from executors.worker.races import Races, raced
+from executors.worker.watchdog import EXIT_RECYCLED, Blackbox, Run, Watchdog, monotonic_deadline
+from flow.context import cancelled, set_cancel
+from flow.exceptions import FlowError
+from flow.table import Table
+
+log = logging.getLogger("flowserve.executor")
+
+
+class Runner:
+    """Runs ready work and watches it.
+
+    ``inline`` and ``inline_runs`` are the IO thread's queue of quick work: ``dispatch``
+    fills them on that thread while it reads, and the IO loop (executor.py) runs them after;
+    ``io_thread`` is the IO thread's ident, set by the IO loop."""
+
+    def __init__(
+        self,
+        executor_id: str,
+        pool: ThreadPoolExecutor,
+        store,
+        send,
+        races: Races,
+        outputs: Outputs,
+        inline: dict,
+        inline_runs: deque,
+        hand_off_io,
+        on_exit: list,
+        stuck_grace_s: float,
+        blackbox: str | None,
+    ):
+        self.id = executor_id
+        self.pool = pool
+        self.store = store
+        self.send = send
+        self.races = races
+        self.cancelled = races.cancelled  # Races' own table, read here before each batch
+        self.forward, self.fail = outputs.forward, outputs.fail
+        self.io_thread = None
+        self.inline = inline  # id(hosted) -> (hosted, ready items) to run after a drain
+        self.inline_runs = inline_runs  # (hosted, items): batches cut from inline, next to run
+        self.hand_off_io = hand_off_io  # executor.py: a new IO thread takes over reading (given the run)
+        self.on_exit = on_exit  # called before a recycle exits the process (deregistration)
+        # watchdog.py: run deadlines, IO hand-over, recycling a stuck executor; the blackbox
+        # tells the supervisor what was running if this process dies
+        self.watchdog = Watchdog(self._on_overdue, hand_off_io, self._on_stuck, grace_s=stuck_grace_s)
+        self.blackbox = Blackbox(blackbox) if blackbox else None
+        self.gateways: set[str] = set()  # told first when this executor recycles itself
+
+    def batcher(self, hosted: HostedStage, ends) -> Batcher:
+        """The batcher of a stage that batches, running its batches here until ``ends``."""
+        run = self.run_batch
+        if raced(hosted.stage) and aimd_for(hosted) is None:  # AIMD times each batch's run
+            run = self._run_batch_on_pool
+        return Batcher(hosted, run, ends)
+
+    def dispatch(self, hosted: HostedStage, item: WorkItem) -> None:
+        if hosted.hedger is not None:
+            hosted.hedger.arm(item)  # a backup copy if no answer by the percentile (hedging.py)
+        if item.message.solo:
+            # a retry of a request that was running when an executor crashed: it runs alone
+            # (never merged into a batch), so a second crash is its own (Dispatcher.executor_died)
+            self.pool.submit(self.run_one, hosted, item)
+            return
+        on_io = threading.get_ident() == self.io_thread
+        if hosted.batcher is not None:
+            if hosted.cheap and not hosted.batcher.should_wait():
+                # light load and a quick stage: no thread hop, no waiting; requests that
+                # arrived together (drained in one go) still run as one batch
+                hosted.batcher.note_arrival()
+                hosted.batcher.learn(False, 1)
+                if on_io:
+                    self.inline.setdefault(id(hosted), (hosted, []))[1].append(item)
+                else:
+                    self.run_batch(hosted, [item])
+            else:
+                hosted.batcher.put(item)
+        elif hosted.cheap:
+            # a waking worker thread costs more than a stage this quick: run it on this
+            # thread (the IO thread runs it after reading, outside the read's corked sends)
+            if on_io:
+                self.inline_runs.append((hosted, [item]))
+            else:
+                self.run_one(hosted, item)
+        else:
+            self.pool.submit(self.run_one, hosted, item)
+
+    # -- running ------------------------------------------------------------------------------
+
+    def run_one(self, hosted: HostedStage, item: WorkItem) -> None:
+        if not raced(hosted.stage):
+            return self._run_one(hosted, item)
+        h = item.message
+        key, ev = (h.gateway, h.req, h.attempt, h.stage), threading.Event()
+        if not self.races.start(key, ev):
+            if hosted.hedger is not None:
+                hosted.hedger.forget(item)  # no backup for it: the race is over
+            return  # its race was won while it waited: another copy answered
+        set_cancel(ev)  # flow.wait in the operator returns when the race is won elsewhere
+        try:
+            self._run_one(hosted, item)
+        finally:
+            set_cancel(None)
+            self.races.finish(key, ev)
+            if ev.is_set() and hosted.hedger is not None:
+                hosted.hedger.forget(item)  # a hedge whose other copy won: no answer from this one
+
+    def _run_one(self, hosted: HostedStage, item: WorkItem) -> None:
+        if _expired(item.message):
+            return self._too_late(hosted, item)
+        key, run = self._begin(hosted, [item])
+        t0 = time.perf_counter()
+        try:
+            out = self._execute(hosted, item.inputs, item.after_head, run)
+        except FlowError as e:
+            if self._end(key, run):
+                return
+            log.info(
+                "flow %s stage %s request %s: %s (qid %s)",
+                item.message.flow,
+                hosted.stage.name,
+                item.message.req,
+                e,
+                getattr(e, "qid", None),
+            )
+            self.fail(item.message, e, hosted)
+            return
+        except BaseException as e:  # a bug in user code, or SystemExit: one request, never the executor
+            if self._end(key, run):
+                return
+            log.exception("flow %s stage %s request %s failed", item.message.flow, hosted.stage.name, item.message.req)
+            self.fail(item.message, e, hosted)
+            return
+        if self._end(key, run):
+            return  # abandoned (answered 504): its output is dropped
+        ms = (time.perf_counter() - t0) * 1000
+        if raced(hosted.stage):
+            if cancelled():
+                return  # a racing copy stopped early (flow.wait): the winner answered; its time is no sample
+            set_cancel(None)  # the run is over: consumers run next on this thread are no copy of this race
+        hosted.observe(ms)
+        self.forward(hosted, [(item, out)], ms, 1)
+
+    def run_batch(self, hosted: HostedStage, items: list[WorkItem]) -> None:
+        """Run several requests as one merged Table, then split the output back by qid."""
+        if self.cancelled and raced(hosted.stage):
+            lost = [it for it in items if self.races.lost(hosted, it.message)]  # races won meanwhile
+            if lost:
+                items = [it for it in items if not self.races.lost(hosted, it.message)]
+                for it in lost if hosted.hedger is not None else ():
+                    hosted.hedger.forget(it)
+        late = [it for it in items if _expired(it.message)]
+        if late:
+            for it in late:
+                self._too_late(hosted, it)
+            items = [it for it in items if not _expired(it.message)]
+        if len(items) <= 1:
+            return self.run_one(hosted, items[0]) if items else None
+        owner, clashing = _owners(items)
+        if clashing:
+            # racing copies (or a retry) of one request share its qids, so their rows could
+            # not be told apart after the merge: run them in separate batches; a race's
+            # copies side by side (the later ones on the pool), as on a stage without a
+            # batcher, or the first would hold the others back for its whole run
+            first, rest = items[: clashing[0]], items[clashing[0] :]
+            if raced(hosted.stage):
+                self.pool.submit(self.run_batch, hosted, rest)
+                return self.run_batch(hosted, first)
+            for group in (first, rest):
+                self.run_batch(hosted, group)
+            return
+        self._run_merged(hosted, items, owner)
+
+    def _run_batch_on_pool(self, hosted: HostedStage, items: list[WorkItem]) -> None:
+        """A racing stage's batch, run on the pool: a race's copies reach the batcher one by
+        one, and on its own thread the first would hold the others back for its whole run."""
+        self.pool.submit(self.run_batch, hosted, items)
+
+    def _run_merged(self, hosted: HostedStage, items: list[WorkItem], owner: dict) -> None:
+        key, run = self._begin(hosted, items)
+        t0 = time.perf_counter()
+        try:
+            merged = [Table.concat([it.inputs[k] for it in items]) for k in range(len(items[0].inputs))]
+            out = self._execute(hosted, merged, items[0].after_head, run)
+        except BaseException:
+            self._end(key, run)
+            # one bad request must not fail the others: run each alone to isolate it
+            for k, it in enumerate(items):
+                if k not in run.answered:
+                    self.run_one(hosted, it)
+            return
+        self._end(key, run)
+        ms = (time.perf_counter() - t0) * 1000
+        hosted.observe(ms)
+        rows = [[] for _ in items]
+        for i, q in enumerate(out.qid.tolist()):
+            rows[owner[q]].append(i)
+        self.forward(
+            hosted,
+            [
+                (it, out.take(np.asarray(rows[k], dtype=np.int64)))
+                for k, it in enumerate(items)
+                if k not in run.answered
+            ],
+            ms,
+            len(items),
+        )
+
+    def _too_late(self, hosted: HostedStage, item: WorkItem) -> None:
+        """The request's deadline passed while it waited for this stage: do not spend a run
+        on it; say where it was stuck (the gateway's own 504 cannot tell)."""
+        op = hosted.stage.nodes[0].name
+        self.fail(
+            item.message,
+            OperatorTimeoutError(
+                f"the request's deadline passed while it waited to run operator {op!r} (stage {hosted.stage.name!r})",
+                operator=op,
+            ),
+            hosted,
+        )
+
+    def _execute(self, hosted: HostedStage, inputs: list[Table], after_head: bool, run: Run) -> Table:
+        bound = hosted.bound
+        enter = self._on_node(run, len(hosted.stage.nodes) > 1)
+        if not after_head:
+            return bound(inputs, self.store, on_node=enter)
+        out = inputs[0]
+        for node, b in zip(hosted.stage.nodes[1:], bound.bound[1:]):
+            enter(node)
+            out = b([out], self.store)
+        return out
+
+    # -- watching runs (watchdog.py) ----------------------------------------------------------
+
+    def _begin(self, hosted: HostedStage, items: list[WorkItem]) -> tuple[int, Run]:
+        ident = threading.get_ident()
+        if ident == self.io_thread:
+            lane = "io"
+        elif hosted.batcher is not None and hosted.batcher.thread.ident == ident:
+            lane = "batcher"
+        else:
+            lane = "pool"
+        first = items[0].inputs[0] if items[0].inputs else None
+        qid = int(first.qid[0]) if first is not None and len(first) else None
+        messages = [it.message for it in items]
+        run = Run(
+            hosted.plan.flow_name,
+            hosted.stage.name,
+            messages,
+            lane,
+            [monotonic_deadline(m.deadline) for m in messages],
+            qid,
+            owner=hosted,
+        )
+        run.node = hosted.stage.nodes[0].name
+        self.gateways.add(messages[0].gateway)
+        key = self.watchdog.begin(run)
+        if self.blackbox is not None:
+            self.blackbox.record(run)
+        return key, run
+
+    def _end(self, key: int, run: Run) -> bool:
+        """The run is back; True if it was abandoned (its requests were answered 504)."""
+        self.watchdog.end(key)
+        if self.blackbox is not None:
+            self.blackbox.clear(run)
+        if run.abandoned:
+            self._lane_back(run)
+        return bool(run.answered)
+
+    def _on_node(self, run: Run, multi: bool):
+        def enter(node) -> None:
+            run.enter(node.name, node.op.timeout_s)
+            if multi and self.blackbox is not None:
+                self.blackbox.note_node(run)
+
+        return enter
+
+    def _on_overdue(self, run: Run, due: list[int], why: str) -> None:
+        """Watchdog: answer the requests whose time is up 504 naming the operator; once the
+        whole run is abandoned, give its thread's work to a new thread."""
+        hosted = run.owner
+        for i in due:
+            h = run.messages[i]
+            if why == "timeout":
+                msg = (
+                    f"operator {run.node!r} did not finish within its timeout_s={run.node_timeout:g}; "
+                    f"its run was abandoned"
+                )
+            else:
+                msg = (
+                    f"operator {run.node!r} (stage {run.stage!r}) was still running at the request's "
+                    f"deadline; its run was abandoned"
+                )
+            log.warning("flow %s stage %s request %s (qid %s): %s", run.flow, run.stage, h.req, run.qid, msg)
+            self.fail(h, OperatorTimeoutError(msg, operator=run.node, qid=run.qid), hosted)
+        if run.abandoned and not run.lost:
+            run.lost = True
+            self._lane_lost(run)
+
+    def _lane_lost(self, run: Run) -> None:
+        """A thread is held by abandoned work: keep the executor's capacity by replacing it."""
+        hosted = run.owner
+        if run.lane == "io":
+            if not run.handed_off:
+                self.hand_off_io(run)
+        elif run.lane == "batcher" and hosted.batcher is not None:
+            hosted.batcher.replace_thread()
+        else:
+            # ThreadPoolExecutor starts a new thread on submit while fewer than _max_workers
+            # exist; raising it by one (and submitting) gives back the thread the run holds
+            self.pool._max_workers += 1
+            self.pool.submit(_nothing)
+        self._report(Stuck(self.id, run.flow, run.stage, run.node, time.time()))
+
+    def _lane_back(self, run: Run) -> None:
+        if run.lost:
+            if run.lane == "pool":
+                self.pool._max_workers -= 1
+            self._report(Unstuck(self.id, run.flow, run.stage, run.node))
+            log.warning(
+                "flow %s stage %s: an abandoned run of operator %r came back after %.1f s",
+                run.flow,
+                run.stage,
+                run.node,
+                time.monotonic() - run.started,
+            )
+
+    def _on_stuck(self, run: Run) -> None:
+        """Watchdog: abandoned work has not come back within the grace period. A thread is
+        lost for good (Python cannot interrupt it): recycle this executor. The gateways
+        re-run what was in flight here elsewhere; the supervisor starts a new process."""
+        log.error(
+            "executor %s: operator %r (flow %s, stage %s, qid %s) has been stuck for %.1f s; recycling this executor",
+            self.id,
+            run.node,
+            run.flow,
+            run.stage,
+            run.qid,
+            time.monotonic() - run.started,
+        )
+        self._report(Recycling(self.id, run.flow, run.node, f"operator {run.node!r} stuck"))
+        for hook in self.on_exit:
+            try:
+                hook()
+            except Exception:
+                log.exception("executor %s: exit hook failed", self.id)
+        os._exit(EXIT_RECYCLED)
+
+    def _report(self, msg: Message) -> None:
+        frames = msg.encode()
+        for gw in list(self.gateways):
+            if gw:
+                self.send(gw, frames)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _expired(msg: StageInput) -> bool:
+    """True if the request's deadline has passed (the gateway answered it 504)."""
+    return msg.deadline is not None and time.time() > msg.deadline
+
+
+def _owners(items: list[WorkItem]) -> tuple[dict, list]:
+    """Map each input qid to the index of the batched item it came from; ``clashing`` is
+    ``[k]`` when item ``k`` is the first to repeat a qid of an earlier item, else empty."""
+    owner: dict = {}
+    for k, it in enumerate(items):
+        qids = {q for t in it.inputs for q in t.qid.tolist()}
+        if any(q in owner for q in qids):
+            return owner, [k]
+        owner.update(dict.fromkeys(qids, k))
+    return owner, []
