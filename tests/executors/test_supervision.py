@@ -256,9 +256,10 @@ def test_executors_restart_and_serve_when_their_log_directory_is_read_only(tmp_p
             # a read-only file system over the log directory: the running executors keep
             # their open files, a restarted one cannot open its log or its running-record
             with tmpfs(logs, "1m", "ro"):
-                for pid in _executor_pids(c):
+                for n, pid in enumerate(_executor_pids(c), start=1):
                     os.kill(pid, signal.SIGKILL)
-                    wait_until("the executor back", lambda p=pid: p not in _executor_pids(c), timeout=30)
+                    # the gateway saw it die (until then it still counts it), then it is back
+                    wait_until("the crash seen", lambda n=n: _crashes(c) >= n, timeout=30)
                     wait_until("both executors answering", lambda: _health(c)["executors"] == 2, timeout=30)
                 load.more(50)
                 assert sum(_health(c)["crashed"].values()) == 2
@@ -288,9 +289,10 @@ def test_a_full_cluster_disk_keeps_serving_refuses_writes_clearly_and_recovers(t
                             f.flush()
                 load.more(50)  # serving goes on from memory
                 # an executor restarted on the full disk serves (no SIGBUS from its record)
-                for pid in _executor_pids(c):
+                for n, pid in enumerate(_executor_pids(c), start=1):
                     os.kill(pid, signal.SIGKILL)
-                    wait_until("the executor back", lambda p=pid: p not in _executor_pids(c), timeout=30)
+                    # the gateway saw it die (until then it still counts it), then it is back
+                    wait_until("the crash seen", lambda n=n: _crashes(c) >= n, timeout=30)
                     wait_until("both executors answering", lambda: _health(c)["executors"] == 2, timeout=30)
                 load.more(50)
                 # writes fail with an error that says what is wrong
@@ -309,6 +311,10 @@ def test_a_full_cluster_disk_keeps_serving_refuses_writes_clearly_and_recovers(t
                 load.more(20)
             assert not load.wrong and not load.lost, (load.wrong[:3], load.lost)
             print(f"answered {load.answered}, lost {len(load.lost)}, wrong {len(load.wrong)}")
+
+
+def _crashes(c: LocalCluster) -> int:
+    return sum(_health(c)["crashed"].values())
 
 
 def _put_works(c: LocalCluster) -> bool:
