@@ -122,16 +122,16 @@ def main() -> None:
     print(f"  pydantic                       {import_us('import pydantic', 'pydantic', runs) / 1000:6.1f} ms")
     print(
         f"  flow.configuration (alone)     "
-        f"{import_us('import flow.exceptions; import flow.configuration', 'flow.configuration', runs) / 1000:6.1f} ms"
-        "  (flow.exceptions already imported, as every process has)"
+        f"{import_us('import flow.errors; import flow.configuration', 'flow.configuration', runs) / 1000:6.1f} ms"
+        "  (flow.errors already imported, as every process has)"
     )
     print(
         f"  pydantic + a 26-field model (import and class), in process:           "
-        f"{inside_us('import flow.exceptions', PYDANTIC_MODEL, runs) / 1000:6.1f} ms"
+        f"{inside_us('import flow.errors', PYDANTIC_MODEL, runs) / 1000:6.1f} ms"
     )
     print(
         f"  flow.configuration + a 26-field model (import and class), in process: "
-        f"{inside_us('import flow.exceptions', HELPER_MODEL, runs) / 1000:6.1f} ms"
+        f"{inside_us('import flow.errors', HELPER_MODEL, runs) / 1000:6.1f} ms"
     )
     print("per call (best of 5):")
     kwargs = "dict(executors=3, port=8000, request_timeout_s=5.0, token='abcdefgh1234')"

@@ -6,7 +6,7 @@ one place the client turns such an answer back into an exception (``error_for_an
 The gateway's two paths (the bare-ASGI invoke path and Starlette's routes), the HTTP
 protocol limits and the executors' error messages all answer through it.
 
-The runtime's own leaves of the one tree (``flow.exceptions`` draws all of it):
+The runtime's own leaves of the one tree (``flow.errors`` draws all of it):
 
     BadRequestError        (DataError, ValueError) a body that is not rows of the flow's
                            input, a deploy that asks too much; the client's class for a
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 
-from flow.exceptions import (
+from flow.errors import (
     AccessDeniedError,
     DataError,
     DeadlineExceededError,
@@ -83,7 +83,7 @@ class ClusterStartError(InternalError):
 
 def status_for(error: BaseException) -> int:
     """The HTTP status for an error raised while answering a request: its branch of the
-    tree says it (``flow.exceptions``), a few leaves more precisely."""
+    tree says it (``flow.errors``), a few leaves more precisely."""
     if isinstance(error, (RowRejectedError, NoValidResultError, LookupKeyError)):
         return 422  # the operator could not give a valid answer for this input
     if isinstance(error, DataError):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from flow.configuration import ConfigError
-from kvs.exceptions import SerializationError
+from kvs.errors import SerializationError
 
 PLAN_KEY = "flowserve:plan:{flow}:{version}"
 VERSION_KEY = "flowserve:version:{flow}"

@@ -9,7 +9,7 @@ flow.run([{"x": 1}])
 from flow import targets
 from flow.configuration import ConfigError, ConfigTypeError
 from flow.context import cancelled, current_device, current_store, wait
-from flow.exceptions import (
+from flow.errors import (
     AccessDeniedError,
     DataError,
     DataTypeError,

@@ -46,7 +46,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from flow.exceptions import FlowValueError
+from flow.errors import FlowValueError
 
 
 class ConfigError(FlowValueError):

@@ -18,7 +18,7 @@ import contextlib
 import re
 import threading
 
-from flow.exceptions import FlowValueError
+from flow.errors import FlowValueError
 
 _store = None
 _run = threading.local()  # .cancel: the running copy's threading.Event (set_cancel), set when it lost its race

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from flow import prediction, targets
-from flow.exceptions import (
+from flow.errors import (
     FlowTypeError,
     FlowValueError,
 )

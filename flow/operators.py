@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from flow.exceptions import (
+from flow.errors import (
     DataError,
     DataTypeError,
     FlowError,

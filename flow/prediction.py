@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from flow.exceptions import (
+from flow.errors import (
     DataError,
     FlowTypeError,
     FlowValueError,

@@ -25,7 +25,7 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
-from flow.exceptions import DataTypeError, SchemaError
+from flow.errors import DataTypeError, SchemaError
 from flow.types import ColumnType, any_true, build_column, unify
 
 QID = "qid"

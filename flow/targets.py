@@ -20,7 +20,7 @@ from __future__ import annotations
 from functools import cache
 from importlib.metadata import entry_points
 
-from flow.exceptions import NotInstalledError
+from flow.errors import NotInstalledError
 
 PLANNERS = "flowserve.planners"
 TARGETS = "flowserve.targets"

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from flow.exceptions import DataTypeError
+from flow.errors import DataTypeError
 
 SCALAR_KINDS = ("int", "float", "bool", "str", "bytes")
 KINDS = SCALAR_KINDS + ("tensor", "null")

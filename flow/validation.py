@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flow.exceptions import DataTypeError, SchemaError
+from flow.errors import DataTypeError, SchemaError
 from flow.table import Table
 
 

@@ -15,7 +15,7 @@ Operator code reads the store with ``fs.current_store()``, places models on
 come from the project's packages (``flow``, ``optimizer``, ``executors``, ``kvs``); the
 runtime's are imported on first use, so ``import flowserve`` stays light.
 
-Errors are one tree (``flow/exceptions.py`` draws it) whose branches say what to do:
+Errors are one tree (``flow/errors.py`` draws it) whose branches say what to do:
 
     try:
         d.invoke(rows, timeout=2)
@@ -83,9 +83,9 @@ _LAZY = {
     "NoExecutorError": "executors.errors",
     "OperatorCrashedError": "executors.errors",
     "OperatorTimeoutError": "executors.errors",
-    "KeyNotFoundError": "kvs.exceptions",
-    "StoreLostError": "kvs.exceptions",
-    "StoreWriteError": "kvs.exceptions",
+    "KeyNotFoundError": "kvs.errors",
+    "StoreLostError": "kvs.errors",
+    "StoreWriteError": "kvs.errors",
     "AutoscalingConfig": "executors.hosts.autoscale",
     "KVS": "kvs",
     "KubernetesCluster": "k8s",
@@ -123,7 +123,7 @@ __all__ = [
     "optimize",
     "OptimizerOptions",
     "RejectRow",
-    # errors: one tree (flow/exceptions.py), its branches say what to do
+    # errors: one tree (flow/errors.py), its branches say what to do
     "FlowError",
     "FlowDefinitionError",  # fix the flow or its setup
     "FlowTypeError",

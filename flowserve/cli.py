@@ -19,7 +19,7 @@ import sys
 
 from executors.hosts.commands import add_runtime_commands
 from flow.configuration import ConfigError
-from flow.exceptions import FlowError
+from flow.errors import FlowError
 from k8s.commands import add_k8s_parser
 
 

@@ -14,7 +14,7 @@ Modules: ``config`` (KubeConfig, Resources, Toleration), ``manifests`` (render, 
 render``), ``exceptions``.
 """
 
-from k8s.exceptions import K8sConflictError, K8sNotFoundError
+from k8s.errors import K8sConflictError, K8sNotFoundError
 from k8s.kube_config import KubeConfig, Resources, Toleration, parse_quantity
 from k8s.manifests import COMPONENTS, SCALABLE, render, to_yaml
 

@@ -15,7 +15,7 @@ credentials unless they are passed in (tests pass a real API server's clients). 
 checked against the client's model objects (``V1Deployment``, ``V1Service``, ...) before
 anything is sent, and a field the model does not know is an error rather than silently
 dropped; ``apply`` is a server-side apply (field manager ``flowserve``). API failures raise
-the class of the tree ``k8s.exceptions.api_error_for`` picks, naming the verb and the object.
+the class of the tree ``k8s.errors.api_error_for`` picks, naming the verb and the object.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
 from flow.configuration import ConfigError, ConfigTypeError
-from flow.exceptions import (
+from flow.errors import (
     AccessDeniedError,
     DeadlineExceededError,
     FlowError,
@@ -39,7 +39,7 @@ from flow.exceptions import (
     NotInstalledError,
     UnreachableError,
 )
-from k8s.exceptions import K8sConflictError, K8sNotFoundError, api_error_for
+from k8s.errors import K8sConflictError, K8sNotFoundError, api_error_for
 from k8s.kube_config import KubeConfig, _int, redact_url
 from k8s.manifests import (
     A_BASELINE,

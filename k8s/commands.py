@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from flow.configuration import ConfigError
-from flow.exceptions import FlowError
+from flow.errors import FlowError
 from k8s.kube_config import DEFAULT_IMAGE, SERVICE_TYPES, KubeConfig
 from k8s.manifests import render, to_yaml
 

@@ -23,9 +23,9 @@ import logging
 from collections.abc import Mapping
 
 from flow.configuration import ConfigError, ConfigTypeError
-from flow.exceptions import AccessDeniedError, InternalError, NotInstalledError
+from flow.errors import AccessDeniedError, InternalError, NotInstalledError
 from k8s.backend import KubernetesCluster
-from k8s.exceptions import K8sNotFoundError
+from k8s.errors import K8sNotFoundError
 from k8s.kube_config import KubeConfig, _int
 from k8s.manifests import SCALABLE
 
@@ -86,7 +86,7 @@ class KubernetesExecutors:
     async def add_executor(self, device: str) -> str | None:
         """Start one more executor of ``device``; its id once registered and serving, None
         when impossible (no executor Deployment for that device) or when it did not register
-        within ``wait_s`` (the scale-up is then undone). API failures raise what ``k8s.exceptions.api_error_for`` says."""
+        within ``wait_s`` (the scale-up is then undone). API failures raise what ``k8s.errors.api_error_for`` says."""
         component = self._component(device)
         known = set(self.dispatcher.executors)
         self._claimed &= known  # ids of executors gone since can never come back as "new"

@@ -18,7 +18,7 @@ Modules: ``client`` (KVS), ``cache`` (CachedKVS), ``tracking`` (invalidations),
 
 from kvs.cache import CachedKVS, CacheStats
 from kvs.client import KVS, MISSING
-from kvs.exceptions import KeyNotFoundError, SerializationError, StoreLostError, StoreWriteError
+from kvs.errors import KeyNotFoundError, SerializationError, StoreLostError, StoreWriteError
 from kvs.options import KVSOptions
 from kvs.ref import KVSRef
 from kvs.serialization import decode, dumps_trusted, encode, loads_trusted

@@ -17,7 +17,7 @@ downloading the same bytes twice.
 Cache directory: ``cache_dir``, else ``FLOWSERVE_ARTIFACT_CACHE``, else
 ``$XDG_CACHE_HOME/flowserve/artifacts`` (``~/.cache/flowserve/artifacts``).
 
-Errors (``flow.exceptions``' tree; ``uri`` names the artifact): ``FlowValueError`` for a
+Errors (``flow.errors``' tree; ``uri`` names the artifact): ``FlowValueError`` for a
 malformed or unsupported URI, ``ArtifactNotFoundError`` (also FileNotFoundError) for a
 missing object, bucket or file, ``AccessDeniedError`` for refused or missing credentials,
 ``UnreachableError`` / ``UnavailableError`` (retryable) when the store cannot be reached or
@@ -36,7 +36,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from flow.configuration import ConfigError
-from flow.exceptions import (
+from flow.errors import (
     AccessDeniedError,
     FlowDefinitionError,
     FlowError,

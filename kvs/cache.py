@@ -40,9 +40,9 @@ from typing import Any
 
 import redis
 
-from flow.exceptions import FlowValueError
+from flow.errors import FlowValueError
 from kvs.client import KVS, MISSING, check_key, decode_value, make_pool
-from kvs.exceptions import KeyNotFoundError, SerializationError
+from kvs.errors import KeyNotFoundError, SerializationError
 from kvs.lru import ByteLRU
 from kvs.options import KVSOptions
 from kvs.serialization import is_mutable_payload, is_trusted_payload

@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 import redis
 from redis.exceptions import AuthenticationError, AuthorizationError
 
-from flow.exceptions import AccessDeniedError, FlowTypeError, FlowValueError, InternalError, UnreachableError
-from kvs.exceptions import (
+from flow.errors import AccessDeniedError, FlowTypeError, FlowValueError, InternalError, UnreachableError
+from kvs.errors import (
     KeyNotFoundError,
     SerializationError,
     StoreLostError,

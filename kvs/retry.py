@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from flow.exceptions import FlowValueError
+from flow.errors import FlowValueError
 
 T = TypeVar("T")
 

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from kvs.exceptions import SerializationError
+from kvs.errors import SerializationError
 from kvs.ref import KVSRef
 
 MAGIC = 0xF5
@@ -380,7 +380,7 @@ def _decode_array(data, view: memoryview):
             dtype = np.lib.format.descr_to_dtype(ast.literal_eval(dtext))
         else:
             dtype = np.dtype(dtext)
-    except Exception as exc:
+    except Exception as exc:  # stored bytes may be anything: whatever numpy makes of them is a bad value
         raise SerializationError(f"bad numpy dtype {dtext!r} in stored value: {exc}") from None
     if dtype.hasobject:  # raw pointers from the network would crash the process
         raise SerializationError(f"refusing to decode a numpy array of dtype {dtype}")

@@ -36,7 +36,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from flow.configuration import ConfigError
-from flow.exceptions import FlowValueError, InternalError, NotInstalledError
+from flow.errors import FlowValueError, InternalError, NotInstalledError
 
 ENV_BINARY = "FLOWSERVE_REDIS_SERVER"
 _MIN_VERSION = (6, 0)  # CLIENT TRACKING appeared in Redis 6

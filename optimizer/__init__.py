@@ -11,7 +11,7 @@ batching; see optimizer.options for why). ``executors.worker.interpreter`` runs 
 with the same results as ``flow.run``.
 """
 
-from flow.exceptions import FlowTypeError
+from flow.errors import FlowTypeError
 from optimizer.options import DEFAULT_RULES, OptimizerOptions
 from optimizer.plan import INPUT, BatchConfig, ChooseOp, Plan, PlanNode, Stage
 

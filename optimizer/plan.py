@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from flow.exceptions import FlowTypeError, FlowValueError
+from flow.errors import FlowTypeError, FlowValueError
 from flow.types import ColumnType
 from optimizer.explain import explain
 from optimizer.stage import (  # noqa: F401  (the stage vocabulary, importable from the plan too)

@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from flow.configuration import Config, Int, Number, setting
-from flow.exceptions import FlowTypeError, FlowValueError, NoValidResultError
+from flow.errors import FlowTypeError, FlowValueError, NoValidResultError
 from flow.operators import AnyOfOp, BoundOperator, Operator, choose_first_valid, is_valid
 from flow.table import Table
 

@@ -1,4 +1,4 @@
-"""One exception tree (flow/exceptions.py): every exception class the project's packages
+"""One exception tree (flow/errors.py): every exception class the project's packages
 define is a FlowError, under exactly one branch that says what the caller does, with one
 parent of ours (builtin bases are mixins), a name of its own, and a line in the tree's
 drawing. A class outside the tree must be in ALLOWED, saying why."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from flow import exceptions
-from flow.exceptions import (
+from flow import errors
+from flow.errors import (
     DataError,
     DeadlineExceededError,
     FlowDefinitionError,
@@ -66,7 +66,7 @@ def ours(cls: type) -> bool:
 
 def test_every_exception_class_is_in_the_tree_or_says_why_not():
     outside = sorted(c.__name__ for c in CLASSES if not issubclass(c, FlowError))
-    assert outside == sorted(ALLOWED), "a class outside flow.exceptions.FlowError: derive it from a branch"
+    assert outside == sorted(ALLOWED), "a class outside flow.errors.FlowError: derive it from a branch"
     assert len(TREE) >= 30  # the walk found the packages' classes, not only the branches
 
 
@@ -94,9 +94,9 @@ def test_names_are_unique_so_an_answer_names_one_class():
 
 
 def test_the_tree_is_drawn_in_one_place_with_every_class():
-    drawing = exceptions.__doc__
+    drawing = errors.__doc__
     missing = [c.__name__ for c in TREE if f" {c.__name__} " not in drawing.replace("─", " ")]
-    assert not missing, f"add them to flow/exceptions.py's drawing: {missing}"
+    assert not missing, f"add them to flow/errors.py's drawing: {missing}"
 
 
 def test_the_client_registry_knows_every_class_and_only_the_tree():

@@ -21,7 +21,7 @@ import numpy as np
 import orjson
 
 from executors.errors import BadRequestError  # with the errors: the client raises it for any 4xx too
-from flow.exceptions import DataError, DataTypeError, SchemaError
+from flow.errors import DataError, DataTypeError, SchemaError
 from flow.table import Table, built_column
 from flow.types import ColumnType, any_true, build_column
 from flow.validation import check_schema

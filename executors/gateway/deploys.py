@@ -33,8 +33,8 @@ from executors.gateway.liveness import RECENT_S
 from executors.gateway.records import DeployedFlow
 from executors.gateway.status import describe, error_response
 from executors.plans import DEPLOYED_KEY, register_deployed
-from flow.exceptions import FlowError
-from kvs.exceptions import SerializationError, store_problem
+from flow.errors import FlowError
+from kvs.errors import SerializationError, store_problem
 
 log = logging.getLogger("flowserve.gateway")
 
@@ -149,7 +149,7 @@ class Deploys:
             )
         try:  # every gateway of the cluster serves what the registry lists (membership.py)
             registered = await self._record_change(name, register_deployed, self.store.redis, name, version)
-        except Exception as e:
+        except Exception as e:  # whatever the store answered (MISCONF, a lost connection): not registered
             # not served either: a flow served but not registered would be gone after a
             # gateway restart, and other gateways would never serve it
             self.dispatcher.retire(flow)
@@ -182,7 +182,7 @@ class Deploys:
         flow = await self.load_flow(name, version)
         try:
             await self._record_change(name, register_deployed, self.store.redis, name, version)
-        except Exception as e:
+        except Exception as e:  # the re-plan serves here already; the registry is for other gateways
             log.warning("flow %s v%s (re-planned) serves here but is not registered for others: %s", name, version, e)
         return flow
 
@@ -192,7 +192,7 @@ class Deploys:
             return error_response(http_error("UnknownFlow", f"no deployed flow named {name!r}"))
         try:
             await self._record_change(name, self.store.redis.hdel, DEPLOYED_KEY, name)
-        except Exception as e:
+        except Exception as e:  # it is undeployed here either way; the registry is for other gateways
             log.warning("flow %s: could not remove it from the registry: %s", name, e)
         return JSONResponse({"undeployed": name})
 
@@ -213,7 +213,7 @@ def _read_plan(store, name: str, version: int) -> tuple:
     and the plan must name this flow: a plan copied from elsewhere is refused."""
     from executors.plans import PLAN_KEY, checked_plan
     from kvs.client import decode_value
-    from kvs.exceptions import KeyNotFoundError
+    from kvs.errors import KeyNotFoundError
 
     key = PLAN_KEY.format(flow=name, version=version)
     blob = store.get_bytes(key)

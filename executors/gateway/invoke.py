@@ -43,7 +43,7 @@ from executors.errors import JSON_CONTENT_TYPE, encode_error, http_error, http_e
 from executors.gateway.records import DeployedFlow, RawBody, RequestFailed
 from executors.wire import shm
 from executors.wire.messages import Rendered
-from flow.exceptions import DataError, OperatorOutputError
+from flow.errors import DataError, OperatorOutputError
 from flow.table import Table
 from flow.types import ColumnType
 from flow.validation import check_schema

@@ -119,7 +119,7 @@ class ExecutorLinks:
                     self.on_message(msg)
             except WireError as e:
                 log.warning("dropped a malformed message: %s", e)
-            except Exception:
+            except Exception:  # one answer's bug must not stop the gateway reading the others
                 log.exception("error handling an answer")
         if not still_open:
             self._loop.remove_reader(conn.fileno())

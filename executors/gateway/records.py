@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from executors.errors import status_for
-from flow.exceptions import UnavailableError
+from flow.errors import UnavailableError
 from flow.table import Table
 from optimizer.plan import INPUT, Plan
 

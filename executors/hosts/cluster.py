@@ -38,10 +38,10 @@ from executors.codec.bodies import ARROW
 from executors.errors import ClusterStartError, DeployConflictError, error_for_answer
 from executors.hosts.cluster_config import CONFIG_ENV, STATE_FILE, ClusterConfig
 from executors.plans import PLAN_KEY, next_version
-from flow.exceptions import DeadlineExceededError, FlowError, UnreachableError
+from flow.errors import DeadlineExceededError, FlowError, UnreachableError
 from flow.table import Table
 from kvs import KVS
-from kvs.exceptions import StoreWriteError, is_write_refusal, store_problem
+from kvs.errors import StoreWriteError, is_write_refusal, store_problem
 from kvs.server import popen, terminate
 
 DEFAULT_DIR = Path(os.environ.get("FLOWSERVE_HOME", Path.home() / ".flowserve"))

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from flow.configuration import ConfigError
-from flow.exceptions import FlowError, FlowValueError
+from flow.errors import FlowError, FlowValueError
 
 
 def _cluster(args):

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Sequence
 
 from executors.worker.stage_runner import BoundStage
-from flow.exceptions import FlowError, FlowTypeError, FlowValueError
+from flow.errors import FlowError, FlowTypeError, FlowValueError
 from flow.table import Table
 from optimizer.plan import INPUT, Plan
 from optimizer.slo import SLO, PlannerOptions, Profile, default_batch_sizes, measure_batches, serve_under

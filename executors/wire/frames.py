@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from flow.exceptions import InternalError
+from flow.errors import InternalError
 from flow.table import Column, Table
 from flow.types import ColumnType
 

@@ -44,7 +44,7 @@ from collections import deque
 
 from executors.wire import shm
 from executors.wire.frames import WireError
-from flow.exceptions import FlowValueError
+from flow.errors import FlowValueError
 
 log = logging.getLogger("flowserve.transport")
 

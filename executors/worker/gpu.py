@@ -118,7 +118,7 @@ class _NVML:
                 found.append((i, h, _text(pynvml.nvmlDeviceGetName(h)), _text(pynvml.nvmlDeviceGetUUID(h))))
             keep = {d for d in visible([(i, u) for i, _, _, u in found], os.environ.get("CUDA_VISIBLE_DEVICES"))}
             return [(i, h, name) for i, h, name, u in found if (i, u) in keep]
-        except Exception as e:
+        except Exception as e:  # a driver's own error types: GPU figures are optional, serving is not
             log.warning("NVML is there but listing the GPUs failed (%s): no GPU figures", e)
             return []
 
@@ -159,7 +159,7 @@ def _process_memory(pynvml, handle, pid: int) -> int | None:
     namespace, or no context here yet)."""
     try:
         procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-    except Exception:
+    except Exception:  # NVML's errors for what it cannot see (another PID namespace): unknown, not fatal
         return None
     for p in procs:
         if p.pid == pid and p.usedGpuMemory is not None:

@@ -19,8 +19,8 @@ from executors.plans import load_plan
 from executors.wire.messages import Load, Loaded, StageInput, Unload
 from executors.worker.races import raced
 from executors.worker.stage_runner import BoundStage
-from flow.exceptions import FlowError, UnavailableError
-from kvs.exceptions import SerializationError
+from flow.errors import FlowError, UnavailableError
+from kvs.errors import SerializationError
 from optimizer.plan import Plan
 
 log = logging.getLogger("flowserve.executor")

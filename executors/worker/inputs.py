@@ -21,7 +21,7 @@ from executors.wire.routing import complete, merge
 from executors.worker.batcher import WorkItem
 from executors.worker.hosting import HostedStage, Stages
 from executors.worker.races import Races, raced
-from flow.exceptions import DataError, NoValidResultError, OperatorError
+from flow.errors import DataError, NoValidResultError, OperatorError
 from flow.table import Table, built_column
 
 DONE_MEMORY = 100_000  # (request, stage) pairs remembered to drop late competing copies

@@ -40,7 +40,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from executors.worker.stage_runner import BoundStage
-from flow.exceptions import (
+from flow.errors import (
     DataError,
     FlowError,
     FlowTypeError,

@@ -17,7 +17,7 @@ from executors.wire.routing import deliveries, keeps_rows
 from executors.worker.batcher import WorkItem
 from executors.worker.hosting import HostedStage
 from executors.worker.races import Races, raced
-from flow.exceptions import FlowError, OperatorOutputError
+from flow.errors import FlowError, OperatorOutputError
 from flow.table import Table
 
 log = logging.getLogger("flowserve.executor")

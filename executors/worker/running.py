@@ -24,7 +24,7 @@ from executors.worker.outputs import Outputs
 from executors.worker.races import Races, raced
 from executors.worker.watchdog import EXIT_RECYCLED, Blackbox, Run, Watchdog, monotonic_deadline
 from flow.context import cancelled, set_cancel
-from flow.exceptions import FlowError
+from flow.errors import FlowError
 from flow.table import Table
 
 log = logging.getLogger("flowserve.executor")
@@ -366,7 +366,7 @@ class Runner:
         for hook in self.on_exit:
             try:
                 hook()
-            except Exception:
+            except Exception:  # the process exits next whatever a hook does: log it and go on
                 log.exception("executor %s: exit hook failed", self.id)
         os._exit(EXIT_RECYCLED)
 

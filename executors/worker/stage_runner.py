@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from executors.worker import fused, prediction_cache
-from flow.exceptions import FlowValueError
+from flow.errors import FlowValueError
 from flow.operators import BoundOperator
 from flow.table import Table
 from optimizer.plan import Stage

@@ -22,7 +22,7 @@
 
 from __future__ import annotations
 
-from flow.exceptions import FlowValueError
+from flow.errors import FlowValueError
 from flow.operators import AnyOfOp
 from optimizer.options import OptimizerOptions
 from optimizer.plan import ChooseOp, Plan, PlanNode, Stage

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from flow.exceptions import FlowTypeError, FlowValueError
+from flow.errors import FlowTypeError, FlowValueError
 from optimizer.plan import _is_int
 
 

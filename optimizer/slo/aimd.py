@@ -55,7 +55,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flow.exceptions import FlowTypeError, FlowValueError
+from flow.errors import FlowTypeError, FlowValueError
 from optimizer.slo._check import positive_int, positive_number
 
 FIT_WEIGHT = 0.05  # weight of the newest batch in the latency fit (about the last 20 batches)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 
-from flow.exceptions import FlowTypeError, FlowValueError
+from flow.errors import FlowTypeError, FlowValueError
 from optimizer.slo._check import positive_int, positive_number
 from optimizer.slo.traces import check_trace
 

@@ -1,10 +1,10 @@
 """The SLO machinery's one exception of its own; its other mistakes (a bad SLO, profile,
-trace or planner setting) are ``flow.exceptions.FlowValueError``/``FlowTypeError`` quoting
+trace or planner setting) are ``flow.errors.FlowValueError``/``FlowTypeError`` quoting
 the bad value, like the optimizer's."""
 
 from __future__ import annotations
 
-from flow.exceptions import FlowValueError
+from flow.errors import FlowValueError
 
 
 class InfeasibleSLOError(FlowValueError):

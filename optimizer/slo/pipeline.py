@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from flow.exceptions import FlowTypeError, FlowValueError
+from flow.errors import FlowTypeError, FlowValueError
 from optimizer.plan import INPUT, Plan
 from optimizer.slo._check import name, positive_int, positive_number
 from optimizer.slo.aimd import AIMDConfig, aimd_config

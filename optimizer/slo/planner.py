@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from flow.exceptions import FlowTypeError, FlowValueError
+from flow.errors import FlowTypeError, FlowValueError
 from optimizer.plan import INPUT
 from optimizer.slo._check import name, positive_int, positive_number
 from optimizer.slo.errors import InfeasibleSLOError

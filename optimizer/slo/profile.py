@@ -20,7 +20,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from flow.exceptions import FlowTypeError, FlowValueError
+from flow.errors import FlowTypeError, FlowValueError
 from optimizer.slo._check import name, positive_int, positive_number
 
 FORMAT = 1  # bumped when the JSON layout changes

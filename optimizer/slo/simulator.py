@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from flow.exceptions import FlowValueError
+from flow.errors import FlowValueError
 from optimizer.plan import INPUT
 from optimizer.slo._check import positive_number
 from optimizer.slo.pipeline import SimPipeline

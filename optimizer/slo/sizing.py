@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from flow.exceptions import FlowTypeError, FlowValueError
+from flow.errors import FlowTypeError, FlowValueError
 from optimizer.plan import DEVICES, INPUT, BatchConfig, Plan
 from optimizer.slo.aimd import HEADROOM
 from optimizer.slo.envelope import envelope_of

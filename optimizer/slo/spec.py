@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flow.exceptions import FlowValueError
+from flow.errors import FlowValueError
 from optimizer.slo._check import positive_number
 
 

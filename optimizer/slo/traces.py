@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from flow.exceptions import FlowTypeError, FlowValueError
+from flow.errors import FlowTypeError, FlowValueError
 from optimizer.slo._check import positive_int, positive_number
 
 

@@ -37,7 +37,7 @@ from executors.codec.bodies import ARROW, BadRequestError, input_table, one_row_
 from executors.hosts.cluster import LocalCluster
 from executors.hosts.cluster_config import ClusterConfig
 from flow import ColumnType, Flow
-from flow.exceptions import DataError
+from flow.errors import DataError
 from flow.table import Table
 from flow.validation import check_schema
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from flow.exceptions import FlowError, OperatorError
+from flow.errors import FlowError, OperatorError
 from optimizer import DEFAULT_RULES
 from tests.executors.caches import CacheWarmer
 from tests.executors.conftest import unique

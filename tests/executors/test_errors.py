@@ -24,7 +24,7 @@ from executors.errors import (
     status_for,
 )
 from flow.configuration import ConfigError
-from flow.exceptions import (
+from flow.errors import (
     AccessDeniedError,
     DataError,
     DeadlineExceededError,
@@ -42,7 +42,7 @@ from flow.exceptions import (
     UnavailableError,
     UnreachableError,
 )
-from kvs.exceptions import KeyNotFoundError, StoreLostError, StoreWriteError
+from kvs.errors import KeyNotFoundError, StoreLostError, StoreWriteError
 
 
 @pytest.mark.parametrize(

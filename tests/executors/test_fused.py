@@ -12,7 +12,7 @@ from executors.worker import fused
 from executors.worker.interpreter import Interpreter
 from executors.worker.stage_runner import BoundStage
 from flow import ColumnType, Flow, Table
-from flow.exceptions import OperatorFailedError, OperatorOutputError
+from flow.errors import OperatorFailedError, OperatorOutputError
 from optimizer import OptimizerOptions, optimize
 from tests.flowgen import assert_same_rows, flows_and_inputs
 

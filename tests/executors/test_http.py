@@ -10,7 +10,7 @@ import pytest
 
 from executors.codec.bodies import ARROW
 from flow import ColumnType, Flow, RejectRow, RowRejectedError
-from flow.exceptions import FlowError
+from flow.errors import FlowError
 from flow.table import Table
 from tests.executors.conftest import unique
 

@@ -17,7 +17,7 @@ from executors.codec.bodies import (
     parse_body,
     to_table,
 )
-from flow.exceptions import DataTypeError, SchemaError
+from flow.errors import DataTypeError, SchemaError
 from flow.table import Table
 from flow.types import ColumnType
 
@@ -85,7 +85,7 @@ def test_an_empty_list_is_a_request_of_no_rows():
 def test_the_runtimes_position_column_is_refused_in_a_request():
     import pyarrow as pa
 
-    from flow.exceptions import SchemaError
+    from flow.errors import SchemaError
 
     with pytest.raises(BadRequestError, match="row 1: column '#pos' is reserved by the runtime"):
         parse_body(b'[{"x": 1}, {"#pos": 2}]', "application/json", None)

@@ -7,7 +7,7 @@ import pytest
 from executors.worker.interpreter import Interpreter, run_many, run_plan
 from executors.worker.stage_runner import BoundStage
 from flow import Flow, Table
-from flow.exceptions import (
+from flow.errors import (
     FlowTypeError,
     LookupKeyError,
     NoValidResultError,

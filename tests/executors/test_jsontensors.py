@@ -15,7 +15,7 @@ from executors.codec.bodies import input_table, parse_body
 from executors.hosts.cluster import LocalCluster
 from executors.hosts.cluster_config import ClusterConfig
 from flow import ColumnType, Flow
-from flow.exceptions import DataError
+from flow.errors import DataError
 
 U8 = {"img": ColumnType.tensor(np.uint8, (2, 3))}
 F32 = {"v": ColumnType.tensor(np.float32, (4,))}

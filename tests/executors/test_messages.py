@@ -35,7 +35,7 @@ from executors.wire.messages import (
     decode,
     decode_unless,
 )
-from flow.exceptions import DeadlineExceededError, InternalError
+from flow.errors import DeadlineExceededError, InternalError
 from flow.table import Table
 from tests.flowgen import assert_same_rows
 

@@ -14,7 +14,7 @@ from executors.hosts.cluster_config import ClusterConfig
 from executors.wire.routing import complete, deliveries, keeps_rows, merge, rendezvous
 from executors.worker.stage_runner import BoundStage
 from flow import Flow, optimize
-from flow.exceptions import FlowValueError
+from flow.errors import FlowValueError
 from flow.table import Table
 from kvs.cache import ENTRY_OVERHEAD
 from kvs.serialization import encode

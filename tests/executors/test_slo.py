@@ -14,7 +14,7 @@ from executors.hosts.profiling import load_profile, profile_plan, stage_inputs
 from executors.worker.batcher import Batcher, aimd_for
 from executors.worker.hosting import HostedStage
 from flow import Flow
-from flow.exceptions import FlowTypeError, FlowValueError
+from flow.errors import FlowTypeError, FlowValueError
 from optimizer import optimize
 from optimizer.slo import SLO, InfeasibleSLOError, PlannerOptions, Profile, serve_under
 from tests.executors.conftest import unique

@@ -11,7 +11,7 @@ from executors.errors import status_for
 from executors.gateway.durability import registry_if_intact, republish
 from executors.plans import DEPLOYED_KEY, next_version, register_deployed
 from flow import Flow
-from flow.exceptions import LookupKeyError, RetryableError
+from flow.errors import LookupKeyError, RetryableError
 from kvs import StoreLostError
 from kvs.markers import DATA_MARKER, STORE_MARKER, mark_started
 from tests.executors.processes import wait_until

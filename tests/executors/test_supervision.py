@@ -25,8 +25,8 @@ from executors.errors import NoExecutorError
 from executors.hosts.cluster import LocalCluster
 from executors.hosts.cluster_config import ClusterConfig
 from flow import Flow
-from flow.exceptions import RetryableError
-from kvs.exceptions import StoreWriteError
+from flow.errors import RetryableError
+from kvs.errors import StoreWriteError
 from tests.executors.processes import wait_until
 from tests.executors.test_runtime_paths import _executor_pids
 

@@ -21,7 +21,7 @@ from executors.wire.transport import (
     listen,
     parse_address,
 )
-from flow.exceptions import FlowValueError
+from flow.errors import FlowValueError
 from kvs.server import free_port
 
 

@@ -25,7 +25,7 @@ from flow.configuration import (
     check_value,
     setting,
 )
-from flow.exceptions import FlowError
+from flow.errors import FlowError
 
 
 class PoolError(ConfigError):

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from flow import ColumnType, Flow, GroupedNode, Node, Table
-from flow.exceptions import (
+from flow.errors import (
     DataTypeError,
     FlowDefinitionError,
     FlowTypeError,

@@ -17,7 +17,7 @@ import pytest
 
 from executors.worker import gpu
 from flow.context import current_device, set_device
-from flow.exceptions import FlowValueError
+from flow.errors import FlowValueError
 
 DEVICES = [(0, "GPU-aaaa-0"), (1, "GPU-bbbb-1"), (2, "GPU-cccc-2")]
 

@@ -13,7 +13,7 @@ from executors.hosts.cluster_config import ClusterConfig
 from executors.worker import fused
 from executors.worker.stage_runner import BoundStage
 from flow import ColumnType, Flow, Table
-from flow.exceptions import DataTypeError, OperatorOutputError
+from flow.errors import DataTypeError, OperatorOutputError
 from flow.table import Column, TorchColumn, torch_column
 from flow.types import build_column
 from optimizer import optimize

@@ -15,7 +15,7 @@ import warnings
 import pytest
 
 from flow.configuration import ConfigError, ConfigTypeError
-from flow.exceptions import (
+from flow.errors import (
     AccessDeniedError,
     DeadlineExceededError,
     FlowError,
@@ -26,7 +26,7 @@ from flow.exceptions import (
     UnreachableError,
 )
 from k8s import KubeConfig, render
-from k8s.exceptions import K8sConflictError, K8sNotFoundError, api_error_for
+from k8s.errors import K8sConflictError, K8sNotFoundError, api_error_for
 from tests.k8s.conftest import configs
 
 client = pytest.importorskip("kubernetes.client")

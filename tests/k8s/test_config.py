@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 
 from flow.configuration import ConfigError, ConfigTypeError
-from flow.exceptions import FlowError
+from flow.errors import FlowError
 from k8s import KubeConfig, Resources, Toleration, parse_quantity
 
 

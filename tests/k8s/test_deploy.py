@@ -13,7 +13,7 @@ import pytest
 
 from flow import Flow
 from flow.configuration import ConfigError
-from flow.exceptions import DeadlineExceededError, RetryableError, UnreachableError
+from flow.errors import DeadlineExceededError, RetryableError, UnreachableError
 from k8s import KubeConfig
 from k8s.manifests import A_FLOWS
 from tests.k8s.conftest import net, pre

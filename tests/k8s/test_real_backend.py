@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from executors.hosts.autoscale import AutoscalingConfig
-from flow.exceptions import AccessDeniedError, DeadlineExceededError, FlowValueError
+from flow.errors import AccessDeniedError, DeadlineExceededError, FlowValueError
 from k8s import KubeConfig, render
-from k8s.exceptions import K8sNotFoundError
+from k8s.errors import K8sNotFoundError
 from tests.k8s import realcluster as rc
 
 pytest.importorskip("kubernetes.client")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from executors.hosts.autoscale import AutoscalingConfig
-from flow.exceptions import AccessDeniedError
+from flow.errors import AccessDeniedError
 from k8s import KubeConfig
 from tests.k8s import realcluster as rc
 from tests.k8s.test_real_backend import IMAGE, cluster_as

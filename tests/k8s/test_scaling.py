@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import pytest
 
 from flow.configuration import ConfigError, ConfigTypeError
-from flow.exceptions import AccessDeniedError, InternalError, UnavailableError
+from flow.errors import AccessDeniedError, InternalError, UnavailableError
 from k8s import KubeConfig
-from k8s.exceptions import K8sNotFoundError
+from k8s.errors import K8sNotFoundError
 
 client = pytest.importorskip("kubernetes.client")
 from k8s.scaling import KubernetesExecutors, incluster_cluster  # noqa: E402 - needs the client

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from flow.exceptions import (
+from flow.errors import (
     AccessDeniedError,
     FlowDefinitionError,
     FlowError,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from flow import Flow
-from flow.exceptions import FlowValueError, UnreachableError
+from flow.errors import FlowValueError, UnreachableError
 from kvs import KVS, CachedKVS, KeyNotFoundError, RedisServer, SerializationError
 from kvs.cache import ENTRY_OVERHEAD
 from kvs.serialization import encode

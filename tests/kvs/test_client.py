@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from flow.configuration import ConfigError
-from flow.exceptions import AccessDeniedError, FlowError, FlowValueError, RetryableError, UnreachableError
+from flow.errors import AccessDeniedError, FlowError, FlowValueError, RetryableError, UnreachableError
 from kvs import (
     KVS,
     KeyNotFoundError,

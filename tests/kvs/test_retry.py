@@ -8,7 +8,7 @@ import pytest
 import redis
 from redis.exceptions import AuthenticationError
 
-from flow.exceptions import AccessDeniedError, FlowValueError, UnreachableError
+from flow.errors import AccessDeniedError, FlowValueError, UnreachableError
 from kvs.client import Retrier
 from kvs.options import KVSOptions
 from kvs.retry import Backoff, retry, retry_async

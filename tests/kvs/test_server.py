@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from flow.configuration import ConfigError
-from flow.exceptions import InternalError
+from flow.errors import InternalError
 from kvs import KVS, RedisServer, find_server_binary
 from kvs.server import ENV_BINARY
 from tests.kvs.helpers import wait_until

@@ -9,7 +9,7 @@ import pytest
 import flow as flow_pkg
 from flow import Flow
 from flow.configuration import ConfigTypeError
-from flow.exceptions import FlowDefinitionError, FlowTypeError, FlowValueError
+from flow.errors import FlowDefinitionError, FlowTypeError, FlowValueError
 from flow.operators import AggOp, LookupOp, MapOp, UnionOp
 from optimizer import DEFAULT_RULES, INPUT, BatchConfig, OptimizerOptions, Plan, PlanNode, Stage, optimize
 from tests.optimizer import examples as ex

@@ -76,7 +76,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from executors.hosts.autoscale.autoscaling_config import AutoscalingConfig, check_int, check_number
-from flow.exceptions import FlowTypeError, FlowValueError
+from flow.errors import FlowTypeError, FlowValueError
 
 DEVICES = ("cpu", "gpu")
 _EPS = 1e-9  # float slack: 2.8 / 0.7 must need 4 replicas, not 5

@@ -5,7 +5,7 @@
     2.0
 
 A bad field raises ``ConfigError`` (``ConfigTypeError`` for a wrong type); a bad metric
-or argument of the autoscaler ``FlowValueError`` / ``FlowTypeError`` (``flow.exceptions``).
+or argument of the autoscaler ``FlowValueError`` / ``FlowTypeError`` (``flow.errors``).
 Every message names the field and quotes the bad value, e.g.
 ``AutoscalingConfig.min_replicas must be an int >= 0, got -1``.
 """
@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from flow.configuration import Check, Config, Int, Number, check_value, setting
-from flow.exceptions import FlowTypeError, FlowValueError
+from flow.errors import FlowTypeError, FlowValueError
 
 _SECONDS = Number(ge=0, note="seconds")
 

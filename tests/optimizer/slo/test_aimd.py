@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flow.exceptions import FlowValueError
+from flow.errors import FlowValueError
 from optimizer.slo import AIMDBatcher
 
 

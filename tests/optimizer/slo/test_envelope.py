@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flow.exceptions import FlowValueError
+from flow.errors import FlowValueError
 from optimizer.slo import ArrivalEnvelope, bursty, envelope_of
 
 

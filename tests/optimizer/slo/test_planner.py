@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flow.exceptions import FlowTypeError, FlowValueError
+from flow.errors import FlowTypeError, FlowValueError
 from optimizer import optimize
 from optimizer.slo import SLO, InfeasibleSLOError, PlannerOptions, Profile, Shape, StageConfig, plan_for_slo, simulate
 from tests.optimizer import examples as ex

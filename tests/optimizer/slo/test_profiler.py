@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flow.exceptions import FlowTypeError, FlowValueError
+from flow.errors import FlowTypeError, FlowValueError
 from optimizer.slo import Profile, default_batch_sizes, measure_batches
 
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from flow.exceptions import FlowValueError
+from flow.errors import FlowValueError
 from optimizer import INPUT, optimize
 from optimizer.slo import (
     Profile,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from flow import Flow
-from flow.exceptions import FlowValueError
+from flow.errors import FlowValueError
 from optimizer import optimize
 from optimizer.slo import SLO, PlannerOptions, Profile, Shape, StageConfig, plan_for_slo, poisson
 from optimizer.slo.sizing import serve_under, with_rung

@@ -1,4 +1,4 @@
-"""The KVS layer's own errors, leaves of the one tree in ``flow.exceptions``.
+"""The KVS layer's own errors, leaves of the one tree in ``flow.errors``.
 
     StoreLostError        (RetryableError) the server restarted empty: the data is gone  -> 503
     StoreWriteError       (RetryableError) the server refuses writes: it cannot write its
@@ -15,7 +15,7 @@ a redis-server that did not start), ``NotInstalledError`` (no redis-server binar
 
 from __future__ import annotations
 
-from flow.exceptions import DataError, FlowTypeError, RetryableError
+from flow.errors import DataError, FlowTypeError, RetryableError
 
 
 class StoreLostError(RetryableError):

@@ -1,4 +1,4 @@
-"""The Kubernetes layer's own errors, leaves of the one tree in ``flow.exceptions``.
+"""The Kubernetes layer's own errors, leaves of the one tree in ``flow.errors``.
 
     K8sNotFoundError     (FlowDefinitionError) 404: the object, or its namespace, does not
                          exist: fix the name or namespace (or deploy first)
@@ -19,7 +19,7 @@ ready), ``UnreachableError`` (the gateway or the KVS address did not answer).
 
 from __future__ import annotations
 
-from flow.exceptions import (
+from flow.errors import (
     AccessDeniedError,
     FlowDefinitionError,
     FlowError,
