@@ -30,8 +30,14 @@ BENCHMARKS = {
     "bigbeside": "a small flow's p50 / p99 while 10 MB requests arrive at a fixed rate; big requests' latency",
     "soak": "N requests at concurrency C while kill -9, hangs, poison inputs and redeploys are injected",
     "gateway_restart": "the gateway process killed (kill -9, SIGSEGV) under load: gap, answered / lost / wrong",
+    "store_failover": "a Sentinel / Cluster store's primary killed under load: answered / lost / wrong; WAIT 1's cost",
+    "value_checks": "checking that request values fit their column's type (300 in uint8): its cost on JSON, flow.run and Arrow inputs",
     "leanhttp": "the gateway's HTTP layer alone: the lean invocation path vs the same through the ASGI app",
     "large_requests": "5/50 MB JSON and 200 MB Arrow bodies: time, gateway memory / body, other clients' p99",
+    "rollout": "a canary's share held over N requests (windows of 100 and 1000); a shadow's cost on the primary's p50/p99",
+    "tracing": "OpenTelemetry tracing off / sampling 1% / 100%: p50 at concurrency 1 and throughput at 8, side by side",
+    "scaling_limits": "10 / 100 / 1,000 executors: routing CPU per request, liveness pings, heartbeats in the store, dead-executor notice, autoscaler step",
+    "devloop": "flowserve serve --reload: start to the first answer, a saved edit to its answer, Ctrl-C to exit",
     "gpu": "GPU executors: batching 1-40 on the GPU vs the CPU (in-process, deployed), the Ensemble's large model on a GPU, NVML over a load step",
 }
 

@@ -2,6 +2,9 @@
 
     python examples/cascade.py             # embedded local cluster, HTTP, cleans up
 
+With `flowserve up` running it uses that cluster instead: under a flow name of its own,
+undeploying only that, and never stopping the cluster (examples/sharing.py).
+
 The flow: preprocess -> SmallNet -> filter(conf < THRESHOLD) -> BigNet on those rows ->
 left join with the small model's answers (rows the big model never saw keep missing
 values there) -> pick the big model's answer where there is one.
@@ -21,6 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `models` when run as a script
 
 from models import BigNet, SmallNet, digits_28, ensure_models, preprocess_batch, small_mode  # noqa: E402
+from sharing import own_name  # noqa: E402
 
 import flowserve as fs  # noqa: E402
 
@@ -47,8 +51,8 @@ def setup(store) -> None:
     ensure_models(store, names=("small", "big"))
 
 
-def flows() -> fs.Flow:
-    flow = fs.Flow("cascade", schema={"img": fs.ColumnType.tensor(np.uint8, (28, 28))})
+def flows(name: str = "cascade") -> fs.Flow:
+    flow = fs.Flow(name, schema={"img": fs.ColumnType.tensor(np.uint8, (28, 28))})
     img = flow.map(preprocess, names=["img"], batching=True)
     fast = img.map(SmallNet, names=["cls", "conf"], batching=True)
     hard = img.join(fast).filter(unsure)  # the image and the small model's answer, unsure rows only
@@ -60,12 +64,13 @@ def flows() -> fs.Flow:
 def main(n: int | None = None) -> float:
     n = n or (40 if small_mode() else 200)
     cluster = fs.default_cluster()
+    d = None
     try:
         setup(cluster.kvs)
-        flow = flows()
+        flow = flows(own_name(cluster, "cascade"))
         images, labels = digits_28()
         test_x, test_y = images[-n:], labels[-n:]
-        d = flow.deploy()
+        d = flow.deploy(cluster)
         print(d.explain())
         with httpx.Client(timeout=60) as http:
             rows = http.post(d.url, json=[{"img": x.tolist()} for x in test_x]).raise_for_status().json()["rows"]
@@ -90,10 +95,11 @@ def main(n: int | None = None) -> float:
         print(
             f"cascade accuracy on {n} held-out digits over HTTP: {accuracy:.0%} (same answers as flow.run in-process)"
         )
-        d.undeploy()
         return accuracy
     finally:
-        cluster.stop()
+        if d is not None:
+            d.undeploy()
+        cluster.release()  # stops the cluster only if this run started it
 
 
 if __name__ == "__main__":

@@ -2,6 +2,9 @@
 
     python examples/competition.py         # embedded local cluster, HTTP, cleans up
 
+With `flowserve up` running it uses that cluster instead: under a flow name of its own,
+undeploying only that, and never stopping the cluster (examples/sharing.py).
+
 ``img.anyof(small, medium, big, valid=...)`` (the seed's ``map_compete``) runs the three
 models on the same rows. Deployed, they race on different replicas and, per row, the first
 valid answer to arrive moves on; locally (``flow.run``) the first valid one in argument
@@ -26,6 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `models` when run as a script
 
 from models import BigNet, MediumNet, SmallNet, digits_28, ensure_models, preprocess_batch, small_mode  # noqa: E402
+from sharing import own_name  # noqa: E402
 
 import flowserve as fs  # noqa: E402
 
@@ -69,8 +73,8 @@ def setup(store) -> None:
     ensure_models(store, names=("small", "medium", "big"))
 
 
-def flows() -> fs.Flow:
-    flow = fs.Flow("competition", schema={"img": fs.ColumnType.tensor(np.uint8, (28, 28))})
+def flows(name: str = "competition") -> fs.Flow:
+    flow = fs.Flow(name, schema={"img": fs.ColumnType.tensor(np.uint8, (28, 28))})
     img = flow.map(preprocess, names=["img"], col="img")  # per row: cheap; the models batch
     best = img.anyof(Small, Medium, Big, names=["cls", "conf", "model"], valid=confident, batching=True)
     best.map(answer, names=["cls", "conf", "model", "answer"])
@@ -91,12 +95,13 @@ def each_model(images, store) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 def main(n: int | None = None) -> Counter:
     n = n or (30 if small_mode() else 200)
     cluster = fs.default_cluster()
+    d = None
     try:
         setup(cluster.kvs)
-        flow = flows()
+        flow = flows(own_name(cluster, "competition"))
         images, labels = digits_28()
         test_x, test_y = images[-n:], labels[-n:]
-        d = flow.deploy()
+        d = flow.deploy(cluster)
         print(d.explain())
 
         # one query per request, several in flight: each races the three models on its own
@@ -125,10 +130,11 @@ def main(n: int | None = None) -> Counter:
             f"flow.run's first-valid-in-argument-order (the rest: another valid answer arrived first)"
         )
         print(f"competition accuracy on {n} held-out digits over HTTP: {accuracy:.0%}")
-        d.undeploy()
         return winners
     finally:
-        cluster.stop()
+        if d is not None:
+            d.undeploy()
+        cluster.release()  # stops the cluster only if this run started it
 
 
 if __name__ == "__main__":

@@ -2,6 +2,9 @@
 
     python examples/ensemble.py            # embedded local cluster, HTTP, cleans up
 
+With `flowserve up` running it uses that cluster instead: under a flow name of its own,
+undeploying only that, and never stopping the cluster (examples/sharing.py).
+
 Deployable with the CLI too (`flowserve up`, then `flowserve deploy examples/ensemble.py`):
 ``setup(store)`` puts what the flow reads into the store, ``flows()`` builds the flow.
 """
@@ -17,6 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `models` when run as a script
 
 from models import BigNet, SmallNet, digits_28, ensure_models, preprocess_batch  # noqa: E402
+from sharing import own_name  # noqa: E402
 
 import flowserve as fs  # noqa: E402
 
@@ -37,8 +41,8 @@ def setup(store) -> None:
     ensure_models(store, names=("small", "big"))
 
 
-def flows() -> fs.Flow:
-    flow = fs.Flow("ensemble", schema={"img": fs.ColumnType.tensor(np.uint8, (28, 28))})
+def flows(name: str = "ensemble") -> fs.Flow:
+    flow = fs.Flow(name, schema={"img": fs.ColumnType.tensor(np.uint8, (28, 28))})
     img = flow.map(preprocess, names=["img"], batching=True)
     small = img.map(SmallNet, names=["cls", "conf"], batching=True)
     big = img.map(BigNet, names=["cls", "conf"], batching=True)
@@ -48,12 +52,13 @@ def flows() -> fs.Flow:
 
 def main(n: int = 20) -> float:
     cluster = fs.default_cluster()
-    setup(cluster.kvs)
-    flow = flows()
-    images, labels = digits_28()
-    test_x, test_y = images[-n:], labels[-n:]
-    d = flow.deploy()
+    d = None
     try:
+        setup(cluster.kvs)
+        flow = flows(own_name(cluster, "ensemble"))
+        images, labels = digits_28()
+        test_x, test_y = images[-n:], labels[-n:]
+        d = flow.deploy(cluster)
         print(d.explain())
         with httpx.Client(timeout=30) as http:
             rows = http.post(d.url, json=[{"img": img.tolist()} for img in test_x]).raise_for_status().json()["rows"]
@@ -66,8 +71,9 @@ def main(n: int = 20) -> float:
         print(f"ensemble accuracy on {n} held-out digits over HTTP: {accuracy:.0%}")
         return accuracy
     finally:
-        d.undeploy()
-        cluster.stop()
+        if d is not None:
+            d.undeploy()
+        cluster.release()  # stops the cluster only if this run started it
 
 
 if __name__ == "__main__":

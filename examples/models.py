@@ -94,16 +94,56 @@ def trained(hidden: int, seed: int = 0, epochs: int = EPOCHS) -> bytes:
 
 def ensure_models(store, names=("small", "big"), epochs: int | None = None) -> None:
     """Train (or load from the disk cache) and store the named example models unless the
-    store has them already. ``epochs`` defaults to 15, or 5 with FLOWSERVE_EXAMPLE_SMALL=1.
+    store holds them already. ``epochs`` defaults to 15, or 5 with FLOWSERVE_EXAMPLE_SMALL=1.
+
+    A key that holds something else is looked at, not trusted: an example model of other
+    sizes (an older version of this file) is trained again; anything else (your own data
+    under ``models/small``) is refused naming the key, never overwritten.
 
         ensure_models(cluster.kvs, names=("small", "medium", "big"))
     """
+    import flowserve as fs
+
     if epochs is None:
         epochs = SMALL_EPOCHS if small_mode() else EPOCHS
     for name in names:
         key = f"models/{name}"
-        if not store.exists(key):
-            store.put(key, trained(MODELS[name], epochs=epochs))
+        held = store.get(key, default=None)
+        if held is not None:
+            problem = model_problem(held, MODELS[name])
+            if problem is None:
+                continue  # this example's model: trained before
+            if problem != OTHER_SIZES:
+                raise fs.FlowValueError(
+                    f"the store's key {key!r} holds {problem}, not the examples' trained {name!r} model "
+                    f"(torch state-dict bytes); remove it (`flowserve kvs rm {key}`) or keep your data under "
+                    f"another key, then run this again"
+                )
+            print(f"{key} holds {problem}: training it again")
+        store.put(key, trained(MODELS[name], epochs=epochs))
+
+
+def model_problem(held, hidden: int) -> str | None:
+    """None if ``held`` is a state dict of ``mlp(hidden)`` as ``torch.save`` writes it; else
+    what it is instead, in a few words."""
+    import torch
+
+    if not isinstance(held, (bytes, bytearray)):
+        shape = getattr(held, "shape", None)
+        return f"an array {held.dtype} {tuple(shape)}" if shape is not None else f"a {type(held).__name__}"
+    try:
+        state = torch.load(io.BytesIO(held), weights_only=True)
+    except Exception as e:  # whatever torch makes of bytes that are not its own: not a model
+        return f"{len(held)} bytes that are not a torch state dict ({type(e).__name__})"
+    want = mlp(hidden).state_dict()
+    if not isinstance(state, dict) or set(state) != set(want):
+        return "a torch object that is not an example model's state dict"
+    if any(tuple(state[k].shape) != tuple(want[k].shape) for k in want):
+        return OTHER_SIZES
+    return None
+
+
+OTHER_SIZES = "an example model of other sizes"
 
 
 def preprocess_batch(imgs: np.ndarray) -> np.ndarray:

@@ -2,6 +2,9 @@
 
     python examples/recommender.py         # embedded local cluster, HTTP, cleans up
 
+With `flowserve up` running it uses that cluster instead: under a flow name of its own,
+undeploying only that, and never stopping the cluster (examples/sharing.py).
+
 The example generates its data and loads it into the cluster's KVS:
 
 - ``user:{id}``          -> the user's taste vector, float32 (DIM,)
@@ -31,6 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `models` when run as a script
 
 from models import small_mode  # noqa: E402
+from sharing import own_name  # noqa: E402
 
 import flowserve as fs  # noqa: E402
 
@@ -66,8 +70,8 @@ def setup(store) -> None:
     store.mput(make_data(200 if small_mode() else 2000))
 
 
-def flows() -> fs.Flow:
-    flow = fs.Flow("recommender", schema={"user": int, "category": str})
+def flows(name: str = "recommender") -> fs.Flow:
+    flow = fs.Flow(name, schema={"user": int, "category": str})
     k = flow.map(keys, names=["user", "category", "user_key", "category_key", "ids_key"])
     users = k.lookup(column="user_key", name="user_vec")
     products = users.lookup(column="category_key", name="products")
@@ -80,6 +84,7 @@ def main(n: int | None = None) -> None:
     n_users = 200 if small_mode() else 2000
     n = n or (40 if small_mode() else 400)
     cluster = fs.default_cluster()
+    d = None
     try:
         data = make_data(n_users)
         cluster.kvs.mput(data)
@@ -89,8 +94,8 @@ def main(n: int | None = None) -> None:
             for u, c in zip(rng.integers(0, n_users, n), rng.integers(0, len(CATEGORIES), n))
         ]
 
-        flow = flows()
-        d = flow.deploy()
+        flow = flows(own_name(cluster, "recommender"))
+        d = flow.deploy(cluster)
         print(d.explain())
         out = d.invoke(requests)  # Arrow over HTTP both ways
         # continuation stages run per key group, so rows may come back in another order
@@ -124,9 +129,10 @@ def main(n: int | None = None) -> None:
             )
         )
         print(f"recommended top {TOP} products for {n} requests over HTTP (same as flow.run in-process)")
-        d.undeploy()
     finally:
-        cluster.stop()
+        if d is not None:
+            d.undeploy()
+        cluster.release()  # stops the cluster only if this run started it
 
 
 if __name__ == "__main__":

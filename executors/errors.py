@@ -11,16 +11,22 @@ The runtime's own leaves of the one tree (``flow.errors`` draws all of it):
     BadRequestError        (DataError, ValueError) a body that is not rows of the flow's
                            input, a deploy that asks too much; the client's class for a
                            4xx answer that names no class of the tree            -> 400
+    RequestTooLargeError   (BadRequestError) a body, its rows, or the memory its rows
+                           would take, over the gateway's limits                  -> 413
     DeployError            (FlowDefinitionError) the executors could not build a flow
                            (names the flow and the stages' errors)              -> 500
     DeployConflictError    (RetryableError) a concurrent deploy of a newer version of the
                            same flow won (names both versions; deploy again to win) -> 409
+    RolloutStateError      (DataError, ValueError) a promote or rollback with nothing to act
+                           on, a second canary while one is in progress           -> 409
     NoExecutorError        (RetryableError) no live executor can run a stage yet -> 503
     OperatorTimeoutError   (DeadlineExceededError) an operator was still running at its
                            timeout_s or the request's deadline; its work was abandoned -> 504
     OperatorCrashedError   (OperatorError) the request's attempts crashed two executors:
                            it is not retried again (a poison input)               -> 500
     ClusterStartError      (InternalError) the local cluster did not come up (log tail)
+    ClusterNotOwnedError   (FlowDefinitionError) stop() of a cluster this process did not
+                           start (a `flowserve up` one it connected to)
 """
 
 from __future__ import annotations
@@ -49,6 +55,13 @@ class BadRequestError(DataError, ValueError):
     answer that names no class of the tree (``.status`` says which)."""
 
 
+class RequestTooLargeError(BadRequestError):
+    """A request over the gateway's limits (HTTP 413): a body over ``max_body_bytes``,
+    more rows than ``max_rows``, or rows whose columns would take more memory than a body
+    at the limit makes (a column of nulls takes no bytes in a body, and 256 KiB in a
+    (256, 256) float32 tensor column). Send fewer rows a request."""
+
+
 class DeployError(FlowDefinitionError):
     """The executors could not build a flow (an operator's constructor raised, a plan was
     refused); the message names the flow and each failed stage's error."""
@@ -61,6 +74,12 @@ class DeployConflictError(RetryableError):
 
     version: int | None = None
     winner: int | None = None
+
+
+class RolloutStateError(DataError, ValueError):
+    """A rollout action the flow's state does not allow (HTTP 409): promoting or rolling
+    back a flow with no canary or shadow in progress (or no earlier version recorded), a
+    canary while another is in progress. The same call fails until the state changes."""
 
 
 class NoExecutorError(RetryableError):
@@ -81,11 +100,22 @@ class ClusterStartError(InternalError):
     includes the tail of its log."""
 
 
+class ClusterNotOwnedError(FlowDefinitionError):
+    """``stop()`` of a cluster this process did not start (``LocalCluster.connect``, or
+    ``default_cluster()`` finding the `flowserve up` cluster): it serves others, so it is
+    left running. `flowserve down` stops it, as does ``stop(force=True)``; ``release()``
+    stops only a cluster this process started."""
+
+
 def status_for(error: BaseException) -> int:
     """The HTTP status for an error raised while answering a request: its branch of the
     tree says it (``flow.errors``), a few leaves more precisely."""
     if isinstance(error, (RowRejectedError, NoValidResultError, LookupKeyError)):
         return 422  # the operator could not give a valid answer for this input
+    if isinstance(error, RolloutStateError):
+        return 409  # the flow's rollout state does not allow it
+    if isinstance(error, RequestTooLargeError):
+        return 413  # send fewer rows a request
     if isinstance(error, DataError):
         return 400  # fix the request
     if isinstance(error, DeadlineExceededError):
@@ -136,11 +166,28 @@ def status_for_name(error: str) -> int:
     return EDGE_STATUS.get(error, 500)
 
 
+# An error body's texts are cut to this many characters: a message quotes what was wrong
+# (a missing lookup key, a bad value), and a client must not get a 20 MB key back for it.
+MAX_ERROR_CHARS = 2000
+_KEPT_TAIL = 300  # of a cut text, its end is kept too: it often says where (operator, qid)
+
+
+def bounded(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text`` if it has at most ``limit`` characters, else its start and its end around
+    a note of how many were cut."""
+    if len(text) <= limit:
+        return text
+    cut = len(text) - limit + 40  # room for the note
+    head = limit - 40 - _KEPT_TAIL
+    return f"{text[:head]} ...[{cut} characters cut]... {text[-_KEPT_TAIL:]}"
+
+
 def error_doc(error: str, message: str, **extra) -> dict:
     """The JSON error body: ``error`` and ``message``, and the extras that are set
-    (``operator``, ``qid``, ``winner``)."""
-    doc = {"error": error, "message": message}
-    doc.update((k, v) for k, v in extra.items() if v is not None)
+    (``operator``, ``qid``, ``winner``); every text in it ``bounded``. Every error body a
+    client gets passes here (``encode_error`` too), so none is longer than that."""
+    doc = {"error": bounded(str(error), 200), "message": bounded(str(message))}
+    doc.update((k, bounded(v, 200) if isinstance(v, str) else v) for k, v in extra.items() if v is not None)
     return doc
 
 
@@ -153,8 +200,12 @@ def error_doc_for(error: BaseException) -> dict:
 
 
 def encode_error(doc: dict) -> bytes:
-    """An error body as the bytes sent (compact JSON)."""
-    return json.dumps(doc, separators=(",", ":")).encode()
+    """An error body as the bytes sent (compact JSON), its texts bounded (``error_doc``):
+    bodies made elsewhere (an executor's ``Failure``) come here too."""
+    doc = dict(doc)
+    return json.dumps(
+        error_doc(doc.pop("error", "InternalError"), doc.pop("message", ""), **doc), separators=(",", ":")
+    ).encode()
 
 
 def http_error(error: str, message: str, *, status: int | None = None, **extra) -> tuple[int, bytes]:
@@ -179,6 +230,8 @@ PACKAGES = ("flow", "optimizer", "kvs", "executors", "k8s")  # whose classes mak
 # Names the edge answers that stand for a class of the tree (the others go by status)
 EDGE_ERRORS: dict[str, type[FlowError]] = {
     "Unauthorized": AccessDeniedError,  # fix the token
+    "PayloadTooLarge": RequestTooLargeError,  # send fewer rows a request
+    "TooManyRows": RequestTooLargeError,
     "DeployConflict": DeployConflictError,
     "NoExecutor": NoExecutorError,
 }

@@ -7,6 +7,13 @@ Deployed flows are registered in the hash ``flowserve:deployed`` (flow -> versio
 whichever gateway receives ``POST /admin/deploy``; every gateway loads what the registry
 says, so several gateway replicas serve the same flows. An entry only moves to a newer
 version (``register_deployed``): of concurrent deploys the newest wins everywhere.
+
+On a replicated store (Sentinel, Cluster) every write here waits until a replica holds it
+(``kvs/replicas.py``): a deploy acknowledged is never lost to a failover, and a version
+counter never goes back to issue a version twice. Each script touches one key, so each
+runs on one Cluster node; the keys keep the names they have always had (stored plans are
+signed for their key's name: a rename would orphan them), and nothing reads or writes a
+plan and its flow's counter in one call, so they need not share a slot.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import os
 
 from flow.configuration import ConfigError
 from kvs.errors import SerializationError
+from kvs.replicas import Write, written
 
 PLAN_KEY = "flowserve:plan:{flow}:{version}"
 VERSION_KEY = "flowserve:version:{flow}"
@@ -45,13 +53,20 @@ return 1
 
 def next_version(redis, flow: str) -> int:
     """A new version number for ``flow``: strictly greater than any issued before, across
-    restarts of the store (see ``_NEXT_VERSION``); shown to users as ``v<N>``."""
-    return int(redis.eval(_NEXT_VERSION, 1, VERSION_KEY.format(flow=flow)))
+    restarts of the store (see ``_NEXT_VERSION``) and failovers (it waits for a replica);
+    shown to users as ``v<N>``."""
+    return int(_script(redis, VERSION_KEY.format(flow=flow), _NEXT_VERSION))
 
 
 def raise_version(redis, flow: str, version: int) -> None:
     """Make ``flow``'s counter at least ``version`` (never lowers it)."""
-    redis.eval(_RAISE_VERSION, 1, VERSION_KEY.format(flow=flow), str(int(version)))
+    _script(redis, VERSION_KEY.format(flow=flow), _RAISE_VERSION, str(int(version)))
+
+
+def _script(redis, key: str, script: str, *args: str):
+    """Run a one-key Lua ``script`` on ``key`` (where its Cluster node is), waiting for the
+    store's replicas."""
+    return written(redis, [Write(key, ("EVAL", script, 1, key, *args))])[0]
 
 
 def load_plan(store, flow: str, version: int):
@@ -91,7 +106,7 @@ return ARGV[2]
 def register_deployed(redis, name: str, version: int) -> int:
     """Register ``name`` at ``version`` unless a newer version is registered; returns the
     version registered afterwards (``version``, or the newer one that won)."""
-    return int(redis.eval(_REGISTER, 1, DEPLOYED_KEY, name, str(int(version))))
+    return int(_script(redis, DEPLOYED_KEY, _REGISTER, name, str(int(version))))
 
 
 def cluster_key(hex_key: str | None = None) -> bytes | None:

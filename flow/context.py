@@ -32,7 +32,95 @@ def current_store():
     """The KVS of the executor (or of ``flow.run``) running this code."""
     if _store is None:
         raise FlowValueError("no store here: pass kvs= to flow.run, or run inside a deployment")
-    return _store
+    reads = getattr(_run, "reads", None)
+    return _store if reads is None else _RecordedReads(_store, reads)
+
+
+@contextlib.contextmanager
+def recording_reads(reads: list):
+    """Record in ``reads`` what code on this thread reads through ``current_store()``
+    meanwhile, as ``(key, what it held)`` pairs: a model constructor that fails on what a
+    key held (a torch ``UnpicklingError`` on an array) is reported naming the key
+    (``operators.build_callable``)."""
+    before = getattr(_run, "reads", None)
+    _run.reads = reads
+    try:
+        yield reads
+    finally:
+        _run.reads = before
+
+
+class _RecordedReads:
+    """The store as ``current_store()`` gives it while reads are recorded: its reads
+    note each key and what it held, everything else is the store's own."""
+
+    def __init__(self, store, reads: list):
+        self._store, self._reads = store, reads
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+    def get(self, key, *args, **kwargs):
+        return self._noted(key, self._store.get, key, *args, **kwargs)
+
+    def get_bytes(self, key, *args, **kwargs):
+        return self._noted(key, self._store.get_bytes, key, *args, **kwargs)
+
+    def mget(self, keys, *args, **kwargs):
+        keys = list(keys)
+        values = self._store.mget(keys, *args, **kwargs)
+        for k, v in zip(keys, values):
+            self._note(k, v)
+        return values
+
+    def _noted(self, key, read, *args, **kwargs):
+        try:
+            value = read(*args, **kwargs)
+        except KeyError:  # KeyNotFoundError: it names the key itself
+            self._note(key, None, "nothing: no such key")
+            raise
+        self._note(key, value)
+        return value
+
+    def _note(self, key, value, what: str | None = None) -> None:
+        # only while the recording lasts: a constructor may keep the store it was given
+        # and read it on every request later
+        if getattr(_run, "reads", None) is self._reads:
+            self._reads.append((key, describe_value(value) if what is None else what))
+
+
+def describe_value(value) -> str:
+    """What a store value is, in a few words: ``an array float64 (3,)``, ``1024 bytes``."""
+    shape = getattr(value, "shape", None)
+    if shape is not None and hasattr(value, "dtype"):
+        return f"an array {value.dtype} {tuple(shape)}"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"{len(value)} bytes"
+    if value is None:
+        return "None"
+    if isinstance(value, str):
+        return f"a string of {len(value)} characters"
+    if isinstance(value, (dict, list)):
+        return f"JSON (a {type(value).__name__} of {len(value)})"
+    num_rows = getattr(value, "num_rows", None)
+    if isinstance(num_rows, int):
+        return f"an Arrow table of {num_rows} rows"
+    return f"a {type(value).__name__}"
+
+
+def reads_note(reads: list, most: int = 4) -> str:
+    """``reads`` (``recording_reads``) for an error message: the last few keys read and
+    what each held, or "" when none was read."""
+    if not reads:
+        return ""
+    shown = ", ".join(f"{_short(k)} ({what})" for k, what in reads[-most:])
+    more = f" and {len(reads) - most} more before" if len(reads) > most else ""
+    return f" (it read from the store: {shown}{more})"
+
+
+def _short(key) -> str:
+    text = repr(key)
+    return text if len(text) <= 100 else text[:97] + "..."
 
 
 def set_store(store) -> None:

@@ -24,12 +24,14 @@ protocols expect it. The leaves live beside the code that raises them (``kvs/``,
     │   │                            keys, Kubernetes RBAC, the cluster's admin token
     │   ├── NotInstalledError        (ImportError) a package, binary or entry point is missing
     │   ├── DeployError              the cluster could not build the flow (a constructor raised)
+    │   ├── ClusterNotOwnedError     stop() of a cluster this process did not start (`flowserve down`)
     │   ├── ArtifactNotFoundError    (FileNotFoundError) kvs.fetch: no such object, bucket, file
     │   └── K8sNotFoundError         a Kubernetes object or namespace does not exist
     ├── DataError                    FIX THE REQUEST: the input does not fit; the same request
     │   │                            fails again                                    -> 4xx
     │   ├── BadRequestError          (ValueError) not JSON/Arrow, over a limit; the client's
-    │   │                            class for any 4xx answer it cannot name      -> 400 (4xx)
+    │   │   │                        class for any 4xx answer it cannot name      -> 400 (4xx)
+    │   │   └── RequestTooLargeError a body, its rows or their memory over a limit   -> 413
     │   ├── SchemaError              (ValueError) duplicate/reserved/missing columns  -> 400
     │   ├── DataTypeError            (TypeError) a value of the wrong type, a ragged tensor -> 400
     │   ├── RowRejectedError         an operator rejected the row (``raise RejectRow``) -> 422
@@ -37,6 +39,8 @@ protocols expect it. The leaves live beside the code that raises them (``kvs/``,
     │   ├── LookupKeyError           (KeyError) a lookup key is missing from the store -> 422
     │   ├── KeyNotFoundError         (KeyError) ``KVS.get`` of a missing key, no default
     │   ├── FeedbackError            (ValueError) feedback for an unknown qid, or a bad reward
+    │   ├── RolloutStateError        (ValueError) promote/rollback with nothing to act on,
+    │   │                            a second canary while one runs                 -> 409
     │   └── UnencodableError         (ValueError) an answer JSON cannot carry: ask for Arrow
     ├── OperatorError                FIX THE OPERATOR: user code failed on this input (.operator,
     │   │                            .qid name it; retrying the input fails again)   -> 500

@@ -541,21 +541,33 @@ class Flow:
     def run(self, data, kvs=None, qid=None) -> Table:
         """Run the flow in-process, unoptimized: the reference meaning of the flow.
 
-        ``data``: a Table, DataFrame, pyarrow Table, list of row dicts or dict of columns.
+        ``data``: one row as a dict (as ``Deployment.invoke`` and an HTTP JSON object take
+        it), a list of row dicts, a Table, DataFrame, pyarrow Table or dict of columns
+        (``as_rows`` tells one row from a dict of columns).
         ``kvs``: the store lookups read from (a KVS client, or a plain dict, read-only).
         ``qid``: the query ids (a column name such as ``"qid"``, or a sequence); default 0..n-1.
 
-            flow.run(pd.DataFrame({"x": [1, 2]}))
+            flow.run({"x": 1}); flow.run(pd.DataFrame({"x": [1, 2]}))
         """
         from flow.context import using_store
         from flow.reference import run_nodes
 
         sink = self.validate()
         with using_store(kvs):  # operator code may read it via flow.current_store()
-            return run_nodes(self, self.input_table(data, qid=qid), sink, kvs)
+            return run_nodes(self, self.input_table(as_rows(data, self.schema), qid=qid), sink, kvs)
 
     def deploy(
-        self, cluster=None, *, optimize: bool = True, rules=None, options=None, timeout_s=None, slo=None, **serving
+        self,
+        cluster=None,
+        *,
+        optimize: bool = True,
+        rules=None,
+        options=None,
+        timeout_s=None,
+        slo=None,
+        canary=None,
+        shadow=False,
+        **serving,
     ):
         """Serve the flow over HTTP; returns a Deployment (``.url``, ``.invoke(rows)``).
 
@@ -564,6 +576,9 @@ class Flow:
         optimizer. ``timeout_s``: this flow's deadline in seconds (default: the cluster's).
         ``slo=SLO(p99_ms=50)`` serves it under a latency objective, sized for
         ``traffic=`` (req/s) from a profile on ``samples=`` rows (docs/slo.md).
+        ``canary=0.1`` serves this version beside the one served, answering that share of
+        the requests; ``shadow=True`` mirrors every request to it and compares the answers
+        (docs/operations.md); ``cluster.promote(name)`` or ``cluster.rollback(name)`` ends it.
             d = flow.deploy(); d.invoke({"x": 1}); d.undeploy()
         """
         target = cluster if cluster is not None else targets.cluster("local")  # flow/targets.py
@@ -577,6 +592,10 @@ class Flow:
         extra = {"slo": slo, **serving} if slo is not None else {}  # targets without SLOs still work
         if timeout_s is not None:
             extra["timeout_s"] = timeout_s  # likewise: only targets asked for a deadline need to know it
+        if canary is not None:
+            extra["canary"] = canary  # likewise: only targets asked for a canary or shadow need to know
+        if shadow:
+            extra["shadow"] = shadow
         return target.deploy(self, optimize=optimize, rules=rules, options=options, **extra)
 
     def explain(self, *, rules=None, options=None) -> PlanText:
@@ -589,6 +608,48 @@ class Flow:
 
     def __repr__(self) -> str:
         return f"Flow({self.name!r}, {len(self._nodes) - 1} operators)"
+
+
+def as_rows(data, schema: Mapping | None = None):
+    """``data`` as ``flow.run`` and ``Deployment.invoke`` read it: one dict is one row (as an
+    HTTP JSON object is), in a list of its own, unless it is a dict of columns, which is
+    passed on as it is, as is anything else (a list of rows, a Table, a DataFrame).
+
+    With a ``schema``, a dict is a dict of columns when each of its schema columns holds
+    one more dimension than a row's value does (``{"x": [1, 2]}`` for an int column,
+    ``{"img": images}`` for a (28, 28) tensor column); without one, when every value is a
+    sequence (a list, tuple, Series or array of one dimension or more).
+
+        as_rows({"x": 1}, {"x": ColumnType.scalar("int")})        # [{"x": 1}]
+        as_rows({"x": [1, 2]}, {"x": ColumnType.scalar("int")})   # {"x": [1, 2]}
+    """
+    if not isinstance(data, Mapping) or not data:
+        return [data] if isinstance(data, Mapping) else data
+    if schema:
+        given = [(data[n], t) for n, t in schema.items() if data.get(n) is not None]
+        if given and all(_depth(v) == _row_depth(t) + 1 for v, t in given):
+            return data
+        if given:
+            return [data]
+    return data if all(_depth(v) >= 1 for v in data.values()) else [data]
+
+
+def _row_depth(t) -> int:
+    """Dimensions of one row's value of a column of type ``t`` (0: a scalar)."""
+    shape = getattr(t, "shape", ())
+    return len(shape) if getattr(t, "kind", None) == "tensor" else 0
+
+
+def _depth(value) -> int:
+    """Dimensions of a value: an array's ndim, a list's one more than its first item's."""
+    if isinstance(value, (str, bytes, bytearray, memoryview)):
+        return 0
+    ndim = getattr(value, "ndim", None)  # numpy arrays, pandas Series, torch tensors
+    if isinstance(ndim, int):
+        return ndim
+    if isinstance(value, (list, tuple)):
+        return 1 + (_depth(value[0]) if value else 0)
+    return 0
 
 
 class PlanText(str):

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from flow.context import reads_note, recording_reads
 from flow.errors import (
     DataError,
     DataTypeError,
@@ -43,6 +44,7 @@ from flow.errors import (
     SchemaError,
 )
 from flow.table import Column, Row, Table, built_column
+from flow.tracebacks import restore_files
 from flow.types import ColumnType, build_column, unify
 
 AGGREGATES = ("count", "sum", "min", "max", "mean")
@@ -170,17 +172,21 @@ class MapOp(Operator):
 
 def build_callable(fn, init, name: str) -> Callable:
     """Build a user callable once per replica: a class is constructed, ``init`` is run."""
+    # code shipped in a plan: its tracebacks name the user's file, not "<dynamic-code>"
+    restore_files(fn, *(() if init is None else (init,)))
+    reads: list = []  # the store's keys it read, and what they held: a failure names them
     try:
-        if isinstance(fn, type):  # inspect.isclass's own test; the checker types fn() as Any, not object
-            return fn()
-        if init is not None:
-            state = init()
-            return lambda *args: fn(state, *args)
+        with recording_reads(reads):
+            if isinstance(fn, type):  # inspect.isclass's own test; the checker types fn() as Any, not object
+                return fn()
+            if init is not None:
+                state = init()
+                return lambda *args: fn(state, *args)
     except Exception as e:  # the user's constructor: whatever it raises fails the build, naming it
         if isinstance(e, FlowError) and e.operator is not None:
             raise  # names its operator already (e.g. a nested flow's)
         raise OperatorFailedError(
-            f"operator {name!r}: building it failed: {type(e).__name__}: {e}", operator=name
+            f"operator {name!r}: building it failed: {type(e).__name__}: {e}{reads_note(reads)}", operator=name
         ) from e
     return fn
 

@@ -664,11 +664,61 @@ class Table:
     __hash__ = None  # type: ignore[assignment]  # mutable-looking container: not hashable
 
     def __repr__(self) -> str:
-        head = ", ".join(f"{n}: {t}" for n, t in self.schema.items())
-        return f"Table({len(self)} rows; qid, {head})"
+        """The first rows and the last, as pandas shows a DataFrame, then the column types:
+
+         qid  cls      conf
+           0    3  0.981234
+           1    7      None
+        [2 rows x 2 columns] cls: int, conf: float
+        """
+        return _render(self)
 
 
 # -- helpers ----------------------------------------------------------------------------
+
+REPR_ROWS = 10  # a Table's repr shows all rows up to this many, else the first and last 5
+REPR_WIDTH = 110  # ...and the columns that fit in this many characters
+REPR_CELL = 30  # a value's text is cut to this many characters
+
+
+def _render(table: Table) -> str:
+    n = len(table)
+    shown = list(range(n)) if n <= REPR_ROWS else [*range(REPR_ROWS // 2), *range(n - REPR_ROWS // 2, n)]
+    names = [QID, *table.columns]
+    cells = [[str(int(table._qid[i])) for i in shown]]
+    cells += [[_cell_text(table._cols[c].cell(i)) for i in shown] for c in table.columns]
+    widths = [max([len(name), *map(len, col)]) for name, col in zip(names, cells)]
+    keep, used = 0, 0
+    for w in widths:  # the leading columns that fit (qid always)
+        if keep and used + w + 2 > REPR_WIDTH:
+            break
+        keep, used = keep + 1, used + w + 2
+    cut = keep < len(names)
+    lines = ["  ".join(name.rjust(w) for name, w in zip(names[:keep], widths)) + ("  ..." if cut else "")]
+    for r in range(len(shown)):
+        if n > REPR_ROWS and r == REPR_ROWS // 2:
+            lines.append("  ".join("...".rjust(w) for w in widths[:keep]) + ("  ..." if cut else ""))
+        lines.append("  ".join(col[r].rjust(w) for col, w in zip(cells[:keep], widths)) + ("  ..." if cut else ""))
+    k = len(table.columns)
+    foot = f"[{n} row{'s' if n != 1 else ''} x {k} column{'s' if k != 1 else ''}]"
+    types = ", ".join(f"{name}: {t}" for name, t in table.schema.items())
+    if types:
+        foot += " " + (types if len(foot) + len(types) < REPR_WIDTH else types[: REPR_WIDTH - len(foot) - 4] + "...")
+    return "\n".join([*lines, foot])
+
+
+def _cell_text(value) -> str:
+    """One value as a Table's repr shows it, cut to ``REPR_CELL`` characters."""
+    if isinstance(value, np.ndarray):
+        text = np.array2string(value, threshold=4, edgeitems=1, separator=", ", precision=4, max_line_width=10**6)
+        text = " ".join(text.split())
+    elif isinstance(value, float):
+        text = f"{value:.6g}"
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        text = repr(bytes(value[: REPR_CELL + 1]))
+    else:
+        text = str(value)
+    return text if len(text) <= REPR_CELL else text[: REPR_CELL - 3] + "..."
 
 
 def _same_device(parts: Sequence[Column], ctype: ColumnType) -> TypeGuard[Sequence[TorchColumn]]:

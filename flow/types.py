@@ -13,6 +13,7 @@ copy; several rows are copied once into one new array.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -164,14 +165,140 @@ def _value_kind(value: Any) -> str:
     return "other"
 
 
-def _as_tensor(value: Any, column: str) -> np.ndarray:
-    arr = np.asarray(value)
-    if arr.dtype.kind not in "biuf":
+def tensor_value(value: Any, column: str, row: int) -> np.ndarray:
+    """Row ``row``'s value of tensor column ``column`` as an array of numbers or booleans
+    (of its own dtype: the column's type casts it after ``check_fits``). A nested list of
+    ragged lengths, or of strings, is a ``DataTypeError`` naming the column and row: the
+    same on every path (``flow.run``, HTTP JSON, the relay)."""
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError):  # numpy's "inhomogeneous shape" for ragged nested lists
+        arr = None
+    if arr is None or arr.dtype == object:
         raise DataTypeError(
-            f"column {column!r}: array values must be numeric or bool, got dtype {arr.dtype}"
-            + (" (are the rows of different lengths?)" if arr.dtype == object else "")
+            f"column {column!r}: row {row}: not an array of numbers (are its nested lists of different lengths?)"
         )
+    if arr.dtype.kind not in "biuf":
+        raise DataTypeError(f"column {column!r}: row {row}: not an array of numbers or booleans, got {arr.dtype}")
     return arr
+
+
+# -- whether a column's values fit its type: one check for every path --------------------
+
+_INT_BOUNDS: dict = {}
+_MAY_NOT_FIT: dict = {}
+
+
+def int_bounds(dtype: np.dtype) -> tuple[int, int]:
+    """An integer dtype's (min, max) as ints (np.iinfo computes them on each access)."""
+    bounds = _INT_BOUNDS.get(dtype)
+    if bounds is None:
+        info = np.iinfo(dtype)
+        bounds = _INT_BOUNDS[dtype] = (int(info.min), int(info.max))
+    return bounds
+
+
+def may_not_fit(src: np.dtype, dst: np.dtype) -> bool:
+    """Whether some value of dtype ``src`` is one ``dst`` cannot hold as it is: a boolean
+    as a number or a number as a boolean, a fraction as an integer, an integer or a
+    float beyond ``dst``'s range (int64 to uint8, float64 to float32, uint16 to float16;
+    never int64 to float32, uint8 to int64, or float32 to float64)."""
+    key = (src, dst)
+    may = _MAY_NOT_FIT.get(key)
+    if may is None:
+        if src.kind not in "biuf" or dst.kind not in "biuf":
+            may = False  # not numbers: the builders say what is wrong
+        elif (src.kind == "b") != (dst.kind == "b"):
+            may = True
+        elif src.kind == "b" or src == dst:
+            may = False
+        elif dst.kind == "f":
+            limit = np.finfo(src).max if src.kind == "f" else max(-int(np.iinfo(src).min), int(np.iinfo(src).max))
+            may = float(limit) > float(np.finfo(dst).max)
+        elif src.kind == "f":
+            may = True
+        else:
+            low, high = int_bounds(dst)
+            info = np.iinfo(src)
+            may = int(info.min) < low or int(info.max) > high
+        _MAY_NOT_FIT[key] = may
+    return may
+
+
+def check_fits(values: np.ndarray, type_: ColumnType, column: str, rows: Any = 0) -> None:
+    """Refuse a value of ``values`` (rows of ``type_``, the row axis first) that
+    ``type_``'s dtype cannot hold as it is: ``DataTypeError`` naming the column, the row,
+    the first such value and the type, instead of numpy's cast wrapping it (300 as uint8 is
+    44, -1 is 255), truncating it (2.5 is 2) or overflowing it (1e39 as float32 is inf).
+
+    A number fits an integer dtype if it is an integer within its range (75.0 fits uint8,
+    as JSON Schema's "integer" says), a float dtype if it stays finite (NaN and infinities
+    are values), a bool dtype never; a boolean fits only a bool dtype. ``rows``: the row
+    number of ``values``' first row, or an array of each row's number (rows left out,
+    e.g. missing ones). flow.run, ``Table`` builders and both HTTP codecs call this, so a
+    value means the same on every path. Free when ``values``' dtype always fits; else one
+    vectorised pass (min and max), and a second only to find and name a value that does
+    not fit."""
+    dst = type_.dtype
+    if not values.size or not may_not_fit(values.dtype, dst) or _all_fit(values, dst):
+        return
+    bad = _misfits(values, dst).reshape(len(values), -1)
+    if not any_true(bad):
+        return
+    first = int(np.argmax(bad.ravel()))
+    row, at = divmod(first, bad.shape[1])
+    value = values.reshape(len(values), -1)[row, at].item()
+    row = rows + row if isinstance(rows, int) else int(rows[row])
+    raise DataTypeError(f"column {column!r}: row {row}: {value!r} {_does_not_fit(type_)}")
+
+
+def _all_fit(values: np.ndarray, dst: np.dtype) -> bool:
+    """True if every value fits ``dst`` (False: some may not; ``_misfits`` says which)."""
+    src = values.dtype
+    if (src.kind == "b") != (dst.kind == "b"):
+        return False
+    low, high = values.min(), values.max()
+    if dst.kind == "f":
+        limit = np.finfo(dst).max
+        return bool(-limit <= low and high <= limit)  # False for NaN and infinities: _misfits decides
+    lo, hi = int_bounds(dst)
+    if src.kind == "f":
+        return bool(lo <= low and high < float(hi) + 1) and bool(np.array_equal(values, np.trunc(values)))
+    return lo <= int(low) and int(high) <= hi
+
+
+def _misfits(values: np.ndarray, dst: np.dtype) -> np.ndarray:
+    """Per value, whether it does not fit ``dst`` (see ``check_fits``)."""
+    src = values.dtype
+    if (src.kind == "b") != (dst.kind == "b"):
+        return np.ones(values.shape, dtype=bool)
+    if dst.kind == "f":
+        with np.errstate(over="ignore"):
+            return np.isinf(values.astype(dst)) & np.isfinite(values)
+    lo, hi = int_bounds(dst)
+    if src.kind == "f":  # NaN fails every comparison: it is no integer
+        # float(hi) + 1: int64's max rounds up to 2**63 as a float, which does not fit
+        return ~((values >= lo) & (values < float(hi) + 1) & (values == np.trunc(values)))
+    src_lo, src_hi = int_bounds(src)  # compare within src's own range (no out-of-range scalars)
+    bad = np.zeros(values.shape, dtype=bool)
+    if lo > src_lo:
+        bad |= values < lo
+    if hi < src_hi:
+        bad |= values > hi
+    return bad
+
+
+def _does_not_fit(type_: ColumnType) -> str:
+    """The end of a misfit's message: the type, and what fits it."""
+    dst = type_.dtype
+    if dst.kind == "b":
+        holds = "booleans"
+    elif dst.kind == "f":
+        holds = f"numbers within ±{float(np.finfo(dst).max):.8g}"
+    else:
+        lo, hi = int_bounds(dst)
+        holds = f"integers {lo}..{hi}"
+    return f"does not fit in {type_ if type_.kind == 'tensor' else dst.name} ({holds})"
 
 
 def build_column(values: Any, column: str, type_: ColumnType | None = None):
@@ -219,9 +346,9 @@ def build_column(values: Any, column: str, type_: ColumnType | None = None):
     else:
         try:
             arr = np.asarray(filled, dtype=ctype.dtype)
-        except OverflowError:
-            big = next(v for v in present if isinstance(v, int) and not _INT64_MIN <= v <= _INT64_MAX)
-            raise DataTypeError(f"column {column!r}: {big} does not fit in int64") from None
+        except OverflowError:  # a Python int beyond int64 (or, in a float column, beyond a double)
+            row, big = next((i, v) for i, v in enumerate(filled) if not _fits_scalar(v, kind))
+            raise DataTypeError(f"column {column!r}: row {row}: {int(big)!r} {_does_not_fit(ctype)}") from None
         if kind == "float":  # NaN is a missing value, as in pandas (and JSON has no NaN)
             not_nan = _not_nan_mask(arr)
             if not_nan is not None:
@@ -230,6 +357,20 @@ def build_column(values: Any, column: str, type_: ColumnType | None = None):
 
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _fits_scalar(value, kind: str) -> bool:
+    """Whether an integer (the only value numpy refuses with OverflowError) fits ``kind``."""
+    if not isinstance(value, (int, np.integer)):
+        return True
+    value = int(value)
+    if kind == "int":
+        return _INT64_MIN <= value <= _INT64_MAX
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
 
 
 def _plain_numbers(values: list):
@@ -303,21 +444,34 @@ def _tensor_column(values, valid, present, column, type_):
     # cached arrays spends its time copying, not here
     try:
         arrays = list(map(np.asarray, present))
-    except Exception:  # e.g. a ragged nested list: fail on the same row, same error as per row
-        arrays = [_as_tensor(v, column) for v in present]
+    except (ValueError, TypeError):  # a ragged nested list: the first such row names itself
+        rows = _present_rows(valid, len(values))
+        arrays = [tensor_value(v, column, int(r)) for v, r in zip(present, rows)]
     dtypes = set(map(_DTYPE_OF, arrays))
     if any(dt.kind not in "biuf" for dt in dtypes):
-        _as_tensor(next(a for a in arrays if a.dtype.kind not in "biuf"), column)  # raises, first bad row
+        rows = _present_rows(valid, len(values))
+        for a, r in zip(arrays, rows):
+            tensor_value(a, column, int(r))  # raises for the first row that is not numbers
     shapes = set(map(_SHAPE_OF, arrays))
+    if type_ is not None and type_.kind == "tensor" and shapes - {type_.shape}:
+        r, a = next((r, a) for r, a in zip(_present_rows(valid, len(values)), arrays) if a.shape != type_.shape)
+        raise DataTypeError(f"column {column!r}: row {r}: expected shape {type_.shape}, got {a.shape}")
     if len(shapes) > 1:
         raise DataTypeError(
             f"column {column!r}: ragged tensor column, rows have shapes {sorted(shapes)[:4]}; "
             f"all rows of a tensor column must have the same shape"
         )
+    checked = None  # the rows to check after the cast (float targets), with their numbers
     if type_ is not None and type_.kind == "tensor":
         dtype, shape = type_.dtype, type_.shape
-        if arrays and arrays[0].shape != shape:
-            raise DataTypeError(f"column {column!r}: expected shape {shape}, got {arrays[0].shape}")
+        if any(may_not_fit(dt, dtype) for dt in dtypes):
+            rows = _present_rows(valid, len(values))
+            if dtype.kind == "f" and all(dt.kind in "iuf" for dt in dtypes):
+                # numbers into a narrower float: cast first, then look for infinities in the
+                # result, one pass over it instead of stacking the rows for a min and a max
+                checked = (arrays, rows)
+            else:
+                _check_rows_fit(arrays, dtypes, type_, column, rows)
     elif arrays:
         dtype, shape = np.result_type(*dtypes) if len(dtypes) == 1 else np.result_type(*arrays), arrays[0].shape
     else:
@@ -341,13 +495,34 @@ def _tensor_column(values, valid, present, column, type_):
     # one C call, one pass, no zero fill: each row is cast into its place in a fresh C-order
     # (n, *shape) array (concatenate's own result would follow the rows' layout)
     out = np.empty((n,) + shape, dtype=work)
-    np.concatenate(arrays, out=out.reshape((n * shape[0],) + shape[1:]), casting="unsafe")
-    if work != dtype:
-        out = out.astype(dtype)
+    # a float beyond the dtype's range becomes an infinity, which ``checked`` looks for below
+    # (numpy's warning off only then: errstate costs ~1.5 us a column)
+    with np.errstate(over="ignore") if checked is not None else _NO_CONTEXT:
+        np.concatenate(arrays, out=out.reshape((n * shape[0],) + shape[1:]), casting="unsafe")
+        if work != dtype:
+            out = out.astype(dtype)
+    if checked is not None and any_true(np.isinf(out)):  # an overflow, or an infinity given as one
+        _check_rows_fit(checked[0], dtypes, type_, column, checked[1])
     return ColumnType.tensor(dtype, shape), out, _mask_or_none(valid)
 
 
 _DTYPE_OF, _SHAPE_OF = attrgetter("dtype"), attrgetter("shape")
+_NO_CONTEXT = contextlib.nullcontext()
+
+
+def _present_rows(valid: np.ndarray | None, n: int) -> np.ndarray:
+    """The row numbers of the present values (all rows when none is missing)."""
+    return np.arange(n) if valid is None else np.flatnonzero(valid)
+
+
+def _check_rows_fit(arrays: list, dtypes: set, type_: ColumnType, column: str, rows: np.ndarray) -> None:
+    """``check_fits`` over rows given one array each (``rows``: their row numbers)."""
+    if len(dtypes) > 1 and any(dt.kind == "b" for dt in dtypes):
+        # booleans beside numbers would become 0 and 1 in a common dtype: row by row
+        for a, r in zip(arrays, rows):
+            check_fits(a[None], type_, column, int(r))
+        return
+    check_fits(np.stack(arrays), type_, column, rows)
 
 
 def _is_frozen(a: np.ndarray) -> bool:
@@ -376,8 +551,12 @@ def _from_typed_array(arr: np.ndarray, column: str, type_: ColumnType | None):
             raise DataTypeError(f"column {column!r}: tensor dtype must be numeric or bool, got {arr.dtype}")
         ctype = ColumnType.tensor(arr.dtype, arr.shape[1:])
         if type_ is not None and type_ != ctype:
+            if type_.kind == "tensor" and type_.shape != ctype.shape and len(arr):
+                # every row has the array's shape: the first is wrong, as built row by row
+                raise DataTypeError(f"column {column!r}: row 0: expected shape {type_.shape}, got {ctype.shape}")
             if type_.kind != "tensor" or type_.shape != ctype.shape:
                 raise DataTypeError(f"column {column!r}: expected {type_}, got {ctype}")
+            check_fits(arr, type_, column)
             return type_, np.ascontiguousarray(arr, dtype=type_.dtype), None
         return ctype, np.ascontiguousarray(arr), None
     kind = _kind_of_dtype(arr.dtype)
@@ -389,9 +568,8 @@ def _from_typed_array(arr: np.ndarray, column: str, type_: ColumnType | None):
         if not (type_.kind == "float" and kind == "int"):
             raise DataTypeError(f"column {column!r}: expected {type_}, got {kind} (dtype {arr.dtype})")
         kind = "float"
-    if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and len(arr) and arr.max() > _INT64_MAX:
-        raise DataTypeError(f"column {column!r}: {arr.max()} does not fit in int64")
     ctype = ColumnType.scalar(kind)
+    check_fits(arr, ctype, column)  # uint64 beyond int64
     out = np.ascontiguousarray(arr, dtype=ctype.dtype)
     return ctype, out, _not_nan_mask(out) if kind == "float" else None
 

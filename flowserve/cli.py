@@ -2,12 +2,16 @@
 target's (``flowserve k8s``, k8s/commands.py), composed here, above both, so the runtime never
 imports a deploy target.
 
+    flowserve serve app.py [--reload]           the dev loop: serve a script in the foreground, stream its logs
+    flowserve logs [FLOW] [-f]                  the cluster's logs (of one flow); -f follows them
     flowserve up [--executors N] [--port P]     start a local cluster in the background
     flowserve status                            flows, stages, replicas, latencies
     flowserve deploy script.py [--no-optimize]  deploy the Flow(s) a script defines
     flowserve invoke NAME --json '{"x": 1}'     call a deployed flow
+    flowserve undeploy NAME                     stop serving a flow
     flowserve kvs put KEY FILE | --json J       put data (bytes, a .npy array, JSON) into the store
     flowserve kvs get KEY [--out FILE]          read it back; `flowserve kvs ls [PATTERN]` lists keys
+    flowserve kvs rm KEY [KEY...]               remove keys
     flowserve k8s render ...                    Kubernetes manifests (docs/kubernetes.md)
     flowserve down                              stop the cluster (in-flight requests finish)
 """

@@ -482,6 +482,12 @@ class KubernetesCluster:
                 continue
             except K8sNotFoundError:
                 pass
+            if component == "kvs" and self.config.external_kvs is not None:
+                # a random password would not be the external store's: it must be given
+                raise ConfigError(
+                    f"Secret {self.namespace}/{name} (key {key!r}) must hold the password of the external "
+                    f"store {redact_url(self.config.external_kvs)} (empty for none): create it (docs/kubernetes.md)"
+                )
             body = client.V1Secret(
                 api_version="v1",
                 kind="Secret",
@@ -684,6 +690,8 @@ class KubernetesCluster:
         kvs_url: str | None = None,
         wait_s: float = 300,
         timeout_s: float | None = None,
+        canary: float | None = None,
+        shadow: bool = False,
     ):
         """Serve ``flow`` on this instance: create the Secrets if missing, apply the manifests
         sized for its plan, wait up to ``wait_s`` seconds until the KVS, the gateway and the
@@ -693,7 +701,8 @@ class KubernetesCluster:
         ``gateway_url``/``kvs_url`` (default ``config.gateway_url``/``config.kvs_url``, else the
         in-cluster DNS names): from outside the cluster, port-forward and pass local addresses;
         a KVS URL without a password gets the one from the redis Secret. ``timeout_s``: this
-        flow's deadline (default: the cluster's ``request_timeout_s``).
+        flow's deadline (default: the cluster's ``request_timeout_s``). ``canary=``/``shadow=``:
+        serve it beside the version served (docs/operations.md, "Canary and shadow versions").
 
             d = KubernetesCluster(config=cfg).deploy(flow)                 # inside the cluster
             d = cluster.deploy(flow, gateway_url="http://localhost:8080",  # kubectl port-forward
@@ -715,7 +724,9 @@ class KubernetesCluster:
         key = self.read_secret(self.config.cluster_key_secret_name, "key")  # the plan is signed with it
         client = self._client_for(url, kvs, admin, token, key)
         try:
-            extra = {} if timeout_s is None else {"timeout_s": timeout_s}
+            extra: dict = {} if timeout_s is None else {"timeout_s": timeout_s}
+            if canary is not None or shadow:
+                extra.update(canary=canary, shadow=shadow)
             return client.deploy(flow, optimize=optimize, rules=rules, options=options, **extra)
         except Exception as e:  # whatever the deploy raised: only a connection failure is said again
             if _unreachable(e):
@@ -737,6 +748,7 @@ class KubernetesCluster:
         url = (
             url
             or self.config.kvs_url
+            or self.config.external_kvs
             or f"redis://{object_name(self.config, 'kvs')}.{self.namespace}.svc.cluster.local:{self.config.redis_port}/0"
         )
         parts = urlsplit(url)

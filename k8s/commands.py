@@ -3,6 +3,7 @@
     flowserve k8s render --namespace ml --image reg.example.com/flowserve:0.1.0 --out flowserve.yaml
     flowserve k8s render --script examples/ensemble.py --out -     # GPU executors if a stage needs one
     kubectl apply -f flowserve.yaml
+    flowserve k8s render --kustomize k8s/base && kubectl apply -k k8s/base   # a kustomize base
 
 Wired into the main CLI by ``add_k8s_parser(sub)`` in ``flowserve.cli.build_parser``; it
 also runs alone: ``python -m k8s.commands render ...``.
@@ -64,7 +65,14 @@ def _add_commands(k8s_sub) -> None:
         help="a .py file building Flow objects: their optimized plans decide whether GPU executors "
         "are needed and annotate the executors",
     )
-    r.add_argument("--out", default="-", metavar="FILE|-", help="where to write the YAML (default -: stdout)")
+    r.add_argument(
+        "--out", default=None, metavar="FILE|-", help="where to write the YAML (default -: stdout, unless --kustomize)"
+    )
+    r.add_argument(
+        "--kustomize",
+        metavar="DIR",
+        help="also write a kustomize base into DIR: kustomization.yaml and one file per object (kubectl apply -k DIR)",
+    )
     r.set_defaults(fn=main)
 
 
@@ -144,8 +152,18 @@ def main(args) -> int:
 def _render(args) -> int:
     config = _load_config(args)
     manifests = render(config, _plans(args.script) or None)
+    if args.kustomize:
+        from k8s.kustomize import write_base
+
+        files = write_base(manifests, args.kustomize)
+        print(
+            f"wrote a kustomize base of {len(manifests)} objects into {files[-1].parent} (kubectl apply -k)",
+            file=sys.stderr,
+        )
+        if args.out is None:
+            return 0
     text = to_yaml(manifests)
-    if args.out == "-":
+    if args.out in (None, "-"):
         sys.stdout.write(text)
         sys.stdout.flush()
         return 0

@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from flow.configuration import Bool, Check, Config, ConfigTypeError, Int, Invalid, Nested, Number, OneOf, Str, setting
+from flow.errors import FlowValueError
 from kvs.redact import redact_url  # one redaction for every package (k8s.backend imports it from here)
+from kvs.urls import parse_store_url
 
 if TYPE_CHECKING:  # importing the runtime costs ~0.3 s: only when autoscaling is configured
     from executors.hosts.autoscale import AutoscalingConfig
@@ -358,14 +360,22 @@ def _autoscaling(v, name: str):
 
 
 def _kvs_url(v, name: str):
-    """A redis URL; messages quote it with any password masked (the password rule is in
-    KubeConfig._validate, which names the Secret)."""
+    """A store URL (kvs/urls.py: one server, Sentinel or Cluster); messages quote it with any
+    password masked (the password rule is in KubeConfig._validate, which names the Secret)."""
     if v is None:
         return None
-    what = "None or a string: a redis:// or rediss:// URL such as 'redis://localhost:6379/0'"
+    what = (
+        "None or a string: a redis://, rediss://, redis+sentinel:// or redis+cluster:// URL such as "
+        "'redis://localhost:6379/0'"
+    )
     if not isinstance(v, str):
         raise Invalid(message=f"{name} must be {what}, got {type(v).__name__} {v!r}", wrong_type=True)
-    if not _url_ok(v, ("redis", "rediss")):
+    if v.startswith(("redis+sentinel://", "redis+cluster://")):
+        try:
+            parse_store_url(v)
+        except FlowValueError as e:
+            raise Invalid(message=f"{name}: {e}") from None
+    elif not _url_ok(v, ("redis", "rediss")):
         raise Invalid(message=f"{name} must be {what}, got {redact_url(v)!r}")
     return v
 
@@ -424,14 +434,21 @@ class KubeConfig(Config):
     autoscaling: None (default: fixed replicas), or an ``executors.hosts.autoscale.AutoscalingConfig``
         (a mapping of its fields is converted): the gateway then runs the autoscaler and
         scales the executor Deployments itself through the API (``--scaler k8s``), with a
-        Role allowing just that and the API token mounted in the gateway pods only. Needs
-        ``gateway_replicas`` <= 1: each gateway replica would run its own autoscaler over
-        the same executors and remove executors another one still routes to.
+        Role allowing just that and the API token mounted in the gateway pods only. Any
+        number of gateway replicas: the one holding the Lease ``<name>-leader`` runs the
+        autoscaler and the others serve its placements (k8s/leadership.py).
     gateway_url / kvs_url: where ``KubernetesCluster.deploy`` reaches the gateway (http(s)://)
-        and the KVS (redis:// or rediss://). None: the in-cluster DNS names, which resolve
-        only inside the cluster; from outside, port-forward and set them (e.g.
-        ``http://localhost:8080``, ``redis://localhost:6379/0``). A KVS URL without a
-        password gets the one from ``redis_secret``, so no password needs to be written here.
+        and the KVS (a store URL: redis://, rediss://, redis+sentinel://, redis+cluster://).
+        None: the in-cluster DNS names (or ``external_kvs``), which resolve only inside the
+        cluster; from outside, port-forward and set them (e.g. ``http://localhost:8080``,
+        ``redis://localhost:6379/0``). A KVS URL without a password gets the one from
+        ``redis_secret``, so no password needs to be written here.
+    external_kvs: a store the instance uses instead of rendering its own (a managed Redis, a
+        Sentinel set, a Redis Cluster): its URL without a password (``kvs/urls.py``, e.g.
+        ``redis+sentinel://sentinel.db:26379/flowserve/0``); the password comes from
+        ``redis_secret`` (key ``password``, which must exist: it is not generated; empty for
+        a store without one). Then no KVS StatefulSet, Service, volume or NetworkPolicy is
+        rendered, and the gateway's and executors' ``FLOWSERVE_KVS_URL`` points at it.
     """
 
     name: str = setting(
@@ -527,6 +544,7 @@ class KubeConfig(Config):
         ),
     )
     kvs_url: str | None = setting(None, _kvs_url)
+    external_kvs: str | None = setting(None, _kvs_url)
 
     def _validate(self) -> None:
         ports = ("gateway_port", "gateway_results_port", "executor_port", "redis_port")
@@ -536,17 +554,17 @@ class KubeConfig(Config):
                 f"gateway_results_port={self.gateway_results_port!r}, "
                 f"executor_port={self.executor_port!r}, redis_port={self.redis_port!r}"
             )
-        if self.autoscaling is not None and self.gateway_replicas > 1:
-            raise self.error(
-                f"KubeConfig.autoscaling needs gateway_replicas <= 1 (each gateway replica runs its "
-                f"own autoscaler over the same executors), got gateway_replicas="
-                f"{self.gateway_replicas!r}"
-            )
         if self.kvs_url is not None and urlsplit(self.kvs_url).password is not None:
             # configs get logged and committed, and the password is in redis_secret already
             raise self.error(
                 f"KubeConfig.kvs_url must not hold a password (deploy takes it from the Secret "
                 f"{self.redis_secret_name!r}), got {redact_url(self.kvs_url)!r}"
+            )
+        if self.external_kvs is not None and urlsplit(self.external_kvs).password is not None:
+            # rendered into every pod's environment: the manifests must not hold it
+            raise self.error(
+                f"KubeConfig.external_kvs must not hold a password (the pods take it from the Secret "
+                f"{self.redis_secret_name!r}), got {redact_url(self.external_kvs)!r}"
             )
 
     # -- derived names -----------------------------------------------------------------------

@@ -14,9 +14,13 @@ What is rendered (``<name>`` is ``KubeConfig.name``), in apply order:
   executors' message port and the gateway's result port; the gateway's HTTP port is open;
 * the KVS: Service + StatefulSet ``<name>-kvs`` running Redis with ``--requirepass`` taken
   from the Secret ``redis_secret`` (key ``password``) through the environment, so the
-  password is in no manifest; a PersistentVolumeClaim keeps the data (``kvs_storage``);
-* the gateway: Service + Deployment ``<name>-gateway``, probes on ``GET /healthz`` (startup,
-  liveness) and ``GET /readyz`` (readiness);
+  password is in no manifest; a PersistentVolumeClaim keeps the data (``kvs_storage``).
+  None of it with ``external_kvs``: the pods then use that store (a Sentinel set, a Redis
+  Cluster, a managed Redis), with the password from the same Secret;
+* the gateway: Service + Deployment ``<name>-gateway``, probes on ``GET /livez`` (startup,
+  liveness: the process answers) and ``GET /readyz`` (readiness: every deployed flow has a
+  warm replica of every stage), and a termination grace period that outlasts its drain
+  (``gateway_grace_s``);
 * the executors: Deployments ``<name>-executor-cpu`` and, when GPU executors are wanted
   (``gpu_executors``, or a GPU stage in the plan), ``<name>-executor-gpu`` requesting
   ``nvidia.com/gpu`` with the GPU node selector and tolerations.
@@ -109,8 +113,15 @@ def kvs_host(config: KubeConfig) -> str:
 
 
 def kvs_url_template(config: KubeConfig) -> str:
-    """The executors' KVS URL; ``$(REDIS_PASSWORD)`` is expanded by Kubernetes from the Secret."""
-    return f"redis://:$(REDIS_PASSWORD)@{kvs_host(config)}:{config.redis_port}/0"
+    """The executors' KVS URL (the instance's own KVS, or ``external_kvs``);
+    ``$(REDIS_PASSWORD)`` is expanded by Kubernetes from the Secret."""
+    if config.external_kvs is None:
+        return f"redis://:$(REDIS_PASSWORD)@{kvs_host(config)}:{config.redis_port}/0"
+    scheme, _, rest = config.external_kvs.partition("://")
+    cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    netloc, tail = rest[:cut], rest[cut:]
+    user, at, hosts = netloc.rpartition("@")  # a user name may come before the hosts; no password
+    return f"{scheme}://{user}:$(REDIS_PASSWORD)@{hosts}{tail}"
 
 
 def _metadata(config: KubeConfig, name: str, component: str, annotations: dict | None = None) -> dict:
@@ -367,7 +378,8 @@ def kvs(config: KubeConfig) -> list[dict]:
 def gateway_args(config: KubeConfig) -> list[str]:
     """The gateway's arguments in a pod: listen on all interfaces, receive results over TCP,
     find the executors through their registration in the KVS (not by spawning them); with
-    ``autoscaling``, run the autoscaler and scale this instance's executor Deployments."""
+    ``autoscaling``, run the autoscaler and scale this instance's executor Deployments, the
+    replica that does it elected through the Lease ``<name>-leader`` (k8s/leadership.py)."""
     args = [
         "--host",
         "0.0.0.0",
@@ -389,6 +401,8 @@ def gateway_args(config: KubeConfig) -> list[str]:
             autoscale_json(config),
             "--scaler",
             "k8s",
+            "--leader-election",
+            "k8s",
             "--k8s-namespace",
             config.namespace,
             "--k8s-instance",
@@ -403,16 +417,30 @@ def autoscale_json(config: KubeConfig) -> str:
     return json.dumps(config.autoscaling.to_json(), separators=(",", ":"))
 
 
+DRAIN_MARGIN_S = 15  # past the drain: uvicorn's own shutdown, the store's client, the process's exit
+
+
+def gateway_grace_s(config: KubeConfig) -> int:
+    """The gateway pod's ``terminationGracePeriodSeconds``: on SIGTERM the gateway refuses
+    new requests (and /readyz turns 503) and answers those in flight for up to its
+    ``request_timeout_s``, then exits; the kubelet waits this long before a SIGKILL."""
+    from executors.hosts.cluster_config import ClusterConfig
+
+    drain = float(config.gateway_settings.get("request_timeout_s", ClusterConfig().request_timeout_s))
+    return int(-(-drain // 1)) + DRAIN_MARGIN_S
+
+
 def gateway(config: KubeConfig) -> list[dict]:
-    """The HTTP gateway: a Service (``service_type``) and a Deployment: alive while /healthz
-    answers, ready (taking traffic) while /readyz says every served flow has a replica
-    that answers."""
+    """The HTTP gateway: a Service (``service_type``) and a Deployment: alive while /livez
+    answers (the process; an executor that is down is no reason to restart the gateway),
+    ready (taking traffic) while /readyz says every deployed flow has a warm replica of
+    every stage, and given the time to drain on SIGTERM (``gateway_grace_s``)."""
     component = "gateway"
     env = _common_env(config)
     env.append(_secret_env("FLOWSERVE_ADMIN_TOKEN", config.admin_secret_name, "token"))
     if config.token_secret is not None:
         env.append(_secret_env("FLOWSERVE_TOKEN", config.token_secret, "token"))
-    probe = {"httpGet": {"path": "/healthz", "port": "http"}, "timeoutSeconds": 2}
+    probe = {"httpGet": {"path": "/livez", "port": "http"}, "timeoutSeconds": 2}
     container = {
         "name": "gateway",
         "image": config.image,
@@ -436,8 +464,7 @@ def gateway(config: KubeConfig) -> list[dict]:
             "failureThreshold": 2,
         },
     }
-    # in-flight requests finish within the request timeout (30 s) after SIGTERM
-    pod = _pod_spec(config, [container], [_tmp_volume("256Mi")], grace_s=45)
+    pod = _pod_spec(config, [container], [_tmp_volume("256Mi")], grace_s=gateway_grace_s(config))
     if config.autoscaling is not None:
         # the autoscaler calls the API server with the ServiceAccount's token (bound by
         # rbac()); only the gateway pods get it, the executors stay without
@@ -517,9 +544,12 @@ def rbac(config: KubeConfig) -> list[dict]:
     """Role + RoleBinding for the gateway's autoscaler: read and scale this instance's
     executor Deployments, and annotate pods (``controller.kubernetes.io/pod-deletion-cost``)
     so a scale-down removes the drained executor. Pods cannot be named in advance (the
-    ReplicaSet names them), Deployments can: the Role grants only those two."""
+    ReplicaSet names them), Deployments can: the Role grants only those two. And the Lease
+    that elects the replica running the autoscaler (``<name>-leader``): get and update it by
+    name; create, which a Role cannot narrow to a name (the first replica creates it)."""
     name = f"{config.name}-autoscaler"
     deployments = [object_name(config, "executor-cpu"), object_name(config, "executor-gpu")]
+    lease = object_name(config, "leader")
     role = {
         "apiVersion": f"{RBAC_API}/v1",
         "kind": "Role",
@@ -533,6 +563,13 @@ def rbac(config: KubeConfig) -> list[dict]:
                 "verbs": ["get", "patch", "update"],
             },
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "resourceNames": [lease],
+                "verbs": ["get", "update"],
+            },
         ],
     }
     binding = {
@@ -565,8 +602,15 @@ def network_policies(config: KubeConfig) -> list[dict]:
         "matchLabels": {L_NAME: APP_NAME, L_INSTANCE: config.name},
         "matchExpressions": [{"key": L_COMPONENT, "operator": "In", "values": ["executor-cpu", "executor-gpu"]}],
     }
+    kvs = (
+        []
+        if config.external_kvs is not None
+        else [  # an external store's access is its operator's
+            policy("kvs", {"matchLabels": selector(config, "kvs")}, [{"from": peers, "ports": tcp(config.redis_port)}])
+        ]
+    )
     return [
-        policy("kvs", {"matchLabels": selector(config, "kvs")}, [{"from": peers, "ports": tcp(config.redis_port)}]),
+        *kvs,
         policy("executors", exec_sel, [{"from": peers, "ports": tcp(config.executor_port)}]),
         policy(
             "gateway",
@@ -612,7 +656,8 @@ def render(config: KubeConfig | None = None, plan=None) -> list[dict]:
         out += rbac(config)
     if config.network_policies:
         out += network_policies(config)
-    out += kvs(config)
+    if config.external_kvs is None:
+        out += kvs(config)
     out += gateway(config)
     cpu_ann = dict(annotations, **({A_BASELINE: str(config.cpu_executors)} if scaling else {}))
     out.append(executors(config, "cpu", config.cpu_executors, cpu_ann))

@@ -13,7 +13,10 @@ Lookups, registered flows and functions, membership and metrics live here.
 
 Modules: ``client`` (KVS), ``cache`` (CachedKVS), ``tracking`` (invalidations),
 ``serialization`` (the codec), ``server`` (RedisServer), ``ref``, ``options``,
-``exceptions``.
+``errors``; for a replicated or sharded store: ``urls`` (the URL forms: one server,
+Sentinel, Cluster), ``connect`` (a redis-py client for each), ``replicas`` (writes that
+wait for a replica), ``sentinel_watch`` (a Sentinel failover heard at once) and
+``replicated`` (a Sentinel set and a Redis Cluster on this machine, for tests and trials).
 """
 
 from kvs.cache import CachedKVS, CacheStats

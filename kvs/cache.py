@@ -41,12 +41,15 @@ from typing import Any
 import redis
 
 from flow.errors import FlowValueError
-from kvs.client import KVS, MISSING, check_key, decode_value, make_pool
+from kvs.client import KVS, MISSING, check_key, decode_value, mget
+from kvs.connect import close_client, node_connection_kwargs, open_client, watched_sentinel
 from kvs.errors import KeyNotFoundError, SerializationError
 from kvs.lru import ByteLRU
 from kvs.options import KVSOptions
+from kvs.replicas import StoreRedis
+from kvs.sentinel_watch import PrimaryWatch
 from kvs.serialization import is_mutable_payload, is_trusted_payload
-from kvs.tracking import Tracker, tracked_connection_class
+from kvs.tracking import NodeTrackers, Tracker, tracked_connection_class
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,11 @@ _REDECODE = 1  # mutable JSON container: keep the bytes, decode a fresh copy per
 _TRUSTED = 2  # unpickled trusted object: only for get(..., trusted=True)
 
 InvalidationListener = Callable[["list[str] | None"], None]
+
+#: while the runtime traces requests (executors/tracing.py), a function of a span name giving
+#: a span under the thread's traced run, or None outside one; None while tracing is off, so
+#: an untraced read costs one test of it
+lookup_trace: Callable[[str], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,7 @@ class CachedKVS(KVS):
     """
 
     _epoch: int | None  # tracker epoch; None: not tracking, no inserts (set by _init_state)
+    _watch: PrimaryWatch | None = None  # a Sentinel store's (kvs/sentinel_watch.py)
 
     def __init__(self, url: str, options: KVSOptions | None = None, *, signing_key: bytes | None = None):
         super().__init__(url, options, signing_key=signing_key)
@@ -113,6 +122,8 @@ class CachedKVS(KVS):
         """Like ``KVS.get``; served from the local cache when it holds ``key``."""
         if type(key) is not str:
             key = check_key(key)
+        if lookup_trace is not None:  # a traced run's read goes the way that says where it came from
+            return self._traced_mget("kvs.get", [key], default, trusted)[0]
         if self._restart_needed:
             self._restart_after_fork()
         with self._lock:
@@ -130,6 +141,31 @@ class CachedKVS(KVS):
     def mget(self, keys: Iterable[str], default: Any = MISSING, *, trusted: bool = False) -> list:
         """Like ``KVS.mget``: hits come from the cache, all misses in one MGET."""
         keys = [check_key(k) for k in keys]
+        if lookup_trace is not None:
+            return self._traced_mget("kvs.mget", keys, default, trusted)
+        return self._mget(keys, default, trusted)[0]
+
+    def _traced_mget(self, name: str, keys: list[str], default: Any, trusted: bool) -> list:
+        """``mget`` in a span under the thread's traced run (none outside one): how many
+        keys, how many the local cache had, and where the values came from."""
+        trace = lookup_trace
+        span = trace(name) if trace is not None else None
+        if span is None:
+            return self._mget(keys, default, trusted)[0]
+        with span:
+            results, fetched = self._mget(keys, default, trusted)
+            source = "store" if fetched == len(keys) else ("both" if fetched else "local")
+            span.set_attributes(
+                {
+                    "flowserve.kvs.keys": len(keys),
+                    "flowserve.kvs.local_hits": len(keys) - fetched,
+                    "flowserve.kvs.source": source,
+                }
+            )
+            return results
+
+    def _mget(self, keys: list[str], default: Any, trusted: bool) -> tuple[list, int]:
+        """The values, and how many of them were read from the store."""
         if self._restart_needed:
             self._restart_after_fork()
         results: list[Any] = [None] * len(keys)
@@ -152,7 +188,7 @@ class CachedKVS(KVS):
             fetched = self._fetch([keys[i] for i in missing], default, trusted)
             for i, value in zip(missing, fetched):
                 results[i] = value
-        return results
+        return results, len(missing)
 
     def exists(self, key: str) -> bool:
         """True at once if the key is cached; otherwise asks the server."""
@@ -247,8 +283,7 @@ class CachedKVS(KVS):
         if self._closed:
             return
         self._finalizer.detach()
-        self._tracker.stop()
-        self._reader_pool.disconnect()
+        _stop_tracking(self._tracker, self._readers, self._watch)
         super().close()
         with self._lock:
             self._lru.clear()
@@ -265,20 +300,61 @@ class CachedKVS(KVS):
         self._restart_needed = False
 
     def _start_tracking(self) -> None:
-        tracker = Tracker(self._pool, self, self._options)
+        tracker: Tracker | NodeTrackers
+        if self._store_url.kind == "cluster":
+            # a tracker per node, each started by the first read connection to its node
+            tracker = NodeTrackers(
+                self, self._options, redis.Connection, node_connection_kwargs(self._store_url, self._options)
+            )
+            base: type = redis.Connection
+        else:
+            pool = self._plain_pool()
+            tracker = Tracker.for_pool(pool, self, self._options)
+            base = pool.connection_class
         self._tracker = tracker
-        self._reader_pool = make_pool(
-            self._url,
-            self._options,
-            connection_class=tracked_connection_class(self._pool.connection_class),
-            tracker=tracker,
-        )
-        self._reader = redis.Redis(connection_pool=self._reader_pool)
-        # the finalizer holds the tracker, not self, so self can be collected
-        self._finalizer = weakref.finalize(self, tracker.stop)
+        self._tracked_class = tracked_connection_class(base, tracker)
+        # the client of tracked connections; a Cluster's is made on first use (it asks a node
+        # for the cluster's map at once, and this process may start before the store does)
+        self._readers: list = []  # the finalizer's view of it
+        self._reader: Any = None
+        if self._store_url.kind != "cluster":
+            self._reader = open_client(self._store_url, self._options, self._tracked_class)
+            self._readers.append(self._reader)
+        # a Sentinel failover that leaves the old primary up is heard here (kvs/sentinel_watch.py)
+        watch = None
+        if self._store_url.kind == "sentinel":
+            watch = self._watch = PrimaryWatch(self._store_url, self._options, self._on_primary)
+            for client in (self._reader, self.redis):
+                manager = watched_sentinel(client)
+                if manager is not None:
+                    manager.hint = watch.current
+        # the finalizer holds the tracker, the watch and the reader, not self, so self can be collected
+        self._finalizer = weakref.finalize(self, _stop_tracking, tracker, self._readers, watch)
         tracker.start()
+        if watch is not None:
+            watch.start()
         # usually ~1 ms; if the server is down, reads fail or go uncached until it is up
         tracker.ready.wait(self._options.connect_timeout)
+
+    def _tracked_client(self) -> Any:
+        reader = self._reader
+        if reader is None:
+            with self._client_lock:
+                if self._reader is None:
+                    self._reader = open_client(self._store_url, self._options, self._tracked_class)
+                    self._readers.append(self._reader)
+                reader = self._reader
+        return reader
+
+    def _on_primary(self, address: tuple) -> None:
+        """The sentinels name ``address`` as the primary (at the watch's start, and after a
+        failover): track only there, and move every connection that is elsewhere."""
+        tracker = self._tracker
+        if not isinstance(tracker, Tracker) or not tracker.expect(address):
+            return
+        for client in (self._reader, self.redis):
+            if isinstance(client, StoreRedis):  # a Sentinel store's: one pool each
+                client.connection_pool.disconnect()  # in-flight commands fail and are retried, there
 
     def _restart_after_fork(self) -> None:
         with self._lock:
@@ -291,6 +367,12 @@ class CachedKVS(KVS):
         """Runs in a forked child (no other threads exist there): fresh locks and an
         empty cache; the listener restarts lazily on first use."""
         self._tracker.abandon()
+        if self._watch is not None:
+            self._watch.abandon()  # its word is the parent's: forget it until the child's own watch runs
+            for client in (self._reader, self.redis):
+                manager = watched_sentinel(client)
+                if manager is not None:
+                    manager.hint = None
         self._finalizer.detach()
         self._init_state()
         self._restart_needed = not self._closed
@@ -324,8 +406,8 @@ class CachedKVS(KVS):
                 # otherwise the plain pool (the value will not be cached anyway), so a
                 # listener that cannot reconnect never blocks reads from a live server
                 tracked = read.epoch is not None and read.epoch == self._epoch
-                client = self._reader if tracked else self._redis
-                return [client.get(keys[0])] if len(keys) == 1 else client.mget(keys)
+                client = self._tracked_client() if tracked else self.redis
+                return [client.get(keys[0])] if len(keys) == 1 else mget(client, keys)
 
             blobs = self._call(attempt, "GET" if len(keys) == 1 else "MGET")
             for key, blob in zip(keys, blobs):
@@ -403,6 +485,14 @@ class CachedKVS(KVS):
                 fn(keys)
             except Exception:  # a listener's bug must not stop the others (or the tracking thread)
                 log.exception("KVS invalidation listener %r failed", fn)
+
+
+def _stop_tracking(tracker: Tracker | NodeTrackers, readers: list, watch: PrimaryWatch | None) -> None:
+    if watch is not None:
+        watch.stop()
+    tracker.stop()
+    for reader in readers:
+        close_client(reader)
 
 
 def _entry(blob: bytes, value: Any) -> tuple[int, Any, int]:

@@ -1,8 +1,9 @@
 """``KVS``: the Redis-backed key-value store client used by every FlowServe process.
 
 Values go through the codec in ``kvs.serialization`` (numpy arrays, Tables, bytes, str,
-JSON-able data, ``KVSRef``); ``.redis`` gives the raw ``redis.Redis`` for the hashes
-other layers keep (membership, metrics).
+JSON-able data, ``KVSRef``); ``.redis`` gives the raw redis-py client for the hashes
+other layers keep (membership, metrics): a ``redis.Redis`` for one server or a Sentinel
+primary, a ``RedisCluster`` for a Cluster (``kvs/urls.py`` has the URL forms).
 
 Connection errors and timeouts are retried with exponential backoff for at most
 ``options.retry_timeout`` seconds, then raised as ``UnreachableError`` (retryable,
@@ -17,14 +18,25 @@ pool notices a ``fork`` (it checks the pid) and opens fresh sockets in the child
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import redis
-from redis.exceptions import AuthenticationError, AuthorizationError
+from redis import ConnectionPool
+from redis.cluster import RedisCluster
+from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    ClusterDownError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 
 from flow.errors import AccessDeniedError, FlowTypeError, FlowValueError, InternalError, UnreachableError
+from kvs.connect import StoreClient, close_client, open_client
 from kvs.errors import (
     KeyNotFoundError,
     SerializationError,
@@ -36,8 +48,10 @@ from kvs.errors import (
 from kvs.markers import DATA_MARKER
 from kvs.options import KVSOptions
 from kvs.redact import redact_url
+from kvs.replicas import Write, written
 from kvs.retry import Backoff, retry
 from kvs.serialization import decode, dumps_trusted, encode, sign_trusted
+from kvs.urls import parse_store_url
 
 T = TypeVar("T")
 
@@ -52,32 +66,6 @@ def check_key(key: Any) -> str:
             return str(key)
         raise FlowTypeError(f"KVS keys must be str, got {type(key).__name__} ({key!r})")
     return key
-
-
-def make_pool(url: str, options: KVSOptions, connection_class=None, **extra) -> redis.ConnectionPool:
-    """A blocking redis-py pool for ``url`` without redis-py's own retries (``Retrier``
-    does them, bounded by time). Raises ``FlowValueError`` quoting a malformed URL."""
-    if not isinstance(url, str):
-        raise FlowTypeError(f"url must be a str, got {type(url).__name__} ({url!r})")
-    kwargs = dict(
-        socket_timeout=options.socket_timeout,
-        socket_connect_timeout=options.connect_timeout,
-        max_connections=options.max_connections,
-        timeout=options.socket_timeout,  # how long to wait for a free connection
-        client_name=options.client_name,
-        retry=None,  # no hidden retries inside redis-py: one time budget, ours
-        # RESP2 explicitly (redis-py 8 defaults to RESP3): the cache's invalidation
-        # protocol (tracking REDIRECT + pub/sub) is the RESP2 one, on every Redis >= 6
-        protocol=2,
-        **extra,
-    )
-    if connection_class is not None:
-        kwargs["connection_class"] = connection_class
-    try:
-        pool = redis.BlockingConnectionPool.from_url(url, **kwargs)
-    except ValueError as exc:
-        raise FlowValueError(f"bad Redis URL {redact_url(url)!r}: {exc}") from None
-    return pool
 
 
 class Retrier:
@@ -131,16 +119,35 @@ class Retrier:
             if is_write_refusal(exc):
                 raise StoreWriteError(f"Redis at {self.url} refused {what}: {store_problem(exc)}") from exc
             raise InternalError(f"Redis at {self.url} rejected {what}: {exc}") from exc
+        except (ClusterDownError, TryAgainError, SlotNotCoveredError) as exc:
+            raise UnreachableError(
+                f"Redis Cluster at {self.url} did not serve {what} within retry_timeout={o.retry_timeout:g} s "
+                f"(a failover or resharding under way?); last error: {type(exc).__name__}: {exc}",
+                url=self.url,
+            ) from exc
         except redis.RedisError as exc:
             raise InternalError(f"Redis at {self.url}: {what} failed: {exc}") from exc
+        except RedisClusterException as exc:  # redis-py's cluster errors are not RedisErrors
+            raise InternalError(f"Redis Cluster at {self.url}: {what} failed: {exc}") from exc
+
+
+#: a Cluster in a failover (no primary for a slot yet) or a resharding (a slot between nodes)
+_CLUSTER_TRANSIENT = (ClusterDownError, TryAgainError, SlotNotCoveredError)
 
 
 def _reconnecting_may_help(error: BaseException) -> bool:
-    """Connection losses and timeouts heal when the server is back; refused credentials
-    (a ConnectionError in redis-py) do not."""
-    return isinstance(error, (redis.ConnectionError, redis.TimeoutError)) and not isinstance(
-        error, (AuthenticationError, AuthorizationError)
-    )
+    """Connection losses, timeouts and a Cluster's failovers heal by themselves; refused
+    credentials (a ConnectionError in redis-py) do not."""
+    if isinstance(error, (AuthenticationError, AuthorizationError)):
+        return False
+    return isinstance(error, (redis.ConnectionError, redis.TimeoutError, *_CLUSTER_TRANSIENT))
+
+
+def mget(client: StoreClient, keys: list[str]) -> list:
+    """MGET of ``keys`` in order; on a Cluster one MGET per slot, pipelined per node."""
+    if isinstance(client, RedisCluster):
+        return client.mget_nonatomic(keys)
+    return client.mget(keys)
 
 
 class KVS:
@@ -156,10 +163,13 @@ class KVS:
             raise FlowTypeError(f"options must be a KVSOptions, got {type(options).__name__}")
         self._url = url
         self._options = options
-        self._pool = make_pool(url, options)
-        self._redis = redis.Redis(connection_pool=self._pool)
+        self._store_url = parse_store_url(url)
         self._retry = Retrier(url, options)
         self._closed = False
+        self._client_lock = threading.Lock()
+        self._client: StoreClient | None = None
+        if self._store_url.kind != "cluster":
+            self._client = open_client(self._store_url, options)  # connects on first use
         # the cluster key (never stored in the KVS): trusted pickles are signed with it on
         # put_trusted and checked before any is unpickled (kvs.serialization.sign_trusted)
         if signing_key is not None and (not isinstance(signing_key, bytes) or len(signing_key) < 16):
@@ -168,7 +178,9 @@ class KVS:
 
     @classmethod
     def from_url(cls, url: str, options: KVSOptions | None = None, *, signing_key: bytes | None = None, **fields: Any):
-        """Connect lazily to ``url`` (``redis://[:password@]host:port/db``).
+        """Connect lazily to ``url``: ``redis://[:password@]host:port/db``, a Sentinel
+        primary (``redis+sentinel://[:password@]s1:26379,s2:26379/service/db``) or a
+        Cluster (``redis+cluster://[:password@]n1:7000,n2:7001``); ``kvs/urls.py``.
 
         ``fields`` override single options, e.g. ``KVS.from_url(url, retry_timeout=1)``.
 
@@ -193,10 +205,24 @@ class KVS:
         return self._options
 
     @property
-    def redis(self) -> redis.Redis:
-        """The raw ``redis.Redis`` (bytes in, bytes out) for hashes, counters and
-        other structures outside the codec; it shares this client's pool."""
-        return self._redis
+    def redis(self) -> Any:
+        """The raw redis-py client (bytes in, bytes out) for hashes, counters and other
+        structures outside the codec; it shares this client's connections. A
+        ``redis.Redis``, or a ``RedisCluster`` for a Cluster store (built on first use: it
+        asks a node for the cluster's map at once, and raises ``redis.ConnectionError``
+        while none answers)."""
+        client = self._client
+        if client is None:
+            with self._client_lock:
+                if self._client is None:
+                    self._client = open_client(self._store_url, self._options)
+                client = self._client
+        return client
+
+    @property
+    def kind(self) -> str:
+        """``"redis"`` (one server), ``"sentinel"`` or ``"cluster"``."""
+        return self._store_url.kind
 
     # -- values ------------------------------------------------------------------------
 
@@ -224,18 +250,18 @@ class KVS:
             True
         """
         key = check_key(key)
-        data = self._call(lambda: self._redis.get(key), "GET")
+        data = self._call(lambda: self.redis.get(key), "GET")
         if data is None:
             if default is MISSING:
                 raise KeyNotFoundError(key)
             return default
-        return decode_value(key, data, trusted, self._signing_key)  # type: ignore[arg-type]  # bytes: the pool never decodes replies
+        return decode_value(key, data, trusted, self._signing_key)
 
     def get_bytes(self, key: str) -> bytes | None:
         """The stored bytes under ``key`` (not decoded, never from a local cache), or None:
         for callers that keep a value exactly as stored, e.g. to write it back."""
         key = check_key(key)
-        return self._call(lambda: self._redis.get(key), "GET")  # type: ignore[return-value]  # bytes: the pool never decodes replies
+        return self._call(lambda: self.redis.get(key), "GET")  # bytes: the pool never decodes replies
 
     def mget(self, keys: Iterable[str], default: Any = MISSING, *, trusted: bool = False) -> list:
         """Values of ``keys`` in order, in one round trip. A missing key gives
@@ -244,34 +270,50 @@ class KVS:
         keys = [check_key(k) for k in keys]
         if not keys:
             return []
-        blobs = self._call(lambda: self._redis.mget(keys), "MGET")
-        return [_value_or_default(k, b, default, trusted, self._signing_key) for k, b in zip(keys, blobs)]  # type: ignore[arg-type]  # bytes: the pool never decodes replies
+        blobs = self._call(lambda: mget(self.redis, keys), "MGET")
+        return [
+            _value_or_default(k, b, default, trusted, self._signing_key) for k, b in zip(keys, blobs)
+        ]  # bytes: the pool never decodes replies
 
     def mput(self, mapping: Mapping[str, Any]) -> None:
-        """Store several values atomically (one MSET)."""
+        """Store several values atomically (one MSET; on a Cluster, atomically per slot:
+        one MSET per slot, pipelined per node)."""
         encoded = {check_key(k): encode(v) for k, v in mapping.items()}
-        if encoded:
-            # user data: its marker goes with it (kvs/markers.py), in the same MSET
-            self._call(lambda: self._redis.mset({**encoded, DATA_MARKER: b"1"}), "MSET")
+        if not encoded:
+            return
+
+        def write():
+            client = self.redis
+            # user data: its marker goes with it (kvs/markers.py)
+            if not isinstance(client, RedisCluster):
+                pairs = [x for kv in {**encoded, DATA_MARKER: b"1"}.items() for x in kv]
+                return written(client, [Write(DATA_MARKER, ("MSET", *pairs))])
+            by_slot: dict[int, list] = {}
+            for k, v in encoded.items():
+                by_slot.setdefault(client.keyslot(k), []).extend((k, v))
+            writes = [Write(pairs[0], ("MSET", *pairs)) for pairs in by_slot.values()]
+            return written(client, [*writes, Write(DATA_MARKER, ("SET", DATA_MARKER, b"1"), wait=False)])
+
+        self._call(write, "MSET")
 
     def delete(self, *keys: str) -> int:
         """Delete ``keys``; returns how many existed."""
         keys = tuple(check_key(k) for k in keys)
         if not keys:
             return 0
-        return int(self._call(lambda: self._redis.delete(*keys), "DEL"))
+        return int(self._call(lambda: self.redis.delete(*keys), "DEL"))
 
     def exists(self, key: str) -> bool:
         """Whether ``key`` holds a value."""
         key = check_key(key)
-        return bool(self._call(lambda: self._redis.exists(key), "EXISTS"))
+        return bool(self._call(lambda: self.redis.exists(key), "EXISTS"))
 
     def raise_if_lost(self, keys) -> None:
         """Raise ``StoreLostError`` if the store lost its data (its data marker is gone,
         kvs/markers.py), so that ``keys`` are missing because of a server-side loss.
         A lookup asks this before it calls a key missing; the marker is read from the
         server, never from a local cache."""
-        if not self._call(lambda: self._redis.exists(DATA_MARKER), "EXISTS"):
+        if not self._call(lambda: self.redis.exists(DATA_MARKER), "EXISTS"):
             shown = ", ".join(repr(k) for k in list(keys)[:3])
             raise StoreLostError(
                 f"the KVS at {self.url} lost its data (it restarted empty); "
@@ -280,7 +322,18 @@ class KVS:
 
     def ping(self) -> bool:
         """True if the server answers (raises ``UnreachableError`` otherwise)."""
-        return bool(self._call(self._redis.ping, "PING"))
+        return bool(self._call(lambda: self.redis.ping(), "PING"))
+
+    def call(self, fn: Callable[[Any], T], what: str) -> T:
+        """``fn(self.redis)``, with this client's retries (a restart or failover of the store
+        is waited out, within ``retry_timeout``) and its errors as the tree's classes
+        (``UnreachableError``, ``StoreWriteError``, ...): for the runtime's own scripts
+        (``executors/plans.py``) and structures outside the codec.
+
+            >>> store.call(lambda r: r.incr("counter"), "INCR")        # doctest: +SKIP
+            1
+        """
+        return self._call(lambda: fn(self.redis), what)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -288,7 +341,10 @@ class KVS:
         """Close all connections. Idempotent; the object is unusable afterwards."""
         if not self._closed:
             self._closed = True
-            self._pool.disconnect()
+            with self._client_lock:
+                client = self._client
+            if client is not None:
+                close_client(client)
 
     def __enter__(self):
         return self
@@ -317,25 +373,26 @@ class KVS:
         not say: CONFIG may be renamed or refused on a managed server)."""
         try:
             # keys are bytes here (the pool does not decode), though redis-py types them str
-            reply: Any = self._redis.config_get("dir")
+            reply: Any = self.redis.config_get("dir")
         except redis.RedisError:
             return None
         value = reply.get(b"dir", reply.get("dir")) if isinstance(reply, dict) else None
         return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
+    def _plain_pool(self) -> ConnectionPool:
+        """The connection pool of a one-server or Sentinel store (a Cluster has one per node)."""
+        client = self.redis
+        if isinstance(client, RedisCluster):
+            raise FlowValueError(f"{self.url} is a Redis Cluster: it has a pool per node")
+        return client.connection_pool
+
     def _set_encoded(self, key: str, data: bytes, mark: bool = False) -> None:
-        """SET; with ``mark`` (user data) the data marker too, in the same round trip."""
-        if not mark:
-            self._call(lambda: self._redis.set(key, data), "SET")
-            return
-
-        def marked():
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.set(key, data)
-            pipe.set(DATA_MARKER, b"1")
-            pipe.execute()
-
-        self._call(marked, "SET")
+        """SET, waiting for the replicas the store URL names (``kvs/replicas.py``); with
+        ``mark`` (user data) the data marker too, in the same round trip."""
+        writes = [Write(key, ("SET", key, data))]
+        if mark:
+            writes.append(Write(DATA_MARKER, ("SET", DATA_MARKER, b"1"), wait=False))
+        self._call(lambda: written(self.redis, writes), "SET")
 
 
 def decode_value(key: str, data: bytes, trusted: bool, signing_key: bytes | None = None) -> Any:

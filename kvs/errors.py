@@ -2,7 +2,8 @@
 
     StoreLostError        (RetryableError) the server restarted empty: the data is gone  -> 503
     StoreWriteError       (RetryableError) the server refuses writes: it cannot write its
-                          disk (full or read-only), it is a read-only replica, or out of memory
+                          disk (full or read-only), it is a read-only replica, out of memory,
+                          or no replica confirmed a write that must survive a failover
     KeyNotFoundError      (DataError, KeyError) get/mget of a missing key, no default
     SerializationError    (FlowTypeError) a value the codec refuses, or bytes it cannot read
 
@@ -28,9 +29,10 @@ class StoreLostError(RetryableError):
 
 class StoreWriteError(RetryableError):
     """The server refuses writes for now: it cannot persist them to its disk (full or
-    read-only: Redis answers MISCONF), it is a read-only replica, or it is out of memory.
-    Reads still work. Retryable (HTTP 503): it takes writes again once the cause is gone,
-    by itself for a disk that has space again."""
+    read-only: Redis answers MISCONF), it is a read-only replica, it is out of memory, or
+    too few replicas confirmed a write that must survive a failover (NOREPLICAS,
+    kvs/replicas.py). Reads still work. Retryable (HTTP 503): it takes writes again once
+    the cause is gone, by itself for a disk that has space again or a replica that is back."""
 
 
 def store_problem(error: BaseException) -> str:
@@ -47,18 +49,27 @@ def store_problem(error: BaseException) -> str:
         return f"the store is a read-only replica; point the cluster at the primary. Redis said: {text}"
     if head == "OOM":
         return f"the store is out of memory (its maxmemory); free keys or give it more. Redis said: {text}"
+    if head == "NOREPLICAS":
+        return (
+            "the store's primary has too few replicas confirming writes, so a write that must survive a "
+            f"failover did not succeed; it does once a replica is attached again. Redis said: {text}"
+        )
     return text
 
 
 def is_write_refusal(error: BaseException) -> bool:
     """Whether a Redis error is the server refusing writes for now (``StoreWriteError``)."""
-    return _reply(error).split(" ", 1)[0] in ("MISCONF", "READONLY", "OOM")
+    return _reply(error).split(" ", 1)[0] in ("MISCONF", "READONLY", "OOM", "NOREPLICAS")
 
 
 def _reply(error: BaseException) -> str:
-    """The server's error reply, without what redis-py puts before it in a pipeline."""
-    text = str(error)
-    return text.split(" of pipeline caused error: ", 1)[-1]
+    """The server's error reply, without what redis-py puts before it in a pipeline, and
+    with the error code redis-py strips from the errors it has a class for (READONLY, OOM)."""
+    text = str(error).split(" of pipeline caused error: ", 1)[-1]
+    code = getattr(error, "status_code", None)
+    if isinstance(code, str) and code and not text.startswith(code):
+        text = f"{code} {text}"
+    return text
 
 
 class KeyNotFoundError(DataError, KeyError):

@@ -10,11 +10,18 @@ for everything, exactly like a fresh store. Two marker keys make the difference 
   ``KVS.put``/``mput``. Missing means the user's data was lost: a lookup of a missing key
   is then a retryable ``StoreLostError`` (HTTP 503), not a missing key (422). It is *not*
   restored by a re-publish: only writing data again says the data is back.
+
+On a Redis Cluster each marker lives on the shard its slot falls in, so it speaks for that
+shard: ``STORE_MARKER``'s hash tag is the registry's whole name (``flowserve:deployed``),
+which puts it in the registry's slot (a gateway reads both in one MULTI:
+``executors/gateway/durability.py``) without renaming the registry, which persisted stores
+hold. A shard that lost its data along with its replicas is not noticed by a marker on
+another shard; with a replica per shard, a failover loses nothing a marker would flag.
 """
 
 from __future__ import annotations
 
-STORE_MARKER = "flowserve:marker:store"
+STORE_MARKER = "flowserve:marker:store:{flowserve:deployed}"  # in the registry's Cluster slot
 DATA_MARKER = "flowserve:marker:data"
 
 

@@ -9,6 +9,8 @@ deploy errors): a URL's password is a secret wherever it is quoted.
     'redis://app:***@[::1]:6379/0?password=***&db=1'
     >>> redact_url("connecting to redis://:s3cret@kvs:6379 failed")
     'connecting to redis://:***@kvs:6379 failed'
+    >>> redact_url("redis+sentinel://:s3cret@s1:26379,s2:26379/main?sentinel_password=x")
+    'redis+sentinel://:***@s1:26379,s2:26379/main?sentinel_password=***'
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import re
 # holds an unescaped '@' is masked whole. No parsing: a URL urllib refuses (a bad port,
 # a broken IPv6 literal) and a URL inside a longer message are masked the same way.
 _USERINFO_PASSWORD = re.compile(r"(//[^/?#:\s]*:)[^/?#\s]*@")
-# ``?password=...`` (redis-py reads the password from the query string too)
-_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#\s]*", re.IGNORECASE)
+# ``?password=...`` (redis-py reads the password from the query string too) and
+# ``?sentinel_password=...`` (a Sentinel store URL's, kvs/urls.py)
+_QUERY_PASSWORD = re.compile(r"([?&](?:sentinel_)?password=)[^&#\s]*", re.IGNORECASE)
 
 
 def redact_url(text: str) -> str:

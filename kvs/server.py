@@ -207,6 +207,9 @@ class RedisServer:
         binary: server executable; None to look it up with ``find_server_binary``.
         startup_timeout: seconds to wait for the first PING answer.
         maxmemory: optional limit such as ``"512mb"`` (evicts least-recently-used keys).
+        extra_config: more ``redis.conf`` lines (a replica's ``replicaof``, a Cluster
+            node's ``cluster-enabled yes``: ``kvs/replicated.py``).
+        sentinel: run as a Redis Sentinel (``--sentinel``) instead of a data server.
     """
 
     def __init__(
@@ -220,6 +223,8 @@ class RedisServer:
         binary: str | None = None,
         startup_timeout: float = 10.0,
         maxmemory: str | None = None,
+        extra_config: tuple[str, ...] | list[str] = (),
+        sentinel: bool = False,
     ):
         if port is not None and (type(port) is not int or not 0 < port < 65536):
             raise ValueError(f"port must be an int in 1..65535, got {port!r}")
@@ -238,6 +243,10 @@ class RedisServer:
         self._binary = binary
         self.startup_timeout = float(startup_timeout)
         self.maxmemory = maxmemory
+        if any("\n" in line for line in extra_config):
+            raise ValueError("extra_config lines must be single lines")
+        self.extra_config = tuple(extra_config)
+        self.sentinel = bool(sentinel)
         self._proc: subprocess.Popen | None = None
         self._proc_box: list = [None, os.getpid()]  # shared with the finalizer
         self._finalizer: weakref.finalize | None = None
@@ -385,6 +394,7 @@ class RedisServer:
             lines.append(f"requirepass {_conf_quote(self.password)}")
         if self.maxmemory:
             lines += [f"maxmemory {self.maxmemory}", "maxmemory-policy allkeys-lru"]
+        lines += self.extra_config
         return "\n".join(lines) + "\n"
 
     def _launch(self) -> None:
@@ -395,7 +405,7 @@ class RedisServer:
         log = self._dir / "redis.log"
         with open(self._dir / "stdout.log", "ab") as out:
             self._proc = popen(
-                [self.binary, str(conf)],
+                [self.binary, str(conf), *(["--sentinel"] if self.sentinel else [])],
                 die_with_parent=self.die_with_parent,
                 cwd=self._dir,
                 stdin=subprocess.DEVNULL,

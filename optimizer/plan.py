@@ -41,6 +41,8 @@ class Plan:
     ``timeout_s``: this flow's deadline when deployed (None: the cluster's default).
     ``slo``: set when the plan is served under a latency SLO (``optimizer.slo.sizing``
     ``ServingSLO``: the objective, each stage's budget and why it got its size).
+    ``autoscaling``: this flow's own ``AutoscalingConfig`` when deployed (None: the
+    cluster's, if it has one; ``flowserve deploy -f`` sets it per flow).
     """
 
     flow_name: str
@@ -50,6 +52,7 @@ class Plan:
     rules: tuple[str, ...] = ()
     timeout_s: float | None = None
     slo: object | None = None
+    autoscaling: object | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "stages", MappingProxyType(dict(self.stages)))
@@ -85,7 +88,19 @@ class Plan:
 
     def __reduce__(self):  # read-only mappings do not pickle; ship plain dicts
         schema = dict(self.input_schema) if self.input_schema is not None else None
-        return (Plan, (self.flow_name, dict(self.stages), self.sink, schema, self.rules, self.timeout_s, self.slo))
+        return (
+            Plan,
+            (
+                self.flow_name,
+                dict(self.stages),
+                self.sink,
+                schema,
+                self.rules,
+                self.timeout_s,
+                self.slo,
+                self.autoscaling,
+            ),
+        )
 
     @classmethod
     def from_flow(cls, flow) -> Plan:
@@ -121,6 +136,10 @@ class Plan:
     def with_timeout(self, seconds: float | None) -> Plan:
         """The same plan with its own deadline when deployed (None: the cluster's default)."""
         return replace(self, timeout_s=None if seconds is None else float(seconds))
+
+    def with_autoscaling(self, config) -> Plan:
+        """The same plan scaled by its own ``AutoscalingConfig`` when deployed (None: the cluster's)."""
+        return replace(self, autoscaling=config)
 
     def consumers(self) -> dict[str, list[str]]:
         """For each stage (and INPUT), the stages that read it, once per edge."""

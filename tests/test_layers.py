@@ -6,7 +6,7 @@ import is still a dependency). Two checks, from the source text alone:
   operator specs, the logical plan) <- optimizer, kvs <- executors (the runtime) <- k8s (a
   deploy target) <- flowserve (the public import and the CLI);
 - inside the runtime (executors/), each role imports only the roles below it: the shared
-  ground (errors, plans) <- codec (bodies), wire (between processes) <- gateway, worker
+  ground (errors, plans, tracing) <- codec (bodies), wire (between processes) <- gateway, worker
   (which never import each other: they meet only in wire) <- hosts (processes, client,
   CLI); the package's face (executors/__init__.py) hands the hosts' names on;
 - no file imports itself back through others (no import circle, within a package or across).
@@ -31,11 +31,12 @@ LAYERS = {  # package -> the packages it may import (besides itself)
 ROLES = {  # role inside executors/ -> the roles it may import (besides itself)
     "errors": set(),
     "plans": {"errors"},
+    "tracing": set(),  # shared ground: OpenTelemetry spans, which the gateway and the worker both make
     "codec": {"errors"},
     "wire": {"errors", "codec"},
-    "gateway": {"errors", "plans", "codec", "wire"},
-    "worker": {"errors", "plans", "codec", "wire"},
-    "hosts": {"errors", "plans", "codec", "wire", "gateway", "worker"},
+    "gateway": {"errors", "plans", "tracing", "codec", "wire"},
+    "worker": {"errors", "plans", "tracing", "codec", "wire"},
+    "hosts": {"errors", "plans", "tracing", "codec", "wire", "gateway", "worker"},
     "": {"errors", "hosts"},  # the package's face: public names
 }
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 import struct
 from typing import Any
@@ -20,10 +21,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from executors.errors import BadRequestError  # with the errors: the client raises it for any 4xx too
+from executors.errors import BadRequestError, RequestTooLargeError  # the client raises these for 4xx too
 from flow.errors import DataError, DataTypeError, SchemaError
 from flow.table import Table, built_column
-from flow.types import ColumnType, any_true, build_column
+from flow.types import ColumnType, build_column, check_fits, int_bounds, tensor_value
 from flow.validation import check_schema
 from optimizer.positions import POS
 
@@ -51,12 +52,15 @@ def parse_body(body: bytes, content_type: str, schema: dict[str, ColumnType] | N
     """The rows of a request body: a list of row dicts (JSON) or a pyarrow Table (validated:
     ``arrow_table``; ``max_inflated`` bounds a compressed one's size uncompressed)."""
     ctype = _media_type(content_type)
+    max_table = TABLE_BYTES_PER_BODY_BYTE * (ARROW_MAX_INFLATED if max_inflated is None else max_inflated)
     if ctype == ARROW:
-        return arrow_table(body, max_inflated)
+        table = arrow_table(body, max_inflated)
+        check_table_bytes(table.num_rows, schema, max_table)
+        return table
     if ctype not in _JSON_TYPES:
         raise BadRequestError(f"unsupported Content-Type {content_type!r}; use {JSON} or {ARROW}")
     if schema and len(body) > CHUNKED_JSON_BYTES:
-        parts = _json_parts(body, schema)
+        parts = _json_parts(body, schema, max_table)
         if parts is not None:
             return parts
     doc = _loads(body or b"null")
@@ -64,8 +68,10 @@ def parse_body(body: bytes, content_type: str, schema: dict[str, ColumnType] | N
     if not isinstance(rows, list):  # [] is a request of no rows, as for flow.run and Arrow
         raise BadRequestError("body must be a JSON object (one row) or a list of objects (rows)")
     _check_rows(rows)
+    check_table_bytes(len(rows), schema, max_table)
     if schema:
-        rows = [_convert_row(r, schema, i) for i, r in enumerate(rows)]
+        bools = may_hold_bool(body)
+        rows = [_convert_row(r, schema, i, bools) for i, r in enumerate(rows)]
     return rows
 
 
@@ -133,6 +139,39 @@ def arrow_table(body, max_inflated: int | None = None) -> Any:
 # A compressed Arrow body may declare at most this many bytes uncompressed (the default
 # limit on a body's size: a compressed body holds no more than an uncompressed one may).
 ARROW_MAX_INFLATED = 64 * 1024 * 1024
+# A request's rows may take at most this many times the body limit as columns. A body's
+# values take about as much room as columns as they took in the body (an Arrow body's are
+# its columns; JSON's text is as long as its numbers or longer, ``{"a":1,"b":2}`` about
+# 1.2x), but a missing value takes none there and a whole value in a column (a column of
+# nulls is a few bytes of Arrow; 600,000 null rows of a (256, 256) float32 tensor are 146 GiB).
+TABLE_BYTES_PER_BODY_BYTE = 4
+
+
+def check_table_bytes(rows: int, schema: dict[str, ColumnType] | None, limit: int, more: bool = False) -> None:
+    """Refuse (``RequestTooLargeError``, 413) ``rows`` rows whose columns, as the flow's
+    schema types them, would take more than ``limit`` bytes: estimated before one is built
+    (no schema: the body's own values, bounded by its size). ``more``: the body has rows
+    after these (read in pieces)."""
+    if not schema or not rows:
+        return
+    per_row = 8 + sum(_row_bytes(t) for t in schema.values())  # 8: the qid
+    need = rows * per_row
+    if need > limit:
+        raise RequestTooLargeError(
+            f"the request's {'first ' if more else ''}{rows} rows would take {need / 2**20:,.0f} MiB as columns ({per_row:,} bytes a row), "
+            f"over the limit of {limit / 2**20:,.0f} MiB ({TABLE_BYTES_PER_BODY_BYTE}x the body limit); "
+            f"send fewer rows a request"
+        )
+
+
+def _row_bytes(t: ColumnType) -> int:
+    """The bytes one row of a column of type ``t`` takes, whatever its value (strings and
+    bytes: their pointer; their text is in the body)."""
+    if t.kind == "tensor":
+        return t.dtype.itemsize * math.prod(t.shape)  # np.prod costs ~4 us a request
+    return t.dtype.itemsize
+
+
 # An Arrow body may declare at most this many rows (the gateway's max_rows, 1,000,000 by
 # default, is checked after): a column of nulls takes no bytes, and Arrow's sum of the
 # batches' lengths, in 64 bits, wraps around (four batches of 2**62 rows make a Table of 0).
@@ -367,15 +406,18 @@ class JsonParts:
         return self.rows
 
 
-def _json_parts(body: bytes, schema: dict[str, ColumnType]) -> JsonParts | None:
+def _json_parts(body: bytes, schema: dict[str, ColumnType], max_table: int) -> JsonParts | None:
     """The rows of a JSON list, converted a piece (about ``CHUNK_BYTES``) at a time, or None
     when the body is not a plain list of objects that splits cleanly (the whole-body path
     then reads it, and says what is wrong with it).
 
     Pieces are cut where one object ends and the next begins (``},{``, whitespace allowed).
     A cut that falls inside a string or inside a row leaves the piece before it unbalanced,
-    so that piece is not valid JSON: every piece parsing means every cut was between rows."""
+    so that piece is not valid JSON: every piece parsing means every cut was between rows.
+    Before a piece becomes columns, the rows so far are held to ``max_table`` bytes
+    (``check_table_bytes``)."""
     view = memoryview(body)
+    bools = may_hold_bool(body)
     start = len(body) - len(body.lstrip())
     end = len(body.rstrip())
     if body[start : start + 1] != b"[" or body[end - 1 : end] != b"]":
@@ -402,9 +444,10 @@ def _json_parts(body: bytes, schema: dict[str, ColumnType]) -> JsonParts | None:
         if keys is None and rows and isinstance(rows[0], dict):
             keys = rows[0].keys()
         _check_rows(rows, row, keys)
+        check_table_bytes(row + len(rows), schema, max_table, more=cut is not None)
         # columns straight from the rows (every row has the first row's keys: checked)
         data = {
-            n: _convert_column([r[n] for r in rows], schema[n], n, row) if n in schema else [r[n] for r in rows]
+            n: _convert_column([r[n] for r in rows], schema[n], n, row, bools) if n in schema else [r[n] for r in rows]
             for n in (keys or ())
         }
         try:
@@ -489,123 +532,107 @@ def _check_value(value, column) -> None:
             _check_value(v, column)
 
 
-# a run of 20 digits may be an integer beyond 64 bits (found in C: digits -> 1, the rest -> 0)
-_DIGITS = bytes(1 if chr(b).isdigit() and b < 128 else 0 for b in range(256))
+# a run of 20 digits may be an integer beyond 64 bits, and so may a minus and 19 digits
+# (orjson reads -9223372036854775809 as a float): found in C, digits and "-" -> 1, the rest
+# -> 0, in one search (a run that is no such number only takes the slower path)
+_DIGITS = bytes(1 if (chr(b).isdigit() and b < 128) or b == ord("-") else 0 for b in range(256))
 _LONG_NUMBER = b"\x01" * 20
 
 
-def _convert_row(row: dict, schema: dict[str, ColumnType], i: int) -> dict:
+def _convert_row(row: dict, schema: dict[str, ColumnType], i: int, bools: bool = True) -> dict:
     out = dict(row)
     for name, t in schema.items():
         v = row.get(name)
         if v is not None:
-            out[name] = _convert_value(v, t, name, i)
+            out[name] = _convert_value(v, t, name, i, bools)
     return out
 
 
-def _convert_column(values: list, t: ColumnType, name: str, first: int) -> list:
+def _convert_column(values: list, t: ColumnType, name: str, first: int, bools: bool = True) -> list:
     """A column's JSON values (rows ``first``...) as ``_convert_row`` converts them, in place."""
-    if t.kind not in ("bytes", "tensor", "float"):
+    if t.kind not in ("bytes", "tensor", "float", "int"):
         return values
     for i, v in enumerate(values):
         if v is not None:
-            values[i] = _convert_value(v, t, name, first + i)
+            values[i] = _convert_value(v, t, name, first + i, bools)
     return values
 
 
-def _convert_value(v, t: ColumnType, name: str, i: int):
+def may_hold_bool(body) -> bool:
+    """Whether a JSON body may hold a boolean: ``true`` or ``false`` appears in it (in a
+    string too, which costs only a closer look). In numpy's array of a nested list a
+    boolean among numbers becomes 0 or 1, so a tensor of numbers is searched for one, but
+    only in a body that may hold one."""
+    data = body if isinstance(body, (bytes, bytearray)) else bytes(body)
+    # both words hold an "e": one memchr (0.3 us for a 3 KB image's body) rules most bodies
+    # of numbers out before the two word searches (3-9 us there: CPython finds a word more
+    # slowly than a byte)
+    return b"e" in data and (b"true" in data or b"false" in data)
+
+
+def _convert_value(v, t: ColumnType, name: str, i: int, bools: bool = True):
     """A JSON value as column ``name`` of type ``t`` holds it: base64 to bytes, nested lists
-    to a tensor of its dtype and shape, an integer to a float; type errors name row and column."""
+    to a tensor of its dtype and shape, an integer to a float, a number without a fraction
+    to an integer (JSON Schema's reading, which the OpenAPI document follows: 75.0 is 75);
+    type errors name row and column. ``bools``: the body may hold a boolean
+    (``may_hold_bool``), which a tensor of numbers must not."""
     if t.kind == "bytes":
         if not isinstance(v, str):
             raise DataTypeError(f"row {i}: column {name!r} should be bytes as a base64 string, got {type(v).__name__}")
+        # padded, nothing after the padding: exactly openapi.BASE64 (b64decode alone takes "AAAA=")
+        if len(v) % 4 or "=" in v[:-2] or (v[-2:-1] == "=" and v[-1:] != "="):
+            raise DataTypeError(f"row {i}: column {name!r} is not valid base64")
         try:
             return base64.b64decode(v, validate=True)
         except ValueError:
             raise DataTypeError(f"row {i}: column {name!r} is not valid base64") from None
     if t.kind == "tensor":
+        if bools and t.dtype.kind != "b" and _holds_bool(v):
+            raise DataTypeError(f"column {name!r}: row {i}: a boolean among the numbers of a {t}")
         arr = _tensor(v, t, name, i)
         if arr.shape != t.shape:
             raise DataTypeError(f"row {i}: column {name!r} should have shape {t.shape}, got {arr.shape}")
         return arr
     if t.kind == "float" and type(v) is int:
-        return float(v)
+        if -_FLOAT64_MAX <= v <= _FLOAT64_MAX:
+            return float(v)
+        digits = str(v)
+        raise DataTypeError(
+            f"column {name!r}: row {i}: {digits[:24]}... ({len(digits)} digits) does not fit in float64 "
+            f"(numbers within ±{_FLOAT64_MAX:.8g})"
+        )
+    if t.kind == "int" and type(v) is float and v.is_integer():
+        return int(v)  # its range is the column builder's to check
     return v
 
 
+_FLOAT64_MAX = int(np.finfo(np.float64).max)
+
+
+def _holds_bool(value) -> bool:
+    """Whether a nested list holds a boolean (one pass over it, the innermost lists in C)."""
+    if type(value) is not list or not value:
+        return type(value) is bool
+    if type(value[0]) is list:
+        return any(map(_holds_bool, value))
+    return bool in set(map(type, value))
+
+
 def _tensor(value, t: ColumnType, name: str, i: int) -> np.ndarray:
-    """A JSON tensor (nested lists) as ``t``'s dtype, as strictly as scalars are typed:
-    booleans are not numbers, floats never become integers, integers must fit the dtype."""
-    try:
-        raw = np.asarray(value)
-    except (ValueError, TypeError):
-        raise DataTypeError(_tensor_what(t, name, i)) from None
-    want = t.dtype.kind
-    got = raw.dtype.kind
-    if got not in "biuf" or (got == "b") != (want == "b") or (got == "f" and want in "iu"):
-        what = _tensor_what(t, name, i)  # built only for an error: formatting a type costs ~10 us
-        raise DataTypeError(f"{what}, got {raw.dtype.name} values" if got in "biuf" else what)
-    if got in "iu" and want in "iu" and raw.size and raw.dtype != t.dtype:
-        low, high = _bounds(t.dtype)
-        if raw.min() < low or raw.max() > high:
-            raise DataTypeError(f"row {i}: column {name!r}: values out of range for {t.dtype.name} ({low}..{high})")
-    if want != "f" or raw.dtype == t.dtype or not _may_overflow(raw.dtype, t.dtype):
-        return raw.astype(t.dtype, copy=False)
-    with np.errstate(over="ignore"):
-        out = raw.astype(t.dtype)
-    if raw.size:
-        # JSON has no infinity (non-finite numbers are refused when read): an infinity
-        # here is a finite number beyond the dtype's range (1e39 as float32)
-        inf = np.isinf(out)
-        if any_true(inf):
-            _check_float(raw.flat[int(np.argmax(inf.ravel()))].item(), t.dtype, f"row {i}: column {name!r}")
-    return out
+    """A JSON tensor (nested lists) as ``t``'s dtype, refused as ``flow.run`` refuses it
+    (``types.tensor_value``, ``types.check_fits``: one check for every path): not an
+    array of numbers, a boolean where numbers go (or a number where booleans go), a
+    fraction where integers go, a value beyond the dtype's range."""
+    raw = tensor_value(value, name, i)
+    if raw.shape != t.shape:
+        raise DataTypeError(f"column {name!r}: row {i}: expected shape {t.shape}, got {raw.shape}")
+    if raw.dtype == t.dtype:
+        return raw
+    check_fits(raw[None], t, name, i)
+    return raw.astype(t.dtype)
 
 
-def _tensor_what(t: ColumnType, name: str, i: int) -> str:
-    return f"row {i}: column {name!r} should be {t} (nested lists of numbers)"
-
-
-_BOUNDS: dict = {}
-_OVERFLOWS: dict = {}
-
-
-def _may_overflow(src: np.dtype, dst: np.dtype) -> bool:
-    """Whether a value of dtype ``src`` may lie outside the range of ``dst`` (int64 to
-    uint8, float64 to float32, uint16 to float16; never int64 to float32)."""
-    key = (src, dst)
-    may = _OVERFLOWS.get(key)
-    if may is None:
-        if src.kind == "b" or dst.kind not in "iuf" or src.kind not in "iuf":
-            may = False
-        elif dst.kind == "f":
-            limit = np.finfo(src).max if src.kind == "f" else max(-int(np.iinfo(src).min), int(np.iinfo(src).max))
-            may = float(limit) > float(np.finfo(dst).max)
-        elif src.kind == "f":
-            may = True
-        else:
-            low, high = _bounds(dst)
-            info = np.iinfo(src)
-            may = int(info.min) < low or int(info.max) > high
-        _OVERFLOWS[key] = may
-    return may
-
-
-def _check_float(value, dtype: np.dtype, where: str) -> None:
-    """Refuse a finite ``value`` that ``dtype`` (a float dtype) would make an infinity."""
-    with np.errstate(over="ignore"):
-        overflows = np.isfinite(value) and np.isinf(dtype.type(value))
-    if overflows:
-        raise DataTypeError(f"{where}: {value!r} is out of range for {dtype.name} (±{float(np.finfo(dtype).max):.8g})")
-
-
-def _bounds(dtype: np.dtype) -> tuple[int, int]:
-    """An integer dtype's (min, max) as ints (np.iinfo computes them on each access)."""
-    bounds = _BOUNDS.get(dtype)
-    if bounds is None:
-        info = np.iinfo(dtype)
-        bounds = _BOUNDS[dtype] = (int(info.min), int(info.max))
-    return bounds
+_bounds = int_bounds  # jsontensors checks its integers against the same ranges
 
 
 def to_table(rows, qids: np.ndarray, schema) -> Table:
@@ -619,8 +646,6 @@ def to_table(rows, qids: np.ndarray, schema) -> Table:
             raise SchemaError("column 'qid' is assigned by the server; remove it from the request")
         if POS in rows.column_names:
             raise SchemaError(_RESERVED.format(where=""))
-        if schema:
-            _check_arrow_tensors(rows, schema)
         try:
             return Table.from_arrow(rows, qid=qids, schema=schema)
         except DataError:
@@ -669,66 +694,6 @@ def _arrow_columns(table, schema):
         )
 
 
-def _check_arrow_tensors(table, schema: dict[str, ColumnType]) -> None:
-    """Arrow tensor columns held to the rules of JSON's (``_tensor``) where the schema's
-    dtype is another: booleans are not numbers, floats never become integers, integers
-    must fit the dtype, and a finite value must not overflow a narrower float (1e39 as
-    float32 is inf). The schema's cast would otherwise wrap, truncate or overflow them
-    silently. A column already of the schema's dtype (the usual request) costs nothing;
-    one of another dtype one pass (its minimum and maximum)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    names = set(table.column_names)
-    for name, t in schema.items():
-        if t.kind != "tensor" or name not in names:
-            continue
-        col = table.column(name)
-        leaf = col.type
-        if isinstance(leaf, pa.FixedShapeTensorType):
-            leaf = leaf.storage_type
-        while _arrow_list(leaf):
-            leaf = leaf.value_type
-        if not _arrow_number(leaf):
-            continue  # not a tensor of numbers: the builder names it
-        got = np.dtype(leaf.to_pandas_dtype())
-        if got == t.dtype:
-            continue
-        want = t.dtype.kind
-        if (got.kind == "b") != (want == "b") or (got.kind == "f" and want in "iu"):
-            raise DataTypeError(f"column {_quoted(name)} should be {t}, got {got.name} values")
-        if got.kind == "b" or not _may_overflow(got, t.dtype):
-            continue
-        values = pa.chunked_array([_leaf_values(chunk) for chunk in col.chunks], type=leaf)
-        if got.kind == "f":  # infinities (and NaN) are values both sides: only finite ones can overflow
-            values = pc.filter(values, pc.is_finite(values))
-        low, high = (v.as_py() for v in pc.min_max(values).values())
-        if low is None:
-            continue  # no values
-        if want in "iu":
-            bounds = _bounds(t.dtype)
-            if low < bounds[0] or high > bounds[1]:
-                bad = low if low < bounds[0] else high
-                raise DataTypeError(
-                    f"column {_quoted(name)}: values out of range for {t.dtype.name} "
-                    f"({bounds[0]}..{bounds[1]}), e.g. {bad}"
-                )
-        else:
-            for value in (low, high):
-                _check_float(value, t.dtype, f"column {_quoted(name)}")
-
-
-def _leaf_values(arr):
-    """The values of a (nested) list or tensor array, its slicing and null rows accounted for."""
-    import pyarrow as pa
-
-    if isinstance(arr, pa.ExtensionArray):
-        arr = arr.storage
-    while _arrow_list(arr.type):
-        arr = arr.flatten()
-    return arr
-
-
 class UnencodableError(DataError, ValueError):
     """An answer JSON cannot carry (the client may ask for Arrow instead); the gateway
     answers it as the operator's ``OperatorOutputError``, naming the operator."""
@@ -754,11 +719,12 @@ def one_row_table(body, content_type: str, qid: int, schema) -> Table | None:
     if type(doc) is not dict or doc.keys() != schema.keys():
         return None
     values = []
+    bools = may_hold_bool(body)
     for name, t in schema.items():
         value = doc[name]
         if value is None:
             return None
-        values.append(_convert_value(value, t, name, 0))  # the general path's value, or its error
+        values.append(_convert_value(value, t, name, 0, bools))  # the general path's value, or its error
     cols = {}
     for (name, t), value in zip(schema.items(), values):
         if t.kind == "tensor":  # a fresh array of t's dtype and shape

@@ -15,7 +15,8 @@ async def build_on(dispatcher, executor_id: str, pick, load_timeout_s: float) ->
     build that failed is logged and left out: the store watch (durability.py) or the next
     membership change builds it again."""
     built = []
-    for name, flow in list(dispatcher.flows.items()):
+    # the served versions, and the canaries and shadows beside them (rollouts.py)
+    for name, flow in [*dispatcher.flows.items(), *dispatcher.candidates.items()]:
         stages = pick(flow)
         if not stages:
             continue

@@ -1,6 +1,7 @@
 """Deploying: building a registered plan's stages on the executors and serving it, the
 admin routes (``POST /admin/deploy``, ``DELETE /admin/flows/{name}``) and the SLO tuner's
-re-plans.
+re-plans. A deploy with ``canary`` or ``shadow`` serves its version beside the served one
+instead (rollouts.py).
 
 Deploys of one name may race (here or on other gateways). Versions decide: the registry
 and the served flow only ever move to a newer version, so a deploy whose version is older
@@ -53,16 +54,45 @@ class Deploys:
         self.changed_at: dict[str, float] = {}
         self.served_high: dict[str, int] = {}  # flow -> the newest version served here
         self.on_served = None  # (name, version) -> None: the host keeps served_high past restarts
+        # what readiness names (readiness.py): loads in progress, flow -> (version, whether the
+        # registry lists it: a host's restore or sync, not a deploy still to be registered),
+        # and registered versions that failed to load here, flow -> (version, why)
+        self.loading: dict[str, tuple[int, bool]] = {}
+        self.unserved: dict[str, tuple[int, str]] = {}
 
-    async def load_flow(self, name: str, version: int, install_if=None, install: bool = True) -> DeployedFlow:
+    async def load_flow(
+        self, name: str, version: int, install_if=None, install: bool = True, listed: bool | None = None
+    ) -> DeployedFlow:
         """Place a registered plan on the executors and build its stages there; the flow
         is served from then on (unless ``install_if()``, asked once it is built, says it
         has become stale, or ``install`` is False: the caller installs it). A version
         older than the one served is not installed (``LoadFailed`` 409), and one older
         than any this gateway has served is not even loaded (``served_high``); replicas
-        built for nothing are released. Raises ``LoadFailed`` with the HTTP status to answer."""
+        built for nothing are released. Raises ``LoadFailed`` with the HTTP status to answer.
+        ``listed``: whether the registry lists this version already (default: ``install``,
+        as for a host's restore or sync); readiness waits for such a load and names one that
+        failed (readiness.py)."""
+        listed = install if listed is None else listed
+        self.loading[name] = (version, listed)
+        try:
+            return await self._load_flow(name, version, install_if, install)
+        except LoadFailed as e:
+            if listed:
+                self.unserved[name] = (version, e.message)
+            raise
+        finally:
+            if self.loading.get(name, (None,))[0] == version:
+                del self.loading[name]
+
+    async def _load_flow(self, name: str, version: int, install_if, install: bool) -> DeployedFlow:
         from executors.gateway.placement import place
 
+        candidate = self.dispatcher.candidates.get(name)
+        if install and candidate is not None and candidate.version == version:
+            # promoted on another gateway: the candidate built here is that version already
+            if install_if is None or install_if():
+                self.install(name, candidate)
+            return candidate
         high = self.served_high.get(name)
         if high is not None and version < high:
             message = (
@@ -73,7 +103,7 @@ class Deploys:
             log.error("%s", message)
             raise LoadFailed("DeployConflict", message)
         try:
-            plan, blob = await asyncio.to_thread(_read_plan, self.store, name, version)
+            plan, blob = await asyncio.to_thread(read_plan, self.store, name, version)
         except SerializationError as e:  # there, but refused (another flow's or version's, or forged)
             log.error("flow %s v%s: %s", name, version, e)
             raise LoadFailed("UnknownPlan", f"flow {name!r} version {version} cannot be loaded: {e}") from None
@@ -104,14 +134,18 @@ class Deploys:
         if install_if is not None and not install_if():
             self.dispatcher.retire(flow)
             return flow
-        self._install(name, flow)
+        self.install(name, flow)
         return flow
 
-    def _install(self, name: str, flow: DeployedFlow) -> None:
-        """Serve ``flow`` now, unless a newer version is served (``LoadFailed`` 409)."""
+    def install(self, name: str, flow: DeployedFlow) -> None:
+        """Serve ``flow`` now, unless a newer version is served (``LoadFailed`` 409); a
+        rollout it makes stale ends (rollouts.py)."""
         served = self.dispatcher.install(name, flow)
         if served is not None and served.version != flow.version:  # the same version again: served
             raise LoadFailed("DeployConflict", _conflict(name, flow.version, served.version))
+        if self.unserved.get(name, (flow.version,))[0] <= flow.version:
+            self.unserved.pop(name, None)
+        self.g.rollouts.installed(name, flow)
         self.served_high[name] = max(self.served_high.get(name, flow.version), flow.version)
         if self.on_served is not None:
             self.on_served(name, self.served_high[name])
@@ -122,7 +156,17 @@ class Deploys:
             doc = await request.json()
             name, version = str(doc["flow"]), int(doc["version"])
         except (ValueError, KeyError, TypeError):
-            return error_response(http_error_for(BadRequestError('body must be {"flow": name, "version": n}')))
+            return error_response(
+                http_error_for(
+                    BadRequestError('body must be {"flow": name, "version": n} (and "canary": share or "shadow": true)')
+                )
+            )
+        try:
+            rollout = self.g.rollouts.mode_of(doc)
+        except BadRequestError as e:
+            return error_response(http_error_for(e))
+        if rollout is not None:  # beside the served version, not instead of it
+            return await self.g.rollouts.start(name, version, *rollout)
         # Deploys of one name may race (here or on other gateways). Versions decide: the
         # registry and the served flow only ever move to a newer version, so a deploy whose
         # version is older than one already registered or served answers 409 and is not
@@ -148,7 +192,7 @@ class Deploys:
                 )
             )
         try:  # every gateway of the cluster serves what the registry lists (membership.py)
-            registered = await self._record_change(name, register_deployed, self.store.redis, name, version)
+            registered = await self.record_change(name, register_deployed, self.store.redis, name, version)
         except Exception as e:  # whatever the store answered (MISCONF, a lost connection): not registered
             # not served either: a flow served but not registered would be gone after a
             # gateway restart, and other gateways would never serve it
@@ -164,10 +208,22 @@ class Deploys:
             self.dispatcher.retire(flow)
             return error_response(http_error("DeployConflict", _conflict(name, version, registered), winner=registered))
         try:
-            self._install(name, flow)
+            self.install(name, flow)
         except LoadFailed as e:
             return error_response(e.answer(winner=self.dispatcher.flows[name].version))
+        replaced = None if served is None else served.version
+        await self._record_action(name, {"action": "deploy", "version": version, "replaced": replaced})
         return JSONResponse(describe(flow, self.dispatcher))
+
+    async def _record_action(self, name: str, event: dict) -> None:
+        """Record a change of the served version in the flow's history (rollouts.py): what a
+        rollback goes back from. Best effort: the change is served and registered already."""
+        try:
+            await asyncio.to_thread(self.g.rollouts.record_served, name, event)
+        except Exception as e:  # whatever the store answered: only the history lacks it
+            log.warning(
+                "flow %s: could not record %s of v%s in its history: %s", name, event["action"], event["version"], e
+            )
 
     async def serve_replan(self, plan) -> DeployedFlow:
         """Serve ``plan``, a re-planned configuration of a flow served here (the SLO
@@ -179,24 +235,38 @@ class Deploys:
         name = plan.flow_name
         version = await asyncio.to_thread(next_version, self.store.redis, name)
         await asyncio.to_thread(self.store.put_trusted, PLAN_KEY.format(flow=name, version=version), plan)
-        flow = await self.load_flow(name, version)
+        before = self.dispatcher.flows.get(name)
+        flow = await self.load_flow(name, version, listed=False)
+        replaced = None if before is None else before.version
+        await self._record_action(name, {"action": "replan", "version": version, "replaced": replaced})
         try:
-            await self._record_change(name, register_deployed, self.store.redis, name, version)
+            await self.record_change(name, register_deployed, self.store.redis, name, version)
         except Exception as e:  # the re-plan serves here already; the registry is for other gateways
             log.warning("flow %s v%s (re-planned) serves here but is not registered for others: %s", name, version, e)
         return flow
 
     async def undeploy(self, request: Request) -> Response:
         name = request.path_params["name"]
+        self.unserved.pop(name, None)
         if self.dispatcher.uninstall(name) is None:  # its replicas go once its requests finish
             return error_response(http_error("UnknownFlow", f"no deployed flow named {name!r}"))
+        await self.g.rollouts.undeployed(name)
         try:
-            await self._record_change(name, self.store.redis.hdel, DEPLOYED_KEY, name)
+            await self.record_change(name, self.store.redis.hdel, DEPLOYED_KEY, name)
         except Exception as e:  # it is undeployed here either way; the registry is for other gateways
             log.warning("flow %s: could not remove it from the registry: %s", name, e)
         return JSONResponse({"undeployed": name})
 
-    async def _record_change(self, name: str, write, *args):
+    async def registry_seen(self, registry: dict[str, int], read_at: float) -> None:
+        """A host read the registry (flow -> version) at ``read_at`` (monotonic) and served
+        what it lists: forget the failures of flows it no longer lists, and serve the
+        candidates the store records (rollouts.py)."""
+        for name in [n for n in self.unserved if n not in registry]:
+            if self.changed_at.get(name, float("-inf")) < read_at:
+                del self.unserved[name]
+        await self.g.rollouts.sync(read_at)
+
+    async def record_change(self, name: str, write, *args):
         """Run the registry ``write`` for a deploy/undeploy served here. A registry read
         that started before the write finished may not show it, so the change is stamped
         both before and after the write: such a read is then older than the change."""
@@ -207,7 +277,7 @@ class Deploys:
             self.changed_at[name] = time.monotonic()
 
 
-def _read_plan(store, name: str, version: int) -> tuple:
+def read_plan(store, name: str, version: int) -> tuple:
     """The plan of ``name`` v``version`` and its stored bytes (kept to re-publish it,
     durability.py). Its signature must be bound to its key, so to this flow and version,
     and the plan must name this flow: a plan copied from elsewhere is refused."""

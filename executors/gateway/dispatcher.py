@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 
+from executors import tracing
 from executors.codec import jsontensors
 from executors.errors import DeadlineExceededError, NoExecutorError, OperatorCrashedError
 from executors.gateway.counters import StageCounters
@@ -81,6 +82,8 @@ class Dispatcher:
         self.links = ExecutorLinks(address, busy_poll_ms, self._on_message, self._stale_answer, self.requests_in_flight)
         self.executors: dict[str, ExecutorInfo] = {}
         self.flows: dict[str, DeployedFlow] = {}
+        # flow -> a canary's or shadow's version served beside its primary (rollouts.py)
+        self.candidates: dict[str, DeployedFlow] = {}
         self.requests: dict[int, Request] = {}
         self.max_retries = max_retries
         self.colocate = colocate
@@ -89,13 +92,15 @@ class Dispatcher:
         # same cluster starts past its predecessor's, so a late answer to one of those is
         # never taken for an answer to one of these
         self._ids = itertools.count(first_id)
-        self.next_qid = 1
+        # query ids count from 0, as flow.run's do (docs/flow-semantics.md, "qids")
+        self.next_qid = 0
         self._rr = itertools.count()
         self._last_pick: dict[tuple[str, str], str] = {}  # (flow, stage) -> executor that took it last
         self._waiters: dict[str, asyncio.Future] = {}
         self._building: dict[str, str] = {}  # load token -> the executor building (fails with it)
         self.last_pong: dict[str, float] = {}  # executor id -> when it last answered a ping (monotonic)
         self.relays: dict[str, bool] = {}  # executor id -> its last pong said it takes bodies (RawInput)
+        self.executor_stats: dict[str, dict] = {}  # executor id -> its last pong's figures for /metrics
         # executor id -> loads in progress there: a deploy's placement is not served yet, so
         # the scaler must not stop these executors as idle (scaling._stop_idle_extras)
         self.loading: collections.Counter = collections.Counter()
@@ -178,10 +183,11 @@ class Dispatcher:
         where = f"operator {op!r}" if op else "the request"
         qid = record.get("qid")
         log.error(
-            "flow %s request %s (qid %s): %s crashed its executor %d times; failing it (not retried)",
+            "flow %s request %s (qid %s%s): %s crashed its executor %d times; failing it (not retried)",
             req.flow.plan.flow_name,
             req.id,
             qid,
+            tracing.log_tag(req.traceparent),
             where,
             len(req.crashes),
         )
@@ -201,6 +207,7 @@ class Dispatcher:
         """Forget an executor that was stopped on purpose (it hosts no stage any more)."""
         info = self.executors.pop(id_, None)
         self.last_pong.pop(id_, None)
+        self.executor_stats.pop(id_, None)
         if info is not None:
             self.links.forget(info.address)
 
@@ -341,6 +348,9 @@ class Dispatcher:
         served = self.flows.get(name)
         if served is not None and served.version == version:
             return  # installed again meanwhile (the same version): keep it
+        candidate = self.candidates.get(name)
+        if candidate is not None and candidate.version == version:
+            return  # a canary or shadow of that version serves beside the primary: keep it
         for info in self.executors.values():
             info.loaded.discard((name, version))
             if info.alive:  # every one: an executor may have built it on a message alone
@@ -393,12 +403,22 @@ class Dispatcher:
         return np.arange(start, start + n, dtype=np.int64)
 
     async def submit(
-        self, name: str, table: Table | None, timeout: float, trace: list | None = None, raw: RawBody | None = None
+        self,
+        name: str,
+        table: Table | None,
+        timeout: float,
+        trace: list | None = None,
+        raw: RawBody | None = None,
+        rid: str = "",
+        traceparent: str = "",
+        flow: DeployedFlow | None = None,
     ) -> Table | Rendered:
         """Run a request; its answer, and (into ``trace``) where each stage ran and how long.
         With ``raw`` (and no table) the body goes to the flow's relay stage as it came, and
-        the answer is the client's JSON already (``Rendered``)."""
-        flow = self.flows[name]
+        the answer is the client's JSON already (``Rendered``). ``rid``: its request id,
+        which goes with it to the executors (their log lines name it); ``traceparent``: the
+        gateway's span of it, which the executors' spans continue (executors/tracing.py)."""
+        flow = self.flows[name] if flow is None else flow  # ``flow``: the version rollouts.py picked
         loop = asyncio.get_running_loop()
         req = Request(
             next(self._ids),
@@ -408,6 +428,8 @@ class Dispatcher:
             loop.create_future(),
             retries_left=self.max_retries,
             raw=raw,
+            rid=rid,
+            traceparent=traceparent,
         )
         self.requests[req.id] = req
         # a timer rather than asyncio.wait_for: no task per request. It fires a little after
@@ -494,6 +516,8 @@ class Dispatcher:
                     req.deadline,
                     solo=req.solo,
                     copy=copy,
+                    rid=req.rid,
+                    tp=req.traceparent,
                     body=raw.body,
                 )
                 self.links.send(address, msg.encode())
@@ -515,6 +539,8 @@ class Dispatcher:
                     path=d.path,
                     copy=d.copy,
                     solo=req.solo,
+                    rid=req.rid,
+                    tp=req.traceparent,
                     table=d.table,
                 )
                 for d in sent
@@ -584,7 +610,14 @@ class Dispatcher:
             return
         req.retries_left -= 1
         req.attempt += 1
-        log.warning("re-running request %s (attempt %s): %s", req.id, req.attempt, why)
+        log.warning(
+            "re-running request %s (id %s, attempt %s%s): %s",
+            req.id,
+            req.rid or "-",
+            req.attempt,
+            tracing.log_tag(req.traceparent),
+            why,
+        )
         if self.metrics:
             self.metrics.retries.labels(req.flow.plan.flow_name).inc()
         self._dispatch(req)
@@ -633,6 +666,8 @@ class Dispatcher:
         elif kind is Loaded or kind is Pong:
             if kind is Pong:
                 self.relays[msg.executor] = msg.relays
+                if msg.stats is not None:
+                    self.executor_stats[msg.executor] = msg.stats
                 info = self.executors.get(msg.executor)
                 if info is not None:
                     info.gpus = msg.gpus
@@ -690,7 +725,7 @@ class Dispatcher:
 
     def _record(self, flow: DeployedFlow, trace) -> None:
         if self.metrics:
-            self.metrics.observe_trace(flow.plan.flow_name, trace)
+            self.metrics.observe_trace(flow.plan.flow_name, trace, flow.plan)
         for entry in trace:
             stage, ex, ms, batch = entry[:4]
             c = self.stage_counters(flow.plan.flow_name, stage)

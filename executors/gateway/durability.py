@@ -38,6 +38,8 @@ def registry_if_intact(redis) -> dict[str, int] | None:
     marker, registry = pipe.execute()
     if not marker:
         return None
+    if isinstance(registry, list):  # a Cluster's MULTI: redis-py hands HGETALL's reply over unparsed
+        registry = dict(zip(registry[::2], registry[1::2]))
     return {k.decode(): int(v) for k, v in registry.items()}
 
 

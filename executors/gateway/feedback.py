@@ -53,6 +53,9 @@ async def feedback(gateway, request: Request) -> Response:
                 status=400,
             )
         )
+    if isinstance(doc["qid"], float) and doc["qid"].is_integer():
+        # JSON Schema (and the OpenAPI document) call 17.0 an integer: take it as 17.
+        doc["qid"] = int(doc["qid"])
     try:
         updated = await asyncio.to_thread(
             apply_feedback, gateway.store, selects, doc["qid"], doc.get("reward"), doc.get("label")

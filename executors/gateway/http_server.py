@@ -4,8 +4,14 @@ limits at the HTTP edge (``HttpLimits``, ``limited_protocol``).
 uvicorn closes its listening socket as soon as it is told to stop, so requests that arrive
 while in-flight ones finish meet "connection refused". ``DrainingServer`` instead, on the
 first SIGTERM/SIGINT, keeps the socket open and answers new requests 503 with
-``Retry-After`` (``Gateway.accepting`` is false) until the requests in flight are answered
-(at most ``drain_s``), then stops as uvicorn does. A second signal stops at once.
+``Retry-After`` (``Gateway.accepting`` is false; /readyz says 503 too, so a load balancer
+stops sending) until the requests in flight are answered (at most ``drain_s``), then closes
+its listening socket, lets a connection accepted an instant before send its request (to
+be refused, not cut), and stops as uvicorn does. A second signal stops at once. Every
+answer given while draining is the last on its connection (``Connection: close``): a
+client's next request opens a connection anew, so none is ever sent on a kept-alive
+connection just as the server closes it (that request would be lost, neither refused nor
+answered).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import select
 import time
 from dataclasses import dataclass
 
@@ -73,12 +80,47 @@ class DrainingServer(uvicorn.Server):
             return super().handle_exit(sig, frame)  # a second signal, or not started: stop now
         self._draining = True
         self.gateway.accepting = False  # new requests: 503 + Retry-After, the socket stays open
+        # here, not in _drain: a request read before the signal may be refused (503) before
+        # _drain runs, and its answer must close its connection too
+        for conn in list(self.server_state.connections):  # their answers in progress: the last on them
+            cycle = getattr(conn, "cycle", None)
+            if cycle is not None and not cycle.response_complete:
+                cycle.keep_alive = False
         self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain(sig, frame)))
 
     async def _drain(self, sig, frame) -> None:
         await drain(self.gateway, self.drain_s)
+        await self._stop_listening()
         log.info("in-flight requests answered; stopping")
         super().handle_exit(sig, frame)
+
+    async def _stop_listening(self) -> None:
+        """Close the listening sockets, then give each connection that has brought no request
+        yet (one accepted an instant before) ``CONNECTION_GRACE_S`` to send it, so that it is
+        answered (503, ``Connection: close``) rather than cut: uvicorn's stop closes such a
+        connection at once, and a request its client sent meanwhile would be lost, neither
+        refused nor answered. A client that connects from now on is refused the connection,
+        which tells it nothing was sent."""
+        deadline = time.monotonic() + CONNECTION_GRACE_S
+        listening = [sock.fileno() for server in self.servers for sock in server.sockets or ()]
+        # a connection the kernel completed but the loop has not accepted yet would be reset
+        # by the close (its request lost): close at an instant when none is pending
+        while listening and time.monotonic() < deadline and select.select(listening, [], [], 0)[0]:
+            await asyncio.sleep(0.005)  # the loop accepts them meanwhile
+        for server in self.servers:
+            server.close()  # a socket the supervisor holds stays open there: the next gateway takes it
+        while time.monotonic() < deadline and any(no_request_yet(c) for c in self.server_state.connections):
+            await asyncio.sleep(0.01)  # bounded wait for those clients' own requests (or their closing)
+
+
+CONNECTION_GRACE_S = 1.0  # how long a stopping gateway waits for a request on a connection it accepted
+
+
+def no_request_yet(connection) -> bool:
+    """Whether a connection has brought no request yet: just opened, its client's first
+    request maybe on its way. (A kept-alive connection idle after an answer is not waited
+    for: every answer while draining closes its connection, so such a one was idle before.)"""
+    return getattr(connection, "cycle", None) is None
 
 
 async def drain(gateway, seconds: float) -> None:
@@ -346,6 +388,7 @@ def limited_protocol(limits: HttpLimits):
             # the app answers invocations itself (gateway.InvokeFastPath.answer): the lean path
             app = self.app
             self._invoker = app if hasattr(app, "answer") and self.limit_concurrency is None else None
+            self._gateway = getattr(app, "gateway", None)  # its .accepting: false while it drains
             connections = self.connections
             while len(connections) > limits.max_connections:
                 victim = room.oldest()
@@ -439,6 +482,8 @@ def limited_protocol(limits: HttpLimits):
                 name = flow_name(self.url)
                 if name is not None:
                     keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
+                    if self._gateway is not None and not self._gateway.accepting:
+                        keep_alive = False  # draining: the last answer on this connection
                     existing = self.cycle
                     self.cycle = cycle = LeanCycle(self, invoker, name, keep_alive)
                     if existing is None or existing.response_complete:
@@ -452,6 +497,8 @@ def limited_protocol(limits: HttpLimits):
             self.url, self.expect_100_continue = url, expect
             self.headers = self.scope["headers"] = headers
             super().on_headers_complete()
+            if self._gateway is not None and not self._gateway.accepting and self.cycle is not None:
+                self.cycle.keep_alive = False  # draining: the last answer on this connection
 
         def on_message_complete(self) -> None:
             if self._timer is not None:

@@ -8,7 +8,9 @@ stage is relayed to that stage's executor unparsed (docs/architecture.md, "Relay
 bodies"). A client may shorten its deadline with ``X-Request-Timeout: <seconds>``.
 Answers carry ``X-Qid-Start`` (row i of the request was given qid ``X-Qid-Start + i``),
 ``X-Flowserve-Trace`` (JSON: ``[stage, executor, ms, batch size]`` per stage run) and
-``Server-Timing``.
+``Server-Timing``. Every answer, of every route, carries ``X-Request-Id``: the client's
+(``request_id`` says which it keeps) or a new one; it travels with the request to the
+executors, whose log lines about it name it, as the gateway's do.
 
 ``InvokeFastPath`` answers invocations as a bare ASGI app in front of Starlette (every
 other route goes through Starlette); the server's lean path (leanhttp.py) calls its
@@ -20,10 +22,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import secrets
 import time
 
 import orjson
 
+from executors import tracing
 from executors.codec import jsontensors
 from executors.codec.bodies import (
     ARROW,
@@ -49,6 +54,19 @@ from flow.types import ColumnType
 from flow.validation import check_schema
 
 log = logging.getLogger("flowserve.gateway")
+access = logging.getLogger("flowserve.access")  # a line per answer, with FLOWSERVE_ACCESS_LOG=1
+
+ACCESS_LOG_ENV = "FLOWSERVE_ACCESS_LOG"
+REQUEST_ID_MAX = 128  # characters: a longer X-Request-Id from a client is replaced by a new one
+
+
+def request_id(given: str | None) -> str:
+    """The request id an answer carries: the client's ``X-Request-Id`` when it is 1 to
+    REQUEST_ID_MAX visible ASCII characters (no spaces or control characters: it is one
+    word in log lines, and a header value), else a new random one (16 hex digits)."""
+    if given and len(given) <= REQUEST_ID_MAX and given.isascii() and given.isprintable() and " " not in given:
+        return given
+    return secrets.token_hex(8)
 
 
 class Invocations:
@@ -65,27 +83,65 @@ class Invocations:
         self.max_rows = gateway.max_rows
         self.request_timeout_s = gateway.request_timeout_s
         self.max_request_timeout_s = gateway.max_request_timeout_s
+        self.access_log = os.environ.get(ACCESS_LOG_ENV) == "1"
 
-    async def invoke(self, name: str, headers: dict[str, str], receive) -> tuple[int, bytes, list]:
+    async def invoke(
+        self, name: str, headers: dict[str, str], receive, rid: str | None = None
+    ) -> tuple[int, bytes, list]:
         """POST /flows/{name}: (status, body, extra headers). ``headers`` has lower-case
-        names; ``receive`` is the ASGI receive callable the body comes from.
+        names; ``receive`` is the ASGI receive callable the body comes from; ``rid`` the
+        request id (default: ``request_id`` of the client's X-Request-Id).
 
         Every answer is counted once, here: ``requests_total`` by status, and errors (status
         >= 400) in ``errors_total`` too; names that are not deployed flows count as "-" (a
-        client must not be able to grow the metrics with made-up names)."""
-        status, body, extra = await self._invoke(name, headers, receive)
+        client must not be able to grow the metrics with made-up names).
+
+        With tracing on (executors/tracing.py), a request to a deployed flow has a span here,
+        continuing the client's ``traceparent``; its answer names the trace (``traceparent``,
+        ``X-Trace-Id``), and so does its log line."""
+        t0 = time.perf_counter()
+        rid = rid or request_id(headers.get("x-request-id"))
+        span = None
+        if tracing.tracer is not None and name in self.dispatcher.flows:
+            span = tracing.request_span(name, headers, rid)
+        try:
+            status, body, extra = await self._invoke(name, headers, receive, rid, span)
+        except BaseException:  # InvokeFastPath answers it 500
+            if span is not None:
+                tracing.end_request(span, 500)
+            raise
+        if span is not None:
+            extra = [*extra, *tracing.end_request(span, status)]
         # counted once the answer is written (the caller writes it in this same step of the
         # event loop, before any callback runs): counting is no part of the client's latency
-        asyncio.get_running_loop().call_soon(self._count, name if name in self.dispatcher.flows else "-", status)
-        return status, body, extra
+        label = name if name in self.dispatcher.flows else "-"
+        error = body if status >= 400 else None  # an answer's body is not kept past its write
+        tp = "" if span is None else tracing.traceparent(span)
+        asyncio.get_running_loop().call_soon(self._count, label, status, rid, t0, error, tp)
+        return status, body, [*extra, (b"x-request-id", rid.encode("ascii"))]
 
-    def _count(self, label: str, status: int) -> None:
+    def _count(self, label: str, status: int, rid: str, t0: float, error, tp: str = "") -> None:
         code = str(status)
         self.metrics.child(self.metrics.requests, label, code).inc()
         if status >= 400:
             self.metrics.child(self.metrics.errors, label, code).inc()
+        # the gateway's line about a request: every answer with the access log on, else the
+        # flow's failures (5xx); an operator's traceback is in the log of the executor it ran on
+        if self.access_log or status >= 500:
+            (access if self.access_log else log).info(
+                "flow %s request %s%s: %d%s in %.1f ms",
+                label,
+                rid,
+                tracing.log_tag(tp),
+                status,
+                "" if error is None else _error_name(error),
+                (time.perf_counter() - t0) * 1000,
+            )
 
-    async def _invoke(self, name: str, headers: dict[str, str], receive) -> tuple[int, bytes, list]:
+    async def _invoke(
+        self, name: str, headers: dict[str, str], receive, rid: str, span=None
+    ) -> tuple[int, bytes, list]:
+        tp = "" if span is None else tracing.traceparent(span)  # its runs' spans continue the request's
         if self.g.token:
             refused = self.g.refusal("/flows/", headers.get("authorization", ""))
             if refused is not None:
@@ -100,6 +156,7 @@ class Invocations:
                 )
             )
             return status, body, [*extra, (b"retry-after", b"1")]
+        flow, shadow = self.g.rollouts.route(name, flow)  # a canary's share, a shadow's mirror (rollouts.py)
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             return _error_body(
@@ -110,7 +167,11 @@ class Invocations:
             return _error_body(http_error("PayloadTooLarge", f"body is over the limit of {self.max_body_bytes} bytes"))
         t0 = time.perf_counter()
         raw = table = None
-        if _relayable(body, headers) and self.dispatcher.relays_to(flow) is not None:
+        if (
+            _relayable(body, headers)
+            and self.dispatcher.relays_to(flow) is not None
+            and (shadow is None or self.dispatcher.relays_to(shadow) is not None)
+        ):
             # one JSON row for a flow of one stage: the stage's executor parses and checks it
             # (the same code, the same errors) and answers in JSON; this process only relays
             qid_start = self.dispatcher.new_qid()
@@ -135,8 +196,10 @@ class Invocations:
         self.slo.arrived(name, flow.plan)
         try:
             trace: list = []
-            result = await self.dispatcher.submit(name, table, timeout, trace, raw)
+            result = await self.g.rollouts.submit(flow, shadow, name, table, timeout, trace, raw, rid, tp)
             table = raw = None  # answered: the request's rows can go before the answer is encoded
+            if span is not None:
+                _races_won(span, trace)
         except RequestFailed as e:
             if not (raw is not None and e.status == 400):  # a relayed body that did not parse: not served
                 self.slo.answered(name, flow.plan, float("inf"))  # an error never meets the SLO
@@ -317,6 +380,40 @@ def _unique(entries) -> list:
     return out
 
 
+def _error_name(body) -> str:
+    """What an error answer's JSON body names, for its log line: `` OperatorFailedError
+    (operator 'scale', qid 1)``, or what of it there is."""
+    try:
+        answer = orjson.loads(body)
+        words = f" {answer['error']}"
+    except (orjson.JSONDecodeError, TypeError, KeyError):
+        return ""
+    where = [
+        f"{k} {answer[k]!r}" if k == "operator" else f"{k} {answer[k]}" for k in ("operator", "qid") if k in answer
+    ]
+    return f"{words} ({', '.join(where)})" if where else words
+
+
+def _races_won(span, trace: list) -> None:
+    """Mark on a traced request's span which copy won each race it ran: the copy whose
+    output the answer holds (its trace entry names its span, outputs.py), which only the
+    consumer that took it first can know (each copy's executor sees its own race)."""
+    seen = set()  # an entry reaches the sink along every path through a join or a key split
+    for entry in trace:
+        extra = entry[4] if len(entry) > 4 and isinstance(entry[4], dict) else None
+        if extra is not None and "span" in extra and extra["span"] not in seen:
+            seen.add(extra["span"])
+            span.add_event(
+                "race won",
+                {
+                    "flowserve.stage": str(entry[0]),
+                    "flowserve.executor": str(entry[1]),
+                    "flowserve.race.copy": int(extra.get("copy", 0)),
+                    "flowserve.race.span": str(extra["span"]),
+                },
+            )
+
+
 def _error_body(answer: tuple[int, bytes]) -> tuple[int, bytes, list]:
     """The same error answer on the invoke path: bytes and headers, no Starlette objects."""
     status, body = answer
@@ -345,6 +442,8 @@ class InvokeFastPath:
             or len(path) == 7
         ):
             if scope["type"] == "http":
+                given = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"x-request-id"), None)
+                send = _with_header(send, (b"x-request-id", request_id(given).encode("ascii")))
                 authorization = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), "")
                 refused = self.gateway.refusal(path, authorization)
                 if refused is not None:
@@ -357,15 +456,28 @@ class InvokeFastPath:
         as the server parsed them (lower-case names, bytes). The server's lean path
         (leanhttp.py) calls this directly, and ``send`` for an answer that is not one piece."""
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in raw_headers}
+        rid = request_id(headers.get("x-request-id"))
         try:
-            return await self.invocations.invoke(name, headers, receive)
+            return await self.invocations.invoke(name, headers, receive, rid)
         except Exception as exc:  # last resort: never a traceback to a client
-            log.exception("unhandled error on /flows/%s", name)
-            return _error_body(http_error("InternalError", f"{type(exc).__name__}: {exc}"))
+            log.exception("unhandled error on /flows/%s (request %s)", name, rid)
+            status, body, extra = _error_body(http_error("InternalError", f"{type(exc).__name__}: {exc}"))
+            return status, body, [*extra, (b"x-request-id", rid.encode("ascii"))]
 
     @staticmethod
     async def send(send, status: int, body, extra: list) -> None:
         await _send(send, status, body, extra)
+
+
+def _with_header(send, header: tuple[bytes, bytes]):
+    """``send`` adding ``header`` to the answer's head (the routes Starlette answers)."""
+
+    async def sending(message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), header]}
+        await send(message)
+
+    return sending
 
 
 class Streamed:

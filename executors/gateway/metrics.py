@@ -1,14 +1,26 @@
-"""Prometheus metrics of the gateway (scraped at GET /metrics).
+"""Prometheus metrics of a cluster, scraped at the gateway's GET /metrics. The names and
+labels are documented in docs/operations.md ("Metrics"), and tests/executors/test_prometheus.py
+checks a real Prometheus finds each one: they are a contract, changed only on purpose.
 
 Per-stage figures come from the trace each answer carries: every stage appends
-(stage, executor, run time in ms, batch size) as the request passes. Queue lengths are
-not exported: a stage's queue is its batcher's, inside the executor, and no message
-carries its length to the gateway (the autoscaler uses requests in flight instead).
+(stage, executor, run time in ms, batch size) as the request passes. What only an
+executor sees (its batching stages' queues and batch sizes, work waiting for a thread,
+its KVS cache) comes in its pongs, once a second (``ExecutorFigures``).
+
+Why the pongs and not a /metrics per executor that this one federates: the gateway
+pings every executor each second anyway, executors serve no HTTP (their sockets are
+Unix or cluster-internal, and an HTTP server per executor would be more ports, threads
+and a surface to secure), and one scrape target sees the whole cluster at one moment.
+A figure is then at most a ping period old, well under a scrape interval.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+#: upper bounds of the executors' batch-size buckets (executors/worker/outputs.py BATCH_BUCKETS)
+EXECUTOR_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 _MS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10000)
 
@@ -96,8 +108,58 @@ class Metrics:
             ["flow", "stage", "outcome"],
             registry=r,
         )
+        self.race_wins = Counter(
+            "flowserve_race_wins",
+            "Races of competitive stages won, by the executor whose copy answered first",
+            ["flow", "stage", "executor"],
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "flowserve_requests_in_flight", "Requests accepted and not answered yet", ["flow"], registry=r
+        )
+        self.executors = Gauge(
+            "flowserve_executors",
+            "Executors the gateway knows, by state (answering: a pong within 5 s; silent; dead)",
+            ["state"],
+            registry=r,
+        )
+        self.figures = ExecutorFigures()  # what the executors' pongs report
+        r.register(self.figures)
 
         self._children: dict = {}  # (metric, labels) -> child: .labels() costs more than .observe()
+
+    def refresh(self, dispatcher, recent_s: float) -> None:
+        """Set what is read at scrape time from ``dispatcher``: executors by state (an
+        executor answers with a pong within ``recent_s``), stuck threads, GPUs, replicas,
+        requests in flight, and the executors' own figures (their last pongs). Gauges of
+        flows no longer served go; the counters of each executor (crashes, recycles) and of
+        each served flow (retries, scaling decisions) exist from its first scrape, at 0, so
+        a rate over them never lacks a series."""
+        answering = {e.id for e in dispatcher.answering(recent_s)}
+        states = {"answering": 0, "silent": 0, "dead": 0}
+        for e in dispatcher.executors.values():
+            states["answering" if e.id in answering else ("silent" if e.alive else "dead")] += 1
+            self.stuck.labels(e.id).set(sum(e.stuck.values()) if e.alive else 0)
+            self.crashes.labels(e.id)
+            self.recycles.labels(e.id, "stuck")
+            if e.alive and e.gpus:
+                self.observe_gpus(e.id, e.gpus)
+        for state, n in states.items():
+            self.executors.labels(state).set(n)
+        self.replicas.clear()
+        self.inflight.clear()
+        for name, f in dispatcher.flows.items():
+            self.retries.labels(name)
+            for stage, ids in f.placement.items():
+                self.replicas.labels(name, stage).set(len(ids))
+                self.scaling.labels(name, stage, "up")
+                self.scaling.labels(name, stage, "down")
+            self.inflight.labels(name).set(0)
+        for req in dispatcher.requests.values():
+            name = req.flow.plan.flow_name
+            if name in dispatcher.flows:
+                self.inflight.labels(name).inc()
+        self.figures.report({i: s for i, s in dispatcher.executor_stats.items() if i in answering})
 
     def observe_gpus(self, executor: str, gpus: list) -> None:
         """Set the GPU gauges from an executor's last pong."""
@@ -116,11 +178,17 @@ class Metrics:
             c = self._children[key] = metric.labels(*labels)
         return c
 
-    def observe_trace(self, flow: str, trace) -> None:
+    def observe_trace(self, flow: str, trace, plan=None) -> None:
+        """Count an answer's trace: each stage's run time and batch size, a racing stage's
+        winner (``plan``: the flow's, which says which stages race), Clipper's figures."""
+        stages = plan.stages if plan is not None else {}
         for entry in trace:
-            stage, _executor, ms, batch = entry[:4]
+            stage, executor, ms, batch = entry[:4]
             self.child(self.stage_latency, flow, stage).observe(float(ms))
             self.child(self.batch_size, flow, stage).observe(int(batch))
+            s = stages.get(stage)
+            if s is not None and s.competitive > 1 and s.continuation is None:
+                self.child(self.race_wins, flow, stage, str(executor)).inc()
             if len(entry) > 4 and isinstance(entry[4], dict):
                 self._clipper(flow, stage, entry[4])
 
@@ -139,3 +207,75 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ExecutorFigures:
+    """A collector of what each executor's last pong reported (executors/worker/executor.py
+    ``Executor.stats``), set by the /metrics route before each scrape (``report``)."""
+
+    def __init__(self):
+        self.stats: dict[str, dict] = {}  # executor id -> its last pong's stats (answering executors)
+
+    def report(self, stats: dict[str, dict]) -> None:
+        self.stats = stats
+
+    def describe(self):
+        return []  # the families depend on what executors report; no name clashes to check
+
+    def collect(self):
+        queue = GaugeMetricFamily(
+            "flowserve_executor_queue_depth",
+            "Requests queued for a batching stage's next batch on an executor",
+            labels=["executor", "flow", "stage"],
+        )
+        pool = GaugeMetricFamily(
+            "flowserve_executor_pool_queue_depth",
+            "Runs waiting for a worker thread on an executor",
+            labels=["executor"],
+        )
+        batches = HistogramMetricFamily(
+            "flowserve_executor_batch_size",
+            "Requests per run of a batching stage, on each executor",
+            labels=["executor", "flow", "stage"],
+        )
+        lookups = CounterMetricFamily(
+            "flowserve_kvs_cache_lookups",
+            "Reads of an executor's local KVS cache, by result (hit: served locally; miss: read from the store)",
+            labels=["executor", "result"],
+        )
+        evictions = CounterMetricFamily(
+            "flowserve_kvs_cache_evictions",
+            "Entries an executor's local KVS cache dropped to fit its byte budget",
+            labels=["executor"],
+        )
+        held = GaugeMetricFamily(
+            "flowserve_kvs_cache_bytes", "Bytes held by an executor's local KVS cache", labels=["executor"]
+        )
+        for ex, s in sorted(self.stats.items()):
+            try:
+                _executor_figures(ex, s, queue, pool, batches, lookups, evictions, held)
+            except (TypeError, ValueError, KeyError, IndexError):
+                continue  # a malformed report (an executor of another release) is left out, not a failed scrape
+        yield from (queue, pool, batches, lookups, evictions, held)
+
+
+def _executor_figures(ex: str, s: dict, queue, pool, batches, lookups, evictions, held) -> None:
+    queued: dict = {}
+    for flow, stage, n in s.get("queues", ()):  # a stage hosted in two versions counts once
+        queued[(str(flow), str(stage))] = queued.get((str(flow), str(stage)), 0) + int(n)
+    for (flow, stage), n in queued.items():
+        queue.add_metric([ex, flow, stage], n)
+    pool.add_metric([ex], int(s.get("pool", 0)))
+    for flow, stage, counts, total in s.get("batches", ()):
+        cumulative, buckets = 0, []
+        for bound, n in zip((*map(str, EXECUTOR_BATCH_BUCKETS), "+Inf"), counts):
+            cumulative += int(n)
+            buckets.append((bound, cumulative))
+        batches.add_metric([ex, str(flow), str(stage)], buckets, float(total))
+    kvs = s.get("kvs")
+    if kvs is not None:
+        hits, misses, evicted, nbytes = kvs
+        lookups.add_metric([ex, "hit"], int(hits))
+        lookups.add_metric([ex, "miss"], int(misses))
+        evictions.add_metric([ex], int(evicted))
+        held.add_metric([ex], int(nbytes))

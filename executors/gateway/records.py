@@ -118,3 +118,5 @@ class Request:
     crashes: set = field(default_factory=set)  # (executor, attempt) crashes it was running in
     solo: bool = False  # re-run alone after a crash: never merged into a batch
     raw: RawBody | None = None
+    traceparent: str = ""  # of the gateway's span of it, sent with its runs (executors/tracing.py); "": untraced
+    rid: str = ""  # the request id its answer carries (X-Request-Id), sent on for the executors' logs

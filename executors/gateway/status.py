@@ -1,6 +1,7 @@
 """What a gateway says about itself: ``GET /flows``, ``GET /flows/{name}``, the probes
-(``/healthz``: liveness and which executors answer; ``/readyz``: whether every served flow
-has a replica that answers), ``/metrics`` and ``/openapi.json``."""
+(``/livez``: the process answers; ``/healthz``: liveness and which executors answer;
+``/readyz`` and ``/readyz/{flow}``: whether every served flow, or that one, has a warm
+replica of every stage, readiness.py), ``/metrics`` and ``/openapi.json``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from executors.errors import http_error
 from executors.gateway.dispatcher import Dispatcher
 from executors.gateway.liveness import RECENT_S
 from executors.gateway.openapi import openapi_document, type_doc
+from executors.gateway.readiness import readiness
 from executors.gateway.records import DeployedFlow
 
 
@@ -42,6 +44,9 @@ class Status:
                     "input_schema": None if schema is None else {c: type_doc(t) for c, t in schema.items()},
                 }
             )
+            r = self.g.rollouts.active.get(name)
+            if r is not None:  # a canary or shadow version beside it (rollouts.py)
+                flows[-1]["candidate"] = {"version": r.candidate.version, "mode": r.mode, "share": r.share}
         return JSONResponse({"flows": flows})
 
     async def describe_flow(self, request: Request) -> Response:
@@ -49,7 +54,16 @@ class Status:
         f = self.dispatcher.flows.get(name)
         if f is None:
             return error_response(http_error("UnknownFlow", f"no deployed flow named {name!r}"))
-        return JSONResponse(describe(f, self.dispatcher, self.g.scaling_status, self.slo))
+        out = describe(f, self.dispatcher, self.g.scaling_status, self.slo)
+        rollout = self.g.rollouts.describe(name)  # a canary or shadow beside it, side by side
+        if rollout is not None:
+            out["rollout"] = rollout
+        return JSONResponse(out)
+
+    async def livez(self, request: Request) -> Response:
+        """Liveness of the process: it answers HTTP. Nothing else is checked, so a kubelet
+        never restarts a gateway for what a restart does not fix (an executor that is down)."""
+        return JSONResponse({"live": True})
 
     async def healthz(self, request: Request) -> Response:
         """Liveness of the gateway (always 200 while it runs), and what an operator should
@@ -90,33 +104,23 @@ class Status:
 
     async def readyz(self, request: Request) -> Response:
         """Readiness: 200 once the gateway serves the flows it should (restored or deployed)
-        and every stage of each has a replica on an executor that answers pings; else 503
-        with what is missing. A load balancer or Kubernetes sends traffic on it."""
-        missing = []
-        if not self.g.accepting:
-            missing.append("the gateway is stopping")
-        elif not self.g.ready:
-            missing.append("the gateway is still starting (restoring its flows)")
-        answering = {e.id for e in self.dispatcher.answering(RECENT_S)}
-        if not answering and not missing:
-            missing.append("no executor answers pings")
-        for name, f in sorted(self.dispatcher.flows.items()):
-            for stage, ids in f.placement.items():
-                if not answering.intersection(ids):
-                    missing.append(f"flow {name!r} stage {stage!r} has no replica on an executor that answers")
-        body = {"ready": not missing, "executors": len(answering), "flows": sorted(self.dispatcher.flows)}
-        if missing:
-            body["missing"] = missing
-        return JSONResponse(body, status_code=200 if not missing else 503)
+        and every stage of each has a warm replica (built, on an executor that answers
+        pings); else 503 naming what is missing: a flow mid-deploy, a stage at zero replicas
+        or with none warm (readiness.py). A load balancer or Kubernetes sends traffic on it."""
+        ready, body = readiness(self.g)
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    async def readyz_flow(self, request: Request) -> Response:
+        """Readiness of one flow (``/readyz/{flow}``): 200 when it has a warm replica of every
+        stage here, else 503 naming what is missing; 404 for a flow not deployed here."""
+        name = request.path_params["name"]
+        ready, body = readiness(self.g, name)
+        if name not in body["flows"]:
+            return error_response(http_error("UnknownFlow", f"no deployed flow named {name!r}"))
+        return JSONResponse(body, status_code=200 if ready else 503)
 
     async def metrics_text(self, request: Request) -> Response:
-        for e in self.dispatcher.executors.values():
-            self.metrics.stuck.labels(e.id).set(sum(e.stuck.values()) if e.alive else 0)
-            if e.alive and e.gpus:
-                self.metrics.observe_gpus(e.id, e.gpus)
-        for name, f in self.dispatcher.flows.items():
-            for stage, ids in f.placement.items():
-                self.metrics.replicas.labels(name, stage).set(len(ids))
+        self.metrics.refresh(self.dispatcher, RECENT_S)  # the gauges of now (executors, replicas, queues)
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def openapi(self, request: Request) -> Response:
@@ -125,7 +129,16 @@ class Status:
             for name, (version, schema) in self.output_schemas.items()
             if name in self.dispatcher.flows and self.dispatcher.flows[name].version == version
         }
-        return JSONResponse(openapi_document(self.dispatcher.flows, outputs))
+        g = self.g
+        document = openapi_document(
+            self.dispatcher.flows,
+            outputs,
+            token=bool(g.token),
+            public_metrics=g.public_metrics,
+            max_rows=g.max_rows,
+            max_body_bytes=g.max_body_bytes,
+        )
+        return JSONResponse(document)
 
 
 def describe(f: DeployedFlow, dispatcher: Dispatcher, scaling_status=None, slo=None) -> dict:

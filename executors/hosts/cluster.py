@@ -26,22 +26,24 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import cloudpickle
 import httpx
 import numpy as np
-import redis
 
 from executors.codec.bodies import ARROW
-from executors.errors import ClusterStartError, DeployConflictError, error_for_answer
+from executors.errors import ClusterNotOwnedError, ClusterStartError, DeployConflictError, error_for_answer
 from executors.hosts.cluster_config import CONFIG_ENV, STATE_FILE, ClusterConfig
 from executors.plans import PLAN_KEY, next_version
 from flow.errors import DeadlineExceededError, FlowError, UnreachableError
+from flow.flow import as_rows
 from flow.table import Table
 from kvs import KVS
-from kvs.errors import StoreWriteError, is_write_refusal, store_problem
+from kvs.errors import StoreWriteError
+from kvs.redact import redact_url
 from kvs.server import popen, terminate
 
 DEFAULT_DIR = Path(os.environ.get("FLOWSERVE_HOME", Path.home() / ".flowserve"))
@@ -121,7 +123,15 @@ class ClusterClient:
         return self._http
 
     def request(
-        self, method: str, path: str, what: str, *, failed: str | None = None, check: bool = True, **kwargs
+        self,
+        method: str,
+        path: str,
+        what: str,
+        *,
+        failed: str | None = None,
+        check: bool = True,
+        idempotent: bool = False,
+        **kwargs,
     ) -> httpx.Response:
         """An HTTP call to the gateway, its failures raised as the tree's classes: a
         connection refused, reset or cut is an ``UnreachableError`` (retry; a call that was
@@ -129,7 +139,25 @@ class ClusterClient:
         and with ``check`` an answer other than 200 the class its body names, with ``.status``
         and ``.body`` (``errors.error_for_answer``). ``what`` starts the messages (``"flow
         'f'"``); ``failed``, an error answer's (``{status}`` is filled in; default ``"<what>
-        failed ({status})"``)."""
+        failed ({status})"``).
+
+        ``idempotent``: the call may run twice (an invocation: flows are pure), so an
+        ``UnreachableError`` is retried once, on a new connection, with the same
+        ``X-Request-Id`` (the caller's, else a new one): a gateway killed with the call in
+        flight drops its connections, and with several gateways on one address the retry
+        lands on a live one."""
+        if not idempotent:
+            return self._request_once(method, path, what, failed, check, kwargs)
+        headers = dict(kwargs.pop("headers", None) or {})
+        if not any(k.lower() == "x-request-id" for k in headers):
+            headers["X-Request-Id"] = uuid.uuid4().hex[:16]
+        kwargs["headers"] = headers
+        try:
+            return self._request_once(method, path, what, failed, check, kwargs)
+        except UnreachableError:
+            return self._request_once(method, path, what, failed, check, kwargs)
+
+    def _request_once(self, method: str, path: str, what: str, failed, check: bool, kwargs: dict) -> httpx.Response:
         try:
             r = self.http.request(method, path, **kwargs)
         except (httpx.ConnectTimeout, httpx.PoolTimeout) as e:  # never got a connection
@@ -170,11 +198,22 @@ class ClusterClient:
         options=None,
         timeout_s: float | None = None,
         slo=None,
+        canary: float | None = None,
+        shadow: bool = False,
+        autoscaling=None,
         **serving,
     ) -> Deployment:
         """Optimize ``flow``, register its plan and build its stages on the executors.
         ``timeout_s``: this flow's deadline (default: the cluster's ``request_timeout_s``;
-        at most its ``max_request_timeout_s``).
+        at most its ``max_request_timeout_s``). ``autoscaling``: an ``AutoscalingConfig``
+        (or a mapping of its fields) scaling this flow's stages (default: the cluster's
+        ``ClusterConfig.autoscaling``, if any).
+
+        ``canary=0.1`` serves the new version beside the served one, answering that share
+        of the requests; ``shadow=True`` mirrors every request to it and compares the
+        answers, returning only the served version's. Both versions' figures are in
+        ``status()``; ``promote(name)`` makes the new version the served one,
+        ``rollback(name)`` drops it (executors/gateway/rollouts.py).
 
         ``slo=SLO(p99_ms=50)`` serves it under a latency objective (executors/hosts/profiling.py):
         ``traffic=`` (req/s, or arrival ms), ``samples=`` (rows to profile on), ``profile=``,
@@ -182,8 +221,10 @@ class ClusterClient:
         concurrent deploy of the same name with a newer version won: that one is served;
         for another failed deploy the class the gateway named (``DeployError``: building the
         stages failed; ``NoExecutorError``, ``UnavailableError``: retry; ...)."""
+        from executors.gateway.rollouts import rollout_mode
         from optimizer import Plan
 
+        rollout = rollout_mode(canary, shadow)  # a bad value is refused before a version is made
         if optimize:
             from optimizer import optimize as run_optimizer
 
@@ -192,33 +233,39 @@ class ClusterClient:
             plan = Plan.from_flow(flow)
         if timeout_s is not None:
             plan = plan.with_timeout(timeout_s)
+        if autoscaling is not None:
+            from executors.hosts.autoscale import AutoscalingConfig
+            from flow.configuration import Nested, check_value
+
+            config = check_value(autoscaling, "deploy(autoscaling=...)", Nested(AutoscalingConfig, accept_mapping=True))
+            plan = plan.with_autoscaling(config)
         if slo is not None or serving:
             from executors.hosts.profiling import plan_for_deploy
 
             plan = plan_for_deploy(self.kvs, plan, slo, **serving)
         _register_by_value(plan)
         try:
-            version = next_version(self.kvs.redis, flow.name)
+            # with the client's retries: a failover of the store is waited out, not raised
+            version = self.kvs.call(lambda r: next_version(r, flow.name), "the version counter")
             self.kvs.put_trusted(PLAN_KEY.format(flow=flow.name, version=version), plan)
         except StoreWriteError as e:
             raise StoreWriteError(f"deploying flow {flow.name!r} failed: {e}") from None
-        except redis.ResponseError as e:  # the version counter, written with the raw client
-            if not is_write_refusal(e):
-                raise
-            where = self.kvs.data_dir()
-            raise StoreWriteError(
-                f"deploying flow {flow.name!r} failed: {store_problem(e)}"
-                + (f" (the store's data directory: {where})" if where else "")
-            ) from None
-        _progress(
-            f"deploying flow {flow.name!r} v{version} ({len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''})"
+        how = (
+            "" if rollout is None else f" as a canary ({rollout[1]:.1%})" if rollout[0] == "canary" else " as a shadow"
         )
+        _progress(
+            f"deploying flow {flow.name!r} v{version}{how} "
+            f"({len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''})"
+        )
+        doc: dict = {"flow": flow.name, "version": version}
+        if rollout is not None:
+            doc[rollout[0]] = rollout[1] if rollout[0] == "canary" else True
         try:
             self.request(
                 "POST",
                 "/admin/deploy",
                 f"deploying flow {flow.name!r}",
-                json={"flow": flow.name, "version": version},
+                json=doc,
                 headers={"Authorization": f"Bearer {self.state['admin_token']}"},
                 timeout=self.config.load_timeout_s + 30,
             )
@@ -229,6 +276,29 @@ class ClusterClient:
 
     def undeploy(self, name: str) -> None:
         httpx.delete(f"{self.url}/admin/flows/{name}", headers={"Authorization": f"Bearer {self.state['admin_token']}"})
+
+    def promote(self, name: str) -> dict:
+        """Make flow ``name``'s canary or shadow version the served one; returns the flow as
+        the gateway describes it, with ``promoted``: ``{"version", "replaced"}``. Raises
+        ``RolloutStateError`` when none is in progress."""
+        return self._admin(name, "promote", f"promoting flow {name!r}")
+
+    def rollback(self, name: str) -> dict:
+        """Roll flow ``name`` back: drop its canary or shadow version if one is in progress,
+        else go back to the version before the served one. Either way the older plan serves
+        as a new version (versions only move forward); returns the flow with
+        ``rolled_back``: ``{"version", "plan_of", "replaced", "dropped"?}``. Raises
+        ``RolloutStateError`` when there is nothing to roll back to."""
+        return self._admin(name, "rollback", f"rolling back flow {name!r}")
+
+    def _admin(self, name: str, action: str, what: str) -> dict:
+        return self.request(
+            "POST",
+            f"/admin/flows/{name}/{action}",
+            what,
+            headers={"Authorization": f"Bearer {self.state['admin_token']}"},
+            timeout=self.config.load_timeout_s + 30,
+        ).json()
 
 
 def answer_error(r: httpx.Response, failed: str) -> FlowError:
@@ -265,7 +335,8 @@ class LocalCluster(ClusterClient):
             self._owns_dir = True
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / STATE_FILE).unlink(missing_ok=True)
-        _progress(f"starting local cluster ({self.config.executors} executors) in {self.dir}")
+        store = "" if self.config.kvs_url is None else f" on the store at {redact_url(self.config.kvs_url)}"
+        _progress(f"starting local cluster ({self.config.executors} executors) in {self.dir}{store}")
         t0 = time.monotonic()
         cmd = [sys.executable, "-m", "executors.hosts.supervisor", "--dir", str(self.dir)]
         env = dict(os.environ)
@@ -311,9 +382,26 @@ class LocalCluster(ClusterClient):
             raise ClusterStartError(f"the cluster in {dir_} does not answer at {c.url}: {e}") from None
         return c
 
-    def stop(self, timeout: float = 60.0) -> None:
+    @property
+    def owned(self) -> bool:
+        """Whether this process started the cluster (``start()``), as opposed to connecting to
+        one that runs for others (``connect()``: the `flowserve up` cluster)."""
+        return self.proc is not None
+
+    def stop(self, timeout: float = 60.0, *, force: bool = False) -> None:
         """Stop the cluster gracefully (in-flight requests finish), then remove its files.
-        Returns once its processes are gone."""
+        Returns once its processes are gone.
+
+        Only a cluster this process started: ``stop()`` of one it connected to (what
+        ``default_cluster()`` returns while `flowserve up` runs) raises
+        ``ClusterNotOwnedError`` and leaves it serving, unless ``force=True``
+        (`flowserve down`). ``release()`` stops a cluster only if this process started it."""
+        if not self.owned and self.state.get("pid") and not force:
+            self.close()
+            raise ClusterNotOwnedError(
+                f"not stopping the cluster at {self.url}: this process did not start it (it runs for others "
+                f"from {self.dir}); `flowserve down` stops it, or stop(force=True); release() lets go of it"
+            )
         self.close()
         if self.proc is not None:
             terminate(self.proc, timeout)
@@ -323,6 +411,19 @@ class LocalCluster(ClusterClient):
         if self._owns_dir and self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
         self.state = {}
+
+    def release(self, timeout: float = 60.0) -> None:
+        """Let go of the cluster: stop it if this process started it (``stop()``), else only
+        close this process's connections to it, leaving it serving.
+
+            cluster = fs.default_cluster()
+            try: ...
+            finally: cluster.release()    # never stops the `flowserve up` cluster
+        """
+        if self.owned:
+            self.stop(timeout)
+        else:
+            self.close()
 
     def _log_tail(self, n: int = 40) -> str:
         lines = []
@@ -336,7 +437,7 @@ class LocalCluster(ClusterClient):
         return self if self.state else self.start()
 
     def __exit__(self, *exc) -> None:
-        self.stop()
+        self.release()
 
 
 def _stop_supervisor(pid: int, timeout: float) -> None:
@@ -490,7 +591,9 @@ class Deployment:
         Uses Arrow IPC both ways so types survive exactly. An error answer raises the class
         of the tree it names (``OperatorFailedError``, ``SchemaError``, ...; else by status:
         504 ``DeadlineExceededError``, 503 a ``RetryableError``, 4xx ``BadRequestError``),
-        with ``.status``, ``.body`` and the server's message; a connection that fails raises
+        with ``.status``, ``.body`` and the server's message. A connection that fails (a
+        gateway killed with the call in flight) is tried once more with the same
+        ``X-Request-Id`` (flows are pure, so the request runs again), then raises
         ``UnreachableError``.
         """
         return self.call(rows, timeout).table
@@ -499,11 +602,9 @@ class Deployment:
         """Like ``invoke``, also returning the qids the gateway gave the input rows."""
         import pyarrow as pa
 
-        if isinstance(rows, dict) and not any(
-            isinstance(v, (list, tuple)) and not isinstance(v, str) for v in rows.values()
-        ):
-            rows = [rows]
-        table = Table.from_any(rows)
+        # one dict is one row, as flow.run and an HTTP JSON object take it (the schema tells
+        # one row from a dict of columns); the server types the values, as for any client
+        table = Table.from_any(as_rows(rows, getattr(self.plan, "input_schema", None)))  # no plan: by name only
         arrow = table.to_arrow().drop_columns(["qid"])
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, arrow.schema) as w:
@@ -516,6 +617,7 @@ class Deployment:
             content=sink.getvalue().to_pybytes(),
             headers={"Content-Type": ARROW, "Accept": ARROW},
             timeout=timeout or self.cluster.config.request_timeout_s + 10,
+            idempotent=True,  # flows are pure: a call cut by a gateway that died runs again
         )
         out = Table.from_arrow(pa.ipc.open_stream(r.content).read_all(), qid="qid")
         start = int(r.headers["x-qid-start"])
@@ -523,6 +625,14 @@ class Deployment:
 
     def undeploy(self) -> None:
         self.cluster.undeploy(self.name)
+
+    def promote(self) -> dict:
+        """Make this flow's canary or shadow version the served one (``ClusterClient.promote``)."""
+        return self.cluster.promote(self.name)
+
+    def rollback(self) -> dict:
+        """Roll this flow back (``ClusterClient.rollback``)."""
+        return self.cluster.rollback(self.name)
 
     def __enter__(self) -> Deployment:
         return self

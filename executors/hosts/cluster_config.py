@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from executors.hosts.autoscale import AutoscalingConfig
+from executors.tracing import TracingConfig
 from executors.wire.busypoll import WINDOW_MS
 from flow.configuration import (
     Bool,
@@ -19,7 +20,9 @@ from flow.configuration import (
     Str,
     setting,
 )
+from flow.errors import FlowValueError
 from kvs.options import KVSOptions
+from kvs.urls import parse_store_url
 
 STATE_FILE = "cluster.json"  # a running local cluster's state (URL, tokens; mode 0600) in its directory
 CONFIG_ENV = "FLOWSERVE_CLUSTER_CONFIG"  # the daemon's ClusterConfig JSON: the environment, not argv (a token)
@@ -36,6 +39,21 @@ def _token(value, name: str):
             message=f"{name} must be None or a string of at least 8 characters, got {got}",
             wrong_type=not isinstance(value, str),
         )
+    return value
+
+
+def _kvs_url(value, name: str):
+    """None or a store URL (kvs/urls.py); the message says what is wrong, the password masked."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise Invalid(
+            message=f"{name} must be None or a store URL (a str), got {type(value).__name__}", wrong_type=True
+        )
+    try:
+        parse_store_url(value)
+    except FlowValueError as e:
+        raise Invalid(message=f"{name}: {e}") from None
     return value
 
 
@@ -91,6 +109,10 @@ class ClusterConfig(Config):
     executors: CPU executor processes (default: one per core but the gateway's, at least 1).
     gpu_executors: GPU-class executor processes (default 0; stages with gpu=True then
         run on CPU executors, with a warning).
+    gateways: gateway processes, all serving on the one listening socket (default 1). One
+        of them, elected through a lease in the store, runs the autoscaler and the SLO
+        tuner, and the others serve its placements; one that dies is restarted while the
+        others keep serving (executors/hosts/leadership.py).
     threads: worker threads per executor.
     token: optional bearer token the gateway then requires on every route but /healthz
         (the admin token is accepted too; admin routes need the admin token).
@@ -142,13 +164,23 @@ class ClusterConfig(Config):
         embedded cluster's directory is temporary unless ``dir`` is set, so its data
         lasts as long as the cluster. False: a KVS restart loses every plan and every
         value (gateways re-publish their flows; lookups answer 503 until data is back).
+    kvs_url: an external store to use instead of starting one (default None: the cluster
+        starts its own Redis): ``redis://``, ``redis+sentinel://`` or ``redis+cluster://``
+        (kvs/urls.py). The cluster then neither starts, restarts nor persists a store
+        (``persistence`` is the store's own business); with a password, it reaches the
+        processes through their environment only, as the token does.
     dir: where state, logs and sockets live (None: a private temporary directory).
+    tracing: a ``TracingConfig`` (or its JSON dict) to trace requests with OpenTelemetry
+        across the gateway and the executors: where spans go, and the share of requests
+        traced (default None: off; executors/tracing.py, docs/operations.md). Needs the
+        ``tracing`` extra (``pip install 'flowserve[tracing]'``).
     """
 
     host: str = setting("127.0.0.1", Str("a host name or address"))
     port: int = setting(0, Int(0, 65535, note="0: a free port"))
     executors: int = setting(default_factory=default_executors, check=Int(1))
     gpu_executors: int = setting(0, Int(0))
+    gateways: int = setting(1, Int(1, 64))
     threads: int = setting(4, Int(1, 256))
     token: str | None = setting(None, _token)
     public_metrics: bool = setting(False, Bool())
@@ -176,7 +208,9 @@ class ClusterConfig(Config):
     )
     stuck_grace_s: float = setting(10.0, Number(gt=0, le=3600, note="seconds"))
     persistence: bool = setting(True, Bool())
+    kvs_url: str | None = setting(None, _kvs_url)
     dir: str | None = setting(None, Check("a path", types=(str, os.PathLike), optional=True))
+    tracing: Any = setting(None, Nested(TracingConfig, optional=True, accept_mapping=True))
 
     def _validate(self) -> None:
         if self.request_timeout_s > self.max_request_timeout_s:
@@ -184,6 +218,11 @@ class ClusterConfig(Config):
                 f"ClusterConfig.request_timeout_s must be <= max_request_timeout_s ({self.max_request_timeout_s!r}), "
                 f"got {self.request_timeout_s!r}"
             )
+
+    def tracing_env(self) -> dict[str, str]:
+        """What the cluster's processes are started with to trace as ``tracing`` says
+        (nothing when it is off)."""
+        return {} if self.tracing is None else self.tracing.env()
 
     def http_limits(self):
         """The HTTP edge's limits (executors/gateway/http_server.py)."""

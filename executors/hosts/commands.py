@@ -1,14 +1,24 @@
 """The runtime's commands of the ``flowserve`` command line (flowserve/cli.py composes them
 with the deploy targets' commands, e.g. ``flowserve k8s``).
 
+    flowserve serve app.py [--reload]           the dev loop: serve a script's flows in the foreground,
+                                                stream the logs, deploy again on change (devserver.py)
+    flowserve logs [FLOW] [-f]                  the cluster's logs (of one flow); -f follows them
     flowserve up [--executors N] [--port P]     start a local cluster in the background
     flowserve status                            flows, stages, replicas, latencies
     flowserve deploy script.py [--no-optimize]  deploy the Flow(s) a script defines
         [--slo-p99-ms MS --traffic-rps R --samples rows.json]   ...under a latency SLO
+    flowserve deploy -f flowserve.yaml [--prune]   what a config file lists, applied idempotently (manifest.py)
     flowserve profile NAME --samples rows.json  time a deployed flow's stages per batch size
     flowserve invoke NAME --json '{"x": 1}'     call a deployed flow
+    flowserve deploy script.py --canary 0.1     a new version beside the served one (or --shadow)
+    flowserve promote NAME | rollback NAME      end it: serve it, or drop it (rollout_commands.py)
+    flowserve build app.py [--tag REF]          an OCI image of FlowServe + the script (image_build.py)
+    flowserve undeploy NAME                     stop serving a flow
     flowserve kvs put KEY FILE | --json J       put data (bytes, a .npy array, JSON) into the store
     flowserve kvs get KEY [--out FILE]          read it back; `flowserve kvs ls [PATTERN]` lists keys
+    flowserve kvs ls [--after KEY] [--limit N]  ...100 at a time; --all: every key
+    flowserve kvs rm KEY [KEY...] [--force]     remove keys (the runtime's own only with --force)
     flowserve down                              stop the cluster (in-flight requests finish)
 
 A script that ``flowserve deploy`` takes defines ``flows()`` (returning a Flow or a list of
@@ -20,12 +30,17 @@ models and data its flows read into the store before they are deployed. It is ru
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import runpy
+import shlex
 import sys
+import time
 from pathlib import Path
 
+from executors.hosts.image_build import add_build_command
+from executors.hosts.rollout_commands import add_rollout_commands, add_rollout_flags, rollout_args, rollout_lines
 from flow.configuration import ConfigError
 from flow.errors import FlowError, FlowValueError
 
@@ -108,7 +123,7 @@ def cmd_down(args) -> int:
         _clean_stale(home)
         print(f"no cluster was answering in {home}; removed its stale state")
         return 0
-    c.stop()  # returns once its processes are gone
+    c.stop(force=True)  # it runs for others (stop() alone refuses); returns once its processes are gone
     _clean_stale(home)
     print("cluster stopped")
     return 0
@@ -132,12 +147,18 @@ def _clean_stale(home: Path) -> None:
 
 
 def cmd_status(args) -> int:
-    st = _cluster(args).status()
+    from executors.hosts.manifest import applied_record, describe_applied
+
+    c = _cluster(args)
+    st = c.status()
+    applied = applied_record(c.kvs)  # what `deploy -f` applied last, from which file and when
     if args.json:
-        print(json.dumps(st, indent=2))
+        print(json.dumps(dict(st, manifest=applied), indent=2))
         return 0
     h = st["health"]
     print(f"cluster {st['url']}: {h['executors']} executors answering, {len(st['flows'])} flow(s)")
+    for line in describe_applied(applied) if applied else ():
+        print(line)
     for id_, why in sorted((h.get("down") or {}).items()):
         print(f"  executor {id_} is down ({why}); it is being restarted")
     for id_, gpus in sorted((h.get("gpus") or {}).items()):
@@ -169,11 +190,18 @@ def cmd_status(args) -> int:
         for s in f["stages"]:
             if s.get("autoscaling") and s["autoscaling"].get("last_decision"):
                 print(f"  autoscaler: {s['autoscaling']['last_decision']}")
+        for line in rollout_lines(f):  # a canary or shadow beside it, side by side
+            print(line)
     return 0
 
 
 def cmd_deploy(args) -> int:
     c = _cluster(args)
+    if args.file is not None or args.script is None:
+        return _deploy_file(args, c)
+    if args.prune:
+        print("error: --prune goes with -f FILE (a manifest)", file=sys.stderr)
+        return 2
     script = Path(args.script)
     if not script.exists():
         print(f"error: no such script: {script}", file=sys.stderr)
@@ -209,11 +237,54 @@ def cmd_deploy(args) -> int:
                 serving["samples"] = _read_rows(args.samples)
         if args.timeout is not None:
             serving["timeout_s"] = args.timeout
-        d = c.deploy(f, optimize=not args.no_optimize, **serving)
-        print(f"deployed {f.name} at {d.url}")
+        rollout = rollout_args(args)
+        d = c.deploy(f, optimize=not args.no_optimize, **serving, **rollout)
+        if rollout:
+            how = f"a canary answering {args.canary:.1%} of requests" if "canary" in rollout else "a shadow"
+            print(f"deployed {f.name} v{d.version} at {d.url} as {how}; end it: flowserve promote|rollback {f.name}")
+        else:
+            print(f"deployed {f.name} at {d.url}")
         if d.plan.slo is not None:
             print(d.plan.slo.explain())
     return 0
+
+
+def _deploy_file(args, c) -> int:
+    """``deploy -f FILE``: a manifest says which scripts and settings (manifest.py); the
+    flags that say them for one script are refused beside it."""
+    from executors.hosts import manifest
+
+    if args.file is None:
+        print("error: give a SCRIPT to deploy, or -f FILE (a manifest such as flowserve.yaml)", file=sys.stderr)
+        return 2
+    given = [flag for flag, value in _SCRIPT_FLAGS.items() if getattr(args, value, None) not in (None, False)]
+    if args.script is not None or given:
+        print(
+            f"error: -f {args.file} takes the scripts and their settings from the file; "
+            f"drop {' '.join(([args.script] if args.script else []) + given)}",
+            file=sys.stderr,
+        )
+        return 2
+    for a in manifest.apply(manifest.load(args.file), args.file, c, script_flows, prune=args.prune, say=_say):
+        version = f" v{a.version}" if a.version is not None else ""
+        print(
+            f"{a.flow}{version}: "
+            + ("no longer listed; kept (--prune undeploys it)" if a.action == "kept" else a.action)
+        )
+    return 0
+
+
+# deploy's flags for one script, which a manifest's fields replace (flag -> args attribute)
+_SCRIPT_FLAGS = {
+    "--flow": "flow",
+    "--no-optimize": "no_optimize",
+    "--timeout": "timeout",
+    "--slo-p99-ms": "slo_p99_ms",
+    "--traffic-rps": "traffic_rps",
+    "--samples": "samples",
+    "--canary": "canary",
+    "--shadow": "shadow",
+}
 
 
 def _read_rows(path: str) -> list:
@@ -248,7 +319,9 @@ def script_flows(script: Path):
     """The Flows a deploy script defines and its ``setup(store)`` hook (or None)."""
     from flow.flow import Flow
 
-    sys.path.insert(0, str(script.parent.resolve()))  # the script's own imports (examples/models.py)
+    home = str(script.parent.resolve())
+    if home not in sys.path:
+        sys.path.insert(0, home)  # the script's own imports (examples/models.py)
     namespace = runpy.run_path(str(script), run_name="__flowserve_deploy__")
     make = namespace.get("flows")
     if callable(make):
@@ -334,14 +407,56 @@ def kvs_get(store, args) -> int:
     return 0
 
 
+def kvs_rm(store, args) -> int:
+    """Remove keys; the runtime's own (``flowserve:*``: plans, the registry, membership)
+    only with ``--force``. Exit 1 when some were not there (the others are removed)."""
+    keys = list(dict.fromkeys(args.keys))
+    own = [k for k in keys if k.startswith(RUNTIME_PREFIX)]
+    if own and not args.force:
+        print(
+            f"error: {', '.join(own)}: the runtime's own key{'s' if len(own) > 1 else ''} ({RUNTIME_PREFIX}*); "
+            "removing them can break deployed flows and the cluster: add --force to remove them anyway",
+            file=sys.stderr,
+        )
+        return 2
+    missing = [k for k in keys if not store.exists(k)]
+    removed = store.delete(*keys)
+    print(
+        f"removed {removed} key{'s' if removed != 1 else ''}"
+        + (f"; not found: {', '.join(missing)}" if missing else "")
+    )
+    return 1 if missing else 0
+
+
+RUNTIME_PREFIX = "flowserve:"  # the runtime's own keys in the store
+
+
+LS_PAGE = 100  # `kvs ls` prints this many keys unless --limit or --all says otherwise
+
+
 def kvs_ls(store, args) -> int:
+    """The store's keys in sorted order, a page at a time: at most ``--limit`` (100) after
+    ``--after KEY`` (the last key of the page before), with a line on stderr saying how
+    many more there are and how to see them; ``--all`` prints every key, the runtime's own
+    flowserve:* keys too. stdout holds only keys, for pipes."""
     keys = sorted(
         k.decode() if isinstance(k, bytes) else k for k in store.redis.scan_iter(match=args.pattern, count=1000)
     )
     if not args.all:
         keys = [k for k in keys if not k.startswith("flowserve:")]  # the runtime's own keys
-    for k in keys:
+    if args.after is not None:
+        keys = keys[bisect.bisect_right(keys, args.after) :]
+    limit = 0 if args.all else args.limit
+    page = keys if limit == 0 else keys[:limit]
+    for k in page:
         print(k)
+    more = len(keys) - len(page)
+    if more:
+        print(
+            f"... and {more} more key{'s' if more != 1 else ''}: `flowserve kvs ls --after {shlex.quote(page[-1])}` "
+            f"for the next {min(limit, more)}, --limit N for N at a time (0: no limit), --all for every key",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -367,12 +482,130 @@ def cmd_invoke(args) -> int:
     return 1
 
 
+def cmd_serve(args) -> int:
+    """The dev loop (executors/hosts/devserver.py): an embedded cluster, or the one in
+    ``--dir``; exit 0 after Ctrl-C."""
+    from executors.gateway.invoke import ACCESS_LOG_ENV
+    from executors.hosts.cluster import DEFAULT_DIR, LocalCluster
+    from executors.hosts.cluster_config import ClusterConfig
+    from executors.hosts.devserver import DevServer
+
+    script = Path(args.script)
+    if not script.is_file():
+        print(f"error: no such script: {script}", file=sys.stderr)
+        return 2
+    join = args.join or (args.dir if args.dir != str(DEFAULT_DIR) else None)  # `flowserve --dir D serve` too
+    if join is not None:
+        cluster, owned = LocalCluster.connect(join), False  # never stopped here: it is not ours
+    else:
+        import tempfile
+
+        os.environ[ACCESS_LOG_ENV] = "1"  # the gateway logs a line per request: the loop shows each
+        # its directory made here, so that its logs stream while it starts (DevServer.run)
+        fields = {"host": args.host, "port": args.port, "dir": tempfile.mkdtemp(prefix="flowserve-")}
+        if args.executors is not None:
+            fields["executors"] = args.executors
+        cluster, owned = LocalCluster(ClusterConfig(**fields)), True
+    server = DevServer(
+        script,
+        cluster,
+        owned=owned,
+        load=script_flows,
+        reload=args.reload,
+        only=args.flow,
+        optimize=not args.no_optimize,
+    )
+    return server.run()
+
+
+def cmd_logs(args) -> int:
+    """Print the cluster's logs (the last ``-n`` lines, of one flow or all); with ``-f``
+    follow them until Ctrl-C."""
+    from executors.hosts.devserver import POLL_S
+    from executors.hosts.logs import LogFollower, log_files
+
+    home = Path(args.dir)
+    if not log_files(home):
+        print(
+            f"error: no cluster logs in {home} (`flowserve up` keeps them there; "
+            "another cluster's: `flowserve --dir DIR logs`)",
+            file=sys.stderr,
+        )
+        return 1
+    follower = LogFollower(home, flow=args.flow)
+    lines = follower.tail(None if args.lines < 0 else args.lines)
+    if lines:
+        print("\n".join(lines), flush=True)
+    if not args.follow:
+        return 0
+    try:
+        while True:
+            lines = follower.read()
+            if lines:
+                print("\n".join(lines), flush=True)
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_undeploy(args) -> int:
+    from executors.hosts.devserver import undeploy
+
+    c = _cluster(args)
+    status = 0
+    for name in args.names:
+        try:
+            undeploy(c, name)
+        except FlowError as e:
+            if e.status != 404:
+                raise
+            print(f"error: no deployed flow named {name!r} (`flowserve status` lists them)", file=sys.stderr)
+            status = 1
+            continue
+        print(f"undeployed {name}")
+    return status
+
+
 def add_runtime_commands(p: argparse.ArgumentParser, sub) -> None:
-    """Add the local cluster's commands (up, status, deploy, invoke, kvs, down) to a parser
-    and its ``add_subparsers()``; each sets ``fn``."""
+    """Add the local cluster's commands (serve, logs, up, status, deploy, invoke, undeploy,
+    kvs, down) to a parser and its ``add_subparsers()``; each sets ``fn``."""
     from executors.hosts.cluster import DEFAULT_DIR
 
     p.add_argument("--dir", default=str(DEFAULT_DIR), help=f"cluster directory (default {DEFAULT_DIR})")
+
+    sv = sub.add_parser(
+        "serve", help="the dev loop: serve a script's flows in the foreground, stream the logs, reload on change"
+    )
+    sv.add_argument("script", help="a .py file defining flows() (and optionally setup(store)) or Flow objects")
+    sv.add_argument(
+        "--reload",
+        action="store_true",
+        help="deploy again when the script or a module it imports from its folder changes",
+    )
+    sv.add_argument(
+        "--dir",
+        dest="join",
+        metavar="DIR",
+        help="serve on the `flowserve up` cluster in DIR (default: an embedded cluster that stops with this command)",
+    )
+    sv.add_argument(
+        "--executors", type=int, help="the embedded cluster's executor processes (default: one per core but one)"
+    )
+    sv.add_argument("--host", default="127.0.0.1", help="the embedded cluster's bind address (default 127.0.0.1)")
+    sv.add_argument(
+        "--port", type=int, default=8000, help="the embedded cluster's port (default 8000; 0 for a free one)"
+    )
+    sv.add_argument("--flow", help="serve only the flow with this name")
+    sv.add_argument("--no-optimize", action="store_true", help="one stage per operator")
+    sv.set_defaults(fn=cmd_serve)
+
+    lg = sub.add_parser("logs", help="the cluster's logs (cluster.log, logs/*.log), of one flow or all; -f follows")
+    lg.add_argument("flow", nargs="?", help="only the lines that name this flow (with their tracebacks)")
+    lg.add_argument(
+        "-f", "--follow", action="store_true", help="go on printing lines as they are written (Ctrl-C stops)"
+    )
+    lg.add_argument("-n", "--lines", type=int, default=100, help="print the last N lines first (default 100; -1: all)")
+    lg.set_defaults(fn=cmd_logs)
 
     up = sub.add_parser("up", help="start a local cluster in the background")
     up.add_argument(
@@ -408,15 +641,28 @@ def add_runtime_commands(p: argparse.ArgumentParser, sub) -> None:
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.set_defaults(fn=cmd_status)
 
-    dp = sub.add_parser("deploy", help="deploy the Flow(s) a Python script defines")
-    dp.add_argument("script", help="a .py file defining flows() (and optionally setup(store)) or Flow objects")
+    dp = sub.add_parser("deploy", help="deploy the Flow(s) a Python script defines, or what a manifest lists (-f)")
+    dp.add_argument(
+        "script", nargs="?", help="a .py file defining flows() (and optionally setup(store)) or Flow objects"
+    )
+    dp.add_argument(
+        "-f",
+        "--file",
+        help="a manifest (flowserve.yaml): the scripts, flows and settings to serve, applied idempotently",
+    )
+    dp.add_argument(
+        "--prune", action="store_true", help="with -f: undeploy the flows a manifest applied and no longer lists"
+    )
     dp.add_argument("--flow", help="deploy only the flow with this name")
     dp.add_argument("--no-optimize", action="store_true", help="one stage per operator")
     dp.add_argument("--timeout", type=float, help="the flows' deadline in seconds (default: the cluster's)")
     dp.add_argument("--slo-p99-ms", type=float, help="serve under this p99 latency SLO (ms)")
     dp.add_argument("--traffic-rps", type=float, help="with --slo-p99-ms: the load to plan for (requests/s)")
     dp.add_argument("--samples", help="with --slo-p99-ms: a JSON file of sample rows to profile the stages on")
+    add_rollout_flags(dp)
     dp.set_defaults(fn=cmd_deploy)
+    add_rollout_commands(sub)  # promote, rollback
+    add_build_command(sub)  # build: an image of FlowServe and a script
 
     pf = sub.add_parser("profile", help="time a deployed flow's stages per batch size on sample rows")
     pf.add_argument("name", help="flow name")
@@ -429,6 +675,10 @@ def add_runtime_commands(p: argparse.ArgumentParser, sub) -> None:
     iv.add_argument("--json", required=True, help="one row as a JSON object, or a list of rows")
     iv.set_defaults(fn=cmd_invoke)
 
+    ud = sub.add_parser("undeploy", help="stop serving deployed flows")
+    ud.add_argument("names", nargs="+", metavar="NAME", help="flow name")
+    ud.set_defaults(fn=cmd_undeploy)
+
     kv = sub.add_parser("kvs", help="put data and models into the cluster's store, read them, list keys")
     kvs_sub = kv.add_subparsers(dest="kvs_command", required=True, metavar="ACTION")
     put = kvs_sub.add_parser("put", help="put a file (.npy: an array, .json: JSON, else bytes) or --json under KEY")
@@ -440,7 +690,17 @@ def add_runtime_commands(p: argparse.ArgumentParser, sub) -> None:
     get.add_argument("key")
     get.add_argument("--out", help="write the value here (.npy for arrays, raw bytes, JSON)")
     get.set_defaults(fn=cmd_kvs, kvs_fn=kvs_get)
-    ls = kvs_sub.add_parser("ls", help="list keys (not the runtime's own flowserve:* keys, unless --all)")
+    ls = kvs_sub.add_parser(
+        "ls", help=f"list keys, {LS_PAGE} at a time (not the runtime's own flowserve:* keys, unless --all)"
+    )
     ls.add_argument("pattern", nargs="?", default="*", help="glob pattern (default *)")
-    ls.add_argument("--all", action="store_true", help="include the runtime's own keys")
+    ls.add_argument(
+        "--limit", type=int, default=LS_PAGE, help=f"print at most this many keys (default {LS_PAGE}; 0: no limit)"
+    )
+    ls.add_argument("--after", metavar="KEY", help="start after this key (the last one of the page before)")
+    ls.add_argument("--all", action="store_true", help="every key, the runtime's own too, with no limit")
     ls.set_defaults(fn=cmd_kvs, kvs_fn=kvs_ls)
+    rm = kvs_sub.add_parser("rm", help="remove keys (not the runtime's own flowserve:* keys, unless --force)")
+    rm.add_argument("keys", nargs="+", metavar="KEY")
+    rm.add_argument("--force", action="store_true", help="remove the runtime's own keys too")
+    rm.set_defaults(fn=cmd_kvs, kvs_fn=kvs_rm)

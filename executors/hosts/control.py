@@ -1,21 +1,30 @@
-"""The local cluster's control channel: between its supervisor and its gateway process.
+"""The local cluster's control channel: between its supervisor and each gateway process.
 
 The supervisor (executors/hosts/supervisor.py) owns the processes: the store, the executors and the
-gateway. The gateway (executors/hosts/local_gateway.py) owns what requests need: routing,
+gateways. A gateway (executors/hosts/local_gateway.py) owns what requests need: routing,
 flows, liveness pings. They talk over one connected Unix socket pair that the supervisor
 makes for each gateway it starts (the gateway inherits its end): a process that is not
-the supervisor's child cannot reach it, and a restarted gateway gets a fresh one.
+the supervisor's child cannot reach it, and a restarted gateway gets a fresh one. With
+several gateways (``ClusterConfig.gateways``) each has a channel of its own: events go to
+every one, a reply to the gateway that called.
 
 One JSON object per line, never pickle. The supervisor sends a ``hello`` first (the
-executors and their state, which start of the gateway this is), then ``event``s as
-processes come and go; the gateway sends ``call``s and gets a ``reply`` with the same
-number, and tells the supervisor when it is ``ready``.
+executors and their state, which start of a gateway this is, in which slot of how many),
+then ``event``s as processes come and go; a gateway sends ``call``s and gets a ``reply``
+with the same number, and tells the supervisor when it is ``ready``. The autoscaler's
+calls (``add``, ``remove``) carry the caller's fencing token (executors/hosts/leadership.py):
+one that is not the current one is refused, so a gateway that lost the lease starts or
+stops nothing. A ``kill`` says how long the executor has been silent: a process younger
+than that is its replacement, started since another gateway asked, and is left alone.
 
-    supervisor -> gateway   {"hello": {"executors": [...], "incarnation": 0}}
+    supervisor -> gateway   {"hello": {"executors": [...], "incarnation": 3, "slot": 1, "gateways": 2}}
                             {"event": "exited", "id": "cpu0", "code": -9, "running": [...]}
                             {"event": "started", "id": "cpu0"}
                             {"event": "start_failed", "id": "cpu0", "reason": "...", "retry_in_s": 0.4}
-    gateway -> supervisor   {"call": 3, "op": "add", "device": "cpu"}   (also "remove", "kill")
+                            {"event": "added", "executor": {"id": "cpu2", "address": "ipc://...", ...}}
+                            {"event": "removed", "id": "cpu2"}
+    gateway -> supervisor   {"call": 3, "op": "add", "device": "cpu", "fence": 7}   (also "remove")
+                            {"call": 4, "op": "kill", "id": "cpu0", "silent_s": 10.0}
                             {"ready": true}
     supervisor -> gateway   {"reply": 3, "id": "cpu2", "address": "ipc://..."}  or {"reply": 3, "error": "..."}
 """

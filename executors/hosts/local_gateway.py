@@ -9,6 +9,12 @@ ids, query ids and answer address are its own (``incarnation``): an answer that 
 executor sends for a request of the gateway before it reaches nobody, never a request of
 this one.
 
+A cluster may run several of these at once (``ClusterConfig.gateways``), all accepting on
+the one socket. Each serves every flow the registry lists (a deploy taken by one reaches
+the others within ``REGISTRY_POLL_S``); the one holding the store's lease
+(executors/hosts/leadership.py) runs the autoscaler, and the others serve the placements it
+posts (executors/hosts/scaling_board.py).
+
     python -m executors.hosts.local_gateway --dir D --rundir R --incarnation 0 --listen-fd 3 --control-fd 4
 """
 
@@ -26,6 +32,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+from executors import tracing
 from executors.gateway.app import Gateway, make_app
 from executors.gateway.builds import build_on
 from executors.gateway.deploys import LoadFailed
@@ -36,7 +43,10 @@ from executors.gateway.liveness import watch_liveness
 from executors.gateway.metrics import Metrics
 from executors.hosts.cluster_config import CONFIG_ENV, ClusterConfig
 from executors.hosts.control import Channel
+from executors.hosts.leadership import StoreLease, identity
+from executors.hosts.registry_follow import RegistryFollower
 from executors.hosts.scaling import ScalingLoop
+from executors.hosts.scaling_board import ScalingBoard
 from executors.hosts.supervisor import ADMIN_TOKEN_ENV, exit_reason, log_handlers
 from executors.plans import cluster_key
 from executors.wire.frames import WireError
@@ -46,6 +56,7 @@ from kvs import KVS
 log = logging.getLogger("flowserve.cluster")
 QID_BLOCK = 1 << 40  # each gateway start takes its own range of request and query ids
 HELLO_TIMEOUT_S = 30.0
+REGISTRY_POLL_S = 0.5  # several gateways: how often each reads the registry for the others' deploys
 
 
 class ClusterGateway:
@@ -64,6 +75,7 @@ class ClusterGateway:
         self.dir = dir_
         self.logdir = dir_ / "logs"
         self.incarnation = incarnation
+        tracing.setup(config.tracing, "flowserve-gateway")  # None: off (executors/tracing.py)
         self.store = KVS.from_url(kvs_url, signing_key=cluster_key())
         self.metrics = Metrics()
         first = incarnation * QID_BLOCK + 1
@@ -75,7 +87,7 @@ class ClusterGateway:
             busy_poll_ms=config.busy_poll_ms,
             first_id=first,
         )
-        self.dispatcher.next_qid = first
+        self.dispatcher.next_qid = incarnation * QID_BLOCK  # the first gateway's from 0, as flow.run's
         self.dispatcher.wait_for_restarts = config.restart_executors
         self.gateway = Gateway(
             self.dispatcher,
@@ -94,13 +106,19 @@ class ClusterGateway:
         self.gateway.deploys.on_served = lambda name, version: self.channel.send(
             {"served": {"flow": name, "version": version}}
         )
+        # one of the cluster's gateways runs the control loop: the one holding this lease
+        self.lease = StoreLease(self.store.redis, identity(f"gateway{incarnation}"))
         self.scaling = ScalingLoop(
             lambda: self.dispatcher,
             self,
             config.autoscaling,  # None: only flows served under an SLO are tuned
             metrics=self.metrics,
             max_executors=config.max_executors,
+            lease=self.lease,
+            board=ScalingBoard(self.store.redis),
+            gateway_id=self.lease.identity,
         )
+        self.follower = RegistryFollower(self.gateway)
         self.gateway.shape_placement = self.scaling.initial_placement
         self.gateway.scaling_status = self.scaling.status
         self.scaling.monitor = self.gateway.slo
@@ -111,6 +129,7 @@ class ClusterGateway:
         self.hello: dict = {}
         self._hello = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        self._leading: list[asyncio.Task] = []  # the lease and the control loop
 
     def run(self, listener: socket.socket) -> None:
         app = make_app(self.gateway, on_startup=[self._started], on_shutdown=[self._stopping])
@@ -149,8 +168,10 @@ class ClusterGateway:
         self._tasks.append(
             loop.create_task(StoreWatch(self.store, self.dispatcher, self.config.load_timeout_s).run())
         )  # durability.py: re-publish into a store that restarted empty
-        self._tasks.append(loop.create_task(self.scaling.run()))
+        self._leading = [loop.create_task(self.lease.run()), loop.create_task(self.scaling.run())]
         await self._restore_flows()
+        if self.hello.get("gateways", 1) > 1:
+            self._tasks.append(loop.create_task(self._follow_registry()))
         self.gateway.ready = True
         self.channel.send({"ready": True})
         log.info(
@@ -191,6 +212,7 @@ class ClusterGateway:
         the flows built (a Load of a built stage is a no-op there); after `flowserve down`
         then `up` on a persisted store they build them again. A flow that cannot be built
         any more (its code changed underneath, a model is gone) is logged and skipped."""
+        read_at = time.monotonic()
         registry = await asyncio.to_thread(registry_if_intact, self.store.redis)
         for name, version in sorted((registry or {}).items()):
             high = self.gateway.deploys.served_high.get(name, version)
@@ -209,9 +231,33 @@ class ClusterGateway:
                 log.info("flow %s v%s restored from the store", name, version)
             except LoadFailed as e:
                 log.warning("flow %s v%s is registered but could not be restored: %s", name, version, e.message)
+        if registry is not None:  # and the canaries and shadows the store records (rollouts.py)
+            await self.gateway.deploys.registry_seen(registry, read_at)
+
+    async def _follow_registry(self) -> None:
+        """Serve what the other gateways deploy and undeploy (they share the registry)."""
+        failing = False
+        while True:
+            await asyncio.sleep(REGISTRY_POLL_S)
+            try:
+                read_at = time.monotonic()
+                registry = await asyncio.to_thread(registry_if_intact, self.store.redis)
+                if registry is None:
+                    continue  # the store restarted empty: StoreWatch re-publishes, then it is read again
+                await self.follower.changed(registry, read_at)
+                await self.gateway.deploys.registry_seen(registry, read_at)
+                failing = False
+            except Exception as e:  # the store may be restarting: keep serving what is served
+                if not failing:
+                    log.warning("reading the registry failed (%s); retrying", e)
+                failing = True
 
     async def _stopping(self) -> None:
-        """Graceful stop: refuse new requests, let in-flight ones finish (bounded)."""
+        """Graceful stop: hand the control loop over, refuse new requests, let in-flight
+        ones finish (bounded)."""
+        for task in self._leading:
+            task.cancel()
+        await self.lease.resign()
         await drain(self.gateway, self.config.request_timeout_s)
         for task in self._tasks:
             task.cancel()
@@ -235,6 +281,29 @@ class ClusterGateway:
                 asyncio.get_running_loop().create_task(self._rejoin(id_))
         elif event == "start_failed":
             self.procs.setdefault(id_, {}).update(alive=False, last_exit=msg.get("reason"))
+        elif event == "added":  # started for the autoscaler, at any gateway's call
+            self._added(msg["executor"])
+        elif event == "removed":
+            self._removed(id_)
+
+    def _added(self, ex: dict) -> None:
+        id_ = ex["id"]
+        if id_ in self.dispatcher.executors:
+            return
+        self.procs[id_] = {"alive": True, "device": ex["device"], "restarts": 0}
+        if id_ not in self.extras:
+            self.extras.append(id_)
+        self.dispatcher.add_executor(id_, ex["address"], ex["device"])
+
+    def _removed(self, id_: str) -> None:
+        """An extra executor stopped (the leader found it idle): requests of this gateway
+        still on it, if any, re-run on the others."""
+        if id_ in self.extras:
+            self.extras.remove(id_)
+        self.procs.pop(id_, None)
+        if id_ in self.dispatcher.executors:
+            self.dispatcher.executor_died(id_, reason="stopped")
+            self.dispatcher.remove_executor(id_)
 
     def _executor_exited(self, id_: str, code: int | None, running: list) -> None:
         """Tell the dispatcher why an executor's process ended: it recycled itself (a stuck
@@ -285,23 +354,25 @@ class ClusterGateway:
             self.config.stuck_grace_s,
         )
         try:
-            await self.channel.call("kill", id=id_)
+            await self.channel.call("kill", id=id_, silent_s=self.config.stuck_grace_s)
         except (WireError, asyncio.TimeoutError) as e:
             log.error("could not have executor %s killed: %s", id_, e)
 
     # -- the autoscaler's backend (executors/hosts/scaling.py) --------------------------------------------
 
     async def add_executor(self, device: str) -> str | None:
-        """Have the supervisor start one more executor; its id once it answers."""
+        """Have the supervisor start one more executor, under this gateway's fencing token
+        (the supervisor refuses a token that is not the current one); its id once it answers."""
+        token = self.lease.fence()
+        if token is None:
+            return None  # another gateway leads now
         try:
-            reply = await self.channel.call("add", device=device)
+            reply = await self.channel.call("add", device=device, fence=token)
         except (WireError, asyncio.TimeoutError) as e:
             log.warning("could not start an executor for the autoscaler: %s", e)
             return None
         id_ = reply["id"]
-        self.procs[id_] = {"alive": True, "device": device, "restarts": 0}
-        self.extras.append(id_)
-        self.dispatcher.add_executor(id_, reply["address"], device)
+        self._added({"id": id_, "address": reply["address"], "device": device})
         if not await self.dispatcher.ping(reply["address"], 60, still_worth_it=partial(self._running, id_)):
             log.warning("new executor %s did not start", id_)
             await self.remove_executor(id_)
@@ -316,13 +387,12 @@ class ClusterGateway:
         """Stop an executor the autoscaler no longer needs (it hosts nothing)."""
         if executor_id not in self.extras:
             return
-        self.extras.remove(executor_id)
-        self.dispatcher.remove_executor(executor_id)
-        self.procs.pop(executor_id, None)
         try:
-            await self.channel.call("remove", id=executor_id)
+            await self.channel.call("remove", id=executor_id, fence=self.lease.fence())
         except (WireError, asyncio.TimeoutError) as e:
             log.warning("could not stop executor %s: %s", executor_id, e)
+            return
+        self._removed(executor_id)
         log.warning("stopped idle executor %s", executor_id)
 
     # -- status -------------------------------------------------------------------------------
@@ -332,9 +402,13 @@ class ClusterGateway:
         return {
             "gateway": {
                 "pid": os.getpid(),
+                "slot": self.hello.get("slot", 0),
+                "incarnation": self.incarnation,
                 "restarts": self.hello.get("restarts", 0),
                 "last_exit": self.hello.get("last_exit"),
             },
+            "gateways": self.hello.get("gateways", 1),
+            "control": self.lease.status(),  # whether this gateway runs the control loop
             # executors not serving (dead, or restarted and not answering yet), and why
             "down": {
                 id_: self.procs.get(id_, {}).get("last_exit") or "starting"

@@ -12,6 +12,13 @@ routes and finish. Extra executor processes that host nothing are stopped.
 Decisions are logged, counted in ``/metrics`` (``flowserve_scaling_decisions_total``) and
 shown per stage in ``GET /flows/{name}`` and ``flowserve status``.
 
+Several gateways serving one cluster each run this loop, and one decides: the holder of
+the lease (``executors/hosts/leadership.py``). Every gateway posts what it saw to the store
+and the leader scales on the sum; the leader posts each placement it decides, with its
+fencing token, and the others serve it within a step (``executors/hosts/scaling_board.py``).
+A decision whose token is no longer the current one is refused where it is carried out
+(the placement record, the supervisor, ``FencedBackend``) and not served.
+
 The policy is fed the arrivals, the run time per request, the replicas, the requests in
 flight and the busy fraction (``utilisation``: the run time the answers' traces report
 over the interval, divided by the replicas' time). Queue length is not fed: a stage's
@@ -39,8 +46,13 @@ import time
 from typing import Protocol
 
 from executors.hosts.autoscale import Autoscaler, AutoscalingConfig, ScalingDecision, StageMetrics
+from executors.hosts.leadership import Fence, Lease
+from executors.hosts.scaling_board import STALE_S, ScalingBoard
 
 log = logging.getLogger("flowserve.autoscaler")
+
+DRAIN_S = 2.0  # an extra executor no placement names is stopped after this long
+FOLLOW_LOAD_S = 60.0  # a follower building a stage the leader placed (a no-op on the executor)
 
 
 class ExecutorBackend(Protocol):
@@ -187,6 +199,11 @@ class SLOTuner:
 
 
 class ScalingLoop:
+    """The control loop of one gateway. Every gateway runs one; only the holder of the
+    lease (``lease``, executors/hosts/leadership.py) decides, and the others follow what it
+    posts on the ``board`` (executors/hosts/scaling_board.py). Without a lease the gateway
+    is the only one and always decides; without a board it neither posts nor follows."""
+
     def __init__(
         self,
         dispatcher_of,
@@ -196,6 +213,10 @@ class ScalingLoop:
         metrics=None,
         interval_s: float = 0.5,
         max_executors: int = 8,
+        lease: Lease | None = None,
+        board: ScalingBoard | None = None,
+        gateway_id: str = "gateway",
+        drain_s: float = DRAIN_S,
     ):
         self._dispatcher_of = dispatcher_of  # the dispatcher exists once the app starts
         self.backend = backend
@@ -203,27 +224,45 @@ class ScalingLoop:
         self.metrics = metrics
         self.interval_s = interval_s
         self.max_executors = max_executors
+        self.lease = lease
+        self.board = board
+        self.gateway_id = gateway_id
+        self.drain_s = drain_s
         self.scalers: dict[str, Autoscaler] = {}
         self.decisions: dict[tuple[str, str], list[ScalingDecision]] = {}
         self.tuners: dict[str, tuple[object, SLOTuner]] = {}  # flow -> (its plan's SLO, tuner)
         self.monitor = None  # the gateway's SLOMonitor (executors/hosts/profiling.py), for SLO flows
         self.serve_replan = None  # the gateway's serve_replan, for the tuner's re-plans
+        self.followed: dict[str, dict] = {}  # flow -> the leader's placement record this gateway serves
         self._last = time.monotonic()
+        self._leading: int | None = None  # the token this loop last decided under
+        self._seq = 0  # this gateway's load posts
+        self._totals: dict[str, dict[str, list]] = {}  # flow -> stage -> [routed, run ms, answers] so far
+        self._seen: dict[str, tuple] = {}  # gateway -> (its post's seq, when that changed, its totals)
+        self._posted: dict[str, tuple] = {}  # flow -> (version, placement) as last posted
+        self._unused_since: dict[str, float] = {}  # extra executor -> since when no placement names it
+        self._failing = False
 
     @property
     def dispatcher(self):
         return self._dispatcher_of()
 
+    def fence(self) -> int | None:
+        """The token to decide under: the lease's while this gateway holds it (0 without a
+        lease: the only gateway), None while another one leads."""
+        return 0 if self.lease is None else self.lease.fence()
+
     def initial_placement(self, plan, full: dict[str, list[str]]) -> dict[str, list[str]]:
         """Start each scalable stage on ``min_replicas`` (at least one) executors."""
-        if self.config is None or getattr(plan.slo, "planned", False):
+        config = getattr(plan, "autoscaling", None) or self.config  # the flow's own, else the cluster's
+        if config is None or getattr(plan.slo, "planned", False):
             return full  # no policy, or sized by the SLO planner: as placed
         out = {}
         for name, stage in plan.stages.items():
             if stage.continuation is not None or stage.competitive > 1:
                 out[name] = full[name]  # key-routed / racing stages keep their spread
             else:
-                out[name] = full[name][: max(1, self.config.min_replicas)]
+                out[name] = full[name][: max(1, config.min_replicas)]
         return out
 
     async def run(self) -> None:
@@ -231,69 +270,221 @@ class ScalingLoop:
             await asyncio.sleep(self.interval_s)
             try:
                 await self.step()
-            except Exception:  # the control loop must outlive a bad step
-                log.exception("autoscaling step failed")
+                if self._failing:
+                    log.warning("the control loop steps again")
+                self._failing = False
+            except Exception:  # the control loop must outlive a bad step (the store restarting...)
+                if not self._failing:
+                    log.exception("autoscaling step failed (logged once until a step succeeds)")
+                self._failing = True
 
     async def step(self) -> None:
         now = time.monotonic()
         dt = max(now - self._last, 1e-3)
         self._last = now
         d = self.dispatcher
+        seen = self._drain(d)
+        if self.board is not None:
+            await asyncio.to_thread(self._post_load, d)
+        token = self.fence()
+        if token is None:
+            if self._leading is not None:
+                log.warning("gateway %s no longer leads the control loop", self.gateway_id)
+                self._leading = None
+            if self.board is not None:
+                await self.follow()
+            return
+        if self._leading != token:
+            # a new term: what an earlier one learned (hysteresis, other gateways' totals) is stale
+            log.warning("gateway %s leads the control loop (fencing token %s)", self.gateway_id, token)
+            self._leading = token
+            self.scalers.clear()
+            self._seen.clear()
+            self._posted.clear()
+            if self.board is not None:
+                await self.follow()  # the last placements the previous leader posted
+        if self.board is not None:
+            seen, arrivals = await asyncio.to_thread(self._cluster_load, now)
+        else:
+            arrivals = None
         for name, flow in list(d.flows.items()):
             if getattr(flow.plan.slo, "planned", False):
                 if flow.plan.slo.adapt:  # else pinned as planned
-                    await self._tune(name, flow, now)
+                    await self._tune(name, flow, now, token, None if arrivals is None else arrivals.get(name, {}))
                 continue
-            if self.config is None:
+            config = getattr(flow.plan, "autoscaling", None) or self.config  # the flow's own, else the cluster's
+            if config is None:
                 continue
             scaler = self.scalers.get(name)
             scalable = [s for s, st in flow.plan.stages.items() if st.continuation is None and st.competitive == 1]
-            if scaler is None or set(scaler.configs) != set(scalable):
-                scaler = self.scalers[name] = Autoscaler({s: self.config for s in scalable})
-            inflight = d.inflight_by_stage(name)
+            if (
+                scaler is None
+                or set(scaler.configs) != set(scalable)
+                or any(c != config for c in scaler.configs.values())
+            ):
+                scaler = self.scalers[name] = Autoscaler({s: config for s in scalable})
             for stage in scalable:
-                c = d.stage_counters(name, stage)
-                service = c.service_ms / c.served if c.served else 0.0
+                arrived, service_ms, served, inflight = seen.get(name, {}).get(stage, (0, 0.0, 0, 0))
+                service = service_ms / served if served else 0.0
                 replicas = len(flow.placement[stage])
-                busy = c.service_ms / (dt * 1000.0 * replicas) if replicas else 0.0  # ms run / ms available
+                busy = service_ms / (dt * 1000.0 * replicas) if replicas else 0.0  # ms run / ms available
                 scaler.observe(
                     stage,
                     StageMetrics(
                         time=now,
-                        arrival_rate=c.arrivals / dt,
+                        arrival_rate=arrived / dt,
                         service_time_ms=service,
                         replicas=replicas,
                         utilisation=min(1.0, busy),
-                        inflight=inflight.get(stage, 0),
+                        inflight=inflight,
                         device=flow.plan.stages[stage].device,
                     ),
                 )
-                c.arrivals, c.service_ms, c.served = 0, 0.0, 0
             for decision in scaler.decide(now):
-                await self.apply(name, decision)
-        await self._stop_idle_extras()
+                await self.apply(name, decision, token)
+        if self.board is not None:
+            await self._post_placements(token)
+        await self._stop_idle_extras(token)
 
-    async def _tune(self, name: str, flow, now: float) -> None:
-        """An SLO-planned flow: its tuner's decisions from the gateway's arrival envelope."""
+    # -- what this gateway saw, and what all of them saw ----------------------------------------
+
+    def _drain(self, d) -> dict[str, dict[str, tuple]]:
+        """Take what the dispatcher counted since the last step into the running totals;
+        returns flow -> stage -> (routed, run ms, answers, in flight) of this step, here."""
+        out: dict[str, dict[str, tuple]] = {}
+        for name, flow in list(d.flows.items()):
+            inflight = d.inflight_by_stage(name)
+            totals = self._totals.setdefault(name, {})
+            for stage in flow.plan.stages:
+                c = d.stage_counters(name, stage)
+                t = totals.setdefault(stage, [0, 0.0, 0])
+                t[0], t[1], t[2] = t[0] + c.arrivals, t[1] + c.service_ms, t[2] + c.served
+                out.setdefault(name, {})[stage] = (c.arrivals, c.service_ms, c.served, inflight.get(stage, 0))
+                c.arrivals, c.service_ms, c.served = 0, 0.0, 0
+        for name in [n for n in self._totals if n not in d.flows]:
+            del self._totals[name]
+        return out
+
+    def _post_load(self, d) -> None:
+        self._seq += 1
+        inflight = {name: d.inflight_by_stage(name) for name in d.flows}
+        arrivals = {}
+        if self.monitor is not None:
+            now_ms = self.monitor.now_ms()
+            for name, env in list(self.monitor.envelopes.items()):
+                if name in d.flows:
+                    arrivals[name] = env.current(now_ms)
+        self.board.post_load(self.gateway_id, self._seq, self._totals, inflight, arrivals)
+
+    def _cluster_load(self, now: float) -> tuple[dict, dict]:
+        """What every gateway saw since the leader's last step: flow -> stage -> (routed, run
+        ms, answers, in flight), summed over the gateways' posts; and each SLO flow's
+        arrivals per window, summed. A gateway seen for the first time counts from its next
+        post on; one whose post has not changed for ``STALE_S`` is gone and dropped."""
+        seen: dict[str, dict[str, list]] = {}
+        arrivals: dict[str, dict[float, int]] = {}
+        gone = []
+        for gw, doc in self.board.read_load().items():
+            seq, totals = doc.get("seq"), doc.get("totals") or {}
+            prev = self._seen.get(gw)
+            if prev is None or prev[0] != seq:
+                self._seen[gw] = (seq, now, totals)
+                before = prev[2] if prev is not None else totals  # first sight: a baseline
+            elif now - prev[1] > STALE_S:
+                gone.append(gw)
+                continue
+            else:
+                before = totals  # no new post since the last step: nothing new
+            for flow, stages in totals.items():
+                for stage, t in stages.items():
+                    b = (before.get(flow) or {}).get(stage) or [0, 0.0, 0]
+                    acc = seen.setdefault(flow, {}).setdefault(stage, [0, 0.0, 0, 0])
+                    for i in range(3):
+                        acc[i] += max(0, t[i] - b[i])
+            for flow, stages in (doc.get("inflight") or {}).items():
+                for stage, n in stages.items():
+                    seen.setdefault(flow, {}).setdefault(stage, [0, 0.0, 0, 0])[3] += n
+            for flow, counts in (doc.get("arrivals") or {}).items():
+                mine = arrivals.setdefault(flow, {})
+                for w, n in counts.items():
+                    mine[float(w)] = mine.get(float(w), 0) + n  # window ms, as the envelope keys them
+        if gone:
+            log.warning("gateways %s posted no load for %.0f s: counted as gone", gone, STALE_S)
+            self.board.forget_load(gone)
+            for gw in gone:
+                self._seen.pop(gw, None)
+        return {f: {s: tuple(v) for s, v in st.items()} for f, st in seen.items()}, arrivals
+
+    # -- followers ---------------------------------------------------------------------------------
+
+    async def follow(self) -> None:
+        """Serve the placements the leader posted: a stage's replicas are the executors its
+        record names (built here first: on the executors that is a no-op, they hold it)."""
+        records = await asyncio.to_thread(self.board.placements)
+        d = self.dispatcher
+        for name, rec in records.items():
+            flow = d.flows.get(name)
+            if flow is None or rec.get("version") != flow.version:
+                continue  # a version this gateway does not serve (yet)
+            self.followed[name] = rec
+            key = (name, flow.version)
+            for stage, ids in (rec.get("stages") or {}).items():
+                if stage not in flow.placement:
+                    continue
+                ids = [i for i in ids if i in d.executors]
+                if not ids or ids == flow.placement[stage]:
+                    continue
+                missing = [i for i in ids if d.executors[i].alive and key not in d.executors[i].loaded]
+                errors = await d.load(name, flow.version, {stage: missing}, FOLLOW_LOAD_S) if missing else {}
+                ids = [i for i in ids if not errors.get(i)]
+                if ids and d.flows.get(name) is flow:
+                    flow.placement[stage] = ids
+        for name in [n for n in self.followed if n not in records]:
+            del self.followed[name]
+
+    async def _post_placements(self, token: int) -> None:
+        """Post the placements that changed without a decision (a deploy, an executor gone)."""
+        d = self.dispatcher
+        for name, flow in list(d.flows.items()):
+            snap = (flow.version, {s: list(ids) for s, ids in flow.placement.items()})
+            if self._posted.get(name) == snap:
+                continue
+            why = {s: str(v[-1]) for (f, s), v in self.decisions.items() if f == name and v}
+            if not await asyncio.to_thread(self.board.post_placement, token, name, flow.version, snap[1], (), why):
+                log.warning("gateway %s lost the lease (token %s): placements not posted", self.gateway_id, token)
+                return
+            self._posted[name] = snap
+        for name in [n for n in self._posted if n not in d.flows]:
+            await asyncio.to_thread(self.board.forget_placement, token, name)
+            del self._posted[name]
+
+    # -- SLO flows ---------------------------------------------------------------------------------
+
+    async def _tune(self, name: str, flow, now: float, token: int, arrivals: dict | None) -> None:
+        """An SLO-planned flow: its tuner's decisions from the arrival envelope (every
+        gateway's, summed, when they share a board; else this gateway's)."""
         entry = self.tuners.get(name)
         if entry is None or entry[0] is not flow.plan.slo:
             entry = self.tuners[name] = (flow.plan.slo, SLOTuner(flow.plan, max_replicas=self.max_executors))
-        if self.monitor is None:
+        if arrivals is not None:
+            counts = arrivals
+        elif self.monitor is None:
             return  # no arrival envelope to read: keep the planned sizes
-        env = self.monitor.envelopes.get(name)
-        counts = {} if env is None else env.current(self.monitor.now_ms())
+        else:
+            env = self.monitor.envelopes.get(name)
+            counts = {} if env is None else env.current(self.monitor.now_ms())
         tuner = entry[1]
         rung = tuner.replan(counts, now)
         if rung is not None and self.serve_replan is not None:
-            await self._replan(name, flow, tuner, rung, now)
+            await self._replan(name, flow, tuner, rung, now, token)
             return
         if not tuner.beyond_ladder(counts):
             return
         replicas = {s: len(ids) for s, ids in flow.placement.items()}
         # every stage's decision at once: a burst needs them all, and each waits on builds
-        await asyncio.gather(*(self.apply(name, decision) for decision in tuner.decide(replicas, counts, now)))
+        await asyncio.gather(*(self.apply(name, decision, token) for decision in tuner.decide(replicas, counts, now)))
 
-    async def _replan(self, name: str, flow, tuner: SLOTuner, rung, now: float) -> None:
+    async def _replan(self, name: str, flow, tuner: SLOTuner, rung, now: float, token: int) -> None:
         """Serve ``rung`` of the flow's ladder as its next version (new batch sizes, budgets
         and replicas), starting the executors it needs first."""
         from optimizer.slo.sizing import with_rung
@@ -311,6 +502,9 @@ class ScalingLoop:
                     break
                 have += 1
         before = {s: len(ids) for s, ids in flow.placement.items()}
+        if self.fence() != token:
+            tuner.replanner.current = tuner.running
+            return  # the lease ran out meanwhile: the next leader decides
         try:
             served = await self.serve_replan(plan)
         except Exception as e:  # keep serving what runs; the next step tries again
@@ -330,8 +524,11 @@ class ScalingLoop:
                 self.metrics.scaling.labels(name, stage, decision.direction).inc()
         log.warning("flow %s: re-planned for %.0f req/s, now v%s", name, rung.rate_rps, served.version)
 
-    async def apply(self, flow_name: str, decision: ScalingDecision) -> None:
-        log.warning("flow %s: %s", flow_name, decision)
+    async def apply(self, flow_name: str, decision: ScalingDecision, token: int | None = 0) -> None:
+        """Carry a decision out under fencing token ``token``: new replicas are built first,
+        then the new placement is posted (refused, and not served, if the token is not the
+        current one any more) and served."""
+        log.warning("flow %s: %s (fencing token %s)", flow_name, decision, token)
         d = self.dispatcher
         flow = d.flows.get(flow_name)
         if flow is None:
@@ -355,9 +552,38 @@ class ScalingLoop:
                     current.append(ex_id)
         else:
             # drain the least busy first: unpinned, they get no new requests of this stage
-            busy = {e: d.executors[e].inflight for e in current}
-            keep = sorted(current, key=lambda e: -busy[e])[: max(1, decision.to_replicas)]
+            busy = {e: d.executors[e].inflight for e in current if e in d.executors}
+            keep = sorted(current, key=lambda e: -busy.get(e, 0))[: max(1, decision.to_replicas)]
             current = [e for e in current if e in keep]
+        if self.board is not None:
+            stages = {s: list(ids) for s, ids in flow.placement.items()}
+            stages[decision.stage] = current
+            record = {
+                "token": token,
+                "gateway": self.gateway_id,
+                "flow": flow_name,
+                "version": flow.version,
+                "stage": decision.stage,
+                "from": decision.from_replicas,
+                "to": decision.to_replicas,
+                "replicas": current,
+                "why": decision.reason,
+                "at": time.time(),
+            }
+            why = {s: str(v[-1]) for (f, s), v in self.decisions.items() if f == flow_name and v}
+            why[decision.stage] = str(decision)
+            posted = await asyncio.to_thread(
+                self.board.post_placement, token, flow_name, flow.version, stages, [record], why
+            )
+            if not posted:
+                log.warning(
+                    "flow %s: decision dropped: gateway %s no longer holds the lease of token %s",
+                    flow_name,
+                    self.gateway_id,
+                    token,
+                )
+                return
+            self._posted[flow_name] = (flow.version, stages)
         flow.placement[decision.stage] = current
         self.decisions.setdefault((flow_name, decision.stage), []).append(decision)
         if self.metrics:
@@ -379,17 +605,35 @@ class ScalingLoop:
             return None
         return await self.backend.add_executor(device)
 
-    async def _stop_idle_extras(self) -> None:
-        used = {e for f in self.dispatcher.flows.values() for ids in f.placement.values() for e in ids}
-        used |= set(self.dispatcher.loading)  # placed by a deploy still building: not idle
+    async def _stop_idle_extras(self, token: int | None = 0) -> None:
+        """Stop the extra executors no placement has named for ``drain_s``: the other
+        gateways follow a placement within a step, so by then none routes there."""
+        d = self.dispatcher
+        used = {e for f in d.flows.values() for ids in f.placement.values() for e in ids}
+        used |= set(d.loading)  # placed by a deploy still building: not idle
+        now = time.monotonic()
         for id_ in self.backend.removable():
-            info = self.dispatcher.executors.get(id_)
-            if id_ not in used and (info is None or info.inflight == 0):
-                await self.backend.remove_executor(id_)
+            info = d.executors.get(id_)
+            if id_ in used or (info is not None and info.inflight):
+                self._unused_since.pop(id_, None)
+                continue
+            if now - self._unused_since.setdefault(id_, now) < self.drain_s or self.fence() != token:
+                continue
+            await self.backend.remove_executor(id_)
+            self._unused_since.pop(id_, None)
+        for id_ in [i for i in self._unused_since if i not in d.executors]:
+            del self._unused_since[id_]
 
     def status(self, flow_name: str) -> dict[str, dict]:
         scaler = self.scalers.get(flow_name)
-        out = {}
+        out: dict[str, dict] = {}
+        if self.fence() is None and flow_name in self.followed:
+            # another gateway decides: what it posted
+            rec = self.followed[flow_name]
+            holder = self.lease.holder if self.lease is not None else None
+            for stage, why in (rec.get("why") or {}).items():
+                out[stage] = {"decided_by": holder, "last_decision": why}
+            return out
         if flow_name in self.tuners:
             tuner = self.tuners[flow_name][1]
             for stage, why in tuner.reason.items():
@@ -407,3 +651,35 @@ class ScalingLoop:
                 "last_decision": str(last[-1]) if last else None,
             }
         return out
+
+
+class FencedBackend:
+    """An executor backend (``ExecutorBackend``) whose adds and removes happen only under
+    the current fencing token: this gateway must hold the lease, and the store's fence must
+    still name its token, checked right before each call. For a backend that cannot check a
+    token itself (Kubernetes scales Deployments through the API server, which knows nothing
+    of ours); the local supervisor checks it itself."""
+
+    def __init__(self, inner, lease: Lease, fence: Fence):
+        self.inner = inner
+        self.lease = lease
+        self.fence = fence
+
+    async def _admitted(self, what: str) -> bool:
+        token = self.lease.fence()
+        if token is not None and await asyncio.to_thread(self.fence.admits, token):
+            return True
+        log.warning("not %s: this gateway does not hold the lease (token %s)", what, token)
+        return False
+
+    async def add_executor(self, device: str) -> str | None:
+        if not await self._admitted(f"adding a {device} executor"):
+            return None
+        return await self.inner.add_executor(device)
+
+    async def remove_executor(self, executor_id: str) -> None:
+        if await self._admitted(f"removing executor {executor_id}"):
+            await self.inner.remove_executor(executor_id)
+
+    def removable(self) -> list[str]:
+        return self.inner.removable()

@@ -9,6 +9,12 @@ one Service all serve the same flows, whichever of them took the deploy. If the 
 restarts empty, it re-publishes the flows it serves (durability.py) instead of reading
 the empty registry as "everything was undeployed".
 
+With ``--autoscale`` every replica runs the control loop and one decides: the holder of a
+lease (executors/hosts/leadership.py), by default a lock in the KVS (``--leader-election
+store``); a deploy target may offer its own (``k8s``: a coordination.k8s.io Lease). The
+others follow the placements it posts (executors/hosts/scaling_board.py), and its executor
+backend acts only under its current fencing token (``FencedBackend``).
+
     FLOWSERVE_ADMIN_TOKEN=... python -m executors.hosts.standalone --host 0.0.0.0 --port 8000 \\
         --address tcp://10.0.0.7:5556 --kvs redis://:pw@kvs:6379/0 --membership kvs
 """
@@ -24,9 +30,9 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 
+from executors import tracing
 from executors.gateway.app import Gateway, make_app
 from executors.gateway.builds import build_on
-from executors.gateway.deploys import LoadFailed
 from executors.gateway.dispatcher import Dispatcher
 from executors.gateway.durability import mark_started, registry_if_intact, republish
 from executors.gateway.http_server import drain, serve
@@ -35,7 +41,10 @@ from executors.gateway.metrics import Metrics
 from executors.gateway.placement import place
 from executors.hosts.autoscale import AutoscalingConfig
 from executors.hosts.cluster_config import ClusterConfig
-from executors.hosts.scaling import FixedExecutors, ScalingLoop
+from executors.hosts.leadership import Fence, Lease, StoreLease, identity
+from executors.hosts.registry_follow import RegistryFollower
+from executors.hosts.scaling import FencedBackend, FixedExecutors, ScalingLoop
+from executors.hosts.scaling_board import ScalingBoard
 from executors.plans import cluster_key
 from executors.wire.membership import GATEWAYS_KEY, Absence, live_members
 from kvs import KVS
@@ -49,6 +58,11 @@ QID_BLOCK = 1 << 40  # each gateway start takes its own range of query ids
 # interface). k8s/gateway.py passes Kubernetes' one; the runtime never imports a target.
 ScalerFactory = Callable[[Dispatcher], object]
 ScalerOption = Callable[[argparse.Namespace], ScalerFactory]
+# How a deploy target offers a lease to elect the replica that runs the control loop: given
+# this process's identity and the store's fencing counter, the lease (blocking: it may
+# read its credentials). k8s/gateway.py offers Kubernetes' Lease.
+LeaseFactory = Callable[[str, Fence], Lease]
+LeaseOption = Callable[[argparse.Namespace], LeaseFactory]
 
 
 class StandaloneGateway:
@@ -61,6 +75,7 @@ class StandaloneGateway:
         admin_token: str,
         autoscaling: AutoscalingConfig | None = None,
         scaler: ScalerFactory | None = None,
+        lease: LeaseFactory | None = None,
         poll_s: float = 0.5,
         grace_s: float = 1.5,
     ):
@@ -88,6 +103,9 @@ class StandaloneGateway:
             max_rows=config.max_rows,
         )
         self.scaler = scaler
+        self.lease_factory = lease  # None: a lock in the KVS
+        self.lease: Lease | None = None
+        self.follower = RegistryFollower(self.gateway)
         self.scaling = None
         if autoscaling is not None:
             self.scaling = ScalingLoop(
@@ -96,13 +114,15 @@ class StandaloneGateway:
                 autoscaling,
                 metrics=self.metrics,
                 max_executors=config.max_executors,
+                board=ScalingBoard(self.store.redis),
             )
             self.gateway.shape_placement = self.scaling.initial_placement
             self.gateway.scaling_status = self.scaling.status
             self.scaling.monitor = self.gateway.slo  # SLO flows: the tuner's arrival envelope
             self.scaling.serve_replan = self.gateway.deploys.serve_replan  # the tuner's re-plans
-        self._failed_loads: dict[tuple[str, int], float] = {}  # (flow, version) -> retry after
+            self.gateway.host_status = lambda: {"control": self.lease.status() if self.lease is not None else None}
         self._tasks: list[asyncio.Task] = []
+        self._control: list[asyncio.Task] = []  # the lease and the control loop
 
     def app(self):
         return make_app(self.gateway, on_startup=[self._started], on_shutdown=[self._stopping])
@@ -118,7 +138,7 @@ class StandaloneGateway:
         await self._when_kvs_answers(lambda: mark_started(self.store.redis))  # kvs/markers.py
         # query ids stay unique across gateway replicas and restarts
         block = await self._when_kvs_answers(lambda: self.store.redis.incr(GATEWAYS_KEY))
-        self.dispatcher.next_qid = int(block) * QID_BLOCK + 1
+        self.dispatcher.next_qid = int(block) * QID_BLOCK
         await self._when_kvs_answers(self.sync)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._watch()))
@@ -127,14 +147,25 @@ class StandaloneGateway:
         self._tasks.append(loop.create_task(watch_liveness(self.dispatcher, self.config.stuck_grace_s)))
         self.gateway.ready = True
         if self.scaling is not None:
-            self.scaling.backend = await self._backend()
-            self._tasks.append(loop.create_task(self.scaling.run()))
+            fence = Fence(self.store.redis)
+            self.lease = await self._lease(fence)
+            self.scaling.lease = self.lease
+            self.scaling.gateway_id = self.lease.identity
+            self.scaling.backend = FencedBackend(await self._backend(), self.lease, fence)
+            self._control = [loop.create_task(self.lease.run()), loop.create_task(self.scaling.run())]
         log.info(
             "gateway on %s: %d executors, %d flows",
             self.address,
             len(self.dispatcher.executors),
             len(self.dispatcher.flows),
         )
+
+    async def _lease(self, fence: Fence) -> Lease:
+        me = identity()
+        if self.lease_factory is None:
+            return StoreLease(self.store.redis, me)
+        # a deploy target's lease may read its credentials: blocking calls
+        return await asyncio.to_thread(self.lease_factory, me, fence)
 
     async def _backend(self):
         if self.scaler is None:
@@ -152,6 +183,11 @@ class StandaloneGateway:
         )
 
     async def _stopping(self) -> None:
+        if self.lease is not None:
+            # hand the control loop over now, not when the lease runs out
+            for task in self._control:
+                task.cancel()
+            await self.lease.resign()
         await drain(self.gateway, self.config.request_timeout_s)
         for task in self._tasks:
             task.cancel()
@@ -174,7 +210,8 @@ class StandaloneGateway:
         if registry is None:  # the store lost its state: an empty registry means nothing
             await self._republish()
             return
-        await self._registry_changed(registry, read_at)
+        await self.follower.changed(registry, read_at)
+        await self.gateway.deploys.registry_seen(registry, read_at)  # failures to forget, canaries to serve
 
     async def _republish(self) -> None:
         """Put back what this gateway serves (plans, registry, version counters) into a
@@ -244,43 +281,22 @@ class StandaloneGateway:
                 for s in stages:
                     f.placement[s] = f.placement[s] + [id_]
 
-    async def _registry_changed(self, registry: dict[str, int], read_at: float) -> None:
-        d = self.dispatcher
-
-        def newer_here(name: str) -> bool:
-            # a deploy or undeploy this gateway handled since the registry was read is newer
-            # than what was read (checked at each step: loading a flow below takes a while)
-            return self.gateway.deploys.changed_at.get(name, float("-inf")) >= read_at
-
-        for name in [n for n in d.flows if n not in registry and not newer_here(n)]:
-            log.warning("flow %s was undeployed", name)
-            d.uninstall(name)  # its replicas go once its requests here finish
-        now = time.monotonic()
-        for name, version in sorted(registry.items()):
-            if newer_here(name):
-                continue
-            current = d.flows.get(name)
-            if (current is not None and current.version >= version) or self._failed_loads.get((name, version), 0) > now:
-                continue
-            try:
-                await self.gateway.deploys.load_flow(name, version, install_if=lambda n=name: not newer_here(n))
-            except LoadFailed as e:
-                # e.g. no executor yet: try again, without flooding the log
-                log.warning("flow %s v%s is not served here yet: %s", name, version, e.message)
-                self._failed_loads[(name, version)] = now + 5.0
-
 
 def main(
     argv=None,
     *,
     prog: str = "python -m executors.hosts.standalone",
     scalers: Mapping[str, ScalerOption] | None = None,
+    leases: Mapping[str, LeaseOption] | None = None,
     add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
 ) -> None:
     """Run a standalone gateway. A deploy target adds its executor backends as ``scalers``
     (``--scaler NAME``: a function of the parsed arguments returning a ScalerFactory, or
-    raising ValueError naming what is missing) and the options they read (``add_arguments``)."""
+    raising ValueError naming what is missing), its leases as ``leases``
+    (``--leader-election NAME``, likewise returning a LeaseFactory) and the options they
+    read (``add_arguments``)."""
     scalers = dict(scalers or {})
+    leases = dict(leases or {})
     p = argparse.ArgumentParser(prog=prog, description="Run a FlowServe gateway that finds its executors in the KVS.")
     p.add_argument("--host", default="127.0.0.1", help="HTTP address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
@@ -292,7 +308,7 @@ def main(
     p.add_argument(
         "--kvs",
         default=os.environ.get("FLOWSERVE_KVS_URL"),
-        help="Redis URL of the cluster's KVS (default: $FLOWSERVE_KVS_URL)",
+        help="the store's URL: redis://, rediss://, redis+sentinel:// or redis+cluster:// (default: $FLOWSERVE_KVS_URL)",
     )
     p.add_argument(
         "--membership", default="kvs", choices=["kvs"], help="how executors are found: their registration in the KVS"
@@ -306,6 +322,12 @@ def main(
             choices=sorted(scalers),
             help="with --autoscale: also add/remove executors through this backend",
         )
+    p.add_argument(
+        "--leader-election",
+        default="store",
+        choices=["store", *sorted(leases)],
+        help="with --autoscale: how the replica that runs the control loop is elected (default: a lock in the KVS)",
+    )
     if add_arguments is not None:
         add_arguments(p)
     p.add_argument("--poll-s", type=float, default=0.5, help="how often membership and registry are read")
@@ -315,12 +337,14 @@ def main(
     admin_token = os.environ.get("FLOWSERVE_ADMIN_TOKEN")
     if not admin_token:
         p.error("set FLOWSERVE_ADMIN_TOKEN: deploys need the cluster's admin token")
-    scaler = None
-    if getattr(args, "scaler", None) is not None:
-        try:
+    scaler = lease = None
+    try:
+        if getattr(args, "scaler", None) is not None:
             scaler = scalers[args.scaler](args)
-        except ValueError as e:
-            p.error(str(e))
+        if args.leader_election != "store":
+            lease = leases[args.leader_election](args)
+    except ValueError as e:
+        p.error(str(e))
     try:
         fields = json.loads(args.config)
         if os.environ.get("FLOWSERVE_TOKEN"):
@@ -332,6 +356,11 @@ def main(
     logging.basicConfig(
         level=os.environ.get("FLOWSERVE_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
+    # traces (executors/tracing.py): the config's "tracing", else FLOWSERVE_TRACING as the executors read it
+    if config.tracing is not None:
+        tracing.setup(config.tracing, "flowserve-gateway")
+    else:
+        tracing.setup_from_env("flowserve-gateway")
     gw = StandaloneGateway(
         config,
         kvs_url=args.kvs,
@@ -339,10 +368,14 @@ def main(
         admin_token=admin_token,
         autoscaling=autoscaling,
         scaler=scaler,
+        lease=lease,
         poll_s=args.poll_s,
     )
     signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))  # uvicorn stops on SIGINT
-    gw.run(args.host, args.port)
+    try:
+        gw.run(args.host, args.port)
+    except KeyboardInterrupt:
+        pass  # uvicorn re-raises the signal it stopped on once it has drained and shut down: a clean stop
 
 
 if __name__ == "__main__":

@@ -13,6 +13,13 @@ connections that arrive meanwhile wait in the socket's backlog instead of being 
 The gateway keeps what requests need (routing, flows, pings); this process keeps only
 processes, so there is little here that can fail (executors/hosts/control.py is how they talk).
 
+With ``ClusterConfig.gateways`` above 1 it runs that many gateway processes, all accepting
+on the one listening socket (the kernel hands each new connection to one of them), each
+with a control channel of its own: events go to every gateway, a reply to the caller. One
+of them, the holder of the store's lease (executors/hosts/leadership.py), runs the
+autoscaler; a start or stop of an executor it asks for is carried out only if its fencing
+token is still the current one.
+
 Nothing is given up on: a process that fails to start, or dies soon after it started, is
 started again after a backoff (0.1 s doubling to 10 s), each failure logged with its
 reason, while every other process stays supervised.
@@ -25,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
+import functools
 import json
 import logging
 import os
@@ -41,6 +49,7 @@ from pathlib import Path
 from executors.gateway.durability import mark_started
 from executors.hosts.cluster_config import CONFIG_ENV, STATE_FILE, ClusterConfig, math_thread_env
 from executors.hosts.control import Channel
+from executors.hosts.leadership import Fence
 from executors.plans import KEY_ENV
 from executors.worker.gpu import gpu_for_executor
 from executors.worker.watchdog import EXIT_RECYCLED, Blackbox
@@ -107,6 +116,22 @@ class Supervised:
         return self.backoff.next()
 
 
+class GatewayProcess(Supervised):
+    """One of the gateway processes (``slot`` of ``ClusterConfig.gateways``). Each start is
+    a new ``incarnation``, with its own range of request ids and its own answer address."""
+
+    def __init__(self, slot: int, logdir: Path):
+        super().__init__("gateway" if slot == 0 else f"gateway {slot}", logdir / _gateway_log(slot))
+        self.slot = slot
+        self.incarnation = -1
+        self.channel: Channel | None = None
+        self.ready = False
+
+
+def _gateway_log(slot: int) -> str:
+    return "gateway.log" if slot == 0 else f"gateway-{slot}.log"
+
+
 class ExecutorProcess(Supervised):
     """One executor child process."""
 
@@ -143,16 +168,24 @@ class ClusterSupervisor:
         # signs the plans this cluster unpickles; kept in the 0600 state file and the processes'
         # environment, never in the KVS (whoever can write there must not run code here)
         self.cluster_key = _cluster_key(dir_)
-        self.redis = RedisServer(
-            dir=dir_ / "redis", appendonly=config.persistence, password=secrets.token_urlsafe(24), die_with_parent=True
-        )
+        # the store: the cluster's own Redis, or none when it uses an external one (kvs_url)
+        self.redis: RedisServer | None = None
+        if config.kvs_url is None:
+            self.redis = RedisServer(
+                dir=dir_ / "redis",
+                appendonly=config.persistence,
+                password=secrets.token_urlsafe(24),
+                die_with_parent=True,
+            )
+        self.kvs_url: str | None = config.kvs_url  # the cluster's own store's, once it runs
         self.store_backoff = Backoff(*RESTART_BACKOFF)
         self.store_restarting = False
         self.executors: list[ExecutorProcess] = []
         self._next_index = 0
-        self.gateway = Supervised("gateway", self.logdir / "gateway.log")
-        self.gateway_incarnation = -1
-        self.channel: Channel | None = None
+        self.gateways = [GatewayProcess(i, self.logdir) for i in range(config.gateways)]
+        self._incarnations = 0  # each gateway start, whichever slot, takes the next one
+        self.fence: Fence | None = None  # the autoscaler's fencing counter, in the store
+        self._fence_store: KVS | None = None
         self.listener: socket.socket | None = None
         self.port = 0
         self.stopping = False
@@ -176,25 +209,33 @@ class ClusterSupervisor:
         self._stopped = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal)
-        await asyncio.to_thread(self.redis.start)
-        store = KVS.from_url(self.redis.url, signing_key=self.cluster_key)
+        if self.redis is not None:
+            await asyncio.to_thread(self.redis.start)
+            self.kvs_url = self.redis.url  # its port is known once it runs
+        store = KVS.from_url(self.kvs_url, signing_key=self.cluster_key)
         try:
             await asyncio.to_thread(mark_started, store.redis)  # kvs/markers.py: a store that lost its data
-        finally:
+        except BaseException:
             store.close()
+            raise
+        # kept open: every executor start or stop the autoscaler asks for checks its token here
+        self._fence_store = store
+        self.fence = Fence(store.redis)
         for i in range(self.config.executors + self.config.gpu_executors):
             self._new_executor("cpu" if i < self.config.executors else "gpu")
-        self._start_gateway()
+        for g in self.gateways:
+            self._start_gateway(g)
         sweep = loop.create_task(self._sweep())
         await self._stopped.wait()
         sweep.cancel()
-        await self._stop_gateway()
+        await asyncio.gather(*(self._stop_gateway(g) for g in self.gateways))
 
     def _on_signal(self) -> None:
         if self.stopping:  # a second signal: stop now
             log.warning("second stop signal: stopping at once")
-            if self.gateway.alive():
-                self.gateway.proc.kill()
+            for g in self.gateways:
+                if g.alive():
+                    g.proc.kill()
         self.stopping = True
         self._stopped.set()
 
@@ -209,12 +250,13 @@ class ClusterSupervisor:
             self._check_store()
             for ex in list(self.executors):
                 self._check_executor(ex, now)
-            self._check_gateway(now)
+            for g in self.gateways:
+                self._check_gateway(g, now)
 
     # -- the KVS server ----------------------------------------------------------------------
 
     def _check_store(self) -> None:
-        if self.redis.running or self.store_restarting:
+        if self.redis is None or self.redis.running or self.store_restarting:  # an external store is its own
             return
         self.store_restarting = True
         asyncio.get_running_loop().create_task(self._restart_store())
@@ -273,9 +315,10 @@ class ClusterSupervisor:
         ]
         # the KVS URL holds its password: through the environment (readable by this user only),
         # never the command line (any local user reads that with `ps`)
-        env = dict(os.environ, FLOWSERVE_KVS_URL=self.redis.url, **{KEY_ENV: self.cluster_key.hex()})
+        env = dict(os.environ, FLOWSERVE_KVS_URL=self.kvs_url, **{KEY_ENV: self.cluster_key.hex()})
         env.pop(CONFIG_ENV, None)
         env.update(math_thread_env(self.config.executors + self.config.gpu_executors))
+        env.update(self.config.tracing_env())  # FLOWSERVE_TRACING (executors/tracing.py); nothing when off
         if ex.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = ex.gpu
         if self._spawn(ex, cmd, env):
@@ -342,8 +385,10 @@ class ClusterSupervisor:
 
     # -- the gateway -------------------------------------------------------------------------
 
-    def _start_gateway(self) -> None:
-        self.gateway_incarnation += 1
+    def _start_gateway(self, g: GatewayProcess) -> None:
+        g.incarnation = self._incarnations
+        self._incarnations += 1
+        g.ready = False
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cmd = [
             sys.executable,
@@ -354,7 +399,7 @@ class ClusterSupervisor:
             "--rundir",
             str(self.rundir),
             "--incarnation",
-            str(self.gateway_incarnation),
+            str(g.incarnation),
             "--listen-fd",
             str(self.listener.fileno()),
             "--control-fd",
@@ -362,51 +407,54 @@ class ClusterSupervisor:
         ]
         env = dict(
             os.environ,
-            FLOWSERVE_KVS_URL=self.redis.url,
+            FLOWSERVE_KVS_URL=self.kvs_url,
             **{KEY_ENV: self.cluster_key.hex(), ADMIN_TOKEN_ENV: self.admin_token},
         )
         env[CONFIG_ENV] = json.dumps(self.config.to_json())
-        started = self._spawn(self.gateway, cmd, env, pass_fds=(self.listener.fileno(), theirs.fileno()))
+        started = self._spawn(g, cmd, env, pass_fds=(self.listener.fileno(), theirs.fileno()))
         theirs.close()
         if not started:
             mine.close()
             return
-        self.channel = Channel(mine, self._on_gateway_message)
-        asyncio.get_running_loop().create_task(self.channel.run())
-        self.send(
+        g.channel = Channel(mine, functools.partial(self._on_gateway_message, g))
+        asyncio.get_running_loop().create_task(g.channel.run())
+        g.channel.send(
             {
                 "hello": {
                     "executors": [ex.describe() for ex in self.executors],
-                    "incarnation": self.gateway_incarnation,
-                    "restarts": self.gateway.restarts,
-                    "last_exit": self.gateway.last_exit,
+                    "incarnation": g.incarnation,
+                    "slot": g.slot,
+                    "gateways": len(self.gateways),
+                    "restarts": g.restarts,
+                    "last_exit": g.last_exit,
                     "supervisor_pid": os.getpid(),
                     "served": self.served,
                 }
             }
         )
 
-    def _check_gateway(self, now: float) -> None:
-        g = self.gateway
+    def _check_gateway(self, g: GatewayProcess, now: float) -> None:
         if g.proc is not None and g.proc.poll() is not None:
             g.last_exit = exit_reason(g.proc.returncode)
             g.proc = None
             delay = g.delay_after_exit()
             g.restart_at = now + delay
             log.error(
-                "the gateway process ended (%s); starting a new one%s; executors and the store keep running%s",
+                "the %s process ended (%s); starting a new one%s; executors, the store and the other gateways "
+                "keep running%s",
+                g.name,
                 g.last_exit,
                 f" in {delay:.1f} s" if delay else "",
                 _tail(g.logfile),
             )
         if g.proc is None and g.restart_at is not None and now >= g.restart_at:
             g.restarts += 1
-            self._start_gateway()
+            self._start_gateway(g)
 
-    async def _stop_gateway(self) -> None:
+    async def _stop_gateway(self, g: GatewayProcess) -> None:
         """Graceful stop: the gateway refuses new requests and answers those in flight
         (bounded by the request timeout), then everything else stops."""
-        proc = self.gateway.proc
+        proc = g.proc
         if proc is None or proc.poll() is not None:
             return
         proc.send_signal(signal.SIGTERM)
@@ -414,27 +462,37 @@ class ClusterSupervisor:
         try:
             await asyncio.to_thread(proc.wait, limit)
         except subprocess.TimeoutExpired:
-            log.error("the gateway did not stop within %.0f s; killing it", limit)
+            log.error("the %s did not stop within %.0f s; killing it", g.name, limit)
             proc.kill()
             await asyncio.to_thread(proc.wait)
 
     # -- the control channel -----------------------------------------------------------------
 
     def send(self, msg: dict) -> None:
-        if self.channel is not None:
-            self.channel.send(msg)
+        """An event, to every gateway."""
+        for g in self.gateways:
+            if g.channel is not None:
+                g.channel.send(msg)
 
-    async def _on_gateway_message(self, msg: dict) -> None:
+    async def _on_gateway_message(self, g: GatewayProcess, msg: dict) -> None:
         if msg.get("ready"):
-            self._gateway_ready()
+            self._gateway_ready(g)
             return
         if "served" in msg:
             self._note_served(msg["served"]["flow"], int(msg["served"]["version"]))
             return
+        channel = g.channel
         op = msg.get("op")
+        if op in ("add", "remove"):
+            refusal = await self._fenced(g, op, msg.get("fence"))
+            if refusal is not None:
+                channel.reply(msg, error=refusal)
+                return
         if op == "add":
             ex = self._new_executor(msg.get("device", "cpu"), extra=True)
-            self.channel.reply(msg, id=ex.id, address=ex.address, device=ex.device)
+            log.warning("autoscaler: started executor %s for %s (fencing token %s)", ex.id, g.name, msg.get("fence"))
+            self.send({"event": "added", "executor": ex.describe()})
+            channel.reply(msg, id=ex.id, address=ex.address, device=ex.device)
         elif op == "remove":
             ex = self._executor(msg.get("id"))
             if ex is not None:
@@ -442,14 +500,37 @@ class ClusterSupervisor:
                 proc, ex.proc = ex.proc, None
                 if proc is not None:
                     await asyncio.to_thread(terminate, proc, 10)
-            self.channel.reply(msg, removed=ex is not None)
+                log.warning(
+                    "autoscaler: stopped executor %s for %s (fencing token %s)", ex.id, g.name, msg.get("fence")
+                )
+                self.send({"event": "removed", "id": ex.id})
+            channel.reply(msg, removed=ex is not None)
         elif op == "kill":
             ex = self._executor(msg.get("id"))
-            if ex is not None and ex.alive():
+            silent_s = float(msg.get("silent_s") or 0.0)
+            # several gateways may find one executor silent: a process started after the
+            # silence began is its replacement, not the silent one
+            fresh = ex is not None and time.monotonic() - ex.started_at < silent_s
+            if ex is not None and ex.alive() and not fresh:
                 ex.proc.kill()  # the sweep sees it end and restarts it, as after a crash
-            self.channel.reply(msg, killed=ex is not None)
+            channel.reply(msg, killed=ex is not None and not fresh)
         else:
-            self.channel.reply(msg, error=f"unknown control call {op!r}")
+            channel.reply(msg, error=f"unknown control call {op!r}")
+
+    async def _fenced(self, g: GatewayProcess, op: str, token) -> str | None:
+        """Why a start or stop of an executor asked for under fencing ``token`` is refused,
+        or None: the token must be the store's current one (no gateway took the lease
+        since). An unreachable store refuses too: the autoscaler tries again later."""
+        try:
+            if isinstance(token, int) and await asyncio.to_thread(self.fence.admits, token):
+                return None
+            current = await asyncio.to_thread(self.fence.current)
+        except Exception as e:  # the store is restarting: no scale action can be checked now
+            return f"{op} refused: the store cannot check the fencing token now ({type(e).__name__}: {e})"
+        log.warning(
+            "autoscaler: refused %s from %s: fencing token %r is not the current one (%s)", op, g.name, token, current
+        )
+        return f"{op} refused: fencing token {token!r} is not the current one ({current}): another gateway leads"
 
     def _note_served(self, flow: str, version: int) -> None:
         """Keep the newest version of each flow the gateway has served, in the cluster's
@@ -466,24 +547,27 @@ class ClusterSupervisor:
     def _executor(self, id_) -> ExecutorProcess | None:
         return next((e for e in self.executors if e.id == id_), None)
 
-    def _gateway_ready(self) -> None:
-        self.gateway.backoff.reset()
+    def _gateway_ready(self, g: GatewayProcess) -> None:
+        g.backoff.reset()
+        g.ready = True
         if not self.ready:
-            self.ready = True
-            self._write_state()
-            log.info("local cluster ready at http://%s:%s", self.config.host, self.port)
+            if all(x.ready for x in self.gateways):  # every gateway serves: the cluster does
+                self.ready = True
+                self._write_state()
+                log.info("local cluster ready at http://%s:%s", self.config.host, self.port)
         else:
             log.warning(
-                "a new gateway serves at http://%s:%s (gateway restart %d)",
+                "a new %s serves at http://%s:%s (restart %d)",
+                g.name,
                 self.config.host,
                 self.port,
-                self.gateway.restarts,
+                g.restarts,
             )
 
     def _write_state(self) -> None:
         state = {
             "url": f"http://{self.config.host}:{self.port}",
-            "kvs_url": self.redis.url,
+            "kvs_url": self.kvs_url,
             "admin_token": self.admin_token,
             "token": self.config.token,
             "cluster_key": self.cluster_key.hex(),
@@ -501,15 +585,22 @@ class ClusterSupervisor:
 
     def _shutdown(self) -> None:
         self.stopping = True
-        if self.gateway.alive():
-            terminate(self.gateway.proc, 10)
+        for g in self.gateways:
+            if g.alive():
+                g.proc.terminate()
+        for g in self.gateways:
+            if g.proc is not None:
+                terminate(g.proc, 10)
         for ex in self.executors:
             if ex.alive():
                 ex.proc.terminate()
         for ex in self.executors:
             if ex.proc is not None:
                 terminate(ex.proc, 10)
-        self.redis.stop()
+        if self._fence_store is not None:
+            self._fence_store.close()
+        if self.redis is not None:
+            self.redis.stop()
         if self.listener is not None:
             self.listener.close()
         shutil.rmtree(self.rundir, ignore_errors=True)

@@ -1,10 +1,13 @@
 """Cluster membership and the deployed-flows registry, kept in the KVS.
 
 Executors announce themselves; gateways find them. Each executor writes its description
-(id, message address, device class, threads) into the hash ``flowserve:executors`` and
-keeps a per-executor key ``flowserve:alive:<id>`` alive with a heartbeat: the key expires
-``3 x heartbeat`` after the last beat, so an executor that dies (or a pod that is
-deleted) drops out by itself; a graceful stop deletes it at once.
+(id, message address, device class, threads) into the hash ``flowserve:{members}:executors``
+and keeps a per-executor key ``flowserve:{members}:alive:<id>`` alive with a heartbeat: the
+key expires ``3 x heartbeat`` after the last beat, so an executor that dies (or a pod that
+is deleted) drops out by itself; a graceful stop deletes it at once. The ``{members}``
+hash tag keeps them in one slot of a Redis Cluster, so a gateway reads every alive key in
+one MGET and an executor writes its two keys in one MULTI; nothing of it is kept across a
+restart (every beat writes it again), so the names changed without a migration.
 
 Gateways started with ``--membership kvs`` (Kubernetes, or any cluster whose executors
 are not the gateway's children) read the live members a few times a second and add or
@@ -35,8 +38,8 @@ from dataclasses import dataclass, field
 
 log = logging.getLogger("flowserve.membership")
 
-MEMBERS_KEY = "flowserve:executors"
-ALIVE_KEY = "flowserve:alive:{id}"
+MEMBERS_KEY = "flowserve:{members}:executors"
+ALIVE_KEY = "flowserve:{{members}}:alive:{id}"  # str.format: {{members}} is the literal hash tag
 GATEWAYS_KEY = "flowserve:gateways"  # counter: each gateway takes its own block of qids
 HEARTBEAT_S = 1.0
 
@@ -69,7 +72,7 @@ class Heartbeat:
     def beat(self) -> None:
         m = self.member
         ttl_ms = int(self.interval_s * 3000)
-        pipe = self.redis.pipeline()
+        pipe = self.redis.pipeline(transaction=True)  # one slot ({members}): a MULTI on a Cluster too
         pipe.hset(
             MEMBERS_KEY,
             m.id,
@@ -96,7 +99,7 @@ class Heartbeat:
         """Leave the cluster now (a graceful stop), not when the key expires."""
         self._stop.set()
         try:
-            pipe = self.redis.pipeline()
+            pipe = self.redis.pipeline(transaction=True)
             pipe.delete(ALIVE_KEY.format(id=self.member.id))
             pipe.hdel(MEMBERS_KEY, self.member.id)
             pipe.execute()

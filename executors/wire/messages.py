@@ -18,7 +18,9 @@ travel with every request on every hop. Keys, by message (-> who sends it):
 
     ping      gateway -> executor   reply (address for the pong), token
     pong      executor -> gateway   executor, token, device ("cpu"/"gpu"), gpus (stats),
-                                    relays (takes bodies; omitted: false, as an executor that predates relaying says)
+                                    relays (takes bodies; omitted: false, as an executor that predates relaying says),
+                                    stats (what it counts for the gateway's /metrics: queues, batches,
+                                    its KVS cache; executors/worker/executor.py ``stats``; omitted: none)
     load      gateway -> executor   flow, version, stages (names; null: all), reply, token
     loaded    executor -> gateway   executor, flow, version, token, error (null: built)
     unload    gateway -> executor   flow, version
@@ -30,12 +32,15 @@ travel with every request on every hop. Keys, by message (-> who sends it):
               ms, batch] of the stages run so far), path (where a key-split part sits:
               [[index, count], ...]), copy (which racing copy; omitted: 0), solo (a retry
               that must run unbatched; omitted: false), rj (render the sink's answer
-              as JSON: set by the executor for a body's run, never sent); table t. A run
-              without a table says the producing alternative gave no valid result
+              as JSON: set by the executor for a body's run, never sent), rid (the
+              X-Request-Id its answer carries, which the executors' log lines about it
+              name; omitted: none), tp (the W3C traceparent of the gateway's span of the
+              request, when tracing is on: executors/tracing.py; omitted: none); table t.
+              A run without a table says the producing alternative gave no valid result
               (first_valid stages).
     body      gateway -> executor   a request's body as the client sent it, for a flow of one
               stage: req, att, flow, ver, stage, routes, gw, qid (the row's query id), ct
-              (Content-Type; omitted: JSON), dl, solo; the body is frame 1, not a table.
+              (Content-Type; omitted: JSON), dl, solo, rid, tp; the body is frame 1, not a table.
               The executor parses and checks it as the gateway would (httpcodec.py).
     cancel    executor -> executor  gw, req, att, stage: a racing stage's copy of this request
               attempt finished first; drop the other copies still queued or yet to come
@@ -222,6 +227,7 @@ class Pong(Message):
     device: str = wire(_STR)
     gpus: list = wire(_LIST)
     relays: bool = wire((bool,), default=False)
+    stats: dict | None = wire(_optional(_DICT), default=None)  # for /metrics (executors/gateway/metrics.py)
 
 
 @message("load")
@@ -278,6 +284,8 @@ class StageInput(Message):
     copy: int = wire(_INT, default=0)
     solo: bool = wire((bool,), default=False)
     render: bool = wire((bool,), key="rj", default=False)  # the sink answers a body's run as JSON (Rendered)
+    rid: str = wire(_STR, default="")  # the request id (X-Request-Id): named in the executors' log lines
+    tp: str = wire(_STR, default="")  # traceparent of the request's span (executors/tracing.py); "": untraced
     table: Table | None = carried(required=False)
 
     # The two methods below are the generic ones written out, for the hot path (each hop of
@@ -306,6 +314,10 @@ class StageInput(Message):
             h["solo"] = True
         if self.render:
             h["rj"] = True
+        if self.rid:
+            h["rid"] = self.rid
+        if self.tp:
+            h["tp"] = self.tp
         return h
 
     @classmethod
@@ -322,7 +334,7 @@ class StageInput(Message):
             g("gw"),
         )
         dl, trace, path, copy, solo = g("dl"), g("trace", _EMPTY), g("path", _EMPTY), g("copy", 0), g("solo", False)
-        render = g("rj", False)
+        render, rid, tp = g("rj", False), g("rid", ""), g("tp", "")
         if (
             req.__class__ is int
             and att.__class__ is int
@@ -338,9 +350,27 @@ class StageInput(Message):
             and copy.__class__ is int
             and solo.__class__ is bool
             and render.__class__ is bool
+            and rid.__class__ is str
+            and tp.__class__ is str
         ):
             return cls(
-                req, att, flow, ver, stage, src, routes, gw, dl, trace, path, copy, solo, render, tables.get(_TABLE)
+                req,
+                att,
+                flow,
+                ver,
+                stage,
+                src,
+                routes,
+                gw,
+                dl,
+                trace,
+                path,
+                copy,
+                solo,
+                render,
+                rid,
+                tp,
+                tables.get(_TABLE),
             )
         return Message.from_header.__func__(cls, h, tables)  # raises naming the field
 
@@ -365,6 +395,8 @@ class StageInput(Message):
             copy,
             False,
             False,
+            self.rid,
+            self.tp,
             table,
         )
 
@@ -393,6 +425,8 @@ class RawInput(Message):
     deadline: float | None = wire(_optional(_NUMBER), key="dl", default=None)  # wall clock, Unix seconds
     solo: bool = wire((bool,), default=False)
     copy: int = wire(_INT, default=0)  # which of a racing stage's copies this is (StageInput.copy)
+    rid: str = wire(_STR, default="")  # the request id (StageInput.rid)
+    tp: str = wire(_STR, default="")  # traceparent of the request's span (StageInput.tp)
     body: bytes = blob()
 
     def as_input(self, table: Table | None) -> StageInput:
@@ -410,6 +444,8 @@ class RawInput(Message):
             copy=self.copy,
             solo=self.solo,
             render=True,
+            rid=self.rid,
+            tp=self.tp,
             table=table,
         )
 

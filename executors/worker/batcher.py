@@ -44,6 +44,7 @@ class WorkItem:
     path: tuple = ()
     trace: list = field(default_factory=list)
     after_head: bool = False  # first_valid stages: the head (choice) is already applied
+    ready: float = 0.0  # perf_counter when it became ready, for a traced run's queue wait (0: untraced)
 
 
 class Batcher:

@@ -29,6 +29,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
+from executors import tracing
 from executors.wire.busypoll import DEFAULT_MS as DEFAULT_BUSY_POLL_MS
 from executors.wire.busypoll import MAX_MS as BUSY_POLL_MAX_MS
 from executors.wire.busypoll import BusyPoll
@@ -99,6 +100,7 @@ class Executor:
         # Stages' retired versions (and its stages, dropped on an unload with their inputs).
         lock = threading.Lock()
         self.races = Races(lock, self.send, address)
+        self.races.executor = executor_id
         self.outputs = Outputs(executor_id, address, self.store, self.send, self.outbox, self.races)
         self.stages = Stages(
             executor_id, self.store, self.send, self.outputs.fail, lock, self._stopping, self._equip, self._forget
@@ -266,6 +268,23 @@ class Executor:
                 continue
             self._run_batch(hosted, items)
 
+    def stats(self) -> dict:
+        """What this executor counts for the gateway's /metrics, sent with each pong (once a
+        second): its batching stages' queues and batch sizes, the work waiting for a worker
+        thread, and its KVS cache. Counters are totals since this process started (a restart
+        starts them again, which Prometheus' rate() takes as a reset)."""
+        queues = [
+            [flow, name, len(hosted.batcher)]
+            for (flow, _version, name), hosted in list(self.stages.hosted.items())
+            if hosted.batcher is not None
+        ]
+        out = {"queues": queues, "pool": self.pool._work_queue.qsize(), "batches": self.outputs.batch_counts()}
+        cache = getattr(self.store, "stats", None)
+        if cache is not None:
+            c = cache()
+            out["kvs"] = [c.hits, c.misses, c.evictions, c.nbytes]
+        return out
+
     def handle(self, frames) -> None:
         msg = decode(frames)
         kind = type(msg)
@@ -283,7 +302,12 @@ class Executor:
             self.pool.submit(self.stages.unload, msg)  # on a worker: gc must not stall the IO thread
         elif kind is Ping:
             gpus = gpu_stats() if self.device == "gpu" else []
-            self.send(msg.reply, Pong(self.id, msg.token, self.device, gpus, relays=True).encode())
+            try:
+                stats = self.stats()
+            except Exception:  # figures for /metrics must never cost the pong that says this executor lives
+                log.exception("executor %s: its figures for /metrics failed", self.id)
+                stats = None
+            self.send(msg.reply, Pong(self.id, msg.token, self.device, gpus, relays=True, stats=stats).encode())
         else:
             log.warning("executor %s: dropped a %r message: executors do not take those", self.id, msg.TYPE)
 
@@ -328,7 +352,7 @@ def main(argv=None) -> None:
     p.add_argument(
         "--kvs",
         default=os.environ.get("FLOWSERVE_KVS_URL"),
-        help="Redis URL of the cluster's KVS (default: $FLOWSERVE_KVS_URL)",
+        help="the store's URL: redis://, rediss://, redis+sentinel:// or redis+cluster:// (default: $FLOWSERVE_KVS_URL)",
     )
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--threads", type=int, default=4)
@@ -378,6 +402,7 @@ def main(argv=None) -> None:
         p.error(f"--cache-bytes must be >= 0, got {args.cache_bytes}")
     if not args.stuck_grace_s > 0:
         p.error(f"--stuck-grace-s must be > 0, got {args.stuck_grace_s:g}")
+    tracing.setup_from_env("flowserve-executor", args.id)  # FLOWSERVE_TRACING: executors/tracing.py
     ex = Executor(
         args.id,
         args.address,

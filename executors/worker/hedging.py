@@ -34,6 +34,7 @@ from collections import deque
 
 import numpy as np
 
+from executors import tracing
 from executors.wire.routing import complete, merge
 from executors.worker.batcher import WorkItem
 from executors.worker.prediction_cache import CachedOperator
@@ -134,6 +135,12 @@ class Hedger:
         if h.deadline is not None and time.time() > h.deadline:
             return
         self.send(address, h.to(h.stage, h.source, (), BACKUP, item.inputs[0], item.trace).encode())
+        if tracing.tracer is not None and tracing.sampled(h.tp):
+            tracing.event(
+                f"hedge {h.stage}",
+                h.tp,
+                {"flowserve.flow": h.flow, "flowserve.stage": h.stage, "flowserve.hedge.to": address},
+            )
 
     def finish(self, item: WorkItem) -> dict | None:
         h = item.message

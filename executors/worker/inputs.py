@@ -53,6 +53,7 @@ class Inputs:
         self.hosted = stages.hosted  # Stages' own table, read here on every message
         self.rehost = stages.rehost
         self.cancelled = races.cancelled  # Races' own table, read here on every message
+        self.dropped = races.dropped  # a race's copy dropped on arrival: its span, when traced
         self.fail = fail  # outputs.Outputs.fail: a bad body, no valid alternative
         self.address = address
         self.pending: dict[tuple, Pending] = {}
@@ -103,6 +104,7 @@ class Inputs:
         rid = (r.gateway, r.req, r.attempt, r.stage)
         if self.cancelled and rid in self.cancelled:
             self._raw_rows.pop(rid, None)
+            self.dropped(r)  # its span, when traced (races.py)
             return []  # it arrives after its race was won: not worth parsing
         held = self._raw_rows.get(rid)
         if held is None:
@@ -137,6 +139,7 @@ class Inputs:
         if stage.continuation is not None:
             rid += (path,)  # each key group of a request runs on its own
         if self.cancelled and rid in self.cancelled and raced(stage):
+            self.dropped(h)  # its span, when traced (races.py)
             return []  # a losing copy (racing or a hedge's backup) that arrives after its race was won
         if stage.competitive > 1:
             rid += (h.copy,)  # racing copies placed on one executor all run

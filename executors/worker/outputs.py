@@ -6,10 +6,13 @@ a request's error, to the gateway, unless the flow can still answer without it.
 
 from __future__ import annotations
 
+import bisect
 import logging
+import threading
 
 import numpy as np
 
+from executors import tracing
 from executors.codec.bodies import OFF_LOOP_ROWS, json_rows
 from executors.errors import OperatorTimeoutError, status_for
 from executors.wire.messages import Failure, Rendered, Result, StageInput
@@ -23,6 +26,7 @@ from flow.table import Table
 log = logging.getLogger("flowserve.executor")
 
 EVICTION_QUIET_S = 10.0  # a cache that evicted within this long serves only the keys it owns
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # upper bounds of the batch-size histogram's buckets (/metrics)
 
 
 class Outputs:
@@ -39,6 +43,10 @@ class Outputs:
         self.races = races
         self.cancelled = races.cancelled  # Races' own table, read here before each failure
         self.gather = self.dispatch = None
+        # (flow, stage) -> [runs per BATCH_BUCKETS bucket..., requests]: batching stages' batch
+        # sizes, reported in pongs for the gateway's /metrics (executor.Executor.stats)
+        self.batches: dict[tuple[str, str], list[int]] = {}
+        self._batches_lock = threading.Lock()
 
     def hand_local(self, gather, dispatch) -> None:
         """Who takes an output whose consumer is hosted here: ``gather`` records it as that
@@ -49,6 +57,8 @@ class Outputs:
         """Send each request's output on to the gateway (sink) and to remote consumers, one
         write per peer for them all; consumers hosted here start once the messages have
         left (a remote branch must not wait for a local one)."""
+        if hosted.batcher is not None:
+            self._count_batch(hosted, batch)
         local = []
         with self.outbox.corked():
             for item, out in outputs:
@@ -71,8 +81,26 @@ class Outputs:
                         ),
                         hosted,
                     )
+            if tracing.tracer is not None and any(tracing.sampled(item.message.tp) for item, _out in outputs):
+                # the run's span ends as its outputs are handed over (they leave as the cork
+                # opens), before a consumer hosted here runs next on this thread: no part of it
+                tracing.end_current()
         for ready in local:
             self.dispatch(*ready)
+
+    def _count_batch(self, hosted: HostedStage, batch: int) -> None:
+        key = (hosted.plan.flow_name, hosted.stage.name)
+        with self._batches_lock:
+            counts = self.batches.get(key)
+            if counts is None:
+                counts = self.batches[key] = [0] * (len(BATCH_BUCKETS) + 2)
+            counts[bisect.bisect_left(BATCH_BUCKETS, batch)] += 1
+            counts[-1] += batch
+
+    def batch_counts(self) -> list:
+        """[[flow, stage, [runs per BATCH_BUCKETS bucket, then over the last], requests], ...]"""
+        with self._batches_lock:
+            return [[flow, stage, counts[:-1], counts[-1]] for (flow, stage), counts in self.batches.items()]
 
     def _deliver(self, hosted: HostedStage, item: WorkItem, out: Table, ms: float, batch: int) -> list:
         """Send one request's output; the ready work of consumers hosted here, to start."""
@@ -84,11 +112,18 @@ class Outputs:
         aimd = hosted.batcher.aimd if hosted.batcher is not None else None
         if aimd is not None:  # AIMD's cap on this replica now: GET /flows/{name} shows it
             extra = {**(extra or {}), "cap": aimd.batch_size}
+        racing = raced(hosted.stage)
+        if racing and h.tp and tracing.tracer is not None:
+            # which copy's output this is: the consumer that takes it first (the gateway, for
+            # the sink) marks the race's winner on the request's span (invoke.py)
+            extra = {**(extra or {}), "copy": h.copy, "span": tracing.current_span_id()}
         if extra is not None:
             trace[-1].append(extra)
-        racing = raced(hosted.stage)
         if racing and self.races.lost(hosted, h):
+            race_outcome(h, "lost")
             return []  # another copy won (and sent its output) while this one ran: drop this one's
+        if racing:
+            race_outcome(h, "answered")
         local = []
         if hosted.is_sink:
             answer = _rendered(h, trace, out) if h.render else None
@@ -120,7 +155,10 @@ class Outputs:
         stage's part: a losing copy of a race, an alternative of a choice, an ensemble's
         straggling member."""
         if hosted is not None and self.cancelled and self.races.lost(hosted, h):
+            race_outcome(h, "cancelled")
             return  # a losing copy's failure (e.g. stopped early): the winner answered
+        if tracing.tracer is not None and h.tp:
+            tracing.fail(error)  # the run's span, when this is a traced run's failure
         if (
             hosted is not None
             and hosted.consumers
@@ -156,6 +194,14 @@ class Outputs:
                 int(qid) if isinstance(qid, (int, np.integer)) else None,
             ).encode(),
         )
+
+
+def race_outcome(h: StageInput, outcome: str) -> None:
+    """Mark a race copy's span: answered (its output went on; the first to reach the
+    consumer wins, which the request's span names), lost (it finished after its race was
+    won) or cancelled (stopped early, or dropped before it ran)."""
+    if tracing.tracer is not None and h.tp:
+        tracing.note("flowserve.race.outcome", outcome)
 
 
 def _rendered(h: StageInput, trace: list, out: Table) -> list | None:

@@ -28,6 +28,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from executors import tracing
 from flow.operators import BoundOperator
 from flow.prediction import CacheSpec, row_keys
 from flow.table import Table
@@ -121,10 +122,27 @@ class CachedOperator(BoundOperator):
         self.prefix = prefix
 
     def __call__(self, inputs, store=None):
+        span = tracing.child(f"prediction_cache {self.name}") if tracing.tracer is not None else None
+        if span is None:
+            return self._call(inputs, store)[0]
+        with span:  # a traced run's lookup: how many rows hit, where, and how many were computed
+            out, hits, shared, misses = self._call(inputs, store)
+            span.set_attributes(
+                {
+                    "flowserve.cache.hits": hits,
+                    "flowserve.cache.shared_hits": shared,
+                    "flowserve.cache.misses": misses,
+                    "flowserve.cache.result": "miss" if not hits + shared else ("hit" if not misses else "partial"),
+                }
+            )
+            return out
+
+    def _call(self, inputs, store) -> tuple[Table, int, int, int]:
+        """The output, and the rows found locally, found in the KVS, and computed."""
         (table,) = inputs
         n = len(table)
         if n == 0:
-            return self.inner(inputs, store)
+            return self.inner(inputs, store), 0, 0, 0
         keys = row_keys(table, self.op.col)
         with self.lock:
             found = [self.entries.get(k) for k in keys]
@@ -153,13 +171,14 @@ class CachedOperator(BoundOperator):
             if len(todo) == n:
                 with self.lock:
                     self.misses += n
-                return computed
+                return computed, 0, 0, n
+        hits = n - len(miss) - shared
         with self.lock:
-            self.hits += n - len(miss) - shared
+            self.hits += hits
             self.shared_hits += shared
             self.misses += len(miss)
         out = Table.concat(found)
-        return Table({c: out.column(c) for c in out.columns}, table.qid)
+        return Table({c: out.column(c) for c in out.columns}, table.qid), hits, shared, len(miss)
 
     def _read_shared(self, store, keys: list[bytes], found: list, miss: list[int]) -> int:
         """Fill ``found`` at ``miss`` from the KVS; returns how many distinct keys it found."""

@@ -12,7 +12,8 @@ import threading
 import time
 from collections import OrderedDict
 
-from executors.wire.messages import Cancel, StageInput
+from executors import tracing
+from executors.wire.messages import Cancel, RawInput, StageInput
 
 CANCEL_MEMORY = 100_000  # races won (request attempt, stage) remembered to drop their losing copies
 CANCEL_TTL_S = 60.0  # ...each until the request's deadline, or this long if it has none
@@ -39,6 +40,7 @@ class Races:
         # copies are dropped if still queued here or yet to arrive
         self.cancelled: OrderedDict = OrderedDict()
         self._running: dict = {}  # the same key -> Events of its copies running here (flow.wait returns on set)
+        self.executor = ""  # this executor's id, named by the spans of copies dropped here
 
     def cancel(self, key: tuple, deadline: float | None) -> bool:
         """Remember that the race of ``key`` (gateway, request, attempt, stage) was won: its
@@ -74,6 +76,22 @@ class Races:
             frames = Cancel(h.gateway, h.req, h.attempt, h.stage).encode()
             for address in rivals:
                 self.send(address, frames)
+
+    def dropped(self, h: StageInput | RawInput) -> None:
+        """A copy of a race already won was dropped here before it ran (queued, or on
+        arrival): when its request is traced, a span of no duration says so."""
+        if tracing.tracer is not None and tracing.sampled(h.tp):
+            tracing.event(
+                f"stage {h.stage}",
+                h.tp,
+                {
+                    "flowserve.flow": h.flow,
+                    "flowserve.stage": h.stage,
+                    "flowserve.executor": self.executor,
+                    "flowserve.race.copy": h.copy,
+                    "flowserve.race.outcome": "cancelled",
+                },
+            )
 
     def start(self, key: tuple, ev: threading.Event) -> bool:
         """A copy of ``key``'s race starts running here, stopped early by ``ev`` (set when the

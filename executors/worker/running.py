@@ -16,16 +16,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from executors import tracing
 from executors.errors import OperatorTimeoutError
 from executors.wire.messages import Message, Recycling, StageInput, Stuck, Unstuck
 from executors.worker.batcher import Batcher, WorkItem, aimd_for
 from executors.worker.hosting import HostedStage
-from executors.worker.outputs import Outputs
+from executors.worker.outputs import Outputs, race_outcome
 from executors.worker.races import Races, raced
 from executors.worker.watchdog import EXIT_RECYCLED, Blackbox, Run, Watchdog, monotonic_deadline
 from flow.context import cancelled, set_cancel
-from flow.errors import FlowError
+from flow.errors import FlowError, OperatorError
 from flow.table import Table
+from flow.tracebacks import operator_traceback
 
 log = logging.getLogger("flowserve.executor")
 
@@ -78,6 +80,8 @@ class Runner:
         return Batcher(hosted, run, ends)
 
     def dispatch(self, hosted: HostedStage, item: WorkItem) -> None:
+        if item.message.tp:
+            item.ready = time.perf_counter()  # a traced run's queue wait starts here
         if hosted.hedger is not None:
             hosted.hedger.arm(item)  # a backup copy if no answer by the percentile (hedging.py)
         if item.message.solo:
@@ -118,6 +122,7 @@ class Runner:
         if not self.races.start(key, ev):
             if hosted.hedger is not None:
                 hosted.hedger.forget(item)  # no backup for it: the race is over
+            self.races.dropped(item.message)
             return  # its race was won while it waited: another copy answered
         set_cancel(ev)  # flow.wait in the operator returns when the race is won elsewhere
         try:
@@ -132,26 +137,26 @@ class Runner:
         if _expired(item.message):
             return self._too_late(hosted, item)
         key, run = self._begin(hosted, [item])
+        span = self._span(hosted, [item], run) if tracing.tracer is not None and item.message.tp else None
+        if span is None:
+            return self._run_watched(hosted, item, key, run)
+        with span:  # the run's span is the thread's current one: cache and store lookups nest in it
+            self._run_watched(hosted, item, key, run)
+
+    def _run_watched(self, hosted: HostedStage, item: WorkItem, key: int, run: Run) -> None:
         t0 = time.perf_counter()
         try:
             out = self._execute(hosted, item.inputs, item.after_head, run)
         except FlowError as e:
             if self._end(key, run):
                 return
-            log.info(
-                "flow %s stage %s request %s: %s (qid %s)",
-                item.message.flow,
-                hosted.stage.name,
-                item.message.req,
-                e,
-                getattr(e, "qid", None),
-            )
+            _log_failure(item.message, hosted.stage.name, e)
             self.fail(item.message, e, hosted)
             return
         except BaseException as e:  # a bug in user code, or SystemExit: one request, never the executor
             if self._end(key, run):
                 return
-            log.exception("flow %s stage %s request %s failed", item.message.flow, hosted.stage.name, item.message.req)
+            log.exception("%s failed", about(item.message, hosted.stage.name, None))
             self.fail(item.message, e, hosted)
             return
         if self._end(key, run):
@@ -159,6 +164,7 @@ class Runner:
         ms = (time.perf_counter() - t0) * 1000
         if raced(hosted.stage):
             if cancelled():
+                race_outcome(item.message, "cancelled")
                 return  # a racing copy stopped early (flow.wait): the winner answered; its time is no sample
             set_cancel(None)  # the run is over: consumers run next on this thread are no copy of this race
         hosted.observe(ms)
@@ -172,6 +178,8 @@ class Runner:
                 items = [it for it in items if not self.races.lost(hosted, it.message)]
                 for it in lost if hosted.hedger is not None else ():
                     hosted.hedger.forget(it)
+                for it in lost:
+                    self.races.dropped(it.message)
         late = [it for it in items if _expired(it.message)]
         if late:
             for it in late:
@@ -201,6 +209,13 @@ class Runner:
 
     def _run_merged(self, hosted: HostedStage, items: list[WorkItem], owner: dict) -> None:
         key, run = self._begin(hosted, items)
+        span = self._span(hosted, items, run) if tracing.tracer is not None else None
+        if span is None:
+            return self._run_merged_watched(hosted, items, owner, key, run)
+        with span:
+            self._run_merged_watched(hosted, items, owner, key, run)
+
+    def _run_merged_watched(self, hosted: HostedStage, items: list[WorkItem], owner: dict, key: int, run: Run) -> None:
         t0 = time.perf_counter()
         try:
             merged = [Table.concat([it.inputs[k] for it in items]) for k in range(len(items[0].inputs))]
@@ -228,6 +243,32 @@ class Runner:
             ms,
             len(items),
         )
+
+    # -- traces (executors/tracing.py) -----------------------------------------------------------
+
+    def _span(self, hosted: HostedStage, items: list[WorkItem], run: Run) -> tracing.Run | None:
+        """The span of a run, if a request it serves is traced: a child of the first one's
+        request span, linking each of them when it serves several (a batch)."""
+        traced = [it for it in items if tracing.sampled(it.message.tp)]
+        if not traced:
+            return None
+        h, now = traced[0].message, time.perf_counter()
+        attributes = {
+            "flowserve.flow": h.flow,
+            "flowserve.flow.version": h.version,
+            "flowserve.stage": hosted.stage.name,
+            "flowserve.executor": self.id,
+            "flowserve.batch.size": len(items),
+            "flowserve.lane": run.lane,
+            "flowserve.attempt": h.attempt,
+            "flowserve.queue.wait_ms": _waited_ms(traced[0], now),
+        }
+        if raced(hosted.stage):
+            attributes["flowserve.race.copy"] = h.copy
+        if hosted.stage.hedge is not None:
+            attributes["flowserve.hedge.backup"] = h.copy != 0
+        links = [{"flowserve.queue.wait_ms": _waited_ms(it, now)} for it in traced] if len(traced) > 1 else None
+        return tracing.start_run(f"stage {hosted.stage.name}", [it.message.tp for it in traced], attributes, links)
 
     def _too_late(self, hosted: HostedStage, item: WorkItem) -> None:
         """The request's deadline passed while it waited for this stage: do not spend a run
@@ -315,7 +356,7 @@ class Runner:
                     f"operator {run.node!r} (stage {run.stage!r}) was still running at the request's "
                     f"deadline; its run was abandoned"
                 )
-            log.warning("flow %s stage %s request %s (qid %s): %s", run.flow, run.stage, h.req, run.qid, msg)
+            log.warning("%s: %s", about(h, run.stage, run.qid), msg)
             self.fail(h, OperatorTimeoutError(msg, operator=run.node, qid=run.qid), hosted)
         if run.abandoned and not run.lost:
             run.lost = True
@@ -379,6 +420,30 @@ class Runner:
 
 def _nothing() -> None:
     pass
+
+
+def about(h: StageInput, stage: str, qid) -> str:
+    """What a log line about a request names: ``flow F stage S qid Q request R``, the
+    request by the id its answer carries (X-Request-Id), the qid where one row is meant."""
+    where = f"flow {h.flow} stage {stage}" if qid is None else f"flow {h.flow} stage {stage} qid {qid}"
+    return f"{where} request {h.rid or h.req}{tracing.log_tag(h.tp)}"
+
+
+def _log_failure(h: StageInput, stage: str, error: FlowError) -> None:
+    """A failed run's one log line. An operator's failure (the user's code to fix) at
+    WARNING, with what the user's code raised and where (its traceback, the user's frames:
+    flow/tracebacks.py); the client's answer says only what and which operator. What the
+    request itself caused (a rejected row, a missing key) at INFO: its answer says it all."""
+    if isinstance(error, OperatorError):
+        tb = operator_traceback(error)
+        log.warning("%s: %s%s", about(h, stage, error.qid), error, "" if tb is None else "\n" + tb)
+    else:
+        log.info("%s: %s", about(h, stage, error.qid), error)
+
+
+def _waited_ms(item: WorkItem, now: float) -> float:
+    """How long a traced item waited between being ready and its run (0: not known)."""
+    return round((now - item.ready) * 1000, 3) if item.ready else 0.0
 
 
 def _expired(msg: StageInput) -> bool:

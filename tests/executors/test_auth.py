@@ -1,6 +1,7 @@
 """One auth rule, checked route by route over the gateway's own OpenAPI document: with a
-token, every route but the probes (/healthz, /readyz) needs it (or the admin token); admin routes need the
-admin token; errors are the JSON error format, 404 and 405 included."""
+token, every route but the probes (/livez, /healthz, /readyz, /readyz/{flow}: the operations the document
+declares public) needs it (or the admin token); admin routes need the admin token; errors are the JSON error
+format, 404 and 405 included."""
 
 from __future__ import annotations
 
@@ -23,9 +24,15 @@ def secured():
         yield c
 
 
-def _routes(c) -> list[tuple[str, str]]:
+def _routes(c) -> list[tuple[str, str, bool]]:
+    """(method, path, public) of each operation: public where the document declares that it
+    needs no security (``security: []``)."""
     doc = httpx.get(c.url + "/openapi.json", headers={"Authorization": f"Bearer {TOKEN}"}).json()
-    return [(method.upper(), path) for path, ops in doc["paths"].items() for method in ops]
+    return [
+        (method.upper(), path, op.get("security") == [])
+        for path, ops in doc["paths"].items()
+        for method, op in ops.items()
+    ]
 
 
 def _call(c, method, path, token=None):
@@ -35,13 +42,14 @@ def _call(c, method, path, token=None):
 
 def test_every_route_but_the_probes_needs_the_token(secured):
     routes = _routes(secured)
-    assert ("POST", "/flows/guarded") in routes and ("GET", "/metrics") in routes and len(routes) >= 6
-    for method, path in routes:
+    assert {(m, p) for m, p, _ in routes} >= {("POST", "/flows/guarded"), ("GET", "/metrics")} and len(routes) >= 6
+    assert {p for _, p, public in routes if public} == {"/livez", "/healthz", "/readyz", "/readyz/guarded"}
+    for method, path, public in routes:
         without = _call(secured, method, path)
         wrong = _call(secured, method, path, "not-the-token")
         right = _call(secured, method, path, TOKEN)
         admin = _call(secured, method, path, secured.state["admin_token"])
-        if path in ("/healthz", "/readyz"):
+        if public:  # the probes
             assert without.status_code == 200, (method, path)
             continue
         for r in (without, wrong):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -106,8 +107,8 @@ def test_every_example_deploys_with_the_cli_and_answers(home, tmp_path):
 
     import httpx
 
-    examples = sorted(
-        p for p in (Path(__file__).resolve().parents[2] / "examples").glob("*.py") if p.name != "models.py"
+    examples = sorted(  # the scripts, not their helper modules (models.py, sharing.py)
+        p for p in (Path(__file__).resolve().parents[2] / "examples").glob("*.py") if "\ndef flows(" in p.read_text()
     )
     os.environ["FLOWSERVE_EXAMPLE_SMALL"] = "1"  # quick training in setup(); inherited by the CLI
     flowserve("up", "--port", "0", "--executors", "2", home=home)
@@ -147,6 +148,19 @@ def test_kvs_put_get_ls(home, tmp_path):
     assert missing.returncode == 1 and "no key 'nope'" in missing.stderr
     bad = flowserve("kvs", "put", "x", "--json", "{oops", home=home, check=False)
     assert bad.returncode == 2 and "not valid JSON" in bad.stderr
+
+    rm = flowserve("kvs", "rm", "blob", "cfg", "nope", home=home, check=False)
+    assert rm.returncode == 1 and rm.stdout.strip() == "removed 2 keys; not found: nope"  # the others still go
+    assert flowserve("kvs", "ls", home=home).stdout.split() == ["models/w"]
+    flowserve("kvs", "put", "flowserve:scratch", "--json", "1", home=home)
+    own = flowserve("kvs", "rm", "models/w", "flowserve:scratch", home=home, check=False)
+    assert own.returncode == 2 and "flowserve:scratch: the runtime's own key (flowserve:*)" in own.stderr
+    assert "--force" in own.stderr and "models/w" in flowserve("kvs", "ls", home=home).stdout  # nothing removed
+    forced = flowserve("kvs", "rm", "flowserve:scratch", "--force", home=home)
+    assert (
+        forced.stdout.strip() == "removed 1 key"
+        and "flowserve:scratch" not in flowserve("kvs", "ls", "--all", home=home).stdout
+    )
     flowserve("down", home=home)
 
 
@@ -344,3 +358,96 @@ def test_a_missing_token_file_is_a_clear_error(home, tmp_path):
     r = flowserve("up", "--port", "0", "--token-file", str(tmp_path / "nope"), home=home, check=False)
     # a bad flag value: argparse's status for bad usage (flowserve/cli.py), said without a traceback
     assert r.returncode == 2 and "cannot read the token file" in r.stderr and "Traceback" not in r.stderr
+
+
+TWO_FLOWS = textwrap.dedent("""
+    import flowserve as fs
+
+
+    def check(row):
+        if row.x < 0:
+            raise ValueError(f"x must be >= 0, got {row.x}")
+        return row.x
+
+
+    def flows():
+        out = []
+        for name in ("loud", "quiet"):
+            f = fs.Flow(name, schema={"x": int})
+            f.map(check, names=["y"])
+            out.append(f)
+        return out
+    """)
+
+
+def test_logs_of_one_flow_follow_new_requests_and_undeploy(home, tmp_path):
+    import os
+
+    import httpx
+
+    flowserve("up", "--port", "0", "--executors", "1", home=home)
+    script = tmp_path / "two.py"
+    script.write_text(TWO_FLOWS)
+    flowserve("deploy", str(script), home=home)
+    url = json.loads((home / "cluster.json").read_text())["url"]
+
+    def fail(flow: str, rid: str) -> None:
+        r = httpx.post(f"{url}/flows/{flow}", json={"x": -1}, headers={"X-Request-Id": rid}, timeout=30)
+        assert r.status_code == 500 and r.headers["x-request-id"] == rid
+
+    fail("quiet", "quiet-1")
+    fail("loud", "loud-1")
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "flowserve.cli", "--dir", str(home), "logs", "loud", "-f"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "FLOWSERVE_QUIET": "1"},
+    )
+    try:
+        seen: list[str] = []
+
+        def until(needle: str) -> None:  # reads lines until one holds ``needle`` (the test's timeout bounds it)
+            for line in follow.stdout:
+                seen.append(line)
+                if needle in line:
+                    return
+            raise AssertionError(f"`logs -f` ended without {needle!r}:\n{''.join(seen)}")
+
+        until("request loud-1: operator 'check' raised ValueError")  # from the log as it was
+        fail("quiet", "quiet-2")
+        fail("loud", "loud-2")  # written after `logs -f` read to the end: only following shows it
+        until("request loud-2: operator 'check' raised ValueError")
+        until(f'  File "{script}", line 7, in check')  # its traceback goes with it
+        follow.send_signal(signal.SIGINT)
+        assert follow.wait(30) == 0
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+    shown = "".join(seen)
+    assert "quiet" not in shown, shown  # another flow's lines are left out
+    assert re.search(
+        r"^cpu0 +\| \S+ \S+ executor cpu0 WARNING flow loud stage check qid \d+ request loud-2:", shown, re.M
+    )
+
+    every = flowserve("logs", "-n", "-1", home=home).stdout
+    assert "request quiet-2: operator" in every and "request loud-2: operator" in every
+    assert re.search(
+        r"^cluster +\| .* flowserve.gateway INFO flow quiet request quiet-2: 500 OperatorFailedError", every, re.M
+    )
+    last = flowserve("logs", "loud", "-n", "5", home=home).stdout.splitlines()
+    assert len(last) == 5 and not [line for line in last if "quiet" in line], last
+
+    assert flowserve("undeploy", "loud", home=home).stdout.strip() == "undeployed loud"
+    gone = flowserve("invoke", "loud", "--json", '{"x": 1}', home=home, check=False)
+    assert gone.returncode == 1 and "no deployed flow named 'loud'" in gone.stdout
+    again = flowserve("undeploy", "loud", home=home, check=False)
+    assert (
+        again.returncode == 1
+        and again.stderr.strip() == "error: no deployed flow named 'loud' (`flowserve status` lists them)"
+    )
+    assert [f["name"] for f in json.loads(flowserve("status", "--json", home=home).stdout)["flows"]] == ["quiet"]
+
+
+def test_logs_without_a_cluster_directory_say_where_they_looked(tmp_path):
+    r = flowserve("logs", home=tmp_path / "none", check=False)
+    assert r.returncode == 1 and f"no cluster logs in {tmp_path / 'none'}" in r.stderr

@@ -17,6 +17,8 @@ from executors.errors import (
     NoExecutorError,
     OperatorCrashedError,
     OperatorTimeoutError,
+    RequestTooLargeError,
+    encode_error,
     error_doc,
     error_for_answer,
     http_error,
@@ -153,7 +155,8 @@ def test_a_class_that_takes_no_message_first_is_built_too():
         (409, "DeployConflict", DeployConflictError),
         (401, "Unauthorized", AccessDeniedError),
         (404, "UnknownFlow", BadRequestError),
-        (413, "PayloadTooLarge", BadRequestError),
+        (413, "PayloadTooLarge", RequestTooLargeError),
+        (413, "TooManyRows", RequestTooLargeError),
         (400, "ValueError", BadRequestError),  # not a class of ours: never imported, by status
         (500, "InternalError", InternalError),
         (500, "ZeroDivisionError", InternalError),
@@ -180,3 +183,23 @@ def test_the_registry_holds_only_the_trees_classes():
         assert type(error_for_answer(400, {"error": name, "message": "m"}, "m")) is BadRequestError
     assert type(error_for_answer(400, ["not", "a", "dict"], "m")) is BadRequestError
     assert type(error_for_answer(400, {"error": "FlowValueError", "message": "m"}, "m")) is FlowValueError
+
+
+def test_error_bodies_are_bounded_whatever_they_quote():
+    """A message quoting a 20 MB lookup key is cut to its start and end with a note of
+    what was cut, in every body: one made here, and one an executor made (``encode_error``)."""
+    key = "k" * 20_000_000
+    message = f"operator 'lookup(key)': key {key!r} is not in the store (qid 7)"
+    status, body = http_error_for(LookupKeyError(message, operator="lookup(key)", qid=7))
+    doc = json.loads(body)
+    assert status == 422 and len(body) < 3000 and doc["operator"] == "lookup(key)" and doc["qid"] == 7
+    assert doc["message"].startswith("operator 'lookup(key)': key 'kkk") and doc["message"].endswith("store (qid 7)")
+    assert f"...[{len(message) - 2000 + 40} characters cut]..." in doc["message"]
+    relayed = encode_error({"error": "LookupKeyError", "message": message, "qid": 7})  # a Failure's body
+    assert len(relayed) < 3000 and json.loads(relayed)["message"] == doc["message"]
+    assert error_doc("E", "short")["message"] == "short"
+
+
+def test_a_request_over_a_size_limit_is_413():
+    assert http_error_for(RequestTooLargeError("too big"))[0] == 413
+    assert isinstance(RequestTooLargeError("x"), BadRequestError)

@@ -152,7 +152,7 @@ def test_errors_in_a_later_piece_name_the_row_of_the_whole_body(small_pieces):
         to_table(parse_body(json.dumps(rows).encode(), "application/json", PIECE_SCHEMA), np.arange(60), PIECE_SCHEMA)
     rows = _piece_rows(60)
     rows[47]["img"] = [[1, 2], [3, 300]]
-    with pytest.raises(DataTypeError, match="row 47: column 'img': values out of range for uint8"):
+    with pytest.raises(DataTypeError, match="column 'img': row 47: 300 does not fit in tensor\\[uint8"):
         parse_body(json.dumps(rows).encode(), "application/json", PIECE_SCHEMA)
 
 
@@ -330,14 +330,26 @@ _FLOATS = {"v": ColumnType.tensor(np.float32, (2,)), "h": ColumnType.tensor(np.f
 @pytest.mark.parametrize(
     "doc, says",
     [
-        ({"v": [1e39, 1.0], "h": [1, 2]}, "row 0: column 'v': 1e+39 is out of range for float32 (±3.4028235e+38)"),
-        ({"v": [1.0, -1e39], "h": [1, 2]}, "row 0: column 'v': -1e+39 is out of range for float32 (±3.4028235e+38)"),
+        (
+            {"v": [1e39, 1.0], "h": [1, 2]},
+            "column 'v': row 0: 1e+39 does not fit in tensor[float32, (2,)] (numbers within ±3.4028235e+38)",
+        ),
+        (
+            {"v": [1.0, -1e39], "h": [1, 2]},
+            "column 'v': row 0: -1e+39 does not fit in tensor[float32, (2,)] (numbers within ±3.4028235e+38)",
+        ),
         (
             {"v": [3.41e38, 1.0], "h": [1, 2]},
-            "row 0: column 'v': 3.41e+38 is out of range for float32 (±3.4028235e+38)",
+            "column 'v': row 0: 3.41e+38 does not fit in tensor[float32, (2,)] (numbers within ±3.4028235e+38)",
         ),
-        ({"v": [1.0, 2.0], "h": [70000, 1]}, "row 0: column 'h': 70000 is out of range for float16 (±65504)"),
-        ({"v": [1.0, 2.0], "h": [1.0, -65520.0]}, "row 0: column 'h': -65520.0 is out of range for float16 (±65504)"),
+        (
+            {"v": [1.0, 2.0], "h": [70000, 1]},
+            "column 'h': row 0: 70000 does not fit in tensor[float16, (2,)] (numbers within ±65504)",
+        ),
+        (
+            {"v": [1.0, 2.0], "h": [1.0, -65520.0]},
+            "column 'h': row 0: -65520.0 does not fit in tensor[float16, (2,)] (numbers within ±65504)",
+        ),
     ],
 )
 def test_a_finite_number_a_narrower_float_cannot_hold_is_refused_on_each_json_path(doc, says, small_pieces):
@@ -499,12 +511,20 @@ def test_arrow_tensors_of_another_dtype_are_held_to_the_rules_of_json_tensors():
     schema = {"img": ColumnType.tensor(np.uint8, (2,)), "v": ColumnType.tensor(np.float32, (2,))}
     good = {"img": pa.array([[1, 255]]), "v": pa.array([[1e38, float("inf")]])}
     for column, values, says in [
-        ("img", [[1, 300]], "column 'img': values out of range for uint8 \\(0..255\\), e.g. 300"),
-        ("img", [[-1, 3]], "column 'img': values out of range for uint8 \\(0..255\\), e.g. -1"),
-        ("img", [[0.5, 1.0]], "column 'img' should be tensor\\[uint8, \\(2,\\)\\], got float64 values"),
-        ("img", [[True, False]], "got bool values"),
-        ("v", [[1e39, 1.0]], "column 'v': 1e\\+39 is out of range for float32 \\(±3.4028235e\\+38\\)"),
-        ("v", [[float("nan"), -1e39]], "column 'v': -1e\\+39 is out of range for float32"),
+        (
+            "img",
+            [[1, 300]],
+            "column 'img': row 0: 300 does not fit in tensor\\[uint8, \\(2,\\)\\] \\(integers 0..255\\)",
+        ),
+        ("img", [[-1, 3]], "column 'img': row 0: -1 does not fit in tensor\\[uint8"),
+        ("img", [[0.5, 1.0]], "column 'img': row 0: 0.5 does not fit in tensor\\[uint8, \\(2,\\)\\]"),
+        ("img", [[True, False]], "column 'img': row 0: True does not fit"),
+        (
+            "v",
+            [[1e39, 1.0]],
+            "column 'v': row 0: 1e\\+39 does not fit in tensor\\[float32, \\(2,\\)\\] \\(numbers within ±3.4028235e\\+38\\)",
+        ),
+        ("v", [[float("nan"), -1e39]], "column 'v': row 0: -1e\\+39 does not fit in tensor\\[float32"),
     ]:
         with pytest.raises(DataTypeError, match=says):
             _arrow_table(_arrow(pa.table(dict(good, **{column: pa.array(values)}))), schema)
@@ -518,7 +538,7 @@ def test_ragged_nested_lists_are_a_400_naming_the_column():
     found, in a JSON body of a flow without a schema and in an Arrow list of lists."""
     import pyarrow as pa
 
-    with pytest.raises(DataTypeError, match="column 'a' cannot be read: .*inhomogeneous"):
+    with pytest.raises(DataTypeError, match="column 'a': row 0: not an array of numbers .*different lengths"):
         input_table("f", parse_body(b'{"a": [[1, 2], [3]], "b": 1}', "application/json", None), np.array([1]), None)
     with pytest.raises(DataTypeError, match="column 'a' cannot be read: .*inhomogeneous"):
         _arrow_table(_arrow(pa.table({"b": [1], "a": [[[1, 2], [3]]]})))
@@ -554,3 +574,28 @@ def test_a_relayed_body_read_from_a_view_of_its_message_parses_as_bytes_do():
     plain = one_row_table(body, "application/json", 7, schema)
     assert short is not None and short["x"].tolist() == plain["x"].tolist() == [3]
     assert short["v"].tolist() == plain["v"].tolist() == [[1.5, 2.5]] and short["qid"].tolist() == [7]
+
+
+# -- rows whose columns would not fit in memory ------------------------------------------------
+
+
+def test_rows_whose_columns_would_take_more_than_4x_the_body_limit_are_refused_before_any_is_built(small_pieces):
+    """Missing values take no room in a body and a whole row in a column: 100 rows of
+    nulls for a (256, 256) float32 tensor are 26 MB of columns from a 1.3 KB body."""
+    import pyarrow as pa
+
+    from executors.errors import RequestTooLargeError
+
+    schema = {"img": ColumnType.tensor(np.float32, (256, 256))}
+    body = json.dumps([{"img": None}] * 100).encode()
+    limit = 1 << 20  # the body limit: 4 MiB of columns
+    small_pieces.CHUNKED_JSON_BYTES = 1 << 40  # read whole
+    with pytest.raises(RequestTooLargeError, match=r"the request's 100 rows would take 25 MiB as columns"):
+        parse_body(body, "application/json", schema, limit)
+    small_pieces.CHUNKED_JSON_BYTES = 0  # read in pieces: refused at the first piece over the limit
+    with pytest.raises(RequestTooLargeError, match=r"the request's first \d+ rows would take"):
+        parse_body(body, "application/json", schema, limit)
+    with pytest.raises(RequestTooLargeError):
+        parse_body(_arrow(pa.table({"img": pa.nulls(100)})), "application/vnd.apache.arrow.stream", schema, limit)
+    rows = parse_body(json.dumps([{"img": None}] * 15).encode(), "application/json", schema, limit)  # 3.8 MiB
+    assert len(to_table(rows, np.arange(15), schema)) == 15

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from executors.hosts.cluster import ClusterClient
-from executors.wire.membership import ALIVE_KEY, Absence, Heartbeat, Member, live_members
+from executors.wire.membership import ALIVE_KEY, MEMBERS_KEY, Absence, Heartbeat, Member, live_members
 from flow import Flow
 from flow.table import Table
 from kvs import KVS, RedisServer
@@ -134,7 +134,7 @@ def test_heartbeat_registers_expires_and_deregisters(redis_server):
         assert live_members(store.redis) == {"hb0": Member("hb0", "tcp://127.0.0.1:1", "gpu", 3)}
         store.redis.delete(ALIVE_KEY.format(id="hb0"))  # as if it expired
         assert live_members(store.redis) == {}
-        assert store.redis.hlen("flowserve:executors") == 0  # expired descriptions are forgotten
+        assert store.redis.hlen(MEMBERS_KEY) == 0  # expired descriptions are forgotten
         beat.start()
         wait_until("the heartbeat thread to register", lambda: "hb0" in live_members(store.redis))
         beat.stop()
@@ -269,21 +269,21 @@ def test_a_registry_read_older_than_a_local_deploy_or_undeploy_does_not_undo_it(
         read_at = time.monotonic()  # the sync loop starts reading the registry ...
         gw.dispatcher.flows["raced"] = flow  # ... a deploy lands here meanwhile ...
         gw.gateway.deploys.changed_at["raced"] = time.monotonic()
-        await gw._registry_changed({}, read_at)  # ... and the read did not list it yet
+        await gw.follower.changed({}, read_at)  # ... and the read did not list it yet
         assert gw.dispatcher.flows.get("raced") is flow
-        await gw._registry_changed({}, time.monotonic())  # a later read without it: undeployed elsewhere
+        await gw.follower.changed({}, time.monotonic())  # a later read without it: undeployed elsewhere
         assert "raced" not in gw.dispatcher.flows
 
         read_at = time.monotonic()  # an undeploy here after the read listed the flow:
         gw.gateway.deploys.changed_at["raced"] = time.monotonic()
-        await gw._registry_changed({"raced": 1}, read_at)  # not reloaded (no load is attempted)
-        assert "raced" not in gw.dispatcher.flows and not gw._failed_loads
+        await gw.follower.changed({"raced": 1}, read_at)  # not reloaded (no load is attempted)
+        assert "raced" not in gw.dispatcher.flows and not gw.follower._failed_loads
 
         # a read that starts after the deploy but before its registry write lands
         gw.dispatcher.flows["raced"] = flow
         reads = []
-        await gw.gateway.deploys._record_change("raced", lambda: reads.append(time.monotonic()))
-        await gw._registry_changed({}, reads[0])  # the read did not see the write yet
+        await gw.gateway.deploys.record_change("raced", lambda: reads.append(time.monotonic()))
+        await gw.follower.changed({}, reads[0])  # the read did not see the write yet
         assert gw.dispatcher.flows.get("raced") is flow
 
     try:

@@ -199,7 +199,11 @@ def test_empty_tables():
         (lambda: Table.from_arrow([1]), DataTypeError, "expects a pyarrow Table"),
         (lambda: Table.from_pandas(pd.DataFrame({"d": pd.to_datetime(["2020-01-01"])})), DataTypeError, "column 'd'"),
         (lambda: Table.from_arrow(pa.table({"d": pa.array([1], pa.timestamp("s"))})), DataTypeError, "column 'd'"),
-        (lambda: Table.from_pylist([{"x": 2**64}]), DataTypeError, "column 'x': 18446744073709551616 does not fit"),
+        (
+            lambda: Table.from_pylist([{"x": 2**64}]),
+            DataTypeError,
+            "column 'x': row 0: 18446744073709551616 does not fit",
+        ),
         (lambda: Table.from_dict({"x": [1]}, qid=["a"]), DataTypeError, "query ids must be integers"),
         (lambda: Table.from_dict({"x": [1]}, qid=[1, 2]), SchemaError, "expected 1 query ids"),
         (lambda: Table.from_dict({"x": [1]}, qid="nope"), SchemaError, "qid='nope' names no column"),
@@ -455,7 +459,7 @@ def test_select_with_columns_with_qid_and_equals():
     assert t == Table.from_dict({"a": [1, 2], "b": ["x", "y"]})
     assert t != Table.from_dict({"b": ["x", "y"], "a": [1, 2]})  # column order matters
     assert t != t.with_qid([0, 2]) and t != Table.from_dict({"a": [1.0, 2.0], "b": ["x", "y"]})
-    assert "Table(2 rows" in repr(t)
+    assert repr(t).splitlines()[-1] == "[2 rows x 2 columns] a: int, b: str"
     with pytest.raises(TypeError):
         hash(t)
 
@@ -484,3 +488,32 @@ def test_an_operator_output_column_is_what_the_constructor_makes():
         a, b = built_column(ctype, arr, valid), Column(ctype, arr, valid)
         assert a.type == b.type and a.equals(b) and (a.valid is None) == (b.valid is None)
         assert a.values.dtype == b.values.dtype
+
+
+def test_repr_shows_the_first_and_last_rows_with_their_values_like_pandas():
+    """``print(table)`` shows values: every row up to 10, else the first and last five
+    around a line of ``...``; long values cut; the columns that fit; the types at the end."""
+    t = Table.from_pylist(
+        [
+            {
+                "cls": i,
+                "conf": 0.5 + i / 100 if i != 3 else None,
+                "s": "w" * (5 * i),
+                "img": np.full((28, 28), i, np.uint8),
+            }
+            for i in range(25)
+        ]
+    )
+    lines = repr(t).splitlines()
+    assert lines[0].split() == ["qid", "cls", "conf", "s", "img"]
+    assert lines[1].split()[:3] == ["0", "0", "0.5"] and lines[4].split()[:3] == ["3", "3", "None"]
+    assert lines[6].split() == ["..."] * 5  # rows 5..19 left out
+    assert lines[11].split()[:3] == ["24", "24", "0.74"] and len(lines) == 13
+    assert all(len(line) <= 110 for line in lines[:-1])
+    assert "w" * 27 + "..." in lines[-2]  # a long string cut to 30 characters
+    assert lines[-1] == "[25 rows x 4 columns] cls: int, conf: float, s: str, img: tensor[uint8, (28, 28)]"
+    small = Table.from_pylist([{"x": 1}])
+    assert repr(small) == "qid  x\n  0  1\n[1 row x 1 column] x: int"
+    wide = Table.from_dict({f"c{i}": [1.5] for i in range(40)})
+    head = repr(wide).splitlines()[0]
+    assert head.startswith("qid   c0   c1") and head.endswith("  ...") and len(head) <= 115

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from flow import ColumnType, DataTypeError
-from flow.types import build_column, unify
+from flow.types import build_column, check_fits, unify
 
 # -- ColumnType -------------------------------------------------------------------------------
 
@@ -193,7 +195,7 @@ def test_one_row_is_copied_when_sharing_is_not_safe(make):
 
 
 def test_one_frozen_row_with_another_declared_dtype_is_converted():
-    value = frozen(np.array([1.5, -2.5, 3.0]))
+    value = frozen(np.array([1.0, -2.0, 3.0]))
     ctype, arr, _ = build_column([value], "c", ColumnType.tensor(np.int32, (3,)))
     assert ctype == ColumnType.tensor(np.int32, (3,)) and arr.dtype == np.int32
     assert arr.tolist() == [[1, -2, 3]] and not np.shares_memory(arr, value)
@@ -225,23 +227,23 @@ def test_tensor_rows_are_promoted_or_converted_to_the_column_dtype():
     ctype, arr, _ = build_column([np.zeros(2, np.float32), np.ones(2, np.int64)], "c")
     assert ctype == ColumnType.tensor(np.float64, (2,)) and arr.dtype == np.float64
     ctype, arr, _ = build_column(
-        [frozen(np.array([1.9, -1.9])), np.array([300.0, 2.0])], "c", ColumnType.tensor(np.int16, (2,))
+        [frozen(np.array([1.0, -1.0])), np.array([300.0, 2.0])], "c", ColumnType.tensor(np.int16, (2,))
     )
     assert arr.dtype == np.int16 and arr.tolist() == [[1, -1], [300, 2]]
     # rows of several dtypes are promoted together first, then cast (as np.stack did): 2**53 + 1
     # goes through float64 on its way to int64
     big = np.array([2**53 + 1], dtype=np.int64)
-    _, arr, _ = build_column([big, np.array([0.5], np.float32)], "c", ColumnType.tensor(np.int64, (1,)))
+    _, arr, _ = build_column([big, np.array([0.0], np.float32)], "c", ColumnType.tensor(np.int64, (1,)))
     assert arr.tolist() == [[2**53], [0]]
     ctype, arr, _ = build_column([frozen(np.zeros(2, ">f4"))] * 2, "c")  # native byte order
     assert arr.dtype == np.dtype("<f4") and ctype == ColumnType.tensor(np.float32, (2,))
 
 
 def test_tensor_row_errors_name_the_first_bad_row():
-    with pytest.raises(DataTypeError, match=r"column 'c': array values must be numeric or bool, got dtype <U1$"):
+    with pytest.raises(DataTypeError, match=r"column 'c': row 1: not an array of numbers or booleans, got <U1$"):
         build_column([np.zeros(2), np.array(["a", "b"]), np.array([b"x", b"y"])], "c")
-    with pytest.raises(DataTypeError, match=r"got dtype object \(are the rows of different lengths\?\)"):
-        build_column([np.zeros(2), [1, None]], "c")
+    with pytest.raises(DataTypeError, match=r"row 2: not an array of numbers \(are its nested lists of different"):
+        build_column([np.zeros(2), None, [1, None]], "c")
     with pytest.raises(DataTypeError, match=r"ragged tensor column, rows have shapes \[\(2,\), \(3,\)\]; all rows"):
         build_column([frozen(np.zeros(2))] * 3 + [np.zeros(3)], "c")
 
@@ -264,7 +266,7 @@ def test_pandas_series_is_accepted():
         ([True, 1], "mixed value types"),  # bool is not an int
         ([{"a": 1}], "unsupported value type dict"),
         ([np.array(1.0)], "0-d arrays are scalars"),
-        ([np.array(["a", "b"])], "must be numeric or bool"),
+        ([np.array(["a", "b"])], "not an array of numbers or booleans"),
         ([2**63], "does not fit in int64"),
         ([-(2**63) - 1], "does not fit in int64"),
         (np.array([2**63], dtype=np.uint64), "does not fit in int64"),
@@ -320,7 +322,7 @@ def test_declared_type_is_strict_about_bool_int_float_and_str(values, want):
 def test_declared_tensor_shape_is_checked():
     want = ColumnType.tensor(np.float64, (2,))
     assert build_column([None, None], "t", want)[0] == want
-    with pytest.raises(DataTypeError, match="column 't': expected shape"):
+    with pytest.raises(DataTypeError, match=r"column 't': row 0: expected shape \(2,\), got \(3,\)"):
         build_column([np.zeros(3)], "t", want)
     with pytest.raises(DataTypeError, match="column 't'"):
         build_column(np.zeros((2, 3)), "t", want)
@@ -343,3 +345,73 @@ def test_unify_rules():
     for a, b_ in ((b, i), (s, ColumnType("bytes")), (i, s), (t64, ColumnType.tensor(np.float64, (3,)))):
         with pytest.raises(DataTypeError, match="column 'c': cannot combine"):
             unify(a, b_, "c")
+
+
+# -- check_fits: a value must fit its column's type, the same on every path -------------------
+
+
+@pytest.mark.parametrize(
+    "values, dtype, bad",
+    [
+        (np.array([[0, 255]]), np.uint8, None),
+        (np.array([[0, 256]]), np.uint8, "256"),
+        (np.array([[1.0, -1.0]]), np.uint8, "-1.0"),
+        (np.array([[75.0, 1.0]]), np.uint8, None),  # an integer, whatever its JSON spelling
+        (np.array([[1.0, np.nan]]), np.int32, "nan"),  # NaN is no integer
+        (np.array([[np.inf, 1.0]]), np.int64, "inf"),
+        (np.array([[2.0**63]]), np.int64, "9.223372036854776e+18"),  # int64's max rounds up to 2**63 as a float
+        (np.array([[-(2.0**63)]]), np.int64, None),
+        (np.array([[2**63]], dtype=np.uint64), np.int64, "9223372036854775808"),
+        (np.array([[True, False]]), np.float32, "True"),  # a boolean is no number
+        (np.array([[1, 0]]), np.bool_, "1"),  # nor a number a boolean
+        (np.array([[3.4e38, np.inf, np.nan]]), np.float32, None),  # infinities and NaN are values
+        (np.array([[1.0, -3.5e38]]), np.float32, "-3.5e+38"),
+        (np.array([[65504, 65520]]), np.float16, "65520"),
+        (np.array([[2**62]]), np.float32, None),  # never an overflow: an int64 is below float32's max
+    ],
+)
+def test_check_fits_names_the_first_value_a_dtype_cannot_hold(values, dtype, bad):
+    t = ColumnType.tensor(dtype, values.shape[1:])
+    if bad is None:
+        check_fits(values, t, "c")
+        return
+    with pytest.raises(DataTypeError) as e:
+        check_fits(values, t, "c", 7)
+    assert str(e.value).startswith(f"column 'c': row 7: {bad} does not fit in {t} (")
+
+
+def test_check_fits_names_the_row_of_the_first_misfit_in_row_order():
+    values = np.array([[1, 2], [3, 300], [-5, 4]])
+    with pytest.raises(DataTypeError, match=r"^column 'img': row 11: 300 does not fit in tensor\[uint8, \(2,\)\]"):
+        check_fits(values, ColumnType.tensor(np.uint8, (2,)), "img", np.array([4, 11, 12]))
+
+
+def test_a_declared_tensor_column_refuses_what_does_not_fit_whatever_built_it():
+    t = ColumnType.tensor(np.uint8, (2,))
+    says = r"column 'img': row 1: 300\.7 does not fit in tensor\[uint8, \(2,\)\] \(integers 0\.\.255\)"
+    with pytest.raises(DataTypeError, match=says):  # rows of lists
+        build_column([[1, 2], [300.7, 1]], "img", t)
+    with pytest.raises(DataTypeError, match=says):  # rows of arrays, the missing one skipped
+        build_column([np.array([1.0, 2.0]), np.array([300.7, 1.0]), None], "img", t)
+    with pytest.raises(DataTypeError, match=says):  # one (n, 2) array
+        build_column(np.array([[1.0, 2.0], [300.7, 1.0]]), "img", t)
+    with pytest.raises(DataTypeError, match=r"row 2: True does not fit"):  # booleans beside numbers, row by row
+        build_column([np.array([1, 2]), None, np.array([True, False])], "img", t)
+    ctype, arr, _ = build_column([[1.0, 255.0]], "img", t)
+    assert arr.dtype == np.uint8 and arr.tolist() == [[1, 255]]
+
+
+def test_rows_into_a_narrower_float_are_checked_after_the_cast():
+    """float64 rows into a float32 column are cast first and only then looked at: an
+    infinity the cast made is refused naming its row (past a missing one), an infinity
+    or NaN that was given is a value, and nothing warns."""
+    t = ColumnType.tensor(np.float32, (2,))
+    with pytest.raises(DataTypeError, match=r"^column 'v': row 2: 1e\+39 does not fit in tensor\[float32, \(2,\)\]"):
+        build_column([np.array([1.0, 2.0]), None, np.array([3.0, 1e39])], "v", t)
+    with pytest.raises(DataTypeError, match=r"^column 'h': row 1: 70000 does not fit in tensor\[float16"):
+        build_column([np.array([1, 2]), np.array([70000, 1])], "h", ColumnType.tensor(np.float16, (2,)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, arr, valid = build_column([np.array([np.inf, np.nan]), None, np.array([-np.inf, 3.5])], "v", t)
+    assert arr.dtype == np.float32 and valid.tolist() == [True, False, True]
+    assert str(arr.tolist()) == "[[inf, nan], [0.0, 0.0], [-inf, 3.5]]"

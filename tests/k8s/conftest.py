@@ -46,8 +46,9 @@ def cpu_plan():
 
 
 def configs() -> dict[str, KubeConfig]:
-    """Configs covering the options: defaults (CPU only), a GPU cluster, a minimal one, and
-    autoscaling ones (from the dataclass and from plain data, as a --config file gives it)."""
+    """Configs covering the options: defaults (CPU only), a GPU cluster, a minimal one,
+    autoscaling ones (from the dataclass and from plain data, as a --config file gives it),
+    and one on an external store (no KVS of its own)."""
     return {
         "cpu-default": KubeConfig(),
         "gpu": KubeConfig(
@@ -108,6 +109,11 @@ def configs() -> dict[str, KubeConfig]:
                 "gpu_executors": 0,
                 "autoscaling": {"target_utilisation": None, "target_queue_per_replica": 4},
             }
+        ),
+        "external-store": KubeConfig(
+            name="shared",
+            namespace="ml",
+            external_kvs="redis+sentinel://sentinel-0.db:26379,sentinel-1.db:26379/flowserve/0",
         ),
     }
 

@@ -102,9 +102,25 @@ def test_autoscaling_takes_the_dataclass_or_its_fields():
     assert KubeConfig(autoscaling={}).autoscaling == AutoscalingConfig()
 
 
-def test_autoscaling_refuses_several_gateways():
-    with pytest.raises(ConfigError, match=r"autoscaling needs gateway_replicas <= 1 .* got gateway_replicas=2"):
-        KubeConfig(autoscaling={}, gateway_replicas=2)
+def test_autoscaling_runs_with_several_gateways_one_elected_through_a_lease():
+    from k8s import render
+
+    c = KubeConfig(autoscaling={}, gateway_replicas=3)
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in render(c)}
+    gateway = docs[("Deployment", "flowserve-gateway")]
+    assert gateway["spec"]["replicas"] == 3
+    args = gateway["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--leader-election") + 1] == "k8s"
+    leases = [r for r in docs[("Role", "flowserve-autoscaler")]["rules"] if r["resources"] == ["leases"]]
+    assert leases == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["flowserve-leader"],
+            "verbs": ["get", "update"],
+        },
+    ]
     assert KubeConfig(autoscaling={}, gateway_replicas=0).gateway_replicas == 0
 
 

@@ -16,7 +16,7 @@ import warnings
 import pytest
 
 from executors.hosts.autoscale import AutoscalingConfig
-from flow.configuration import ConfigTypeError
+from flow.configuration import ConfigError, ConfigTypeError
 from k8s import KubeConfig, render, to_yaml
 from k8s.manifests import A_BASELINE, A_FLOWS, A_GPU_STAGES, SCALABLE, executor_args, gateway_args, selector
 from tests.k8s.conftest import K8S_VERSIONS, configs
@@ -264,14 +264,16 @@ def test_kvs_without_storage_uses_an_empty_dir_and_no_aof():
     assert args[args.index("--appendonly") + 1] == "no"
 
 
-def test_gateway_is_probed_on_healthz_and_readyz_and_exposed_by_its_service():
+def test_gateway_is_probed_on_livez_and_readyz_and_exposed_by_its_service():
     cfg = configs()["gpu"]
     manifests = _render("gpu")
     dep = named(by_kind(manifests, "Deployment"), "vision-gateway")
     (gw,) = containers(dep)
-    for probe in ("livenessProbe", "startupProbe"):
-        assert gw[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
+    for probe in ("livenessProbe", "startupProbe"):  # the process answers: nothing a restart would not lose
+        assert gw[probe]["httpGet"] == {"path": "/livez", "port": "http"}
     assert gw["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    # the kubelet waits out the drain (the request timeout, 30 s) and the process's exit
+    assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 45
     assert dep["spec"]["replicas"] == 2
     assert gw["command"] == ["python", "-m", "k8s.gateway"]
     assert "tcp://$(POD_IP):5556" in gw["args"]
@@ -413,6 +415,8 @@ def test_autoscaling_gateway_runs_the_k8s_scaler_with_the_config_as_json():
         args[len(base) + 1],
         "--scaler",
         "k8s",
+        "--leader-election",
+        "k8s",
         "--k8s-namespace",
         "ml",
         "--k8s-instance",
@@ -450,6 +454,14 @@ def test_autoscaling_renders_a_role_limited_to_scaling_the_executors():
             "verbs": ["get", "patch", "update"],
         },
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch"]},
+        # the Lease electing the replica that runs the autoscaler: by name but for create
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["scaled-leader"],
+            "verbs": ["get", "update"],
+        },
     ]
     assert role["metadata"]["namespace"] == "ml"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "scaled", "namespace": "ml"}]
@@ -592,3 +604,54 @@ def test_executor_cache_size_reaches_the_executors_and_matches_the_local_default
 def test_busy_polling_refuses_bad_values(bad, error):
     with pytest.raises(error, match="busy_poll_ms"):
         KubeConfig(busy_poll_ms=bad)
+
+
+def test_the_gateways_grace_period_outlasts_its_drain():
+    short = KubeConfig(gateway_settings={"request_timeout_s": 9.5})
+    dep = named(by_kind(render(short), "Deployment"), "flowserve-gateway")
+    assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 10 + 15
+
+
+# -- an external store ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url, expected",
+    [
+        (
+            "redis+sentinel://sentinel-0.db:26379,sentinel-1.db:26379/flowserve/0",
+            "redis+sentinel://:$(REDIS_PASSWORD)@sentinel-0.db:26379,sentinel-1.db:26379/flowserve/0",
+        ),
+        (
+            "redis+cluster://app@node-0.db:7000,node-1.db:7000",
+            "redis+cluster://app:$(REDIS_PASSWORD)@node-0.db:7000,node-1.db:7000",
+        ),
+        (
+            "rediss://managed.example.com:6380/0?wait_replicas=1",
+            "rediss://:$(REDIS_PASSWORD)@managed.example.com:6380/0?wait_replicas=1",
+        ),
+    ],
+)
+def test_an_external_store_replaces_the_instances_own(url, expected):
+    cfg = KubeConfig(external_kvs=url)
+    manifests = render(cfg)
+    own = render(KubeConfig())
+    assert not [m for m in manifests if "kvs" in m["metadata"]["name"]]  # no StatefulSet, Service, policy
+    assert {m["kind"] for m in own if "kvs" in m["metadata"]["name"]} == {"StatefulSet", "Service", "NetworkPolicy"}
+    assert len(manifests) == len(own) - 3
+    for dep in by_kind(manifests, "Deployment"):  # the gateway and the executors
+        env = {e["name"]: e for e in containers(dep)[0]["env"]}
+        assert env["FLOWSERVE_KVS_URL"]["value"] == expected
+        assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "flowserve-redis", "key": "password"}
+
+
+def test_an_external_store_url_is_checked_and_never_holds_the_password():
+    with pytest.raises(
+        ConfigError, match=r"external_kvs must not hold a password .* got 'redis\+cluster://:\*\*\*@n:1'"
+    ):
+        KubeConfig(external_kvs="redis+cluster://:hunter2@n:1")
+    with pytest.raises(ConfigError, match="host 'n' has no port"):
+        KubeConfig(external_kvs="redis+cluster://n")
+    with pytest.raises(ConfigError, match="external_kvs must be None or a string: a redis://"):
+        KubeConfig(external_kvs="http://n:1")
+    assert KubeConfig(kvs_url="redis+sentinel://localhost:26379/flowserve").kvs_url  # deploy's URL: any form too
