@@ -38,6 +38,8 @@ BENCHMARKS = {
     "tracing": "OpenTelemetry tracing off / sampling 1% / 100%: p50 at concurrency 1 and throughput at 8, side by side",
     "scaling_limits": "10 / 100 / 1,000 executors: routing CPU per request, liveness pings, heartbeats in the store, dead-executor notice, autoscaler step",
     "devloop": "flowserve serve --reload: start to the first answer, a saved edit to its answer, Ctrl-C to exit",
+    "cancellation": "a client's disconnect: time until the worker thread its request holds in fs.wait is free, idle and under load",
+    "streaming": "streamed answers: time to the first row vs the whole answer (100 rows, a progressive cascade); the plain path's p50",
     "gpu": "GPU executors: batching 1-40 on the GPU vs the CPU (in-process, deployed), the Ensemble's large model on a GPU, NVML over a load step",
 }
 

@@ -8,7 +8,7 @@ flow.run([{"x": 1}])
 
 from flow import targets
 from flow.configuration import ConfigError, ConfigTypeError
-from flow.context import cancelled, current_device, current_store, wait
+from flow.context import cancelled, current_device, current_store, deadline, wait
 from flow.errors import (
     AccessDeniedError,
     DataError,
@@ -58,6 +58,7 @@ __all__ = [
     "current_device",
     "current_store",
     "DataError",
+    "deadline",
     "DataTypeError",
     "Flow",
     "FeedbackError",

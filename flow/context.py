@@ -1,5 +1,6 @@
 """What operator code may ask of the process running it: the store it can read outside
-lookups (e.g. model weights in ``init``) and the device to put its models on.
+lookups (e.g. model weights in ``init``), the device to put its models on, and whether the
+runtime still wants the run it is in (``wait``, ``cancelled``) and until when (``deadline``).
 
 The store is the executor's cached KVS in a deployment, the ``kvs=`` passed in for
 ``flow.run``. The device is "cuda" on a gpu executor with a GPU, else "cpu"; the runtime
@@ -17,11 +18,14 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
+import time
 
 from flow.errors import FlowValueError
 
 _store = None
-_run = threading.local()  # .cancel: the running copy's threading.Event (set_cancel), set when it lost its race
+# .cancel: the run's threading.Event (set_cancel), set when the runtime gives up on it;
+# .deadline: its request's deadline, wall clock (set_deadline)
+_run = threading.local()
 _device = "cpu"
 _executor_class = "cpu"
 DEVICES = ("cpu", "cuda")
@@ -182,10 +186,13 @@ def using_executor_class(cls: str):
 
 
 def wait(seconds: float) -> bool:
-    """Sleep ``seconds``, or less: True if the runtime gave up on this run meanwhile (a
-    racing or hedged copy whose race another copy won: its output is dropped anyway), so
-    an operator that waits on something (a remote model, a device, I/O) frees its worker
-    thread at once. Outside a racing copy (and in ``flow.run``) it sleeps the whole time."""
+    """Sleep ``seconds``, or less: True if the runtime gave up on this run meanwhile, so an
+    operator that waits on something (a remote model, a device, I/O) frees its worker
+    thread at once (its output would be dropped anyway). The runtime gives up on a run
+    when its client disconnected or its deadline passed (``deadline()``: the time left), and
+    on a racing or hedged copy whose race another copy won. A run that serves a batch of
+    several requests is given up only when all of them are. In ``flow.run`` (and where the
+    runtime never gives up on a run) it sleeps the whole time."""
     ev = getattr(_run, "cancel", None)
     if ev is None:
         ev = _run.idle = getattr(_run, "idle", None) or threading.Event()  # never set: the same kind of wait
@@ -198,6 +205,26 @@ def cancelled() -> bool:
     return ev is not None and ev.is_set()
 
 
+def deadline() -> float | None:
+    """Seconds left until the deadline of the request this run serves (of the earliest one,
+    for a batch of several), 0.0 once it has passed; None where no deadline is set (in
+    ``flow.run``). An operator may size its work to it (a shorter search, a smaller model).
+    Once the deadline passes the request is answered 504 and the run given up (``wait``
+    returns; a batch's run once every one of its requests is given up).
+
+        def search(row):
+            left = deadline()
+            return beam_search(row.query, width=8 if left is None or left > 0.5 else 2)
+    """
+    at = getattr(_run, "deadline", None)
+    return None if at is None else max(0.0, at - time.time())
+
+
 def set_cancel(event) -> None:
-    """The runtime: the event that tells this thread's run it lost its race (None: none)."""
+    """The runtime: the event that tells this thread's run it was given up on (None: none)."""
     _run.cancel = event
+
+
+def set_deadline(at: float | None) -> None:
+    """The runtime: the wall-clock deadline (Unix seconds) of this thread's run (None: none)."""
+    _run.deadline = at

@@ -39,8 +39,10 @@ from flow.operators import (
     SourceOp,
     UnionOp,
     callable_name,
+    is_generator,
     outside_namespace,
 )
+from flow.progressive import FirstThenOp
 from flow.table import QID, Table
 from flow.types import ColumnType
 
@@ -113,6 +115,14 @@ class Node:
             raise FlowTypeError(f"operator map {label!r}: timeout_s must be a number of seconds, got {timeout_s!r}")
         if timeout_s is not None and not 0 < timeout_s < float("inf"):
             raise FlowValueError(f"operator map {label!r}: timeout_s must be > 0 and finite, got {timeout_s!r}")
+        if is_generator(fn) and (batching or cache):
+            # a generator gives each row any number of output rows: a batch's columns (one
+            # value per row) and a cached output per row cannot hold that
+            flag = "batching=True" if batching else "cache="
+            raise FlowValueError(
+                f"operator map {label!r}: a generator function yields rows one input row at a time; "
+                f"it does not take {flag}"
+            )
         op = MapOp(
             fn=fn,
             names=names,
@@ -276,6 +286,38 @@ class Node:
             _check_callable(valid, f"{label} valid")
             _check_arity(valid, 1, label, "valid")
         op = AnyOfOp(alternatives=tuple(alternatives), names=names, valid=valid, batching_=batching, gpu_=gpu)
+        return self.flow._add(op, (self,), label, names)
+
+    def first_then(
+        self,
+        fast,
+        slow,
+        *,
+        names: Sequence[str] | str | None = None,
+        when: Callable | None = None,
+        batching: bool = False,
+        gpu: bool = False,
+    ) -> Node:
+        """Per row, ``fast``'s output, or ``slow``'s where ``when(fast's row)`` is True (every
+        row without ``when``). Both take the input row (the Table with ``batching=True``)
+        and return ``names``' values, as map functions do. A streamed answer sends the fast
+        row at once (``"final": false`` where the slow one follows) when this is the
+        flow's last operator (flow/progressive.py); every other answer is the final one.
+
+            best = img.first_then(small, big, names=["cls", "conf"], when=lambda r: r.conf < 0.9)
+        """
+        labels = [_check_callable(fast, "first_then"), _check_callable(slow, "first_then")]
+        label = f"first_then({labels[0]},{labels[1]})"
+        names = _check_names(names, label, "first_then", default=labels[0])
+        _check_flags(label, batching=batching, gpu=gpu)
+        for fn in (fast, slow):
+            _check_arity(fn, 1, label, "branch")
+            if is_generator(fn):
+                raise FlowValueError(f"operator {label}: a branch answers one row per row; it cannot be a generator")
+        if when is not None:
+            _check_callable(when, f"{label} when")
+            _check_arity(when, 1, label, "when")
+        op = FirstThenOp(fast=fast, slow=slow, names=names, when=when, batching_=batching, gpu_=gpu)
         return self.flow._add(op, (self,), label, names)
 
     def ensemble(self, *others: Node, fn, names: Sequence[str] | str | None = None, deadline_ms=None) -> Node:
@@ -477,6 +519,9 @@ class Flow:
 
     def anyof(self, *args, **kwargs) -> Node:
         return self.source.anyof(*args, **kwargs)
+
+    def first_then(self, *args, **kwargs) -> Node:
+        return self.source.first_then(*args, **kwargs)
 
     def join(self, *args, **kwargs) -> Node:
         return self.source.join(*args, **kwargs)

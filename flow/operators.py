@@ -23,6 +23,7 @@ Semantics in short (docs/flow-semantics.md has the exact form):
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -94,6 +95,12 @@ class Operator:
         """True if each output row depends only on one input row (safe to batch requests)."""
         return True
 
+    @property
+    def generates(self) -> bool:
+        """True if one input row may give several output rows (a generator map): such an
+        operator is row-wise but does not keep rows 1:1."""
+        return False
+
     def instantiate(self) -> BoundOperator:
         raise NotImplementedError
 
@@ -153,10 +160,18 @@ class MapOp(Operator):
     def label(self) -> str:
         return callable_name(self.fn)
 
+    @property
+    def generates(self) -> bool:
+        """A row function that is a generator (``def f(row): yield ...``), or a class whose
+        ``__call__`` is: each value it yields is an output row with the input row's qid."""
+        return is_generator(self.fn)
+
     def describe(self) -> str:
         flags = [
             f for f, on in (("batching", self.batching), ("gpu", self.gpu), ("high_variance", self.high_variance)) if on
         ]
+        if self.generates:
+            flags.append("generator")
         if self.timeout_s_ is not None:
             flags.append(f"timeout {self.timeout_s_:g}s")
         if self.cache is not None:
@@ -168,6 +183,12 @@ class MapOp(Operator):
 
     def instantiate(self):
         return _BoundMap(self, self.label, build_callable(self.fn, self.init, self.label))
+
+
+def is_generator(fn) -> bool:
+    """Whether calling ``fn`` (or, for a class, its instances) returns a generator."""
+    target = fn.__call__ if isinstance(fn, type) else fn
+    return inspect.isgeneratorfunction(target)
 
 
 def build_callable(fn, init, name: str) -> Callable:
@@ -207,6 +228,8 @@ class _BoundMap(BoundOperator):
             )
         if op.batching:
             return _map_batch(self.name, self.call, op.names, op.col, table)
+        if op.generates:
+            return _map_generated(self.name, self.call, op.names, op.col, table)
         return _map_rows(self.name, self.call, op.names, op.col, table)
 
 
@@ -240,6 +263,37 @@ def _map_rows(name, call, names, col, table: Table) -> Table:
         for j in range(k):
             outputs[j].append(result[j])
     return Table(_columns_from_values(name, names, outputs, None), qids)
+
+
+def _map_generated(name, call, names, col, table: Table) -> Table:
+    """A generator map: every value a row's generator yields is an output row with that
+    row's qid, in the order yielded, rows in input order (0 values: the row is dropped)."""
+    k = len(names)
+    outputs: list[list] = [[] for _ in range(k)]
+    out_qids: list[int] = []
+    qid_list = table.qid.tolist()
+    if col is not None:
+        args = iter(qid_list if col == "qid" else table.column(col).to_list())
+    else:
+        args = table.rows()
+    for i, arg in enumerate(args):
+        q = qid_list[i]
+        # the generator's body runs as it is iterated: its errors name the operator too
+        for result in _invoke(name, _drain, (call, arg), q):
+            if k == 1:
+                outputs[0].append(result)
+            elif not isinstance(result, (tuple, list)) or len(result) != k:
+                raise arity_error(name, names, result, q)
+            else:
+                for j in range(k):
+                    outputs[j].append(result[j])
+            out_qids.append(q)
+    return Table(_columns_from_values(name, names, outputs, None), np.asarray(out_qids, dtype=np.int64))
+
+
+def _drain(call_arg) -> list:
+    call, arg = call_arg
+    return list(call(arg))
 
 
 def arity_error(name, names, result, qid: int) -> OperatorOutputError:

@@ -11,7 +11,8 @@
 
 Operator code reads the store with ``fs.current_store()``, places models on
 ``fs.current_device()``, rejects a row with ``raise fs.RejectRow(...)`` and waits with
-``fs.wait(seconds)`` (a racing copy that lost stops waiting). The names
+``fs.wait(seconds)`` (a run the runtime gave up on stops waiting: its client left, its
+deadline passed, or it lost a race; ``fs.deadline()`` is the time left). The names
 come from the project's packages (``flow``, ``optimizer``, ``executors``, ``kvs``); the
 runtime's are imported on first use, so ``import flowserve`` stays light.
 
@@ -63,6 +64,7 @@ from flow import (
     cancelled,
     current_device,
     current_store,
+    deadline,
     optimize,
     wait,
 )
@@ -121,6 +123,7 @@ __all__ = [
     "current_device",
     "current_store",
     "cancelled",
+    "deadline",
     "wait",
     "optimize",
     "OptimizerOptions",

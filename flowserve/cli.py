@@ -6,7 +6,11 @@ imports a deploy target.
     flowserve logs [FLOW] [-f]                  the cluster's logs (of one flow); -f follows them
     flowserve up [--executors N] [--port P]     start a local cluster in the background
     flowserve status                            flows, stages, replicas, latencies
-    flowserve deploy script.py [--no-optimize]  deploy the Flow(s) a script defines
+    flowserve deploy script.py [--no-optimize]  deploy the Flow(s) a script defines (--canary F, --shadow)
+    flowserve deploy -f flowserve.yaml          what a config file lists, applied idempotently
+    flowserve promote NAME | rollback NAME      end a canary or shadow version, either way
+    flowserve build app.py                      an OCI image of the project and the script
+    flowserve profile NAME --samples rows.json  time a deployed flow's stages per batch size
     flowserve invoke NAME --json '{"x": 1}'     call a deployed flow
     flowserve undeploy NAME                     stop serving a flow
     flowserve kvs put KEY FILE | --json J       put data (bytes, a .npy array, JSON) into the store

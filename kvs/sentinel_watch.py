@@ -28,6 +28,7 @@ import redis
 
 from kvs.options import KVSOptions
 from kvs.retry import Backoff
+from kvs.tracking import pushed_messages
 from kvs.urls import StoreURL
 
 log = logging.getLogger(__name__)
@@ -130,19 +131,9 @@ class PrimaryWatch:
             self._stopping.wait(backoff.next())
 
     def _read_loop(self, conn: redis.Connection) -> None:
-        interval = self._options.health_check_interval
-        awaiting_pong = False
         service = self._parsed.service.encode() if self._parsed.service else b""
-        while not self._stopping.is_set():
-            if not conn.can_read(timeout=interval):
-                if awaiting_pong:
-                    raise redis.TimeoutError(f"no PONG within {interval:g} s")
-                conn.send_command("PING")
-                awaiting_pong = True
-                continue
-            message = conn.read_response()
-            kind = message[0] if isinstance(message, list) and message else None
-            if kind == b"message" and message[1] == SWITCH_CHANNEL:
+        for message in pushed_messages(conn, self._options.health_check_interval, self._stopping):
+            if message[1] == SWITCH_CHANNEL:
                 # "<service> <old ip> <old port> <new ip> <new port>"
                 parts = message[2].split()
                 if len(parts) == 5 and parts[0] == service:
@@ -150,8 +141,6 @@ class PrimaryWatch:
                         "sentinels switched %s's primary to %s:%s", self._parsed.service, parts[3].decode(), parts[4]
                     )
                     self._tell((parts[3].decode(), int(parts[4])))
-            elif kind == b"pong":
-                awaiting_pong = False
 
     def _tell(self, address: tuple) -> None:
         self.primary = address

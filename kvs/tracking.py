@@ -241,27 +241,35 @@ class Tracker:
         return client_id
 
     def _read_loop(self, conn: redis.Connection) -> None:
-        """Block on the socket; apply invalidations; ping when idle to notice a dead
-        server (no PONG within another interval = lost)."""
-        interval = self._options.health_check_interval
-        awaiting_pong = False
-        while not self._stopping.is_set():
-            if not conn.can_read(timeout=interval):
-                if awaiting_pong:
-                    raise redis.TimeoutError(f"no PONG within {interval:g} s")
-                conn.send_command("PING")
-                awaiting_pong = True
-                continue
-            message = conn.read_response()
-            kind = message[0] if isinstance(message, list) and message else None
-            if kind == b"message" and message[1] == INVALIDATE_CHANNEL:
+        """Apply invalidations as they come (``pushed_messages``)."""
+        for message in pushed_messages(conn, self._options.health_check_interval, self._stopping):
+            if message[1] == INVALIDATE_CHANNEL:
                 handler = self._handler()
                 if handler is None:
                     return
                 handler._tracking_invalidate(message[2])
                 del handler
-            elif kind == b"pong":
-                awaiting_pong = False
+
+
+def pushed_messages(conn: redis.Connection, interval: float, stopping: threading.Event):
+    """The pub/sub messages (``[b"message", channel, data]``) a subscribed connection gets,
+    until ``stopping`` is set. It blocks on the socket and pings when idle to notice a dead
+    server: no PONG within another ``interval`` raises redis.TimeoutError (the caller's
+    reconnect path)."""
+    awaiting_pong = False
+    while not stopping.is_set():
+        if not conn.can_read(timeout=interval):
+            if awaiting_pong:
+                raise redis.TimeoutError(f"no PONG within {interval:g} s")
+            conn.send_command("PING")
+            awaiting_pong = True
+            continue
+        message = conn.read_response()
+        kind = message[0] if isinstance(message, list) and message else None
+        if kind == b"message":
+            yield message
+        elif kind == b"pong":
+            awaiting_pong = False
 
 
 class _Node:

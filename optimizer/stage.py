@@ -190,7 +190,8 @@ class Stage:
                     f"stage {self.name!r}: continuation={self.continuation!r} needs a head "
                     f"lookup(column={self.continuation!r})"
                 )
-            mixers = [n.name for n in self.nodes[1:] if not n.op.rowwise]
+            # its key groups' outputs merge back by row position: every operator keeps rows 1:1
+            mixers = [n.name for n in self.nodes[1:] if not n.op.rowwise or n.op.generates]
             if mixers:
                 raise FlowValueError(
                     f"stage {self.name!r}: a continuation stage runs per key group; operator "

@@ -61,3 +61,32 @@ def test_every_python_snippet_runs_as_written(index, tmp_path):
         ["pgrep", "-f", f"executors.(daemon|executor).*{tmp_path}"], capture_output=True, text=True
     ).stdout.split()
     assert not leftover, "the snippet left a cluster running"
+
+
+def flowserve_commands() -> list[str]:
+    """Every `flowserve ...` command line of the README's ```bash blocks, its comment cut,
+    the synopsis lines (``[OPTION]``, ``A | B``, ``...``) left out: they are not commands."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S):
+        for line in block.splitlines():
+            line = line.split("  #", 1)[0].strip()
+            if line.startswith("flowserve ") and not re.search(r"\[|\||\.\.\.", line):
+                commands.append(line)
+    return commands
+
+
+def test_every_flowserve_command_in_the_readme_is_one_the_cli_takes():
+    """Each README command names a real subcommand with options it has (the CLI's own
+    parser, which exits 2 on anything else); the dev loop's and the walk-through's run for
+    real in tests/executors/test_devloop.py and test_cli.py."""
+    import shlex
+
+    from flowserve.cli import build_parser
+
+    commands = flowserve_commands()
+    assert len(commands) >= 10, commands
+    for command in commands:
+        try:
+            build_parser().parse_args(shlex.split(command)[1:])
+        except SystemExit as e:
+            pytest.fail(f"the README's `{command}` is not a command the CLI takes (exit {e.code})")

@@ -45,12 +45,14 @@ from executors.wire.messages import (
     Load,
     Loaded,
     Message,
+    Partial,
     Ping,
     Pong,
     RawInput,
     Recycling,
     Rendered,
     Result,
+    Revoke,
     StageInput,
     Stuck,
     Unload,
@@ -66,6 +68,8 @@ log = logging.getLogger("flowserve.gateway")
 
 CRASHES_TO_QUARANTINE = 2  # executors a request may crash before it is failed, not retried
 DEADLINE_GRACE_S = 0.2  # the gateway's own 504 waits this much for an executor's, which names the operator
+DEADLINE_STATUS = 504
+CLIENT_CLOSED = 499  # a request whose client disconnected first (nginx's status): counted, never sent
 
 
 class Dispatcher:
@@ -111,7 +115,11 @@ class Dispatcher:
         # that finds no live executor waits for one (until its deadline) instead of a 503
         self.wait_for_restarts = False
         self._parked: list[Request] = []
+        # executor address -> requests given up on this turn of the loop: one Revoke each (revoke)
+        self._revoking: dict[str, list[int]] = {}
         self._releases: set[asyncio.Task] = set()  # retired flow versions waiting to drain
+        # request id -> where a streamed request's first_then fast rows go (submit's on_partial)
+        self._on_partial: dict = {}
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -412,12 +420,17 @@ class Dispatcher:
         rid: str = "",
         traceparent: str = "",
         flow: DeployedFlow | None = None,
+        hangup=None,
+        on_partial=None,
     ) -> Table | Rendered:
         """Run a request; its answer, and (into ``trace``) where each stage ran and how long.
         With ``raw`` (and no table) the body goes to the flow's relay stage as it came, and
         the answer is the client's JSON already (``Rendered``). ``rid``: its request id,
         which goes with it to the executors (their log lines name it); ``traceparent``: the
-        gateway's span of it, which the executors' spans continue (executors/tracing.py)."""
+        gateway's span of it, which the executors' spans continue (executors/tracing.py).
+        ``hangup``: the request's link to its client (invoke.Hangup), which gives the
+        request up (``give_up``) when the client disconnects. ``on_partial(table, final)``:
+        called with a first_then's fast rows as they arrive, before the answer (a stream's)."""
         flow = self.flows[name] if flow is None else flow  # ``flow``: the version rollouts.py picked
         loop = asyncio.get_running_loop()
         req = Request(
@@ -432,26 +445,77 @@ class Dispatcher:
             traceparent=traceparent,
         )
         self.requests[req.id] = req
+        if on_partial is not None:
+            self._on_partial[req.id] = on_partial
+        if hangup is not None:
+            hangup.bind(self.give_up, req)
         # a timer rather than asyncio.wait_for: no task per request. It fires a little after
         # the deadline: an executor running the request then answers first, naming the operator
         timer = loop.call_later(timeout + min(DEADLINE_GRACE_S, 0.1 * timeout), self._time_out, req, timeout)
         try:
             self._dispatch(req)
-            out = await req.future
+            try:
+                out = await req.future
+            except asyncio.CancelledError:
+                # the caller stopped waiting (a stream closed early: its other rows are not
+                # wanted): the request's work on the executors is cancelled too
+                self.revoke(req)
+                raise
             if trace is not None:
                 trace.extend(req.trace)
             return out
         finally:
             timer.cancel()
+            if on_partial is not None:
+                self._on_partial.pop(req.id, None)
+            if hangup is not None:
+                hangup.unbind(req)
             self._finish(req)
 
     def _time_out(self, req: Request, timeout: float) -> None:
+        if req.future.done():
+            return
         self._resolve(
             req,
             error=RequestFailed.of(
                 DeadlineExceededError(f"flow {req.flow.plan.flow_name!r}: no answer within {timeout:g} s")
             ),
         )
+        self.revoke(req)
+
+    def give_up(self, req: Request) -> None:
+        """The request's client disconnected before its answer: answer it 499 (nobody reads
+        it; the metrics count it so) and cancel its work on the executors (``revoke``)."""
+        if req.future.done():
+            return
+        why = f"flow {req.flow.plan.flow_name!r}: the client closed the connection before the answer"
+        self._resolve(req, error=RequestFailed(CLIENT_CLOSED, {"error": "ClientClosedRequest", "message": why}))
+        self.revoke(req)
+
+    def revoke(self, req: Request) -> None:
+        """Tell the executors that may hold the request's work (those hosting a stage of its
+        flow version) to drop it: its queued inputs, the runs that serve only it, what it
+        would send on (messages.Revoke). Its record here goes as it is answered, so late
+        answers are dropped. Revokes of one turn of the loop leave as one message per
+        executor, so a burst of disconnects under load costs a message an executor."""
+        first = not self._revoking
+        for ids in req.flow.placement.values():
+            for ex in ids:
+                info = self.executors.get(ex)
+                if info is not None and info.alive:
+                    reqs = self._revoking.setdefault(info.address, [])
+                    if not reqs or reqs[-1] != req.id:
+                        reqs.append(req.id)
+        if first and self._revoking:
+            if self._loop is None:
+                self._send_revokes()
+            elif not self._loop.is_closed():  # a gateway stopping cancels what still waits
+                self._loop.call_soon(self._send_revokes)
+
+    def _send_revokes(self) -> None:
+        revoking, self._revoking = self._revoking, {}
+        for address, reqs in revoking.items():
+            self.links.send(address, Revoke(self.address, reqs).encode())
 
     def _finish(self, req: Request) -> None:
         if self.requests.pop(req.id, None) is not None:
@@ -649,6 +713,8 @@ class Dispatcher:
                 return  # answered already (e.g. a losing racing copy), or a superseded attempt
             if kind is Failure:
                 self._resolve(req, error=RequestFailed(msg.status, msg.body()))
+                if msg.status == DEADLINE_STATUS:  # its deadline passed: other stages may still hold its work
+                    self.revoke(req)
                 return
             if kind is Rendered:
                 out = msg  # a relayed body's answer, the client's JSON already
@@ -675,10 +741,20 @@ class Dispatcher:
             fut = self._waiters.get(msg.token)
             if fut is not None and not fut.done():
                 fut.set_result(msg)
+        elif kind is Partial:
+            self._partial(msg)
         elif kind is Stuck or kind is Unstuck or kind is Recycling:
             self._executor_report(msg)
         else:
             log.warning("dropped a %r message: gateways do not take those", msg.TYPE)
+
+    def _partial(self, msg: Partial) -> None:
+        """A first_then's fast rows, ahead of the answer: to the request's stream, if it
+        has one (streaming.py) and still waits for this attempt's answer."""
+        on_partial = self._on_partial.get(msg.req)
+        req = self.requests.get(msg.req)
+        if on_partial is not None and req is not None and msg.attempt == req.attempt and not req.future.done():
+            on_partial(msg.table, msg.final)
 
     def _executor_report(self, msg: Stuck | Unstuck | Recycling) -> None:
         """An executor's watchdog says a thread is held by abandoned work, is back, or that

@@ -542,7 +542,12 @@ def limited_protocol(limits: HttpLimits):
             if idle is not None:
                 idle.pop(self, None)
                 self._idle = None
+            cycle = self.cycle
             super().connection_lost(exc)
+            if cycle is not None and not cycle.response_complete and type(cycle) is LeanCycle:
+                # the client left before its answer: the gateway gives the request up (its
+                # work on the executors cancelled); an ASGI cycle's app learns it from receive()
+                cycle.hangup.hang_up()
 
         # -- idle connections ------------------------------------------------------------
 

@@ -45,6 +45,8 @@ from executors.codec.bodies import (
     parse_body,
 )
 from executors.errors import JSON_CONTENT_TYPE, encode_error, http_error, http_error_for
+from executors.gateway import streaming
+from executors.gateway.dispatcher import CLIENT_CLOSED
 from executors.gateway.records import DeployedFlow, RawBody, RequestFailed
 from executors.wire import shm
 from executors.wire.messages import Rendered
@@ -86,11 +88,12 @@ class Invocations:
         self.access_log = os.environ.get(ACCESS_LOG_ENV) == "1"
 
     async def invoke(
-        self, name: str, headers: dict[str, str], receive, rid: str | None = None
+        self, name: str, headers: dict[str, str], receive, rid: str | None = None, hangup: Hangup | None = None
     ) -> tuple[int, bytes, list]:
         """POST /flows/{name}: (status, body, extra headers). ``headers`` has lower-case
         names; ``receive`` is the ASGI receive callable the body comes from; ``rid`` the
-        request id (default: ``request_id`` of the client's X-Request-Id).
+        request id (default: ``request_id`` of the client's X-Request-Id); ``hangup`` says
+        when the client disconnects (the request is then given up: ``Hangup``).
 
         Every answer is counted once, here: ``requests_total`` by status, and errors (status
         >= 400) in ``errors_total`` too; names that are not deployed flows count as "-" (a
@@ -105,7 +108,7 @@ class Invocations:
         if tracing.tracer is not None and name in self.dispatcher.flows:
             span = tracing.request_span(name, headers, rid)
         try:
-            status, body, extra = await self._invoke(name, headers, receive, rid, span)
+            status, body, extra = await self._invoke(name, headers, receive, rid, span, hangup)
         except BaseException:  # InvokeFastPath answers it 500
             if span is not None:
                 tracing.end_request(span, 500)
@@ -139,7 +142,7 @@ class Invocations:
             )
 
     async def _invoke(
-        self, name: str, headers: dict[str, str], receive, rid: str, span=None
+        self, name: str, headers: dict[str, str], receive, rid: str, span=None, hangup: Hangup | None = None
     ) -> tuple[int, bytes, list]:
         tp = "" if span is None else tracing.traceparent(span)  # its runs' spans continue the request's
         if self.g.token:
@@ -167,8 +170,10 @@ class Invocations:
             return _error_body(http_error("PayloadTooLarge", f"body is over the limit of {self.max_body_bytes} bytes"))
         t0 = time.perf_counter()
         raw = table = None
+        stream = streaming.media_type(headers.get("accept", ""))
         if (
-            _relayable(body, headers)
+            stream is None
+            and _relayable(body, headers)
             and self.dispatcher.relays_to(flow) is not None
             and (shadow is None or self.dispatcher.relays_to(shadow) is not None)
         ):
@@ -194,15 +199,21 @@ class Invocations:
             # a client may ask for less or more time than the flow's deadline, up to the cluster's maximum
             timeout = min(seconds, self.max_request_timeout_s)
         self.slo.arrived(name, flow.plan)
+        if stream is not None:  # rows as they complete (streaming.py)
+            return await self._stream(name, flow, shadow, table, timeout, rid, tp, qid_start, stream, hangup)
         try:
             trace: list = []
-            result = await self.g.rollouts.submit(flow, shadow, name, table, timeout, trace, raw, rid, tp)
+            result = await self.g.rollouts.submit(
+                flow, shadow, name, table, timeout, trace, raw, rid, tp, hangup=hangup
+            )
             table = raw = None  # answered: the request's rows can go before the answer is encoded
             if span is not None:
                 _races_won(span, trace)
         except RequestFailed as e:
-            if not (raw is not None and e.status == 400):  # a relayed body that did not parse: not served
-                self.slo.answered(name, flow.plan, float("inf"))  # an error never meets the SLO
+            # an error never meets the SLO; but a relayed body that did not parse was not
+            # served, and a client that left before its answer (499) had no answer to time
+            if not (raw is not None and e.status == 400) and e.status != CLIENT_CLOSED:
+                self.slo.answered(name, flow.plan, float("inf"))
             return e.status, encode_error(e.body), [JSON_CONTENT_TYPE]
         ms = (time.perf_counter() - t0) * 1000
         asyncio.get_running_loop().call_soon(self._timed, name, flow.plan, ms)  # after the write, as _count
@@ -230,6 +241,27 @@ class Invocations:
                 )
             )
         return 200, body, [ctype, *extra]
+
+    async def _stream(self, name, flow, shadow, table, timeout, rid, tp, qid_start, media, hangup=None):
+        """A streamed answer (streaming.py): its rows run through the same submit as a whole
+        answer's (a client that disconnects gives up each: ``hangup``); its latency is
+        counted once the end event is written."""
+
+        def submit(rows, trace, on_partial):
+            return self.g.rollouts.submit(
+                flow, shadow, name, rows, timeout, trace, None, rid, tp, on_partial=on_partial, hangup=hangup
+            )
+
+        def finished(ms):
+            if ms == float("inf"):
+                self.slo.answered(name, flow.plan, ms)
+            else:
+                self._timed(name, flow.plan, ms)
+
+        status, body, extra = await streaming.answer(submit, flow.plan, table, media, _trace_entries, finished)
+        if status == 200:
+            extra = [*extra, (b"x-qid-start", str(qid_start).encode())]
+        return status, body, extra
 
     def _timed(self, name: str, plan, ms: float) -> None:
         self.metrics.child(self.metrics.latency, name).observe(ms)
@@ -363,9 +395,14 @@ def _seconds(text: str) -> float | None:
 def _trace_header(trace: list) -> bytes:
     """The X-Flowserve-Trace value: JSON, ASCII only (a header is Latin-1; a stage named in
     other letters is escaped, as the json module does)."""
-    entries = _unique(e[:4] for e in trace)
+    entries = _trace_entries(trace)
     value = orjson.dumps(entries)
     return value if value.isascii() else json.dumps(entries, separators=(",", ":")).encode()
+
+
+def _trace_entries(trace: list) -> list:
+    """The trace as the X-Flowserve-Trace header and a stream's end event list it."""
+    return _unique(e[:4] for e in trace)
 
 
 def _unique(entries) -> list:
@@ -449,16 +486,23 @@ class InvokeFastPath:
                 if refused is not None:
                     return await _send(send, *_error_body(refused))
             return await self.app(scope, receive, send)
-        await _send(send, *await self.answer(path[7:], scope["headers"], receive))
+        hangup = Hangup()
+        watched = _WatchedReceive(receive, hangup)  # ASGI: a disconnect is a message to receive
+        try:
+            answer = await self.answer(path[7:], scope["headers"], watched, hangup)
+        finally:
+            watched.stop()
+        await _send(send, *answer)
 
-    async def answer(self, name: str, raw_headers, receive) -> tuple[int, bytes, list]:
+    async def answer(self, name: str, raw_headers, receive, hangup: Hangup | None = None) -> tuple[int, bytes, list]:
         """Flow ``name``'s answer to a request: (status, body, extra headers). ``raw_headers``
-        as the server parsed them (lower-case names, bytes). The server's lean path
-        (leanhttp.py) calls this directly, and ``send`` for an answer that is not one piece."""
+        as the server parsed them (lower-case names, bytes); ``hangup``: told by the server
+        when the client disconnects. The server's lean path (leanhttp.py) calls this
+        directly, and ``send`` for an answer that is not one piece."""
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in raw_headers}
         rid = request_id(headers.get("x-request-id"))
         try:
-            return await self.invocations.invoke(name, headers, receive, rid)
+            return await self.invocations.invoke(name, headers, receive, rid, hangup)
         except Exception as exc:  # last resort: never a traceback to a client
             log.exception("unhandled error on /flows/%s (request %s)", name, rid)
             status, body, extra = _error_body(http_error("InternalError", f"{type(exc).__name__}: {exc}"))
@@ -467,6 +511,69 @@ class InvokeFastPath:
     @staticmethod
     async def send(send, status: int, body, extra: list) -> None:
         await _send(send, status, body, extra)
+
+
+class Hangup:
+    """A request's link to its client. The server calls ``hang_up`` when the client
+    disconnects before its answer; the dispatcher ``bind``s what gives the request up then
+    (Dispatcher.give_up: answered 499, which nobody reads, and its work on the executors
+    cancelled): one request, or each row's of a streamed answer (streaming.py). A request
+    bound once the client is gone is given up at once."""
+
+    __slots__ = ("_bound", "gone")
+
+    def __init__(self):
+        self._bound: dict = {}  # id(request) -> (give_up, request), while it runs
+        self.gone = False
+
+    def bind(self, give_up, req) -> None:
+        if self.gone:
+            give_up(req)
+        else:
+            self._bound[id(req)] = (give_up, req)
+
+    def unbind(self, req) -> None:
+        """The request is answered: let go of it. The server keeps a connection's last
+        cycle (and so this) until the next request, and a request holds its rows (shared
+        memory segments among them): an idle keep-alive connection must hold none."""
+        self._bound.pop(id(req), None)
+
+    def hang_up(self) -> None:
+        if self.gone:
+            return
+        self.gone = True
+        bound, self._bound = self._bound, {}
+        for give_up, req in bound.values():
+            give_up(req)
+
+
+class _WatchedReceive:
+    """An ASGI ``receive`` that, once the whole body has been read, watches for the
+    client's disconnect (the next message an ASGI server gives is ``http.disconnect``) and
+    tells ``hangup``. ``stop`` ends the watch before the answer is sent: servers also give
+    ``http.disconnect`` once an answer is complete."""
+
+    __slots__ = ("_receive", "_hangup", "_task")
+
+    def __init__(self, receive, hangup: Hangup):
+        self._receive, self._hangup, self._task = receive, hangup, None
+
+    async def __call__(self):
+        message = await self._receive()
+        if message["type"] == "http.disconnect":
+            self._hangup.hang_up()
+        elif not message.get("more_body", False) and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._watch())
+        return message
+
+    async def _watch(self) -> None:
+        message = await self._receive()
+        if message["type"] == "http.disconnect":
+            self._hangup.hang_up()
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
 
 
 def _with_header(send, header: tuple[bytes, bytes]):
@@ -490,6 +597,9 @@ class Streamed:
 
 
 async def _send(send, status: int, body: bytes | list | Streamed, extra: list) -> None:
+    if type(body) is streaming.EventStream:
+        await body.send(send, status, extra)
+        return
     if isinstance(body, Streamed):
         await send({"type": "http.response.start", "status": status, "headers": extra})
         piece = body.first

@@ -10,7 +10,8 @@ with this path). Here the protocol (http_server.LimitedHttpTools) recognises an 
 when its head is complete and runs a ``LeanCycle`` instead: a uvicorn request cycle, so
 the body, ``Expect: 100-continue``, flow control, disconnects, pipelining (answers in
 order, one request at a time per connection), keep-alive, draining and the connection
-limits are uvicorn's own code, but the request goes straight to the gateway's
+limits are uvicorn's own code (a connection lost before the answer hangs up the request's
+``Hangup``: the gateway gives the request up), but the request goes straight to the gateway's
 ``InvokeFastPath.answer`` with the headers as they were parsed, and a whole answer (head
 and body) leaves in one write. Streamed, multi-piece and big answers (over
 ``WRITE_SLICE``: written in slices) go through the ASGI ``send``.
@@ -28,6 +29,7 @@ import logging
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 
 from executors.codec.bodies import WRITE_SLICE
+from executors.gateway.invoke import Hangup
 
 log = logging.getLogger("flowserve.gateway")
 
@@ -70,11 +72,12 @@ class LeanCycle(RequestResponseCycle):
             on_response=protocol.on_response_complete,
         )
         self.invoker, self.name, self.raw_headers = invoker, name, protocol.headers
+        self.hangup = Hangup()  # the protocol hangs it up if the connection is lost before the answer
         self.discard_bytes = getattr(protocol, "discard_bytes", None)
 
     async def run_asgi(self, app) -> None:  # the protocol starts every cycle by this name
         try:
-            status, body, extra = await self.invoker.answer(self.name, self.raw_headers, self.receive)
+            status, body, extra = await self.invoker.answer(self.name, self.raw_headers, self.receive, self.hangup)
             if type(body) is bytes and len(body) <= WRITE_SLICE:
                 await self.write_answer(status, body, extra)
             else:  # streamed, in pieces, or big (written in slices): through the ASGI send

@@ -205,6 +205,36 @@ _UNKNOWN_FLOW = {
 }
 
 
+def _row_event(row: dict) -> dict:
+    return {
+        "type": "object",
+        "properties": {"qid": {"type": "integer"}, "row": row},
+        "required": ["qid", "row"],
+    }
+
+
+_ERROR_EVENT = {
+    "type": "object",
+    "properties": {
+        "error": {"type": "string"},
+        "message": {"type": "string"},
+        "operator": {"type": "string"},
+        "qid": {"type": "integer"},
+        "status": {"type": "integer"},
+    },
+    "required": ["error", "message", "status"],
+}
+_END_EVENT = {
+    "type": "object",
+    "properties": {
+        "end": {"type": "boolean"},
+        "rows": {"type": "integer"},
+        "trace": {"type": "array", "items": {"type": "array"}},
+    },
+    "required": ["end", "rows", "trace"],
+}
+
+
 def _invoke_responses(plan, observed, token: bool, max_body_bytes: int | None) -> dict:
     row = _output_row(plan, observed)
     limit = f" of {max_body_bytes} bytes" if max_body_bytes else ""
@@ -231,6 +261,16 @@ def _invoke_responses(plan, observed, token: bool, max_body_bytes: int | None) -
                     }
                 },
                 "application/vnd.apache.arrow.stream": {"schema": {"type": "string", "format": "binary"}},
+                "application/x-ndjson": {
+                    "description": "a stream (Accept: application/x-ndjson): one JSON event a line, as rows "
+                    "complete: {qid, row} per row; {error, message, operator, qid, status} if the request fails "
+                    "(the stream ends there); {end: true, rows, trace} after the last row",
+                    "schema": {"oneOf": [_row_event(row), _ERROR_EVENT, _END_EVENT]},
+                },
+                "text/event-stream": {
+                    "description": "the same events as Server-Sent Events (a 'data: ' line each)",
+                    "schema": {"type": "string"},
+                },
             },
         },
         "400": _error(
@@ -503,7 +543,8 @@ def openapi_document(
                 "summary": f"Run flow {name} on one row (an object) or rows (a list)",
                 "description": "Header X-Request-Timeout: <seconds> (a number > 0) sets this request's deadline, "
                 "up to the cluster's max_request_timeout_s; Accept: application/vnd.apache.arrow.stream asks for "
-                "the answer as Arrow.",
+                "the answer as Arrow; Accept: application/x-ndjson (or text/event-stream) for a stream of the "
+                "rows as they complete.",
                 "operationId": f"invoke_{name}",  # unique: a flow's name is letters, digits, "-", "_", "."
                 "tags": tag,
                 "requestBody": {

@@ -36,6 +36,7 @@ import numpy as np
 
 from executors.codec.bodies import ARROW
 from executors.errors import ClusterNotOwnedError, ClusterStartError, DeployConflictError, error_for_answer
+from executors.gateway.streaming import NDJSON
 from executors.hosts.cluster_config import CONFIG_ENV, STATE_FILE, ClusterConfig
 from executors.plans import PLAN_KEY, next_version
 from flow.errors import DeadlineExceededError, FlowError, UnreachableError
@@ -585,8 +586,14 @@ class Deployment:
             pass  # the plan as optimized still explains it, without the placement
         return self.plan.explain()
 
-    def invoke(self, rows, timeout: float | None = None) -> Table:
+    def invoke(self, rows, timeout: float | None = None, stream: bool = False):
         """Run the flow on rows (dict, list of dicts, DataFrame, Table) over HTTP; a Table back.
+
+        ``stream=True``: an iterator of ``(qid, row)`` pairs as the rows complete (the
+        request's row i is qid ``X-Qid-Start + i``; each row a dict of JSON values, tensors
+        as nested lists; ``.final`` of a pair is False for a first_then's fast row that a
+        slow one follows: ``StreamedRow``), from a streamed answer (``Accept: application/x-ndjson``); an error,
+        before or during the stream, raises as below when the iterator reaches it.
 
         Uses Arrow IPC both ways so types survive exactly. An error answer raises the class
         of the tree it names (``OperatorFailedError``, ``SchemaError``, ...; else by status:
@@ -596,25 +603,53 @@ class Deployment:
         ``X-Request-Id`` (flows are pure, so the request runs again), then raises
         ``UnreachableError``.
         """
+        if stream:
+            return self._stream(rows, timeout)
         return self.call(rows, timeout).table
+
+    def _stream(self, rows, timeout: float | None):
+        what = f"flow {self.name!r}"
+        try:
+            with self.cluster.http.stream(
+                "POST",
+                f"/flows/{self.name}",
+                content=_arrow_body(rows, self.plan),
+                headers={"Content-Type": ARROW, "Accept": NDJSON, "X-Request-Id": uuid.uuid4().hex[:16]},
+                timeout=timeout or self.cluster.config.request_timeout_s + 10,
+            ) as r:
+                if r.status_code != 200:
+                    r.read()
+                    raise answer_error(r, f"{what} answered {{status}}")
+                for line in r.iter_lines():
+                    if not line:
+                        continue
+                    event = json.loads(line)
+                    if "row" in event:
+                        yield StreamedRow(event["qid"], event["row"], event.get("final", True))
+                    elif "error" in event:
+                        status = int(event.get("status", 500))
+                        raise error_for_answer(status, event, f"{what} failed mid-stream: {event.get('message')}")
+                    elif event.get("end"):
+                        return
+                raise UnreachableError(f"{what}: the stream ended without its end event", url=self.cluster.url)
+        except httpx.TimeoutException as e:
+            raise DeadlineExceededError(f"{what}: no answer within the client's timeout ({type(e).__name__})") from e
+        except httpx.TransportError as e:
+            raise UnreachableError(
+                f"{what}: the connection to {self.cluster.url} failed ({type(e).__name__}: {e})", url=self.cluster.url
+            ) from e
 
     def call(self, rows, timeout: float | None = None) -> Answer:
         """Like ``invoke``, also returning the qids the gateway gave the input rows."""
         import pyarrow as pa
 
-        # one dict is one row, as flow.run and an HTTP JSON object take it (the schema tells
-        # one row from a dict of columns); the server types the values, as for any client
-        table = Table.from_any(as_rows(rows, getattr(self.plan, "input_schema", None)))  # no plan: by name only
-        arrow = table.to_arrow().drop_columns(["qid"])
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, arrow.schema) as w:
-            w.write_table(arrow)
+        table = Table.from_any(as_rows(rows, getattr(self.plan, "input_schema", None)))
         r = self.cluster.request(
             "POST",
             f"/flows/{self.name}",
             f"flow {self.name!r}",
             failed=f"flow {self.name!r} answered {{status}}",
-            content=sink.getvalue().to_pybytes(),
+            content=_arrow_body(table, self.plan),
             headers={"Content-Type": ARROW, "Accept": ARROW},
             timeout=timeout or self.cluster.config.request_timeout_s + 10,
             idempotent=True,  # flows are pure: a call cut by a gateway that died runs again
@@ -642,6 +677,32 @@ class Deployment:
 
     def __repr__(self) -> str:
         return f"Deployment({self.name!r} at {self.url})"
+
+
+class StreamedRow(tuple):
+    """One row of a streamed answer: the pair ``(qid, row)``, and ``final``: False for a
+    first_then's fast row that a slow one follows (flow/progressive.py), else True."""
+
+    final: bool
+
+    def __new__(cls, qid: int, row: dict, final: bool = True):
+        item = super().__new__(cls, (qid, row))
+        item.final = final
+        return item
+
+
+def _arrow_body(rows, plan) -> bytes:
+    """An invocation's body: the rows as an Arrow IPC stream."""
+    import pyarrow as pa
+
+    # one dict is one row, as flow.run and an HTTP JSON object take it (the schema tells
+    # one row from a dict of columns); the server types the values, as for any client
+    table = Table.from_any(as_rows(rows, getattr(plan, "input_schema", None)))  # no plan: by name only
+    arrow = table.to_arrow().drop_columns(["qid"])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, arrow.schema) as w:
+        w.write_table(arrow)
+    return sink.getvalue().to_pybytes()
 
 
 _default_lock = threading.Lock()

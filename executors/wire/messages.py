@@ -28,7 +28,8 @@ travel with every request on every hop. Keys, by message (-> who sends it):
               req (request id, per gateway), att (attempt), flow, ver (flow version),
               stage (the stage to run), from (the producing stage, or "__input__"),
               routes (stage -> addresses that run it for this request), gw (the gateway's
-              address), dl (wall-clock deadline, Unix seconds), trace ([stage, executor,
+              address), dl (the request's deadline, wall clock in Unix seconds: the machines
+              of one cluster are taken to keep their clocks in step, NTP), trace ([stage, executor,
               ms, batch] of the stages run so far), path (where a key-split part sits:
               [[index, count], ...]), copy (which racing copy; omitted: 0), solo (a retry
               that must run unbatched; omitted: false), rj (render the sink's answer
@@ -44,7 +45,12 @@ travel with every request on every hop. Keys, by message (-> who sends it):
               The executor parses and checks it as the gateway would (httpcodec.py).
     cancel    executor -> executor  gw, req, att, stage: a racing stage's copy of this request
               attempt finished first; drop the other copies still queued or yet to come
+    revoke    gateway -> executor   gw, reqs (request ids): the gateway gave up on these
+              requests (the client disconnected, or the deadline passed): drop their queued
+              and later inputs, stop runs that serve only them, send nothing on for them
     result    executor -> gateway   req, att, path, trace; table t (the sink's output)
+    partial   executor -> gateway   req, att, final (one bool per row); table t: a first_then's
+                                    fast rows, sent by the sink before its slow rows are done
     answer    executor -> gateway   req, att, trace, n (rows), schema (column -> type): a
                                     body's answer as the client gets it, JSON in frame 1
     error     executor -> gateway   req, att, status (HTTP), error (exception class name),
@@ -462,6 +468,19 @@ class Cancel(Message):
     stage: str = wire(_STR)
 
 
+@message("revoke")
+class Revoke(Message):
+    """Gateway -> executor: the gateway gave up on these requests (request ids are per
+    ``gateway``; every attempt of each): its client disconnected or its deadline passed.
+    The receiver drops their inputs queued or yet to arrive, stops runs that serve only
+    them (``flow.wait`` returns, ``flow.cancelled()`` is true), and sends nothing of them on.
+    One message per executor carries every request given up on in one turn of the
+    gateway's loop."""
+
+    gateway: str = wire(_STR, key="gw")
+    reqs: list = wire(_LIST)  # request ids
+
+
 @message("result")
 class Result(Message):
     """Executor -> gateway: the sink's output for a request attempt (one part of it, when
@@ -471,6 +490,18 @@ class Result(Message):
     attempt: int = wire(_INT, key="att")
     path: list | tuple = wire(_LIST, absent=_EMPTY)
     trace: list | tuple = wire(_LIST, absent=_EMPTY)
+    table: Table = carried(required=True)
+
+
+@message("partial")
+class Partial(Message):
+    """Executor -> gateway: the fast rows of a first_then that ends the flow, sent as soon as
+    they are computed (flow/progressive.py); ``final[i]``: row i is its query's answer (no
+    slow row follows). The request's Result still carries its whole answer."""
+
+    req: int = wire(_INT)
+    attempt: int = wire(_INT, key="att")
+    final: list = wire(_LIST)
     table: Table = carried(required=True)
 
 
@@ -556,7 +587,9 @@ MESSAGES: dict[str, type[Message]] = {
         StageInput,
         RawInput,
         Cancel,
+        Revoke,
         Result,
+        Partial,
         Rendered,
         Failure,
         Stuck,

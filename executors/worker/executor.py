@@ -35,7 +35,7 @@ from executors.wire.busypoll import MAX_MS as BUSY_POLL_MAX_MS
 from executors.wire.busypoll import BusyPoll
 from executors.wire.frames import WireError
 from executors.wire.membership import HEARTBEAT_S, Heartbeat, Member
-from executors.wire.messages import Cancel, Load, Ping, Pong, RawInput, StageInput, Unload, decode
+from executors.wire.messages import Cancel, Load, Ping, Pong, RawInput, Revoke, StageInput, Unload, decode
 from executors.wire.transport import Outbox, Reader, accept, listen
 from executors.worker import hedging
 from executors.worker.gpu import gpu_stats, set_executor_class
@@ -296,6 +296,8 @@ class Executor:
                 self._dispatch(hosted, item)
         elif kind is Cancel:
             self.races.cancel((msg.gateway, msg.req, msg.attempt, msg.stage), None)
+        elif kind is Revoke:
+            self.inputs.revoke(msg.gateway, msg.reqs, self.races)
         elif kind is Load:
             self.pool.submit(self.stages.load, msg)
         elif kind is Unload:

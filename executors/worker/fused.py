@@ -71,6 +71,8 @@ def _step(b: BoundOperator):
     """The callable that runs ``b`` in a chain: a short path for the common shapes, else ``b``."""
     kind = type(b)
     if kind is _BoundMap:
+        if b.op.generates:
+            return b  # several rows per row: the generic path (flow/operators.py)
         return _BatchMap(b) if b.op.batching else _RowMap(b)
     on = b.op.on if kind is _BoundJoin else None
     if kind is _BoundJoin and ((on,) if isinstance(on, str) else tuple(on)) == ("qid",):

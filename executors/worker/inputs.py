@@ -53,6 +53,7 @@ class Inputs:
         self.hosted = stages.hosted  # Stages' own table, read here on every message
         self.rehost = stages.rehost
         self.cancelled = races.cancelled  # Races' own table, read here on every message
+        self.revoked = races.revoked  # requests the gateway gave up on (Races' own table)
         self.dropped = races.dropped  # a race's copy dropped on arrival: its span, when traced
         self.fail = fail  # outputs.Outputs.fail: a bad body, no valid alternative
         self.address = address
@@ -71,6 +72,8 @@ class Inputs:
         """A request's body as the client sent it (the gateway relayed it unparsed): parsed
         and checked here as the gateway would (the same functions: the same 400s), then
         the stage's input, whose answer the sink renders as the client's JSON."""
+        if self.revoked and (r.gateway, r.req) in self.revoked:
+            return []  # given up on (the client left): not worth parsing
         key = (r.flow, r.version, r.stage)
         hosted = self.hosted.get(key)
         if hosted is None:
@@ -126,6 +129,8 @@ class Inputs:
                 self._raw_rows.popitem(last=False)
 
     def _gather(self, h: StageInput) -> list:
+        if self.revoked and (h.gateway, h.req) in self.revoked:
+            return []  # the gateway gave up on its request: a late input (an upstream output on its way)
         key = (h.flow, h.version, h.stage)
         hosted = self.hosted.get(key)
         if hosted is None:
@@ -240,6 +245,15 @@ class Inputs:
         """Drop the pending inputs of an unloaded flow version; the caller holds ``lock``."""
         for rid in [r for r, p in self.pending.items() if p.flow == (flow, version)]:
             del self.pending[rid]
+
+    def revoke(self, gateway: str, reqs: list, races: Races) -> None:
+        """The gateway gave up on requests ``reqs`` (messages.Revoke): remember them (Races)
+        and drop the inputs gathered for them so far."""
+        with self.lock:
+            keys = set(races.revoke(gateway, reqs, time.time()))
+            if keys and self.pending:
+                for rid in [r for r in self.pending if (r[0], r[1]) in keys]:
+                    del self.pending[rid]
 
     def expire(self, now: float) -> None:
         """Drop the inputs of requests past their deadline (the gateway answered them 504)."""

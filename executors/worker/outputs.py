@@ -42,6 +42,7 @@ class Outputs:
         self.outbox = outbox
         self.races = races
         self.cancelled = races.cancelled  # Races' own table, read here before each failure
+        self.revoked = races.revoked  # requests the gateway gave up on: nothing of them is sent
         self.gather = self.dispatch = None
         # (flow, stage) -> [runs per BATCH_BUCKETS bucket..., requests]: batching stages' batch
         # sizes, reported in pongs for the gateway's /metrics (executor.Executor.stats)
@@ -122,6 +123,8 @@ class Outputs:
         if racing and self.races.lost(hosted, h):
             race_outcome(h, "lost")
             return []  # another copy won (and sent its output) while this one ran: drop this one's
+        if self.revoked and (h.gateway, h.req) in self.revoked:
+            return []  # the gateway gave up on the request (its client left) while this ran
         if racing:
             race_outcome(h, "answered")
         local = []
@@ -157,6 +160,8 @@ class Outputs:
         if hosted is not None and self.cancelled and self.races.lost(hosted, h):
             race_outcome(h, "cancelled")
             return  # a losing copy's failure (e.g. stopped early): the winner answered
+        if self.revoked and (h.gateway, h.req) in self.revoked:
+            return  # the gateway gave up on the request: it answered it already
         if tracing.tracer is not None and h.tp:
             tracing.fail(error)  # the run's span, when this is a traced run's failure
         if (

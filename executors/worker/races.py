@@ -2,6 +2,12 @@
 a ``Cancel``), so that their losing copies are dropped while queued, on arrival, or as they
 finish; and the copies running here, whose ``flow.wait`` returns when their race is won.
 
+The same for whole requests the gateway gave up on (its client disconnected, or the
+deadline passed: a ``Revoke``): their inputs are dropped while queued or on arrival, their
+outputs are not sent on, and a run that serves only such requests is told (``flow.wait``
+returns); a run that also serves live requests (a batch) goes on, and only the given-up
+requests' rows of its output are dropped.
+
 A stage races when its copies compete (``competitive > 1``) or when it is hedged (a backup
 copy); not a continuation, whose key groups each race on their own.
 """
@@ -17,6 +23,8 @@ from executors.wire.messages import Cancel, RawInput, StageInput
 
 CANCEL_MEMORY = 100_000  # races won (request attempt, stage) remembered to drop their losing copies
 CANCEL_TTL_S = 60.0  # ...each until the request's deadline, or this long if it has none
+REVOKED_MEMORY = 100_000  # requests given up on, remembered to drop their late inputs...
+REVOKED_TTL_S = 60.0  # ...each this long: an upstream stage's output still on its way is dropped on arrival
 
 
 def raced(stage) -> bool:
@@ -41,6 +49,10 @@ class Races:
         self.cancelled: OrderedDict = OrderedDict()
         self._running: dict = {}  # the same key -> Events of its copies running here (flow.wait returns on set)
         self.executor = ""  # this executor's id, named by the spans of copies dropped here
+        # (gateway, request) -> expiry (wall clock): requests the gateway gave up on (Revoke).
+        # Read without the lock on the data path, as ``cancelled``
+        self.revoked: OrderedDict = OrderedDict()
+        self._serving: dict = {}  # (gateway, request) -> [_Serving] of the runs here that serve it
 
     def cancel(self, key: tuple, deadline: float | None) -> bool:
         """Remember that the race of ``key`` (gateway, request, attempt, stage) was won: its
@@ -111,10 +123,73 @@ class Races:
                 self._running[key] = evs
 
     def expire(self, now: float) -> None:
-        """Forget races whose requests are over."""
+        """Forget races whose requests are over, and requests given up on long ago."""
         with self.lock:
             while self.cancelled:  # oldest first (deadlines come roughly in order): stop at a live one
                 key, until = next(iter(self.cancelled.items()))
                 if until >= now:
                     break
                 del self.cancelled[key]
+            while self.revoked:  # in the order revoked, each for the same time
+                key, until = next(iter(self.revoked.items()))
+                if until >= now:
+                    break
+                del self.revoked[key]
+
+    # -- requests given up on (Revoke) -----------------------------------------------------
+
+    def revoke(self, gateway: str, reqs: list, now: float) -> list:
+        """Remember that ``gateway`` gave up on requests ``reqs``; tell each run here that
+        serves only such requests (its event is set: ``flow.wait`` returns). The caller
+        holds ``lock``. Returns the (gateway, request) keys newly revoked."""
+        until = now + REVOKED_TTL_S
+        fresh = []
+        for req in reqs:
+            key = (gateway, req)
+            if key in self.revoked:
+                continue
+            self.revoked[key] = until
+            fresh.append(key)
+            for serving in self._serving.get(key, ()):
+                serving.live -= 1
+                if serving.live <= 0:
+                    serving.event.set()
+        while len(self.revoked) > REVOKED_MEMORY:
+            self.revoked.popitem(last=False)
+        return fresh
+
+    def given_up(self, h: StageInput) -> bool:
+        """True if the gateway gave up on ``h``'s request (checked on the data path)."""
+        return bool(self.revoked) and (h.gateway, h.req) in self.revoked
+
+    def begin_run(self, messages: list, event: threading.Event) -> _Serving | None:
+        """A run of ``messages``' requests starts here, told by ``event`` when every one of
+        them is given up on; None if that is so already (do not run it). ``end_run`` ends it."""
+        with self.lock:
+            keys = {(m.gateway, m.req) for m in messages}
+            if self.revoked:
+                keys = {k for k in keys if k not in self.revoked}
+                if not keys:
+                    return None
+            serving = _Serving(keys, len(keys), event)
+            for key in keys:
+                self._serving.setdefault(key, []).append(serving)
+            return serving
+
+    def end_run(self, serving: _Serving) -> None:
+        """The run ``begin_run`` registered is over."""
+        with self.lock:
+            for key in serving.keys:
+                runs = self._serving.pop(key, None)
+                if runs is not None and len(runs) > 1:
+                    runs.remove(serving)
+                    self._serving[key] = runs
+
+
+class _Serving:
+    """One run in progress and the requests it serves still live (``live`` of ``keys``)."""
+
+    __slots__ = ("keys", "live", "event")
+
+    def __init__(self, keys: set, live: int, event: threading.Event):
+        self.keys, self.live, self.event = keys, live, event

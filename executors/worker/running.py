@@ -19,12 +19,13 @@ import numpy as np
 from executors import tracing
 from executors.errors import OperatorTimeoutError
 from executors.wire.messages import Message, Recycling, StageInput, Stuck, Unstuck
+from executors.worker import progress
 from executors.worker.batcher import Batcher, WorkItem, aimd_for
 from executors.worker.hosting import HostedStage
 from executors.worker.outputs import Outputs, race_outcome
 from executors.worker.races import Races, raced
 from executors.worker.watchdog import EXIT_RECYCLED, Blackbox, Run, Watchdog, monotonic_deadline
-from flow.context import cancelled, set_cancel
+from flow.context import cancelled, set_cancel, set_deadline
 from flow.errors import FlowError, OperatorError
 from flow.table import Table
 from flow.tracebacks import operator_traceback
@@ -115,23 +116,34 @@ class Runner:
     # -- running ------------------------------------------------------------------------------
 
     def run_one(self, hosted: HostedStage, item: WorkItem) -> None:
-        if not raced(hosted.stage):
-            return self._run_one(hosted, item)
-        h = item.message
-        key, ev = (h.gateway, h.req, h.attempt, h.stage), threading.Event()
-        if not self.races.start(key, ev):
+        h, ev = item.message, threading.Event()
+        # flow.wait in the operator returns when the gateway gives the request up (set_cancel)
+        serving = self.races.begin_run([h], ev)
+        if serving is None:
             if hosted.hedger is not None:
-                hosted.hedger.forget(item)  # no backup for it: the race is over
-            self.races.dropped(item.message)
-            return  # its race was won while it waited: another copy answered
-        set_cancel(ev)  # flow.wait in the operator returns when the race is won elsewhere
+                hosted.hedger.forget(item)  # given up on while it waited: no backup for it
+            return
+        set_deadline(h.deadline)  # flow.deadline(): the time left
+        set_cancel(ev)
         try:
-            self._run_one(hosted, item)
+            if not raced(hosted.stage):
+                return self._run_one(hosted, item)
+            key = (h.gateway, h.req, h.attempt, h.stage)
+            if not self.races.start(key, ev):
+                if hosted.hedger is not None:
+                    hosted.hedger.forget(item)  # no backup for it: the race is over
+                self.races.dropped(item.message)
+                return  # its race was won while it waited: another copy answered
+            try:  # flow.wait in the operator also returns when the race is won elsewhere
+                self._run_one(hosted, item)
+            finally:
+                self.races.finish(key, ev)
+                if ev.is_set() and hosted.hedger is not None:
+                    hosted.hedger.forget(item)  # a hedge whose other copy won: no answer from this one
         finally:
             set_cancel(None)
-            self.races.finish(key, ev)
-            if ev.is_set() and hosted.hedger is not None:
-                hosted.hedger.forget(item)  # a hedge whose other copy won: no answer from this one
+            set_deadline(None)
+            self.races.end_run(serving)
 
     def _run_one(self, hosted: HostedStage, item: WorkItem) -> None:
         if _expired(item.message):
@@ -146,7 +158,8 @@ class Runner:
     def _run_watched(self, hosted: HostedStage, item: WorkItem, key: int, run: Run) -> None:
         t0 = time.perf_counter()
         try:
-            out = self._execute(hosted, item.inputs, item.after_head, run)
+            with progress.sending(self.send, hosted, [item]):  # a first_then's fast rows go ahead
+                out = self._execute(hosted, item.inputs, item.after_head, run)
         except FlowError as e:
             if self._end(key, run):
                 return
@@ -162,16 +175,24 @@ class Runner:
         if self._end(key, run):
             return  # abandoned (answered 504): its output is dropped
         ms = (time.perf_counter() - t0) * 1000
-        if raced(hosted.stage):
-            if cancelled():
+        if cancelled():
+            if raced(hosted.stage):
                 race_outcome(item.message, "cancelled")
-                return  # a racing copy stopped early (flow.wait): the winner answered; its time is no sample
-            set_cancel(None)  # the run is over: consumers run next on this thread are no copy of this race
+            # a racing copy stopped early (flow.wait): the winner answered; or the request was
+            # given up on (its output is dropped, Outputs). Its time is no sample either way
+            return
+        set_cancel(None)  # the run is over: consumers run next on this thread are no part of it
         hosted.observe(ms)
         self.forward(hosted, [(item, out)], ms, 1)
 
     def run_batch(self, hosted: HostedStage, items: list[WorkItem]) -> None:
         """Run several requests as one merged Table, then split the output back by qid."""
+        if self.races.revoked:  # requests given up on while queued: the batch drops their rows
+            gone = [it for it in items if self.races.given_up(it.message)]
+            if gone:
+                items = [it for it in items if not self.races.given_up(it.message)]
+                for it in gone if hosted.hedger is not None else ():
+                    hosted.hedger.forget(it)
         if self.cancelled and raced(hosted.stage):
             lost = [it for it in items if self.races.lost(hosted, it.message)]  # races won meanwhile
             if lost:
@@ -208,18 +229,31 @@ class Runner:
         self.pool.submit(self.run_batch, hosted, items)
 
     def _run_merged(self, hosted: HostedStage, items: list[WorkItem], owner: dict) -> None:
-        key, run = self._begin(hosted, items)
-        span = self._span(hosted, items, run) if tracing.tracer is not None else None
-        if span is None:
-            return self._run_merged_watched(hosted, items, owner, key, run)
-        with span:
-            self._run_merged_watched(hosted, items, owner, key, run)
+        ev = threading.Event()  # set only when every request of the batch is given up on
+        serving = self.races.begin_run([it.message for it in items], ev)
+        if serving is None:
+            return
+        deadlines = [it.message.deadline for it in items if it.message.deadline is not None]
+        set_deadline(min(deadlines) if deadlines else None)
+        set_cancel(ev)
+        try:
+            key, run = self._begin(hosted, items)
+            span = self._span(hosted, items, run) if tracing.tracer is not None else None
+            if span is None:
+                return self._run_merged_watched(hosted, items, owner, key, run)
+            with span:
+                self._run_merged_watched(hosted, items, owner, key, run)
+        finally:
+            set_cancel(None)
+            set_deadline(None)
+            self.races.end_run(serving)
 
     def _run_merged_watched(self, hosted: HostedStage, items: list[WorkItem], owner: dict, key: int, run: Run) -> None:
         t0 = time.perf_counter()
         try:
             merged = [Table.concat([it.inputs[k] for it in items]) for k in range(len(items[0].inputs))]
-            out = self._execute(hosted, merged, items[0].after_head, run)
+            with progress.sending(self.send, hosted, items):
+                out = self._execute(hosted, merged, items[0].after_head, run)
         except BaseException:
             self._end(key, run)
             # one bad request must not fail the others: run each alone to isolate it
@@ -228,6 +262,9 @@ class Runner:
                     self.run_one(hosted, it)
             return
         self._end(key, run)
+        if cancelled():
+            return  # every request of the batch was given up on while it ran: nothing to send
+        set_cancel(None)  # the run is over: consumers run next on this thread are no part of it
         ms = (time.perf_counter() - t0) * 1000
         hosted.observe(ms)
         rows = [[] for _ in items]

@@ -54,6 +54,8 @@ def why_not_fuse(plan: Plan, a: Stage, b: Stage, options) -> str | None:
         return f"{b.name!r} starts a continuation (rows are routed by {b.continuation!r})"
     if a.continuation is not None and not b.rowwise:
         return f"{a.name!r} runs per key group and {b.name!r} mixes rows"
+    if a.continuation is not None and any(op.generates for op in b.ops):
+        return f"{a.name!r} runs per key group and {b.name!r} yields several rows per row"
     if b.wait != "all":
         return f"{b.name!r} waits for the first valid of several inputs"
     if a.competitive != b.competitive and not _joins_race(a, b, options):

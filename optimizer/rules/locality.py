@@ -27,7 +27,7 @@ def _cuts(stage: Stage) -> list[int]:
         if is_dynamic_lookup(node.op):
             cuts.append(i)
             routed = True
-        elif routed and not node.op.rowwise:
+        elif routed and (not node.op.rowwise or node.op.generates):  # a continuation keeps rows 1:1
             cuts.append(i)
             routed = False
     return [i for i in cuts if i > 0]

@@ -34,3 +34,22 @@ def test_example_runs(script, tmp_path):
 def _processes_under(path: Path) -> list[str]:
     out = subprocess.run(["pgrep", "-f", f"executors.(daemon|executor).*{path}"], capture_output=True, text=True).stdout
     return out.split()
+
+
+def test_training_says_how_far_it_is_and_runs_once(tmp_path):
+    """The examples train their models at first use (up to a minute on 2 cores): a line
+    an epoch, so the run is never silent; the next run takes them from the disk cache."""
+    env = dict(os.environ, FLOWSERVE_MODEL_CACHE=str(tmp_path))
+    code = "import models; models.trained(16, epochs=2)"
+
+    def run() -> str:
+        r = subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT / "examples", env=env, capture_output=True, text=True, timeout=120
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout
+
+    first = run()
+    assert "training a 16-unit MLP on the digits for 2 epochs" in first
+    assert "epoch 1/2: loss" in first and "epoch 2/2: loss" in first
+    assert run() == ""  # cached: nothing to train, nothing to say

@@ -3,6 +3,8 @@
 * ``cluster`` (session): a 2-executor LocalCluster shared by the runtime tests; deploy
   flows with unique names. Stopped at the end of the session.
 * ``http`` (session): an httpx.Client for raw HTTP calls.
+* ``procs``: gateway and executor processes started by hand (tests/executors/processes.py)
+  over the session's Redis, emptied first (no members or flows left from another test).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import pytest
 
 from executors.hosts.cluster import LocalCluster
 from executors.hosts.cluster_config import ClusterConfig
+from kvs import KVS
+from tests.executors.processes import Procs
 
 os.environ.setdefault("FLOWSERVE_QUIET", "1")
 _names = itertools.count()
@@ -36,3 +40,12 @@ def cluster():
 def http():
     with httpx.Client(timeout=30) as client:
         yield client
+
+
+@pytest.fixture
+def procs(redis_server, tmp_path):
+    with KVS.from_url(redis_server.url) as store:
+        store.redis.flushall()
+    p = Procs(redis_server.url, tmp_path)
+    yield p
+    p.stop()

@@ -12,22 +12,11 @@ import signal
 import threading
 
 import httpx
-import pytest
 
 from executors.hosts.cluster import ClusterClient
 from flow import Flow
-from kvs import KVS
 from tests.executors.conftest import unique
-from tests.executors.processes import ADMIN, Procs, health, wait_until
-
-
-@pytest.fixture
-def procs(redis_server, tmp_path):
-    with KVS.from_url(redis_server.url) as store:
-        store.redis.flushall()
-    p = Procs(redis_server.url, tmp_path)
-    yield p
-    p.stop()
+from tests.executors.processes import ADMIN, health, wait_until
 
 
 def busy(row):

@@ -251,7 +251,7 @@ class TwoDoors:
     def __init__(self):
         self.release = threading.Event()
 
-    async def answer(self, name, raw_headers, receive):
+    async def answer(self, name, raw_headers, receive, hangup=None):
         body = b""
         while True:
             message = await receive()

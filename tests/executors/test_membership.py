@@ -28,15 +28,6 @@ from tests.executors.processes import ADMIN, Procs, health, steady_load, wait_un
 from tests.flowgen import assert_same_rows
 
 
-@pytest.fixture
-def procs(redis_server, tmp_path):
-    with KVS.from_url(redis_server.url) as store:
-        store.redis.flushall()  # no members or flows left from the previous test
-    p = Procs(redis_server.url, tmp_path)
-    yield p
-    p.stop()
-
-
 def scale(row):
     return row.x * 3.0
 

@@ -12,7 +12,6 @@ import signal
 import time
 
 import httpx
-import pytest
 
 from executors.hosts.cluster import _register_by_value
 from executors.plans import PLAN_KEY, next_version, register_deployed
@@ -20,18 +19,9 @@ from flow import Flow
 from kvs import KVS
 from optimizer import optimize
 from tests.executors.conftest import unique
-from tests.executors.processes import Procs, health, wait_until
+from tests.executors.processes import health, wait_until
 
 TOKEN = "probe-test-token"
-
-
-@pytest.fixture
-def procs(redis_server, tmp_path):
-    with KVS.from_url(redis_server.url) as store:
-        store.redis.flushall()
-    p = Procs(redis_server.url, tmp_path)
-    yield p
-    p.stop()
 
 
 class Gated:

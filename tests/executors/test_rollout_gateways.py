@@ -11,24 +11,13 @@ import os
 import signal
 
 import httpx
-import pytest
 
 from executors.gateway.rollouts import SPLIT_BLOCK
 from executors.hosts.cluster import ClusterClient, LocalCluster
 from executors.hosts.cluster_config import ClusterConfig
 from flow import Flow
-from kvs import KVS
 from tests.executors.conftest import unique
-from tests.executors.processes import ADMIN, Procs, health, wait_until
-
-
-@pytest.fixture
-def procs(redis_server, tmp_path):
-    with KVS.from_url(redis_server.url) as store:
-        store.redis.flushall()
-    p = Procs(redis_server.url, tmp_path)
-    yield p
-    p.stop()
+from tests.executors.processes import ADMIN, health, wait_until
 
 
 def adder(name: str, k: int) -> Flow:

@@ -285,7 +285,11 @@ def test_a_cluster_serves_big_tensors_over_shared_memory_and_kill_9_leaks_nothin
             pids = [gateway, *_executor_pids(c)]
             return all(segments(p) == 0 for p in pids)
 
-        wait_until("no process of the cluster to hold a segment", idle, timeout=30)
+        try:
+            wait_until("no process of the cluster to hold a segment", idle, timeout=30)
+        except AssertionError as e:
+            held = {p: segments(p) for p in [gateway, *_executor_pids(c)]}
+            raise AssertionError(f"{e}: segments held by pid (gateway {gateway}): {held}") from None
 
 
 # -- the gateway's side: a request body written into a segment, an answer sent from one --

@@ -170,7 +170,7 @@ def test_a_race_has_a_span_per_copy_the_winner_marked_and_the_losers_cancelled(t
         r = _post(traced, f.name, {"x": 7}, _tp(trace := _new_trace()))
         assert r.status_code == 200 and r.json()["rows"][0]["y"] == 7
         assert time.monotonic() - t0 < 4  # the waiting copy did not hold the answer
-        spans = collector.trace(trace, until=lambda s: len(_by_name(s, "stage ")) == 3)
+        spans = collector.trace(trace, until=lambda s: len(_by_name(s, "stage ")) == 3 and _by_name(s, "POST"))
         root = _request_span(spans)
         copies = _by_name(spans, "stage ")
         assert sorted(s.attributes["flowserve.race.copy"] for s in copies) == [0, 1, 2]
@@ -254,7 +254,12 @@ def test_store_and_prediction_cache_lookups_are_spans_of_their_run(traced, colle
         for _ in range(2):  # the first reads the store and computes; the second finds both cached
             r = _post(traced, f.name, {"user": 1}, _tp(trace := _new_trace()))
             assert r.status_code == 200 and r.json()["rows"][0]["t"] == 6.0
-            runs.append(collector.trace(trace, until=lambda s: _by_name(s, "kvs.") and _by_name(s, "prediction_cache")))
+            runs.append(
+                collector.trace(
+                    trace,
+                    until=lambda s: _by_name(s, "kvs.") and _by_name(s, "prediction_cache") and _by_name(s, "stage "),
+                )
+            )
         for spans, source, result in zip(runs, ("store", "local"), ("miss", "hit")):
             parents = {s.context.span_id: s for s in _by_name(spans, "stage ")}
             (lookup,) = _by_name(spans, "kvs.")
@@ -298,7 +303,9 @@ def test_a_hedge_is_a_span_and_its_backup_copy_runs_in_the_same_trace(traced, co
                 hedged = trace
                 break
         assert hedged is not None, "no request was hedged"
-        spans = collector.trace(hedged, until=lambda s: len(_by_name(s, "stage ")) == 2)
+        spans = collector.trace(
+            hedged, until=lambda s: len(_by_name(s, "stage ")) == 2 and _by_name(s, "POST") and _by_name(s, "hedge ")
+        )
         root = _request_span(spans)
         (hedge,) = _by_name(spans, "hedge ")
         assert hedge.parent.span_id == root.context.span_id

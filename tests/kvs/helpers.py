@@ -72,9 +72,11 @@ class InvalidationRecorder:
         with self._cond:
             return self._cond.wait_for(lambda: any(e is None or key in e for e in self.events), timeout)
 
-    def wait_for_flush(self, timeout: float = 5.0) -> bool:
+    def wait_for_flush(self, timeout: float = 5.0, count: int = 1) -> bool:
+        """Wait until the cache was flushed ``count`` times (a Cluster's cache flushes once
+        for each node whose invalidation connection was lost)."""
         with self._cond:
-            return self._cond.wait_for(lambda: any(e is None for e in self.events), timeout)
+            return self._cond.wait_for(lambda: sum(e is None for e in self.events) >= count, timeout)
 
     def clear(self) -> None:
         with self._cond:
