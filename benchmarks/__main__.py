@@ -11,9 +11,11 @@ import sys
 
 BENCHMARKS = {
     "e2e": "Ensemble and Cascade over HTTP: FlowServe vs Ray Serve vs the in-process floor",
+    "matrix": "Ensemble, Cascade, lookup written every way (row/Table, 1/3/6 stages, JSON/Arrow) vs a floor running the same code",
     "overhead": "the e2e Ensemble's CPU per request in each process beside the floor's; the pieces in a hot loop",
     "polling": "a round trip between two processes: busy polling, sleeping, the runtime's back-off; idle and beside CPU hogs",
     "chain": "added latency per stage on a chain of no-op stages",
+    "stages": "chains of 1/2/4/8 no-op stages, unfused and fused, beside Ray Serve's chain: req/s at c=8, p50 at c=1",
     "autoscale": "a 2x load step: time until a new replica serves; replicas and p99 over time",
     "kvs_cache": "8 MB reads: local cache vs Redis vs Redis + decode",
     "fusion": "chains of 2-10 no-op stages, 10 KB-10 MB payloads: fused vs one stage per operator",

@@ -26,10 +26,11 @@ def noop(row):
     return row.x
 
 
-def chain_flow(n: int):
+def chain_flow(n: int, name: str | None = None):
+    """``n`` no-op row maps over one int column, named ``name`` (default ``chain{n}``)."""
     from flow import Flow
 
-    flow = Flow(f"chain{n}", schema={"x": int})
+    flow = Flow(name or f"chain{n}", schema={"x": int})
     node = flow
     for _ in range(n):
         node = node.map(noop, names=["x"])

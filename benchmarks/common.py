@@ -46,17 +46,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http(url: str, body: bytes, timeout: float = 120.0, proc: subprocess.Popen | None = None) -> None:
+def wait_http(
+    url: str,
+    body: bytes,
+    timeout: float = 120.0,
+    proc: subprocess.Popen | None = None,
+    content_type: str = "application/json",
+) -> None:
     """Until ``url`` answers a POST of ``body`` with 200 (bounded)."""
     deadline = time.monotonic() + timeout
     while True:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
         try:
-            if (
-                httpx.post(url, content=body, headers={"Content-Type": "application/json"}, timeout=10).status_code
-                == 200
-            ):
+            if httpx.post(url, content=body, headers={"Content-Type": content_type}, timeout=10).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -66,12 +69,14 @@ def wait_http(url: str, body: bytes, timeout: float = 120.0, proc: subprocess.Po
 
 
 _LUA = """wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Content-Type"] = "{content_type}"
 wrk.body = io.open("{body}", "rb"):read("*a")
 """
 
 
-def wrk(url: str, body: bytes, concurrency: int, seconds: float, threads: int = 1) -> dict:
+def wrk(
+    url: str, body: bytes, concurrency: int, seconds: float, threads: int = 1, content_type: str = "application/json"
+) -> dict:
     """Closed-loop load with wrk: requests/s and latency percentiles in ms."""
     if shutil.which("wrk") is None:
         raise RuntimeError("wrk is not installed: apt-get install wrk")
@@ -79,7 +84,7 @@ def wrk(url: str, body: bytes, concurrency: int, seconds: float, threads: int = 
         body_file = Path(tmp) / "body"
         body_file.write_bytes(body)
         script = Path(tmp) / "post.lua"
-        script.write_text(_LUA.format(body=body_file))
+        script.write_text(_LUA.format(body=body_file, content_type=content_type))
         out = subprocess.run(
             [
                 "wrk",

@@ -3,6 +3,10 @@ model-composition pattern). Run with a Python that has ray[serve] and torch inst
 (see requirements-peers.txt); prints READY when serving.
 
     /path/to/ray-venv/bin/python benchmarks/ray_server.py --port 8002
+    /path/to/ray-venv/bin/python benchmarks/ray_server.py --port 8002 --chains 1,2,4,8
+
+``--chains``: instead, chains of N no-op deployments at /flows/chainN (benchmarks/stages.py):
+the HTTP ingress is the first and calls the next through its handle, and so on.
 """
 
 from __future__ import annotations
@@ -81,14 +85,55 @@ class Cascade:
         return Response(json.dumps({"rows": out}), media_type="application/json")
 
 
+class _Stage:
+    """A chain's stage: hands ``x`` to the next stage (a deployment handle), if any."""
+
+    def __init__(self, next_stage=None):
+        self.next = next_stage
+
+    async def forward(self, x):
+        return x if self.next is None else await self.next.remote(x)
+
+
+@serve.deployment(ray_actor_options=OPTS)
+class NoOp(_Stage):
+    """A chain's stage after the first."""
+
+    async def __call__(self, x):
+        return await self.forward(x)
+
+
+@serve.deployment(ray_actor_options=OPTS)
+class ChainIngress(_Stage):
+    """A chain's first stage: reads ``{"x": ...}`` from HTTP and answers it as FlowServe does."""
+
+    async def __call__(self, request: Request) -> Response:
+        x = await self.forward(json.loads(await request.body())["x"])
+        return Response(json.dumps({"rows": [{"x": x}]}), media_type="application/json")
+
+
+def serve_chains(lengths: list[int]) -> None:
+    for n in lengths:
+        stage = None
+        for _ in range(n - 1):
+            stage = NoOp.bind(stage)
+        serve.run(ChainIngress.bind(stage), name=f"chain{n}", route_prefix=f"/flows/chain{n}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, default=8002)
+    p.add_argument("--chains", default=None, help="serve no-op chains of these lengths instead (e.g. 1,2,4,8)")
     args = p.parse_args()
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
+    if args.chains:
+        serve_chains([int(n) for n in args.chains.split(",")])
+        print("READY", flush=True)
+        while True:
+            time.sleep(3600)
     serve.run(
         Ensemble.bind(Preprocess.bind(), Model.bind("small"), Model.bind("big")),
         name="ensemble",

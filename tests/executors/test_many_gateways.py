@@ -71,30 +71,6 @@ def serving_pid(http: httpx.Client, url: str) -> int:
     return http.get(f"{url}/healthz").json()["gateway"]["pid"]
 
 
-def connection_owner(c: LocalCluster) -> int | None:
-    """The gateway process holding an established connection on the cluster's port (the
-    test opens one at a time): its socket's inode among the gateways' descriptors."""
-    port = int(c.url.rsplit(":", 1)[1])
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":  # ESTABLISHED, server side
-                inodes.add(fields[9])
-    for pid in gateway_pids(c):
-        try:
-            links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
-        except OSError:
-            continue
-        if any(f"socket:[{i}]" in links for i in inodes):
-            return pid
-    return None
-
-
 def every_gateway_answers(c: LocalCluster, url: str, x: int = 21, timeout: float = 60) -> None:
     """New connections until each gateway answered ``x`` doubled once (a deploy taken by one
     gateway reaches the others at their next read of the registry)."""
@@ -140,20 +116,23 @@ def test_a_request_in_flight_when_its_gateway_dies_is_answered_by_the_clients_re
         def running() -> bool:
             return any(r["flow"] == "slowdouble" for r in Blackbox.read(blackbox))
 
-        def kill_its_gateway() -> int:
-            """Once the request runs on the executor, kill -9 the gateway holding its connection."""
+        def kill_its_gateway(pid: int) -> int:
+            """Once the request runs on the executor, kill -9 ``pid``: the gateway holding
+            its connection (asked on that kept-alive connection before the request)."""
             wait_until("the request to run", running, timeout=30)
-            pid = connection_owner(c)
-            assert pid is not None
             os.kill(pid, signal.SIGKILL)
             return pid
+
+        def owner(client: ClusterClient) -> int:
+            return client.request("GET", "/healthz", "the gateway's health").json()["gateway"]["pid"]
 
         # what a client without a retry sees: its connection drops with the request in flight
         with httpx.Client(timeout=30) as raw:
             cut: list = []
+            its_gateway = serving_pid(raw, c.url)
             t = threading.Thread(target=lambda: cut.append(_post_or_error(raw, f"{c.url}/flows/slowdouble")))
             t.start()
-            first = kill_its_gateway()
+            first = kill_its_gateway(its_gateway)
             t.join(30)
         assert isinstance(cut[0], httpx.TransportError), cut
         wait_until("the killed gateway to be replaced", lambda: first not in gateway_pids(c), timeout=30)
@@ -176,8 +155,9 @@ def test_a_request_in_flight_when_its_gateway_dies_is_answered_by_the_clients_re
                     )
                 )
             )
+            its_gateway = owner(client)
             t.start()
-            second = kill_its_gateway()
+            second = kill_its_gateway(its_gateway)
             t.join(60)
             assert out, "the retried request got no answer"
             r = out[0]
@@ -190,8 +170,9 @@ def test_a_request_in_flight_when_its_gateway_dies_is_answered_by_the_clients_re
             d = Deployment(client, "slowdouble", deployed.plan)
             got: list = []
             t = threading.Thread(target=lambda: got.append(d.invoke({"x": 4})))
+            its_gateway = owner(client)
             t.start()
-            kill_its_gateway()
+            kill_its_gateway(its_gateway)
             t.join(60)
             assert got and got[0].to_pylist()[0]["y"] == 8
         finally:

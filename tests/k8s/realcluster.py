@@ -319,6 +319,16 @@ class RealNode:
             raise AssertionError(f"ctr {' '.join(args)}: {r.stderr}")
         return r.stdout
 
+    def events(self) -> subprocess.Popen:
+        """containerd's event stream (``ctr events``): a line an event, "TIME ZONE NAMESPACE
+        TOPIC JSON", from now until the caller terminates the process."""
+        return subprocess.Popen(
+            ["ctr", "--address", str(self.node_dir / "containerd.sock"), "events"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+
     def kill_container(self, pod, container: str) -> str:
         """SIGKILL the process of ``pod``'s ``container`` through containerd: a crash, as the
         kernel's OOM killer or a segfault would cause. Returns the container id."""
@@ -330,6 +340,22 @@ class RealNode:
     def stop(self) -> None:
         subprocess.run(["bash", str(NODE_SCRIPT), "stop", str(self.node_dir)], capture_output=True)
         self.cp.stop()
+
+
+def real_node_fixture(directory: str):
+    """A module-scoped pytest fixture: a ``RealNode`` for the module's tests (in a temporary
+    ``directory``), stopped after them (no containerd, kubelet or bridge left)."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def node(tmp_path_factory):
+        n = RealNode(tmp_path_factory.mktemp(directory))
+        try:
+            yield n
+        finally:
+            n.stop()
+
+    return node
 
 
 def wait_namespace_ready(core, namespace: str, timeout: float = 30) -> None:
@@ -357,16 +383,58 @@ def pod_ips(core, namespace: str, component: str) -> dict[str, str]:
     }
 
 
+def serves(url: str) -> bool:
+    """Whether ``url`` (a flow's) answers ``{"x": 1}`` with 200."""
+    import httpx
+
+    try:
+        return httpx.post(url, json={"x": 1}, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def refusal(answer: tuple) -> str | None:
+    """How a gateway refused a request without running it (its client may send it to another
+    gateway), or None: an answer, or a failure after which it may have run (lost).
+    ``answer``: (status, body text, headers or the exception), as ``Load`` gets it."""
+    status, body, detail = answer
+    if status == 0:  # no connection, so nothing was sent: refused, or the pod's address gone
+        if not body.startswith("ConnectError"):
+            return None
+        return "connection refused" if "refused" in body.lower() else "unreachable"
+    if status == 503 and '"error":"ShuttingDown"' in body.replace(" ", ""):
+        # the answer closes its connection, so the next request goes on a new one
+        return "503 ShuttingDown" if detail.get("connection") == "close" else None
+    return None
+
+
 class Load:
     """``concurrency`` clients POSTing ``{"x": i}`` (i unique, from ``first_id``) to ``url``
     one after another until ``stop()``, each at most ``rate`` requests a second (None: as
-    fast as answers come); every answer is kept, so a fault's cost can be counted afterwards."""
+    fast as answers come); every answer is kept, so a fault's cost can be counted afterwards.
+
+    With ``fallback`` (another gateway's URL), a client whose request ``url`` refuses
+    (``refusal``) sends it there and sends the next ones there too: what a Service does once
+    the pod has left its endpoints (there is no kube-proxy on the real node). ``refused``
+    keeps how each of those was refused, ``moved`` every request sent to ``fallback``.
+    ``closing`` holds the requests whose answer closed its connection (``Connection: close``:
+    a draining gateway's)."""
 
     def __init__(
-        self, url: str, concurrency: int = 4, timeout: float = 60.0, rate: float | None = None, first_id: int = 0
+        self,
+        url: str,
+        concurrency: int = 4,
+        timeout: float = 60.0,
+        rate: float | None = None,
+        first_id: int = 0,
+        fallback: str | None = None,
     ):
         self.url, self.concurrency, self.timeout, self.rate = url, concurrency, timeout, rate
+        self.fallback = fallback
         self.answers: dict[int, tuple] = {}  # x -> (status, rows or error text, t_sent, t_done)
+        self.refused: dict[int, tuple[str, float]] = {}  # x -> (how url refused it, t_done there)
+        self.moved: set[int] = set()
+        self.closing: set[int] = set()
         self._ids = iter(range(first_id, 1 << 62))
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -382,6 +450,7 @@ class Load:
         import httpx
 
         next_at = time.monotonic()
+        url = self.url
         with httpx.Client(timeout=self.timeout) as http:
             while not self._stopping.is_set():
                 if self.rate:
@@ -391,12 +460,27 @@ class Load:
                 with self._lock:
                     x = next(self._ids)
                 t = time.monotonic()
-                try:
-                    r = http.post(self.url, json={"x": x})
-                    got = (r.status_code, r.json()["rows"] if r.status_code == 200 else r.text[:300])
-                except (httpx.HTTPError, OSError, ValueError) as e:
-                    got = (0, f"{type(e).__name__}: {e}"[:300])
-                self.answers[x] = (*got, t - self.t0, time.monotonic() - self.t0)
+                got = self._post(http, url, x)
+                if self.fallback is not None and url != self.fallback and (how := refusal(got)):
+                    self.refused[x] = (how, time.monotonic() - self.t0)
+                    url = self.fallback
+                    got = self._post(http, url, x)
+                if url == self.fallback:
+                    self.moved.add(x)
+                if got[2].get("connection") == "close":
+                    self.closing.add(x)
+                self.answers[x] = (*got[:2], t - self.t0, time.monotonic() - self.t0)
+
+    @staticmethod
+    def _post(http, url: str, x: int) -> tuple:
+        """(status, rows or error text, the answer's headers); status 0: no answer."""
+        import httpx
+
+        try:
+            r = http.post(url, json={"x": x})
+            return r.status_code, r.json()["rows"] if r.status_code == 200 else r.text[:300], r.headers
+        except (httpx.HTTPError, OSError, ValueError) as e:
+            return 0, f"{type(e).__name__}: {e}"[:300], {}
 
     def count(self) -> int:
         return len(self.answers)

@@ -32,13 +32,7 @@ from tests.k8s.test_real_node import SMALL, namespace  # noqa: E402
 LEASE = "flowserve-leader"
 
 
-@pytest.fixture(scope="module")
-def node(tmp_path_factory):
-    n = rc.RealNode(tmp_path_factory.mktemp("k8s-real-gateways"))
-    try:
-        yield n
-    finally:
-        n.stop()
+node = rc.real_node_fixture("k8s-real-gateways")
 
 
 def busy_double(row):
@@ -66,13 +60,6 @@ def _control(url: str) -> dict:
         return httpx.get(f"{url}/healthz", timeout=2).json().get("control") or {}
     except (httpx.HTTPError, ValueError):
         return {}
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.post(url, json={"x": 1}, timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def test_the_leader_gateway_pod_killed_under_load_another_takes_the_lease_and_nothing_is_doubled(node):
@@ -113,7 +100,7 @@ def test_the_leader_gateway_pod_killed_under_load_another_takes_the_lease_and_no
         first_url = next(iter(urls.values()))
         cluster.deploy(flow, gateway_url=first_url, kvs_url=f"redis://{kvs_ip}:{cfg.redis_port}/0", wait_s=120)
         for name, url in urls.items():
-            rc.wait_for(f"gateway pod {name} to serve the flow", lambda u=url: _answers(f"{u}/flows/hot"), timeout=60)
+            rc.wait_for(f"gateway pod {name} to serve the flow", lambda u=url: rc.serves(f"{u}/flows/hot"), timeout=60)
         leader = rc.wait_for(
             "a leader", lambda: next((n for n, u in urls.items() if _control(u).get("leader")), None), timeout=30
         )
