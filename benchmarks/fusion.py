@@ -196,7 +196,7 @@ def run(argv=None) -> dict:
     p.add_argument(
         "--no-shm",
         action="store_true",
-        help="every frame through the socket, as before shared memory (executors/wire/shm.py); results: fusion_noshm",
+        help="every frame through the socket, shared memory (executors/wire/shm.py) off; results: fusion_noshm",
     )
     args = p.parse_args(argv)
     os.environ.setdefault("FLOWSERVE_QUIET", "1")

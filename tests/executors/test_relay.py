@@ -113,7 +113,7 @@ def test_a_body_goes_only_where_every_replica_said_it_takes_bodies(tmp_path):
         (memoryview(b'{"x": 1}'), {}, False),  # a body in shared memory
         (b"", {}, False),
         (b"{" + b" " * (RELAY_MAX_BYTES - 2) + b"}", {}, True),
-        (b"{" + b" " * (RELAY_MAX_BYTES - 1) + b"}", {}, False),  # big: parsed by the gateway, as before
+        (b"{" + b" " * (RELAY_MAX_BYTES - 1) + b"}", {}, False),  # big: parsed by the gateway, not relayed
     ],
 )
 def test_which_bodies_are_relayed(body, headers, relayed):

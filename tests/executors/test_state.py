@@ -1,4 +1,4 @@
-"""Hardening of the cluster's state (issue #13, items 3-5), on real clusters: real Redis,
+"""Hardening of the cluster's state, on real clusters: real Redis,
 real executor processes, real HTTP.
 
 * redeploys and undeploys free the old versions' replicas (executor RSS falls back);

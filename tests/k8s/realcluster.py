@@ -492,8 +492,9 @@ class Load:
         return self.summary()
 
     def summary(self, expected=lambda x: 2 * x, column: str = "y") -> dict:
-        """answered (200 with the one right row), lost (an error, or no answer), wrong rows,
-        duplicated (a 200 with more than one row), repeated qids across answers."""
+        """answered (200 with the one right row), lost (an error, or no answer; unsent: those
+        of them never sent, their connection refused or not made), wrong rows, duplicated (a
+        200 with more than one row), repeated qids across answers."""
         lost, wrong, duplicated, qids = [], 0, 0, []
         for x, (status, body, _, _) in sorted(self.answers.items()):
             if status != 200:
@@ -506,6 +507,7 @@ class Load:
             "requests": len(self.answers),
             "answered": len(self.answers) - len(lost),
             "lost": len(lost),
+            "unsent": sum(status == 0 and body.startswith("ConnectError") for _, status, body in lost),
             "wrong": wrong,
             "duplicated": duplicated,
             "repeated_qids": len(qids) - len(set(qids)),

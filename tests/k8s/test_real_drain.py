@@ -33,7 +33,7 @@ from tests.k8s.test_real_node import SMALL, namespace  # noqa: E402
 
 node = rc.real_node_fixture("k8s-real-drain")
 
-CLIENTS = 3  # per gateway pod
+CLIENTS = 4  # per gateway pod
 
 
 def slow_double(row):
@@ -190,17 +190,15 @@ def test_a_gateway_pod_deleted_under_load_drains_answers_what_it_accepted_and_ex
         refused = sorted(drained.refused.values(), key=lambda r: r[1])
         # answered (so accepted before the SIGTERM: after it a request is refused) with
         # Connection: close (so answered after it: the drain's answers close their connection)
-        in_flight = [
-            x
-            for x, (status, *_) in drained.answers.items()
-            if status == 200 and x not in drained.moved and x in drained.closing
-        ]
+        by_it = {x: a for x, a in drained.answers.items() if a[0] == 200 and x not in drained.moved}
+        in_flight = [x for x in by_it if x in drained.closing]
         figures = {
             "grace_s": grace_s,
             "exit_status": exit_.status,
             "exit_s_from_delete": round(exit_s, 3),
             "unready_seen_s": round(unready_t - drained.t0 - deleted_at, 3),
             "pod_gone_s": round(deleted_t - drained.t0 - deleted_at, 3),
+            "answered_by_it_after_the_delete": sum(done > deleted_at for _, _, _, done in by_it.values()),
             "in_flight_at_sigterm_answered": len(in_flight),
             "refused": [how for how, _ in refused],
             **{f"{k}_{name}": v for name, s in summaries.items() for k, v in s.items() if k != "lost_sample"},
