@@ -24,7 +24,7 @@ Semantics in short (docs/flow-semantics.md has the exact form):
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -272,11 +272,7 @@ def _map_generated(name, call, names, col, table: Table) -> Table:
     outputs: list[list] = [[] for _ in range(k)]
     out_qids: list[int] = []
     qid_list = table.qid.tolist()
-    if col is not None:
-        args = iter(qid_list if col == "qid" else table.column(col).to_list())
-    else:
-        args = table.rows()
-    for i, arg in enumerate(args):
+    for i, arg in enumerate(_row_args(col, table, qid_list)):
         q = qid_list[i]
         # the generator's body runs as it is iterated: its errors name the operator too
         for result in _invoke(name, _drain, (call, arg), q):
@@ -294,6 +290,46 @@ def _map_generated(name, call, names, col, table: Table) -> Table:
 def _drain(call_arg) -> list:
     call, arg = call_arg
     return list(call(arg))
+
+
+def each_generated(b: _BoundMap, table: Table) -> Iterator[Table]:
+    """A generator map's output (``b([table])``, ``b`` a bound generator map) one value at a
+    time, as the rows' generators yield them: a one-row Table per value, with its row's
+    qid, in the same order, checked alike, its errors the same. A stream sends each on as
+    it comes (executors/worker/fused.py)."""
+    op = b.op
+    if op.col is not None and op.col not in table:
+        b([table])  # the map's own SchemaError naming the column
+    name, names, k = b.name, op.names, len(op.names)
+    qid_list = table.qid.tolist()
+    for i, arg in enumerate(_row_args(op.col, table, qid_list)):
+        q = qid_list[i]
+        values = _invoke(name, b.call, arg, q)  # a generator: its body runs as it is iterated
+        while True:
+            result = _invoke(name, _next, values, q)
+            if result is _DONE:
+                break
+            if k == 1:
+                outputs = [[result]]
+            elif not isinstance(result, (tuple, list)) or len(result) != k:
+                raise arity_error(name, names, result, q)
+            else:
+                outputs = [[v] for v in result]
+            yield Table(_columns_from_values(name, names, outputs, None), np.array([q], dtype=np.int64))
+
+
+_DONE = object()  # a generator has no more values
+
+
+def _next(values):
+    return next(values, _DONE)
+
+
+def _row_args(col, table: Table, qid_list: list):
+    """What a row function is called with, row by row: the row, or its ``col`` value."""
+    if col is not None:
+        return iter(qid_list if col == "qid" else table.column(col).to_list())
+    return table.rows()
 
 
 def arity_error(name, names, result, qid: int) -> OperatorOutputError:

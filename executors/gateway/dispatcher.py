@@ -118,7 +118,7 @@ class Dispatcher:
         # executor address -> requests given up on this turn of the loop: one Revoke each (revoke)
         self._revoking: dict[str, list[int]] = {}
         self._releases: set[asyncio.Task] = set()  # retired flow versions waiting to drain
-        # request id -> where a streamed request's first_then fast rows go (submit's on_partial)
+        # request id -> where a streamed request's rows sent ahead go (submit's on_partial)
         self._on_partial: dict = {}
 
     def start(self) -> None:
@@ -429,8 +429,10 @@ class Dispatcher:
         which goes with it to the executors (their log lines name it); ``traceparent``: the
         gateway's span of it, which the executors' spans continue (executors/tracing.py).
         ``hangup``: the request's link to its client (invoke.Hangup), which gives the
-        request up (``give_up``) when the client disconnects. ``on_partial(table, final)``:
-        called with a first_then's fast rows as they arrive, before the answer (a stream's)."""
+        request up (``give_up``) when the client disconnects. ``on_partial(table, final,
+        start)``: a streamed request's rows sent ahead of its answer (messages.Partial: a
+        first_then's fast rows, a generator's outputs as it yields them), as they arrive;
+        its run messages say the request is streamed (``StageInput.stream``)."""
         flow = self.flows[name] if flow is None else flow  # ``flow``: the version rollouts.py picked
         loop = asyncio.get_running_loop()
         req = Request(
@@ -586,6 +588,7 @@ class Dispatcher:
                 )
                 self.links.send(address, msg.encode())
             return
+        streamed = req.id in self._on_partial  # the stream's rows may go ahead (progress.py)
         for consumer in self._input_consumers(plan):
             stage = plan.stages[consumer]
             sent = deliveries(req.table, stage, routes[consumer])
@@ -605,6 +608,7 @@ class Dispatcher:
                     solo=req.solo,
                     rid=req.rid,
                     tp=req.traceparent,
+                    stream=streamed,
                     table=d.table,
                 )
                 for d in sent
@@ -749,12 +753,12 @@ class Dispatcher:
             log.warning("dropped a %r message: gateways do not take those", msg.TYPE)
 
     def _partial(self, msg: Partial) -> None:
-        """A first_then's fast rows, ahead of the answer: to the request's stream, if it
-        has one (streaming.py) and still waits for this attempt's answer."""
+        """Rows ahead of the answer (a first_then's fast rows, a generator's outputs): to the
+        request's stream, if it has one (streaming.py) and still waits for this attempt's answer."""
         on_partial = self._on_partial.get(msg.req)
         req = self.requests.get(msg.req)
         if on_partial is not None and req is not None and msg.attempt == req.attempt and not req.future.done():
-            on_partial(msg.table, msg.final)
+            on_partial(msg.table, msg.final, msg.start)
 
     def _executor_report(self, msg: Stuck | Unstuck | Recycling) -> None:
         """An executor's watchdog says a thread is held by abandoned work, is back, or that

@@ -22,6 +22,13 @@ its sink's executor sends ahead (``Partial``, executors/worker/progress.py): eve
 event then carries ``"final"``, false on a fast row whose slow row follows, and a row whose
 final event was sent ahead is not sent again with the answer.
 
+A plan whose sink stage holds a generator map followed only by row-wise operators (one
+chain: executors/worker/fused.py) gets each of the generator's outputs as it is yielded,
+through those operators (``Partial``, all final, sent only for a streamed request: its run
+messages say so): each is a row event of its own, as any row's (no ``"final"``), and the
+answer's rows sent so are not sent again. Where other stages follow the generator's, its
+outputs leave its stage together and reach the stream with the answer.
+
 An error before the first event (the first row to complete failed) is answered as the
 non-streamed request would be (its status and error body): a stream's status is only
 200 when it has something to send. A float tensor holding NaN or infinity is the whole
@@ -73,8 +80,9 @@ def progressive(plan: Plan) -> bool:
 
 
 # submit(table, trace, on_partial) -> the answer Table (raises RequestFailed); on_partial
-# (None but for progressive plans) takes a first_then's fast rows as they arrive
-Submit = Callable[[Table, list, Callable | None], Awaitable[Table]]
+# takes the rows a sink sends ahead of the answer (a first_then's fast rows, a generator's
+# outputs) as they arrive, and marks the request streamed
+Submit = Callable[[Table, list, Callable], Awaitable[Table]]
 
 
 async def answer(
@@ -102,19 +110,20 @@ async def answer(
 async def _events(submit: Submit, plan: Plan, table: Table, trace_entries) -> AsyncIterator[bytes]:
     """Each event's JSON document, as the rows complete; RequestFailed for a failure."""
     marked = progressive(plan)
-    done: asyncio.Queue = asyncio.Queue()  # ("partial", rows, final) | ("rows", rows, trace) | ("error", e, None)
+    # ("partial", (rows, start), final) | ("rows", rows, trace) | ("error", e, None)
+    done: asyncio.Queue = asyncio.Queue()
 
-    def on_partial(rows: Table, final: list) -> None:
+    def on_partial(rows: Table, final: list, start: int) -> None:
         try:
             _check_encodable(rows, plan)
         except RequestFailed:
             return  # the final rows say so (the same values reach them, or the slow branch's)
-        done.put_nowait(("partial", rows, final))
+        done.put_nowait(("partial", (rows, start), final))
 
     async def run(rows: Table) -> None:
         trace: list = []
         try:
-            out = await submit(rows, trace, on_partial if marked else None)
+            out = await submit(rows, trace, on_partial)
             _check_encodable(out, plan)
         except RequestFailed as e:
             done.put_nowait(("error", e, None))
@@ -126,9 +135,11 @@ async def _events(submit: Submit, plan: Plan, table: Table, trace_entries) -> As
     tasks = [loop.create_task(run(part)) for part in parts]
     trace: list = []
     answered = 0  # answer rows (final ones)
-    # progressive: the rows sent ahead, and those of them that were final, as (qid, n): the
-    # n-th row of that qid in its table (a first_then keeps rows 1:1, so a request's fast
-    # rows and its answer list the same rows in the same order; racing copies send alike)
+    # the rows sent ahead, and those of them that were final, as (qid, n): the n-th row of
+    # that qid in the answer (a first_then keeps rows 1:1, so a request's fast rows and its
+    # answer list the same rows in the same order; a generator's outputs come in the
+    # answer's order, each Partial saying where its rows begin; racing copies and a retry's
+    # attempt send alike, so a row already sent is not sent again)
     ahead: set[tuple[int, int]] = set()
     final: set[tuple[int, int]] = set()
     try:
@@ -138,12 +149,13 @@ async def _events(submit: Submit, plan: Plan, table: Table, trace_entries) -> As
             if kind == "error":
                 raise rows  # the RequestFailed run() put there
             if kind == "partial":
-                for key, row, last in zip(_keys(rows), rows.to_pylist(qid=False), extra):
+                rows, start = rows
+                for key, row, last in zip(_keys(rows, start), rows.to_pylist(qid=False), extra):
                     if key not in ahead:
                         ahead.add(key)
                         if last:
                             final.add(key)
-                        yield _row_event(key[0], row, bool(last))
+                        yield _row_event(key[0], row, bool(last) if marked else None)
                 continue
             pending -= 1
             trace.extend(extra)
@@ -157,12 +169,13 @@ async def _events(submit: Submit, plan: Plan, table: Table, trace_entries) -> As
     yield orjson.dumps({"end": True, "rows": answered, "trace": trace_entries(trace)})
 
 
-def _keys(rows: Table) -> list[tuple[int, int]]:
-    """(qid, n) per row: its qid, and how many rows of that qid come before it."""
+def _keys(rows: Table, start: int = 0) -> list[tuple[int, int]]:
+    """(qid, n) per row: its qid, and its place among that qid's rows: ``start`` plus how
+    many rows of that qid come before it in ``rows``."""
     seen: dict[int, int] = {}
     out = []
     for q in rows.qid.tolist():
-        n = seen.get(q, 0)
+        n = seen.get(q, start)
         seen[q] = n + 1
         out.append((q, n))
     return out

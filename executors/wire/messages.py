@@ -36,7 +36,9 @@ travel with every request on every hop. Keys, by message (-> who sends it):
               as JSON: set by the executor for a body's run, never sent), rid (the
               X-Request-Id its answer carries, which the executors' log lines about it
               name; omitted: none), tp (the W3C traceparent of the gateway's span of the
-              request, when tracing is on: executors/tracing.py; omitted: none); table t.
+              request, when tracing is on: executors/tracing.py; omitted: none), st (a
+              streamed request: a sink stage's generator map sends its outputs to the gateway
+              as it yields them, as partials; omitted: false); table t.
               A run without a table says the producing alternative gave no valid result
               (first_valid stages).
     body      gateway -> executor   a request's body as the client sent it, for a flow of one
@@ -50,7 +52,10 @@ travel with every request on every hop. Keys, by message (-> who sends it):
               and later inputs, stop runs that serve only them, send nothing on for them
     result    executor -> gateway   req, att, path, trace; table t (the sink's output)
     partial   executor -> gateway   req, att, final (one bool per row); table t: a first_then's
-                                    fast rows, sent by the sink before its slow rows are done
+                                    fast rows, sent by the sink before its slow rows are done;
+                                    or a streamed request's generator outputs as they are
+                                    yielded (all final), at (where t's rows begin among their
+                                    qid's rows of the answer; omitted: 0)
     answer    executor -> gateway   req, att, trace, n (rows), schema (column -> type): a
                                     body's answer as the client gets it, JSON in frame 1
     error     executor -> gateway   req, att, status (HTTP), error (exception class name),
@@ -292,6 +297,7 @@ class StageInput(Message):
     render: bool = wire((bool,), key="rj", default=False)  # the sink answers a body's run as JSON (Rendered)
     rid: str = wire(_STR, default="")  # the request id (X-Request-Id): named in the executors' log lines
     tp: str = wire(_STR, default="")  # traceparent of the request's span (executors/tracing.py); "": untraced
+    stream: bool = wire((bool,), key="st", default=False)  # streamed: a generator's outputs go ahead (Partial)
     table: Table | None = carried(required=False)
 
     # The two methods below are the generic ones written out, for the hot path (each hop of
@@ -324,6 +330,8 @@ class StageInput(Message):
             h["rid"] = self.rid
         if self.tp:
             h["tp"] = self.tp
+        if self.stream:
+            h["st"] = True
         return h
 
     @classmethod
@@ -340,7 +348,7 @@ class StageInput(Message):
             g("gw"),
         )
         dl, trace, path, copy, solo = g("dl"), g("trace", _EMPTY), g("path", _EMPTY), g("copy", 0), g("solo", False)
-        render, rid, tp = g("rj", False), g("rid", ""), g("tp", "")
+        render, rid, tp, stream = g("rj", False), g("rid", ""), g("tp", ""), g("st", False)
         if (
             req.__class__ is int
             and att.__class__ is int
@@ -358,6 +366,7 @@ class StageInput(Message):
             and render.__class__ is bool
             and rid.__class__ is str
             and tp.__class__ is str
+            and stream.__class__ is bool
         ):
             return cls(
                 req,
@@ -376,6 +385,7 @@ class StageInput(Message):
                 render,
                 rid,
                 tp,
+                stream,
                 tables.get(_TABLE),
             )
         return Message.from_header.__func__(cls, h, tables)  # raises naming the field
@@ -384,8 +394,9 @@ class StageInput(Message):
         self, stage: str, source: str, path, copy: int, table: Table | None, trace: list | tuple | None = None
     ) -> StageInput:
         """The same request's input for another stage (``source``'s output, or the rows).
-        Not ``solo``: the gateway marks the inputs it sends, and only those (as it always did);
-        nor ``render``: only the sink's own input asks for a JSON answer."""
+        Not ``solo``: the gateway marks the inputs it sends, and only those;
+        nor ``render``: only the sink's own input asks for a JSON answer. ``stream`` stays:
+        the sink, wherever it is, sends a streamed request's generator outputs ahead."""
         return StageInput(
             self.req,
             self.attempt,
@@ -403,6 +414,7 @@ class StageInput(Message):
             False,
             self.rid,
             self.tp,
+            self.stream,
             table,
         )
 
@@ -496,12 +508,17 @@ class Result(Message):
 @message("partial")
 class Partial(Message):
     """Executor -> gateway: the fast rows of a first_then that ends the flow, sent as soon as
-    they are computed (flow/progressive.py); ``final[i]``: row i is its query's answer (no
-    slow row follows). The request's Result still carries its whole answer."""
+    they are computed (flow/progressive.py); or, for a streamed request, a generator map's
+    outputs in the sink stage as it yields them (executors/worker/progress.py), all final.
+    ``final[i]``: row i is its query's answer (no slow row follows); ``start``: where the
+    rows begin among their qid's rows of the answer (a generator's outputs come a few at a
+    time; a first_then's fast rows, all at once, begin at 0). The request's Result still
+    carries its whole answer."""
 
     req: int = wire(_INT)
     attempt: int = wire(_INT, key="att")
     final: list = wire(_LIST)
+    start: int = wire(_INT, key="at", absent=0)
     table: Table = carried(required=True)
 
 

@@ -21,6 +21,12 @@ Anything else (other operators, cached operators, a map returning a DataFrame, a
 Table, lists, wrong lengths, a join of other rows) runs the operator's own code, so its
 rows and errors are exactly ``flow.run``'s. tests/executors/test_fused.py checks the chain
 against the generic loop and ``flow.run``.
+
+A streamed request's sink stage whose generator map is followed only by a chain of
+row-wise operators (``FusedChain.yields``) runs output by output (``each_output``): each
+value the generator yields goes through the operators after it as a one-row Table and is
+handed on (executors/worker/progress.py sends it to the gateway) before the generator
+resumes; the stage's output is those Tables put together.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from flow.errors import DataTypeError, OperatorOutputError
 from flow.operators import (
     BoundOperator,
     _BoundJoin,
@@ -38,6 +45,7 @@ from flow.operators import (
     _invoke,
     arity_error,
     batch_output,
+    each_generated,
 )
 from flow.table import Column, Row, Table, built_column, is_torch_tensor, torch_column
 from flow.types import ColumnType, build_column
@@ -56,6 +64,8 @@ class FusedChain:
             ins = tuple(-1 - int(i[1:]) if i.startswith("@") else slot[i] for i in node.inputs)
             self.steps.append((node, _step(b), ins))
         self.size = len(self.steps)
+        # the stage's generator whose outputs may leave one by one, by position, or None
+        self.yields = _yield_point(nodes, bound)
 
     def __call__(self, inputs: Sequence[Table], store=None, on_node=None) -> Table:
         out: list = [None] * self.size
@@ -65,6 +75,57 @@ class FusedChain:
                 on_node(node)
             last = out[k] = step([inputs[-1 - i] if i < 0 else out[i] for i in ins], store)
         return last
+
+    def each_output(self, inputs: Sequence[Table], store, on_node, emit) -> Table:
+        """The chain's output (as ``self(inputs, ...)``), its generator's outputs (at
+        ``self.yields``) going through the operators after it one at a time: ``emit(rows)``
+        gets each one's rows (one input row's qid; none filtered out) before the generator
+        resumes. ``on_node`` is told of the generator again each time it resumes."""
+        g = self.yields
+        out: list = [None] * self.size
+        for k, (node, step, ins) in enumerate(self.steps[:g]):
+            if on_node is not None:
+                on_node(node)
+            out[k] = step([inputs[-1 - i] if i < 0 else out[i] for i in ins], store)
+        gen, b, (i,) = self.steps[g]
+        source = inputs[-1 - i] if i < 0 else out[i]
+        after = self.steps[g + 1 :]
+        parts = []
+        if on_node is not None:
+            on_node(gen)
+        for rows in each_generated(b, source):
+            for node, step, _ins in after:
+                if on_node is not None:
+                    on_node(node)
+                rows = step([rows], store)
+            if len(rows):
+                emit(rows)
+                parts.append(rows)
+            if after and on_node is not None:
+                on_node(gen)
+        if not parts:  # no row came out: the operators' own empty output (their columns, no rows)
+            rows = b([source.take(np.zeros(0, dtype=np.int64))], store)
+            for _node, step, _ins in after:
+                rows = step([rows], store)
+            return rows
+        try:
+            return Table.concat(parts)
+        except DataTypeError as e:  # outputs of types that do not go together (flow.run fails on them too)
+            raise OperatorOutputError(f"operator {gen.name!r}: {e}", operator=gen.name) from None
+
+
+def _yield_point(nodes: Sequence, bound: Sequence[BoundOperator]) -> int | None:
+    """The position of the stage's first generator map when every operator after it is
+    row-wise and reads the one before it (so one yielded value can go through them alone,
+    giving the rows the whole Table would); None for any other stage."""
+    g = next((k for k, b in enumerate(bound) if type(b) is _BoundMap and b.op.generates), None)
+    if g is None:
+        return None
+    for k in range(g + 1, len(nodes)):
+        if not nodes[k].op.rowwise or tuple(nodes[k].inputs) != (nodes[k - 1].name,):
+            return None
+    ins = nodes[g].inputs
+    return g if len(ins) == 1 else None
 
 
 def _step(b: BoundOperator):

@@ -2,7 +2,8 @@
 stage, the pool, the stage's batcher), one request or several merged into one Table, the
 losing copies of a race skipped, late requests answered without a run; each run watched
 (watchdog.py: overdue runs answered 504, lost threads replaced, a stuck executor recycled)
-and recorded in the blackbox; its output handed to Outputs.
+and recorded in the blackbox; rows a sink sends ahead of its output (progress.py); its
+output handed to Outputs.
 """
 
 from __future__ import annotations
@@ -158,8 +159,9 @@ class Runner:
     def _run_watched(self, hosted: HostedStage, item: WorkItem, key: int, run: Run) -> None:
         t0 = time.perf_counter()
         try:
+            emit = progress.yielding(self.send, hosted, [item])  # a streamed generator's outputs go ahead
             with progress.sending(self.send, hosted, [item]):  # a first_then's fast rows go ahead
-                out = self._execute(hosted, item.inputs, item.after_head, run)
+                out = self._execute(hosted, item.inputs, item.after_head, run, emit)
         except FlowError as e:
             if self._end(key, run):
                 return
@@ -252,8 +254,9 @@ class Runner:
         t0 = time.perf_counter()
         try:
             merged = [Table.concat([it.inputs[k] for it in items]) for k in range(len(items[0].inputs))]
+            emit = progress.yielding(self.send, hosted, items)
             with progress.sending(self.send, hosted, items):
-                out = self._execute(hosted, merged, items[0].after_head, run)
+                out = self._execute(hosted, merged, items[0].after_head, run, emit)
         except BaseException:
             self._end(key, run)
             # one bad request must not fail the others: run each alone to isolate it
@@ -320,8 +323,12 @@ class Runner:
             hosted,
         )
 
-    def _execute(self, hosted: HostedStage, inputs: list[Table], after_head: bool, run: Run) -> Table:
+    def _execute(self, hosted: HostedStage, inputs: list[Table], after_head: bool, run: Run, emit=None) -> Table:
+        """The stage's output for ``inputs``; with ``emit`` (progress.yielding), its
+        generator's outputs handed to ``emit`` one by one as they are yielded."""
         bound = hosted.bound
+        if emit is not None and not after_head:
+            return bound.chain.each_output(inputs, self.store, self._on_node_resuming(hosted, run), emit)
         enter = self._on_node(run, len(hosted.stage.nodes) > 1)
         if not after_head:
             return bound(inputs, self.store, on_node=enter)
@@ -376,6 +383,24 @@ class Runner:
                 self.blackbox.note_node(run)
 
         return enter
+
+    def _on_node_resuming(self, hosted: HostedStage, run: Run):
+        """``_on_node`` for a run whose generator resumes after each output went through the
+        operators after it: its timeout_s counts from its first start, not from each resume."""
+        enter = self._on_node(run, True)
+        gen = hosted.stage.nodes[hosted.bound.chain.yields]
+        started = None
+
+        def resume(node) -> None:
+            nonlocal started
+            enter(node)
+            if node is gen:
+                if started is None:
+                    started = run.node_started
+                else:
+                    run.node_started = started
+
+        return resume
 
     def _on_overdue(self, run: Run, due: list[int], why: str) -> None:
         """Watchdog: answer the requests whose time is up 504 naming the operator; once the

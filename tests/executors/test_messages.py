@@ -5,6 +5,7 @@ dispatcher's own errors reach clients through the one error -> HTTP mapping."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 from dataclasses import fields
 from pathlib import Path
@@ -79,6 +80,7 @@ EVERY = [
     Unload("cascade", 3),
     RUN,
     StageInput(12, 0, "cascade", 3, "pick", "slow", {"pick": ["ipc:///tmp/e0"]}, "ipc:///tmp/gw"),  # no table
+    StageInput(12, 0, "words", 3, "split", "__input__", {"split": ["ipc:///tmp/e0"]}, "gw", stream=True, table=table()),
     RawInput(12, 1, "ensemble", 3, "all", {"all": ["ipc:///tmp/e0"]}, "ipc:///tmp/gw", 40, body=b'{"img": [[1]]}'),
     RawInput(
         12, 2, "ensemble", 3, "all", {}, "gw", 41, "application/json", 1.8e9, solo=True, body=bytearray(b'{"x":1}')
@@ -87,7 +89,8 @@ EVERY = [
     Cancel("ipc:///tmp/gw", 12, 1, "slow"),
     Revoke("ipc:///tmp/gw", [12, 13]),
     Result(12, 1, [[1, 2]], [["pick", "e0", 0.1, 1]], table()),
-    Partial(12, 1, [True, False], table()),
+    Partial(12, 1, [True, False], 0, table()),
+    Partial(12, 1, [True, True], 3, table()),  # a generator's outputs, after 3 of their qid
     Rendered(12, 1, [["all", "e0", 0.3, 1]], 1, {"cls": {"kind": "int"}}, b'{"rows":[{"cls":3}]}'),
     Failure(
         12, 1, 422, "NoValidResultError", "operator 'pick': no alternative gave a valid result", operator="pick", qid=7
@@ -163,6 +166,7 @@ def test_a_run_message_keeps_the_short_keys_and_leaves_defaults_off():
         StageInput(1, 0, "f", 1, "s", "__input__", {}, "gw"),
         StageInput(1, 0, "f", 1, "s", "__input__", {}, "gw", deadline=5),
         StageInput(1, 0, "f", 1, "s", "__input__", {}, "gw", render=True, table=table()),
+        StageInput(1, 0, "f", 1, "s", "__input__", {}, "gw", stream=True, table=table()),
     ],
 )
 def test_the_hot_path_run_codec_agrees_with_the_generic_one(msg):
@@ -190,6 +194,18 @@ def test_to_gives_the_same_request_for_another_stage():
         [["fast", "e0", 1.0, 1]],
     )
     assert not nxt.solo  # the gateway marks the inputs it sends (a retry after a crash), and only those
+    assert not nxt.stream
+    streamed = dataclasses.replace(RUN, stream=True)
+    assert streamed.to("slow", "fast", (), 0, None).stream  # the sink, on any stage, sends its outputs ahead
+
+
+def test_a_streamed_runs_flag_and_a_partials_start_are_off_the_wire_unless_set():
+    assert "st" not in header_of(RUN)  # a request that is not streamed pays nothing for it
+    assert header_of(dataclasses.replace(RUN, stream=True))["st"] is True
+    assert "at" not in header_of(Partial(12, 1, [True], 0, table().take([0])))
+    assert header_of(Partial(12, 1, [True], 2, table().take([0])))["at"] == 2
+    with pytest.raises(WireError, match="'run' message: field 'st' must be a boolean, got 1"):
+        decode(frames_with(RUN, st=1))
 
 
 def header_of(msg: Message) -> dict:
@@ -284,8 +300,6 @@ def test_no_other_module_spells_the_wire_keys(module):
 
 
 def test_racing_copies_share_one_encoded_table_and_decode_as_their_own():
-    import dataclasses
-
     copies = [dataclasses.replace(RUN, copy=j) for j in range(3)]
     frames = pack_copies([m.header() for m in copies], copies[0].tables())
     for m, f in zip(copies, frames):

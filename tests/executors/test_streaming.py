@@ -1,7 +1,8 @@
 """Streamed answers over real HTTP on a real local cluster (executors/gateway/streaming.py):
 a stream's rows are flow.run's for every operator kind upstream, each row leaves as it
 completes (across batching stages), an error mid-stream names the operator as the
-non-streamed body does, generator maps' rows, SSE, and the Python client's stream."""
+non-streamed body does, generator maps' rows (each output as it is yielded, through the
+row-wise operators fused after it), SSE, and the Python client's stream."""
 
 from __future__ import annotations
 
@@ -14,8 +15,12 @@ import pytest
 
 import flowserve as fs
 from executors.gateway.streaming import NDJSON, SSE
-from flow import Flow
+from executors.worker.stage_runner import BoundStage
+from flow import Flow, Table
+from flow.errors import OperatorFailedError
+from optimizer import OptimizerOptions, optimize
 from tests.executors.conftest import unique
+from tests.flowgen import assert_same_rows
 
 WAIT_S = 20  # the most an operator waits for its gate (a test that never opens it fails, not hangs)
 
@@ -219,6 +224,184 @@ def test_a_generator_maps_rows_deployed_and_streamed_are_flow_runs(cluster, http
         assert [r["out"] for r in one.json()["rows"]] == ["X0", "Y1"]
     finally:
         d.undeploy()
+
+
+def gate_opens(path: str) -> None:
+    """Returns once the file ``path`` exists (a test creates it); fails after WAIT_S."""
+    deadline = time.monotonic() + WAIT_S
+    while not Path(path).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {path} never opened")
+        fs.wait(0.005)  # polls a condition under a deadline
+
+
+def gated_words(row):
+    """Yields the first word, then, once the row's gate is open (none: at once), the others."""
+    words = row.s.split()
+    yield words[0], 0
+    if row.gate:
+        gate_opens(row.gate)
+    for i, w in enumerate(words[1:], 1):
+        yield w, i
+
+
+def test_a_generators_outputs_are_streamed_one_by_one_as_it_yields_them(cluster, http, tmp_path):
+    flow = Flow(unique("s-gen-yield"), schema={"s": str, "gate": str})
+    flow.map(gated_words, names=["w", "i"])
+    gate = tmp_path / "open"
+    rows = [{"s": "a b c", "gate": str(gate)}]
+    d = flow.deploy(cluster=cluster)
+    try:
+        with cluster.http.stream("POST", d.url, json=rows, headers={"Accept": NDJSON}, timeout=30) as r:
+            assert r.status_code == 200
+            start = int(r.headers["x-qid-start"])
+            lines = r.iter_lines()
+            first = json.loads(next(lines))
+            # the generator cannot yield its later outputs before the gate opens: the first
+            # reached the client while the generator still runs
+            assert not gate.exists()
+            assert first == {"qid": start, "row": {"w": "a", "i": 0}}  # a row of the answer: no "final"
+            gate.touch()
+            rest = [json.loads(line) for line in lines if line]
+        end = rest.pop()
+        assert end["end"] is True and end["rows"] == 3
+        got = [(e["qid"] - start, e["row"]) for e in [first, *rest]]
+        assert (
+            got == reference(flow, rows) == [(0, {"w": "a", "i": 0}), (0, {"w": "b", "i": 1}), (0, {"w": "c", "i": 2})]
+        )
+        plain = http.post(d.url, json=rows)  # the whole answer is unchanged
+        start = int(plain.headers["x-qid-start"])
+        assert [(r.pop("qid") - start, r) for r in plain.json()["rows"]] == reference(flow, rows)
+    finally:
+        d.undeploy()
+
+
+def test_a_generator_then_a_fused_map_streams_each_transformed_output(cluster, http, tmp_path):
+    flow = Flow(unique("s-gen-fused"), schema={"s": str, "gate": str})
+    flow.map(gated_words, names=["w", "i"]).map(shout, names=["out"])
+    gate = tmp_path / "open"
+    rows = [{"s": "a b c", "gate": str(gate)}, {"s": "d e", "gate": ""}]
+    d = flow.deploy(cluster=cluster)
+    try:
+        assert len(d.plan.stages) == 1  # the map is fused after the generator, in the flow's last stage
+        with cluster.http.stream("POST", d.url, json=rows, headers={"Accept": NDJSON}, timeout=30) as r:
+            assert r.status_code == 200
+            start = int(r.headers["x-qid-start"])
+            lines = r.iter_lines()
+            ahead = [json.loads(next(lines)) for _ in range(3)]
+            # the gated row's first output, through the map, came while its generator waits
+            assert not gate.exists()
+            assert sorted((e["qid"] - start, e["row"]["out"]) for e in ahead) == [(0, "A0"), (1, "D0"), (1, "E1")]
+            gate.touch()
+            rest = [json.loads(line) for line in lines if line]
+        end = rest.pop()
+        assert end["end"] is True and end["rows"] == 5
+        assert [(e["qid"] - start, e["row"]["out"]) for e in rest] == [(0, "B1"), (0, "C2")]
+        assert all("final" not in e for e in ahead + rest)
+        got = [(e["qid"] - start, e["row"]) for e in ahead + rest]
+        assert by_qid(got) == reference(flow, rows)
+        plain = http.post(d.url, json=rows)  # the whole answer is unchanged
+        start = int(plain.headers["x-qid-start"])
+        assert [(r.pop("qid") - start, r) for r in plain.json()["rows"]] == reference(flow, rows)
+    finally:
+        d.undeploy()
+
+
+def gated_twice(row):
+    """Yields x, then, once the row's gate is open (none: at once), x + 1."""
+    yield row.x
+    if row.gate:
+        gate_opens(row.gate)
+    yield row.x + 1
+
+
+def test_a_batched_stages_generator_streams_each_requests_outputs_as_yielded(cluster, http, tmp_path):
+    flow = Flow(unique("s-gen-batch"), schema={"x": int, "gate": str})
+    flow.map(plus_one_keep_gate, names=["x", "gate"], batching=True).map(gated_twice, names=["x"]).map(
+        plus_one, names=["y"]
+    )
+    gate = tmp_path / "open"
+    rows = [{"x": 1, "gate": str(gate)}, *({"x": x, "gate": ""} for x in range(2, 8))]
+    d = flow.deploy(cluster=cluster)
+    try:
+        (stage,) = d.plan.stages.values()
+        assert stage.batch is not None  # the rows' requests may run merged in one batch: each gets its own rows
+        with cluster.http.stream("POST", d.url, json=rows, headers={"Accept": NDJSON}, timeout=30) as r:
+            assert r.status_code == 200
+            start = int(r.headers["x-qid-start"])
+            lines = r.iter_lines()
+            ahead = []
+            while not any(e.get("qid") == start for e in ahead):  # the gated row's first output
+                ahead.append(json.loads(next(lines)))
+                assert "row" in ahead[-1], ahead[-1]
+            assert not gate.exists()  # it came while the generator waits for the gate
+            gate.touch()
+            rest = [json.loads(line) for line in lines if line]
+        end = rest.pop()
+        assert end["end"] is True and end["rows"] == 14
+        got = [(e["qid"] - start, e["row"]) for e in ahead + rest]
+        assert by_qid(got) == reference(flow, rows)
+        plain = http.post(d.url, json=rows)  # the whole answer is unchanged
+        start = int(plain.headers["x-qid-start"])
+        assert [(r.pop("qid") - start, r) for r in plain.json()["rows"]] == reference(flow, rows)
+    finally:
+        d.undeploy()
+
+
+def words_until_boom(row):
+    for w in row.s.split():
+        if w == "boom":
+            raise ValueError("boom is not a word")
+        yield w, 0
+
+
+def test_a_stage_run_output_by_output_gives_the_whole_runs_rows_and_errors():
+    """The sink's run for a stream (executors/worker/fused.py ``each_output``): each output
+    through the operators after the generator (a filter dropping some), handed on one by
+    one, and together the rows and error of the run that is not streamed."""
+    flow = Flow("yield-chain", schema={"s": str})
+    flow.map(split_words, names=["w", "i"]).filter(lambda r: r.i != 1).map(shout, names=["out"])
+    (stage,) = optimize(flow).stages.values()
+    bound = BoundStage(stage)
+    assert bound.chain.yields == 0
+    table = Table.from_pylist([{"s": "a b c"}, {"s": ""}, {"s": "d e"}], qid=np.array([4, 5, 6]))
+    emitted: list = []
+    out = bound.chain.each_output([table], None, None, emitted.append)
+    whole = bound([table])
+    assert_same_rows(out, whole)
+    assert out.qid.tolist() == whole.qid.tolist() == [4, 4, 6]
+    assert [(t.qid.tolist(), t.to_pylist(qid=False)) for t in emitted] == [
+        ([4], [{"out": "A0"}]),
+        ([4], [{"out": "C2"}]),
+        ([6], [{"out": "D0"}]),
+    ]
+    nothing = table.take(np.array([1]))  # no output at all: the run's empty answer
+    assert len(bound.chain.each_output([nothing], None, None, emitted.append)) == 0 and len(emitted) == 3
+    failing = Flow("yield-boom", schema={"s": str})
+    failing.map(words_until_boom, names=["w", "i"]).map(shout, names=["out"])
+    (stage,) = optimize(failing).stages.values()
+    bound, bad = BoundStage(stage), Table.from_pylist([{"s": "a boom b"}], qid=np.array([9]))
+    with pytest.raises(OperatorFailedError) as whole_error:
+        bound([bad])
+    emitted.clear()
+    with pytest.raises(OperatorFailedError) as error:
+        bound.chain.each_output([bad], None, None, emitted.append)
+    assert (str(error.value), error.value.operator, error.value.qid) == (
+        str(whole_error.value),
+        "words_until_boom",
+        9,
+    )
+    assert [t.to_pylist(qid=False) for t in emitted] == [[{"out": "A0"}]]  # what came before the error
+
+
+def test_a_stage_whose_generator_feeds_a_join_sends_its_outputs_together():
+    flow = Flow("yield-join", schema={"s": str})
+    words = flow.map(split_words, names=["w", "i"])
+    words.join(words.map(shout, names=["out"]))
+    plan = optimize(flow, options=OptimizerOptions(fuse_branches=True))
+    (stage,) = [s for s in plan.stages.values() if any(n.op.generates for n in s.nodes)]
+    assert [n.op.kind for n in stage.nodes] == ["map", "map", "join"]  # one stage: the join reads both
+    assert BoundStage(stage).chain.yields is None  # one output alone cannot be joined with its branch's rows
 
 
 def test_server_sent_events_carry_the_same_events(cluster, http):
