@@ -69,7 +69,7 @@ def answer(row):
 
 
 def setup(store) -> None:
-    """Train (seconds) and store the three models the flow races, unless the store has them."""
+    """Train (once: cached on disk) and store the three models the flow races, unless the store has them."""
     ensure_models(store, names=("small", "medium", "big"))
 
 

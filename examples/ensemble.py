@@ -37,7 +37,7 @@ def pick(row):
 
 
 def setup(store) -> None:
-    """Train (seconds) and store the two models the flow reads, unless the store has them."""
+    """Train (once: cached on disk) and store the two models the flow reads, unless the store has them."""
     ensure_models(store, names=("small", "big"))
 
 

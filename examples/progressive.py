@@ -42,7 +42,7 @@ def unsure(row) -> bool:
 
 
 def setup(store) -> None:
-    """Train (seconds) and store the two models the flow reads, unless the store has them."""
+    """Train (once: cached on disk) and store the two models the flow reads, unless the store has them."""
     ensure_models(store, names=("small", "big"))
 
 

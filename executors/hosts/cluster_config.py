@@ -224,6 +224,19 @@ class ClusterConfig(Config):
         (nothing when it is off)."""
         return {} if self.tracing is None else self.tracing.env()
 
+    def gateway_options(self) -> dict:
+        """The gateway's settings from this config (``Gateway(..., **options)``), the same for
+        a local cluster's gateways and a standalone one."""
+        return {
+            "token": self.token,
+            "max_body_bytes": self.max_body_bytes,
+            "request_timeout_s": self.request_timeout_s,
+            "max_request_timeout_s": self.max_request_timeout_s,
+            "load_timeout_s": self.load_timeout_s,
+            "public_metrics": self.public_metrics,
+            "max_rows": self.max_rows,
+        }
+
     def http_limits(self):
         """The HTTP edge's limits (executors/gateway/http_server.py)."""
         from executors.gateway.http_server import HttpLimits

@@ -92,15 +92,9 @@ class ClusterGateway:
         self.gateway = Gateway(
             self.dispatcher,
             self.store,
-            token=config.token,
             admin_token=admin_token,
-            max_body_bytes=config.max_body_bytes,
-            request_timeout_s=config.request_timeout_s,
-            max_request_timeout_s=config.max_request_timeout_s,
-            load_timeout_s=config.load_timeout_s,
             metrics=self.metrics,
-            public_metrics=config.public_metrics,
-            max_rows=config.max_rows,
+            **config.gateway_options(),
         )
         self.gateway.host_status = self.status
         self.gateway.deploys.on_served = lambda name, version: self.channel.send(
