@@ -9,7 +9,7 @@ ms beside 20 such images a second; benchmarks/README.md, "Small requests beside 
 builds flat arrays from the same bytes with the GIL released. A batch of tabular rows is
 the same story (1,000 rows of 20 floats: 34 ms of GIL the general way).
 
-``read_rows`` takes only bodies it reads exactly as the general path (httpcodec.parse_body
+``read_rows`` takes only bodies it reads exactly as the general path (bodies.parse_body
 and input_table) does: one object, or a list of objects, each with the schema's columns
 as keys, each once; values that are numbers, brackets and commas only (no literal, no
 string, no escape: JSON's NaN/Infinity, booleans and nulls never reach Arrow, whose

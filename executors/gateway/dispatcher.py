@@ -104,6 +104,7 @@ class Dispatcher:
         self._building: dict[str, str] = {}  # load token -> the executor building (fails with it)
         self.last_pong: dict[str, float] = {}  # executor id -> when it last answered a ping (monotonic)
         self.relays: dict[str, bool] = {}  # executor id -> its last pong said it takes bodies (RawInput)
+        self.renders: dict[str, bool] = {}  # ...and that it passes their JSON answer on (Pong.renders)
         self.executor_stats: dict[str, dict] = {}  # executor id -> its last pong's figures for /metrics
         # executor id -> loads in progress there: a deploy's placement is not served yet, so
         # the scaler must not stop these executors as idle (scaling._stop_idle_extras)
@@ -390,9 +391,19 @@ class Dispatcher:
 
     def relays_to(self, flow: DeployedFlow) -> str | None:
         """The stage a one-row body of ``flow`` may be relayed to unparsed (RawInput): its
-        relay stage, when every executor hosting it said it takes bodies; else None."""
+        relay stage, when every executor hosting it said it takes bodies and, in a flow of
+        several stages, every executor hosting one of them said it passes the answer's
+        rendering on to the sink (Pong.renders); else None."""
         stage = flow.relay_stage
-        return stage if stage is not None and self._take_bodies(flow.placement[stage]) else None
+        if stage is None or not self._take_bodies(flow.placement[stage]):
+            return None
+        if len(flow.placement) > 1 and not self._render_anywhere(i for ids in flow.placement.values() for i in ids):
+            return None
+        return stage
+
+    def _render_anywhere(self, executor_ids) -> bool:
+        """Whether every one of these executors said it passes a relayed body's rendering on."""
+        return all(self.renders.get(i, False) for i in executor_ids)
 
     def _take_bodies(self, executor_ids) -> bool:
         """Whether every one of these executors said in its last pong that it takes bodies."""
@@ -562,7 +573,7 @@ class Dispatcher:
         raw = req.raw
         if raw is not None:
             stage = req.flow.relay_stage
-            if not self._take_bodies(used):
+            if not self._take_bodies(used) or (len(plan.stages) > 1 and not self._render_anywhere(used)):
                 # re-run on an executor that cannot read a body (an older release, started
                 # since the request came): the client may send it again
                 why = f"flow {plan.flow_name!r}: executor {sorted(used)} does not take relayed bodies; retry"
@@ -736,6 +747,7 @@ class Dispatcher:
         elif kind is Loaded or kind is Pong:
             if kind is Pong:
                 self.relays[msg.executor] = msg.relays
+                self.renders[msg.executor] = msg.renders
                 if msg.stats is not None:
                     self.executor_stats[msg.executor] = msg.stats
                 info = self.executors.get(msg.executor)

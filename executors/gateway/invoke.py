@@ -177,8 +177,8 @@ class Invocations:
             and self.dispatcher.relays_to(flow) is not None
             and (shadow is None or self.dispatcher.relays_to(shadow) is not None)
         ):
-            # one JSON row for a flow of one stage: the stage's executor parses and checks it
-            # (the same code, the same errors) and answers in JSON; this process only relays
+            # one JSON row for a flow whose rows go to one stage: its executor parses and checks
+            # it (the same code, the same errors), the sink's answers in JSON; this process only relays
             qid_start = self.dispatcher.new_qid()
             raw = RawBody(body, headers.get("content-type", ""), qid_start)
         else:
@@ -287,7 +287,7 @@ class Invocations:
                     qid_start = self.dispatcher.next_qid
                     table = Table.built(cols, self.dispatcher.new_qids(n))
                     return qid_start, check_schema(name, schema, table), None
-            # a compressed Arrow body may not inflate past the body limit (httpcodec.arrow_table)
+            # a compressed Arrow body may not inflate past the body limit (bodies.arrow_table)
             rows = (
                 await asyncio.to_thread(parse_body, body, ctype, schema, self.max_body_bytes)
                 if big and not inline
@@ -371,7 +371,7 @@ RELAY_MAX_BYTES = 64 * 1024
 
 
 def _relayable(body, headers: dict) -> bool:
-    """A body the flow's one stage may parse itself (RawInput): one JSON object (one row),
+    """A body the flow's first stage may parse itself (RawInput): one JSON object (one row),
     small (RELAY_MAX_BYTES), for a client that takes a JSON answer. Anything else is
     parsed here (Arrow, lists of rows, big bodies, answers in Arrow)."""
     return (

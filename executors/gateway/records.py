@@ -75,13 +75,15 @@ class DeployedFlow:
 
 
 def relay_stage(plan: Plan) -> str | None:
-    """The flow's only stage, when it takes the request's rows whole and gives the answer
+    """The stage that takes the request's rows, when it is the only one and takes them whole
     (on one replica, or raced by copies; not hedged, key-split or a choice among
     alternatives): the gateway may then relay a one-row JSON body to it unparsed
-    (messages.RawInput), to each racing copy alike."""
-    if len(plan.stages) != 1:
+    (messages.RawInput), to each racing copy alike. The stages after it pass the request on
+    as for any body, and the sink answers with the client's JSON (outputs.py)."""
+    takers = [s for s in plan.stages.values() if INPUT in s.inputs]
+    if len(takers) != 1:
         return None
-    (stage,) = plan.stages.values()
+    (stage,) = takers
     if (
         tuple(stage.inputs) != (INPUT,)
         or stage.continuation is not None

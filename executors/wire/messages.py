@@ -33,7 +33,8 @@ travel with every request on every hop. Keys, by message (-> who sends it):
               ms, batch] of the stages run so far), path (where a key-split part sits:
               [[index, count], ...]), copy (which racing copy; omitted: 0), solo (a retry
               that must run unbatched; omitted: false), rj (render the sink's answer
-              as JSON: set by the executor for a body's run, never sent), rid (the
+              as JSON: set by the executor that parsed a relayed body, and sent on with the
+              request's runs to the sink; omitted: false), rid (the
               X-Request-Id its answer carries, which the executors' log lines about it
               name; omitted: none), tp (the W3C traceparent of the gateway's span of the
               request, when tracing is on: executors/tracing.py; omitted: none), st (a
@@ -41,10 +42,10 @@ travel with every request on every hop. Keys, by message (-> who sends it):
               as it yields them, as partials; omitted: false); table t.
               A run without a table says the producing alternative gave no valid result
               (first_valid stages).
-    body      gateway -> executor   a request's body as the client sent it, for a flow of one
-              stage: req, att, flow, ver, stage, routes, gw, qid (the row's query id), ct
+    body      gateway -> executor   a request's body as the client sent it, for the flow's one
+              stage that takes the input (records.relay_stage): req, att, flow, ver, stage, routes, gw, qid (the row's query id), ct
               (Content-Type; omitted: JSON), dl, solo, rid, tp; the body is frame 1, not a table.
-              The executor parses and checks it as the gateway would (httpcodec.py).
+              The executor parses and checks it as the gateway would (codec/bodies.py).
     cancel    executor -> executor  gw, req, att, stage: a racing stage's copy of this request
               attempt finished first; drop the other copies still queued or yet to come
     revoke    gateway -> executor   gw, reqs (request ids): the gateway gave up on these
@@ -229,15 +230,19 @@ class Ping(Message):
 @message("pong")
 class Pong(Message):
     """Executor -> gateway: alive; its device class and (on a GPU executor) GPU stats;
-    whether it takes relayed bodies (``RawInput``). An executor of a release before them
-    sends no ``relays``: a newer gateway then parses every body for the stages it hosts
-    (during a rolling upgrade a body must never go where it cannot be read)."""
+    whether it takes relayed bodies (``RawInput``), and whether it passes their JSON answer
+    on to a sink anywhere (``renders``: ``StageInput.render`` travels with the request's
+    runs). An executor of a release before them sends no ``relays`` (no ``renders``): a
+    newer gateway then parses every body for the stages it hosts (for every stage of a
+    flow of several), as a body must never go where it cannot be read, nor a split answer
+    be rendered part by part, during a rolling upgrade."""
 
     executor: str = wire(_STR)
     token: str = wire(_STR)
     device: str = wire(_STR)
     gpus: list = wire(_LIST)
     relays: bool = wire((bool,), default=False)
+    renders: bool = wire((bool,), key="rn", default=False)
     stats: dict | None = wire(_optional(_DICT), default=None)  # for /metrics (executors/gateway/metrics.py)
 
 
@@ -394,9 +399,9 @@ class StageInput(Message):
         self, stage: str, source: str, path, copy: int, table: Table | None, trace: list | tuple | None = None
     ) -> StageInput:
         """The same request's input for another stage (``source``'s output, or the rows).
-        Not ``solo``: the gateway marks the inputs it sends, and only those;
-        nor ``render``: only the sink's own input asks for a JSON answer. ``stream`` stays:
-        the sink, wherever it is, sends a streamed request's generator outputs ahead."""
+        Not ``solo``: the gateway marks the inputs it sends, and only those. ``render`` and
+        ``stream`` stay: the sink, wherever it is, answers a relayed body's request as the
+        client's JSON and sends a streamed request's generator outputs ahead."""
         return StageInput(
             self.req,
             self.attempt,
@@ -411,7 +416,7 @@ class StageInput(Message):
             path,
             copy,
             False,
-            False,
+            self.render,
             self.rid,
             self.tp,
             self.stream,
@@ -422,9 +427,10 @@ class StageInput(Message):
 @message("body")
 class RawInput(Message):
     """Gateway -> executor: a request's body as the client sent it (one JSON object: one
-    row, query id ``qid``), for a flow whose one stage takes the input and gives the answer.
-    The executor parses and checks it as the gateway would (httpcodec.py: the same errors),
-    runs the stage and answers with the rows already as the client's JSON (``Rendered``).
+    row, query id ``qid``), for the flow's one stage that takes the input
+    (records.relay_stage). The executor parses and checks it as the gateway would
+    (codec/bodies.py: the same errors) and runs the stage; the sink, on whichever executor,
+    answers with the rows already as the client's JSON (``Rendered``).
     A racing stage gets one per copy (``copy``); the first answer wins, as for StageInput.
 
     Why: for such a flow the gateway's work per request is then a relay's (no parse, no

@@ -106,7 +106,10 @@ def _by_key(
     table: Table, column: str, addresses: list[str], path: Path, here: str | None, holds: Callable[[str], bool] | None
 ) -> list[Delivery]:
     if len(addresses) == 1 or len(table) == 0 or column not in table.columns:
-        return [Delivery(addresses[0], _whole(table), path + ((0, 1),))]
+        # the only part of its split: its rows stay in order, so it needs no positions (a
+        # part split before keeps its own; a split of it later numbers its rows from here,
+        # which are the root's positions too)
+        return [Delivery(addresses[0], table, path + ((0, 1),))]
     keys = table.column(column).to_list()
     groups: dict[str, list[int]] = {}
     for i, k in enumerate(keys):
@@ -117,11 +120,6 @@ def _by_key(
         Delivery(addr, positions.split(table, np.asarray(idx, dtype=np.int64)), path + ((p, n),))
         for p, (addr, idx) in enumerate(sorted(groups.items()))
     ]
-
-
-def _whole(table: Table) -> Table:
-    """The table as the one part of its split: a part already (nested) keeps its positions."""
-    return table if positions.POS in table.columns else positions.whole(table)
 
 
 def merge(parts: dict) -> Table:

@@ -31,7 +31,6 @@ On a virtual machine a wake-up of a sleeping peer is among the dearest things a 
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import logging
@@ -349,20 +348,9 @@ class Outbox:
         local = address.startswith("ipc://")
         return self._send_buffers(address, [b for frames in messages for b in encode(frames, local)])
 
-    @contextlib.contextmanager
-    def corked(self):
+    def corked(self) -> _Cork:
         """This thread's sends inside the block leave at its end, one write per peer."""
-        if getattr(self._local, "pending", None) is not None:  # nested: the outer block sends
-            yield
-            return
-        self._local.pending = {}
-        try:
-            yield
-        finally:
-            pending, self._local.pending = self._local.pending, None
-            for address, buffers in pending.items():
-                if not self._send_buffers(address, buffers):
-                    log.warning("%s: %s cannot be reached; messages to it were dropped", self.name, address)
+        return _Cork(self)
 
     def _send_buffers(self, address: str, buffers: list) -> bool:
         with self._lock:
@@ -385,6 +373,33 @@ class Outbox:
             peers, self._peers = list(self._peers.values()), {}
         for p in peers:
             p.close()
+
+
+class _Cork:
+    """``Outbox.corked``'s block: a class rather than a generator context, as an executor
+    enters one per stage run (a generator's context costs several times more)."""
+
+    __slots__ = ("outbox", "outer")
+
+    def __init__(self, outbox: Outbox):
+        self.outbox = outbox
+        self.outer = False
+
+    def __enter__(self) -> None:
+        local = self.outbox._local
+        if getattr(local, "pending", None) is not None:  # nested: the outer block sends
+            self.outer = True
+        else:
+            local.pending = {}
+
+    def __exit__(self, *exc) -> None:
+        if self.outer:
+            return
+        outbox = self.outbox
+        pending, outbox._local.pending = outbox._local.pending, None
+        for address, buffers in pending.items():
+            if not outbox._send_buffers(address, buffers):
+                log.warning("%s: %s cannot be reached; messages to it were dropped", outbox.name, address)
 
 
 class _Peer:

@@ -16,7 +16,7 @@ from executors import tracing
 from executors.codec.bodies import OFF_LOOP_ROWS, json_rows
 from executors.errors import OperatorTimeoutError, status_for
 from executors.wire.messages import Failure, Rendered, Result, StageInput
-from executors.wire.routing import deliveries, keeps_rows
+from executors.wire.routing import complete, deliveries, keeps_rows, merge
 from executors.worker.batcher import WorkItem
 from executors.worker.hosting import HostedStage
 from executors.worker.races import Races, raced
@@ -129,7 +129,7 @@ class Outputs:
             race_outcome(h, "answered")
         local = []
         if hosted.is_sink:
-            answer = _rendered(h, trace, out) if h.render else None
+            answer = _rendered(h, trace, out, item.path) if h.render else None
             self.send(h.gateway, answer or Result(h.req, h.attempt, item.path, trace, out).encode())
         for consumer in hosted.consumers:
             stage = hosted.plan.stages[consumer]
@@ -209,12 +209,18 @@ def race_outcome(h: StageInput, outcome: str) -> None:
         tracing.note("flowserve.race.outcome", outcome)
 
 
-def _rendered(h: StageInput, trace: list, out: Table) -> list | None:
+def _rendered(h: StageInput, trace: list, out: Table, path) -> list | None:
     """A relayed body's answer as the client's JSON (Rendered); None for an answer rendered
-    off the loop by the gateway (over OFF_LOOP_ROWS rows) or that JSON cannot carry: the
+    off the loop by the gateway (over OFF_LOOP_ROWS rows), that JSON cannot carry, or that
+    is one part of several (rows split by key upstream: the gateway merges the parts): the
     gateway then encodes the Table itself, and names the operator, as for any answer."""
     if len(out) > OFF_LOOP_ROWS:
         return None
+    path = tuple(tuple(p) for p in path)
+    if path:
+        if not complete((path,)):
+            return None
+        out = merge({path: out})  # the one part of a split: without its positions column
     try:
         body = json_rows(out)
     except (TypeError, ValueError):  # orjson's errors are TypeErrors; UnencodableError

@@ -33,6 +33,45 @@ def raced(stage) -> bool:
     return stage.continuation is None and (stage.competitive > 1 or stage.hedge is not None)
 
 
+class RunCancel:
+    """Tells one run that the runtime gave up on it (its race was won elsewhere, or its
+    requests were given up on): ``set`` here, read by the operator through ``flow.wait``
+    and ``flow.cancelled`` (flow/context.py). The same answers as a ``threading.Event``, whose
+    Condition and lock cost more to make than a no-op stage's run: every run gets a flag,
+    and only a run whose operator waits makes an Event, at its first wait."""
+
+    __slots__ = ("_set", "_event")
+
+    def __init__(self):
+        self._set = False
+        self._event: threading.Event | None = None
+
+    def set(self) -> None:
+        self._set = True
+        ev = self._event
+        if ev is not None:
+            ev.set()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._set:
+            return True
+        ev = self._event
+        if ev is None:
+            with _EVENTS_LOCK:
+                ev = self._event
+                if ev is None:
+                    ev = self._event = threading.Event()
+            if self._set:  # set between the check above and the Event's making: it saw no Event
+                ev.set()
+        return ev.wait(timeout)
+
+
+_EVENTS_LOCK = threading.Lock()
+
+
 class Races:
     """The races won that this executor knows of, and its copies running now.
 
@@ -47,7 +86,7 @@ class Races:
         # (gateway, request, attempt, stage) -> expiry (wall clock): races won, whose other
         # copies are dropped if still queued here or yet to arrive
         self.cancelled: OrderedDict = OrderedDict()
-        self._running: dict = {}  # the same key -> Events of its copies running here (flow.wait returns on set)
+        self._running: dict = {}  # the same key -> RunCancels of its copies running here (flow.wait returns on set)
         self.executor = ""  # this executor's id, named by the spans of copies dropped here
         # (gateway, request) -> expiry (wall clock): requests the gateway gave up on (Revoke).
         # Read without the lock on the data path, as ``cancelled``
@@ -105,7 +144,7 @@ class Races:
                 },
             )
 
-    def start(self, key: tuple, ev: threading.Event) -> bool:
+    def start(self, key: tuple, ev: RunCancel) -> bool:
         """A copy of ``key``'s race starts running here, stopped early by ``ev`` (set when the
         race is won elsewhere); False if it was won already: do not run it."""
         with self.lock:
@@ -114,7 +153,7 @@ class Races:
             self._running.setdefault(key, []).append(ev)
             return True
 
-    def finish(self, key: tuple, ev: threading.Event) -> None:
+    def finish(self, key: tuple, ev: RunCancel) -> None:
         """The copy that ``start`` registered is done."""
         with self.lock:
             evs = self._running.pop(key, [])
@@ -162,7 +201,7 @@ class Races:
         """True if the gateway gave up on ``h``'s request (checked on the data path)."""
         return bool(self.revoked) and (h.gateway, h.req) in self.revoked
 
-    def begin_run(self, messages: list, event: threading.Event) -> _Serving | None:
+    def begin_run(self, messages: list, event: RunCancel) -> _Serving | None:
         """A run of ``messages``' requests starts here, told by ``event`` when every one of
         them is given up on; None if that is so already (do not run it). ``end_run`` ends it."""
         with self.lock:
@@ -191,5 +230,5 @@ class _Serving:
 
     __slots__ = ("keys", "live", "event")
 
-    def __init__(self, keys: set, live: int, event: threading.Event):
+    def __init__(self, keys: set, live: int, event: RunCancel):
         self.keys, self.live, self.event = keys, live, event

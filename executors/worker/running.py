@@ -24,7 +24,7 @@ from executors.worker import progress
 from executors.worker.batcher import Batcher, WorkItem, aimd_for
 from executors.worker.hosting import HostedStage
 from executors.worker.outputs import Outputs, race_outcome
-from executors.worker.races import Races, raced
+from executors.worker.races import Races, RunCancel, raced
 from executors.worker.watchdog import EXIT_RECYCLED, Blackbox, Run, Watchdog, monotonic_deadline
 from flow.context import cancelled, set_cancel, set_deadline
 from flow.errors import FlowError, OperatorError
@@ -117,7 +117,7 @@ class Runner:
     # -- running ------------------------------------------------------------------------------
 
     def run_one(self, hosted: HostedStage, item: WorkItem) -> None:
-        h, ev = item.message, threading.Event()
+        h, ev = item.message, RunCancel()
         # flow.wait in the operator returns when the gateway gives the request up (set_cancel)
         serving = self.races.begin_run([h], ev)
         if serving is None:
@@ -231,7 +231,7 @@ class Runner:
         self.pool.submit(self.run_batch, hosted, items)
 
     def _run_merged(self, hosted: HostedStage, items: list[WorkItem], owner: dict) -> None:
-        ev = threading.Event()  # set only when every request of the batch is given up on
+        ev = RunCancel()  # set only when every request of the batch is given up on
         serving = self.races.begin_run([it.message for it in items], ev)
         if serving is None:
             return

@@ -341,3 +341,28 @@ def test_requests_given_up_together_make_one_revoke_per_executor(tmp_path):
         assert len(messages) == 1, (ex, messages)
         (msg,) = messages
         assert type(msg) is Revoke and msg.reqs == list(range(100, 150))
+
+
+def test_a_runs_cancel_flag_answers_as_an_event_and_wakes_a_waiting_operator():
+    """RunCancel (races.py) stands in for a threading.Event on every run: set before a wait,
+    after one began, or never, flow.wait and flow.cancelled see what an Event would show."""
+    from executors.worker.races import RunCancel
+
+    early = RunCancel()
+    early.set()
+    assert early.is_set() and early.wait(5) is True  # no Event made: the flag answers
+    idle = RunCancel()
+    assert not idle.is_set() and idle.wait(0.01) is False
+    waiting, woke = RunCancel(), []
+    started = threading.Event()
+
+    def operator():
+        started.set()
+        woke.append(waiting.wait(30))
+
+    t = threading.Thread(target=operator)
+    t.start()
+    assert started.wait(5)
+    waiting.set()  # whether the waiter made its Event yet or not, it returns True
+    t.join(10)
+    assert woke == [True] and not t.is_alive()

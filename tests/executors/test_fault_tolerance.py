@@ -23,16 +23,21 @@ def work(row):
     return row.x + 1
 
 
-@pytest.mark.parametrize("optimize", [False, True], ids=["two stages", "one stage, bodies relayed"])
-def test_kill_executor_under_load_loses_nothing(optimize):
+@pytest.mark.parametrize(
+    "optimize, listed",
+    [(False, True), (False, False), (True, False)],
+    ids=["two stages, rows parsed by the gateway", "two stages, bodies relayed", "one stage, bodies relayed"],
+)
+def test_kill_executor_under_load_loses_nothing(optimize, listed):
     c = LocalCluster(ClusterConfig(executors=2, threads=4, request_timeout_s=20, max_retries=3)).start()
     try:
         f = Flow("survivor")
         f.map(work, names=["a"]).map(lambda r: r.a * 2, names=["b"])
-        # two stages: more hops to break; one (fused): each body goes to its executor unparsed
-        # (messages.RawInput), and a re-run relays it again
+        # two stages: more hops to break; a one-row object body goes to the executor of the
+        # first stage unparsed (messages.RawInput), and a re-run relays it again; a list of
+        # rows is parsed by the gateway
         d = c.deploy(f, optimize=optimize)
-        assert httpx.get(d.url).json()["relay_stage"] == ("work+lambda" if optimize else None)
+        assert httpx.get(d.url).json()["relay_stage"] == ("work+lambda" if optimize else "work")
         answers: dict[int, list] = {}
         failures: list = []
         lock = threading.Lock()
@@ -43,7 +48,7 @@ def test_kill_executor_under_load_loses_nothing(optimize):
             with httpx.Client(timeout=30) as http:
                 for i in range(per_thread):
                     x = t * 1000 + i
-                    r = http.post(d.url, json={"x": x})
+                    r = http.post(d.url, json=[{"x": x}] if listed else {"x": x})
                     with lock:
                         if r.status_code == 200:
                             answers.setdefault(x, []).extend(r.json()["rows"])

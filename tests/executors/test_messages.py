@@ -338,8 +338,11 @@ def test_a_body_and_its_answer_travel_as_they_are_in_frame_1():
     assert same(decode_unless(stale, lambda h: False), answer)
 
 
-def test_a_bodys_run_asks_its_sink_for_json_and_the_next_stage_does_not():
+def test_a_bodys_runs_ask_the_sink_for_json_wherever_it_is():
     run = next(m for m in EVERY if isinstance(m, RawInput)).as_input(table())
     assert run.render and run.source == "__input__" and (run.req, run.attempt, run.stage) == (12, 1, "all")
     assert json.loads(bytes(run.encode()[0]))["rj"] is True
-    assert not run.to("next", "all", (), 0, None).render
+    after = run.to("next", "all", (), 0, None)
+    assert after.render and not after.solo  # the next stage's run, sent on: it may be the sink
+    assert decode(after.encode()).render
+    assert not next(m for m in EVERY if isinstance(m, StageInput)).to("next", "all", (), 0, None).render

@@ -1,7 +1,8 @@
-"""A one-row JSON body for a flow of one stage goes to that stage's executor unparsed
-(messages.RawInput) and comes back as the client's JSON (Rendered): which bodies and flows
-take that path, and that over real HTTP it answers exactly what the parsed path answers --
-the same rows, the same errors, byte for byte."""
+"""A one-row JSON body goes unparsed (messages.RawInput) to the executor of the flow's one
+stage that takes the input, and the sink's executor answers with the client's JSON
+(Rendered): which bodies and flows take that path, and that over real HTTP it answers
+exactly what the parsed path answers -- the same rows, the same errors, byte for byte --
+whether the flow is one stage, several, or ends in a stage whose rows are split by key."""
 
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ def slow(row):
     return row.x
 
 
+def to_key(row):
+    return "emb/" + row.k
+
+
 def add_one_batch(table):
     import time
 
@@ -39,20 +44,28 @@ def add_one_batch(table):
     return table["x"] + 1
 
 
-def typed_flow() -> Flow:
-    f = Flow("typed", schema={"x": int, "f": float, "s": str, "b": bytes, "img": ColumnType.tensor(np.uint8, (2, 2))})
-    f.map(plus_one, names=["y"])
+def typed_flow(name: str = "typed", stages: int = 1) -> Flow:
+    f = Flow(name, schema={"x": int, "f": float, "s": str, "b": bytes, "img": ColumnType.tensor(np.uint8, (2, 2))})
+    node = f.map(plus_one, names=["y"])
+    if stages > 1:
+        node.map(twice, names=["z"])
     return f
 
 
 # -- which flows and bodies are relayed --------------------------------------------------------
 
 
-def test_a_flow_of_one_stage_is_relayed_and_others_are_not():
+def test_a_flow_whose_one_stage_takes_the_rows_whole_is_relayed_and_others_are_not():
     f = Flow("two", schema={"x": int})
     f.map(plus_one, names=["y"]).map(twice, names=["z"])
     assert relay_stage(optimize(f)) is not None  # fused: one stage takes the rows and answers
-    assert relay_stage(optimize(f, rules=[])) is None  # one stage per operator
+    unfused = optimize(f, rules=[])  # one stage per operator: the body goes to the first
+    assert len(unfused.stages) == 2 and relay_stage(unfused) == next(
+        s.name for s in unfused.stages.values() if s.inputs == ("__input__",)
+    )
+    branches = Flow("branches", schema={"x": int})
+    branches.map(plus_one, names=["y"]).join(branches.map(slow, names=["w"]))
+    assert relay_stage(optimize(branches, rules=[])) is None  # two stages take the rows: parsed once, here
     raced = Flow("raced", schema={"x": int})
     raced.map(slow, names=["y"], high_variance=True)
     plan = optimize(raced, options=OptimizerOptions(competitive_replicas=3))
@@ -63,7 +76,11 @@ def test_a_flow_of_one_stage_is_relayed_and_others_are_not():
     looks = Flow("looks", schema={"k": str}, key_prefixes=["emb/"])
     looks.lookup(column="k", name="v", missing="null")
     plan = optimize(looks)
-    assert len(plan.stages) > 1 or relay_stage(plan) is None  # rows split by key
+    assert relay_stage(plan) is None  # the rows are split by key from the start
+    keyed = Flow("keyed", schema={"k": str}, key_prefixes=["emb/"])
+    keyed.map(to_key, names=["key"]).lookup(column="key", name="v", missing="null")
+    plan = optimize(keyed)
+    assert len(plan.stages) == 2 and relay_stage(plan) is not None  # split after the first stage
 
 
 def test_a_body_goes_only_where_every_replica_said_it_takes_bodies(tmp_path):
@@ -99,6 +116,32 @@ def test_a_body_goes_only_where_every_replica_said_it_takes_bodies(tmp_path):
         d.links.listener.close()
 
 
+def test_a_flow_of_several_stages_is_relayed_only_where_every_executor_passes_the_rendering_on(tmp_path):
+    """An executor of a release before multi-stage relaying takes bodies but does not pass
+    the JSON answer on to a sink elsewhere (nor does such a sink render a split answer whole):
+    while one hosts any stage of a flow of several, its bodies are parsed by the gateway."""
+    old = Pong("e1", "t", "cpu", [], relays=True)
+    assert decode(Pong.from_header({k: v for k, v in old.header().items() if k != "rn"}, {}).encode()).renders is False
+    d = Dispatcher(f"ipc://{tmp_path}/gw")
+    try:
+        plan = optimize(typed_flow(stages=2), rules=[])
+        first, second = (s.name for s in plan.stages.values())
+        for i in range(2):
+            d.add_executor(f"e{i}", f"ipc://{tmp_path}/e{i}")
+        flow = DeployedFlow(plan, 1, {first: ["e0"], second: ["e1"]})
+        d._on_message(Pong("e0", "t", "cpu", [], relays=True, renders=True))
+        d._on_message(old)  # hosts the sink only, and is of the older release
+        assert d.relays_to(flow) is None
+        d._on_message(Pong("e1", "t", "cpu", [], relays=True, renders=True))  # upgraded
+        assert d.relays_to(flow) == first
+        one = DeployedFlow(optimize(typed_flow()), 1, {"plus_one": ["e2"]})
+        d.add_executor("e2", f"ipc://{tmp_path}/e2")
+        d._on_message(Pong("e2", "t", "cpu", [], relays=True))  # one stage: the sink is its executor
+        assert d.relays_to(one) == "plus_one"
+    finally:
+        d.links.listener.close()
+
+
 @pytest.mark.parametrize(
     "body, headers, relayed",
     [
@@ -130,6 +173,14 @@ def c():
         free = Flow("free")
         free.map(plus_one, names=["y"])
         cluster.deploy(free)
+        # the same flows as several stages: the body goes to the first, the last renders
+        cluster.deploy(typed_flow("typed-unfused", stages=2), optimize=False)
+        free = Flow("free-unfused")
+        free.map(plus_one, names=["y"]).map(twice, names=["z"])
+        cluster.deploy(free, optimize=False)
+        keyed = Flow("keyed", key_prefixes=["emb/"])
+        keyed.map(to_key, names=["key"]).lookup(column="key", name="v", missing="null")
+        cluster.deploy(keyed)
         batched = Flow("batched", schema={"x": int})
         batched.map(add_one_batch, names=["y"], batching=True)
         cluster.deploy(batched)
@@ -152,8 +203,10 @@ def _post(c, flow: str, body: bytes, headers: dict) -> httpx.Response:
     return httpx.post(f"{c.url}/flows/{flow}", content=body, headers=headers, timeout=30)
 
 
+@pytest.mark.parametrize("stages", ["", "-unfused"], ids=["one stage", "two stages"])
 @pytest.mark.parametrize("name, flow, body, headers", OBJECTS, ids=[o[0] for o in OBJECTS])
-def test_a_bad_relayed_body_gets_the_parsed_paths_error(c, name, flow, body, headers):
+def test_a_bad_relayed_body_gets_the_parsed_paths_error(c, name, flow, body, headers, stages):
+    flow += stages
     relayed = _post(c, flow, body, headers)
     # the same body parsed by the gateway: a client that would take an Arrow answer is not
     # relayed (an error is JSON either way)
@@ -162,9 +215,19 @@ def test_a_bad_relayed_body_gets_the_parsed_paths_error(c, name, flow, body, hea
     assert relayed.content == parsed.content  # the same error, naming the same row and column
 
 
+ROWS = [
+    ("typed", GOOD),
+    ("free", {"x": 41, "s": "a", "v": [1.5, 2]}),
+    ("free", {"x": -3}),
+    ("typed-unfused", GOOD),
+    ("free-unfused", {"x": 41, "s": "a", "v": [1.5, 2]}),
+    ("keyed", {"k": "a"}),  # the sink's rows were split by key: it renders its one part
+]
+
+
 def test_relayed_and_parsed_bodies_answer_the_same_rows(c):
     assert len(OBJECTS) >= 20  # the corpus really reaches the relayed path
-    for flow, row in (("typed", GOOD), ("free", {"x": 41, "s": "a", "v": [1.5, 2]}), ("free", {"x": -3})):
+    for flow, row in ROWS:
         body = json.dumps(row).encode()
         relayed = _post(c, flow, body, {})
         parsed = _post(c, flow, b"[" + body + b"]", {})
@@ -172,11 +235,14 @@ def test_relayed_and_parsed_bodies_answer_the_same_rows(c):
         one, other = relayed.json()["rows"], parsed.json()["rows"]
         assert [r.pop("qid") for r in one] == [int(relayed.headers["x-qid-start"])]
         assert [r.pop("qid") for r in other] == [int(parsed.headers["x-qid-start"])]
-        assert one == other and one[0]["y"] == row["x"] + 1
-        assert (
-            json.loads(relayed.headers["x-flowserve-trace"])[0][0]
-            == httpx.get(f"{c.url}/flows/{flow}").json()["relay_stage"]
-        )
+        assert one == other, (flow, one, other)
+        if "x" in row:
+            assert one[0]["z"] == 2 * (row["x"] + 1) if "unfused" in flow else one[0]["y"] == row["x"] + 1
+        else:
+            assert one == [{"key": "emb/a", "v": None}]
+        trace = json.loads(relayed.headers["x-flowserve-trace"])
+        plan = httpx.get(f"{c.url}/flows/{flow}").json()
+        assert trace[0][0] == plan["relay_stage"] and len(trace) == len(plan["stages"]), (trace, plan)
 
 
 def test_qids_stay_unique_and_consecutive_across_both_paths(c):

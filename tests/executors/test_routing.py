@@ -115,8 +115,12 @@ def test_a_single_replica_or_an_empty_table_is_one_part_and_merges_to_itself():
     stage = _continuation_stage()
     for table in (_keyed(5), _keyed(0)):
         (d,) = deliveries(table, stage, ADDRESSES[:1])
-        assert d.path == ((0, 1),) and positions.positions(d.table).tolist() == list(range(len(table)))
+        # the only part keeps its rows in order: sent as it is, without positions or a copy
+        assert d.path == ((0, 1),) and d.table is table and positions.positions(d.table) is None
         assert merge({d.path: d.table}).equals(table)
+    part = positions.split(_keyed(4), np.array([1, 3]))  # a part of an earlier split keeps its positions
+    (d,) = deliveries(part, stage, ADDRESSES[:1])
+    assert d.path == ((0, 1),) and positions.positions(d.table).tolist() == [1, 3]
     (d,) = deliveries(_keyed(0), stage, ADDRESSES)
     assert merge({d.path: d.table}).equals(_keyed(0))
     unsplit = _keyed(3)
