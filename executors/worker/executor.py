@@ -309,7 +309,9 @@ class Executor:
             except Exception:  # figures for /metrics must never cost the pong that says this executor lives
                 log.exception("executor %s: its figures for /metrics failed", self.id)
                 stats = None
-            self.send(msg.reply, Pong(self.id, msg.token, self.device, gpus, relays=True, renders=True, stats=stats).encode())
+            self.send(
+                msg.reply, Pong(self.id, msg.token, self.device, gpus, relays=True, renders=True, stats=stats).encode()
+            )
         else:
             log.warning("executor %s: dropped a %r message: executors do not take those", self.id, msg.TYPE)
 
