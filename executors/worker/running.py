@@ -189,6 +189,8 @@ class Runner:
 
     def run_batch(self, hosted: HostedStage, items: list[WorkItem]) -> None:
         """Run several requests as one merged Table, then split the output back by qid."""
+        if len(items) == 1:  # run_one drops it if given up on, its race lost, or too late
+            return self.run_one(hosted, items[0])
         if self.races.revoked:  # requests given up on while queued: the batch drops their rows
             gone = [it for it in items if self.races.given_up(it.message)]
             if gone:
@@ -356,7 +358,9 @@ class Runner:
             hosted.stage.name,
             messages,
             lane,
-            [monotonic_deadline(m.deadline) for m in messages],
+            [monotonic_deadline(messages[0].deadline)]
+            if len(messages) == 1
+            else [monotonic_deadline(m.deadline) for m in messages],
             qid,
             owner=hosted,
         )

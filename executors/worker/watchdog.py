@@ -201,6 +201,7 @@ class Blackbox:
                 os.close(fd)
         self._local = threading.local()
         self._next = itertools.count()
+        self._heads: dict[tuple[str, str], bytes] = {}  # (flow, stage) -> its records' first fields
 
     def _in_memory(self, size: int, error: OSError) -> mmap.mmap:
         """A record that does not outlive the process: what a crash leaves unsaid then is
@@ -222,9 +223,16 @@ class Blackbox:
         slot = self._slot()
         if slot >= self.SLOTS:
             return  # more threads than slots: this one runs unrecorded
-        reqs = ",".join(f"{m.req}:{m.attempt}" for m in run.messages)
-        gw = run.messages[0].gateway if run.messages else ""
-        head = f"{run.flow}\t{run.stage}\t".encode("utf-8", "replace")
+        messages = run.messages
+        if len(messages) == 1:
+            m = messages[0]
+            reqs, gw = f"{m.req}:{m.attempt}", m.gateway
+        else:
+            reqs = ",".join(f"{m.req}:{m.attempt}" for m in messages)
+            gw = messages[0].gateway if messages else ""
+        head = self._heads.get((run.flow, run.stage))
+        if head is None:  # the same for every run of a stage: encoded once
+            head = self._heads[(run.flow, run.stage)] = f"{run.flow}\t{run.stage}\t".encode("utf-8", "replace")
         tail = f"\t{gw}\t{'' if run.qid is None else run.qid}\t{reqs}".encode("utf-8", "replace")
         run.record_parts = (head, tail)
         self._write(slot, head + run.node.encode("utf-8", "replace") + tail)
