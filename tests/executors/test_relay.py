@@ -142,6 +142,28 @@ def test_a_flow_of_several_stages_is_relayed_only_where_every_executor_passes_th
         d.links.listener.close()
 
 
+def test_a_sink_renders_a_whole_answer_and_leaves_one_part_of_several_to_the_gateway():
+    """A relayed request's sink answers JSON when its output is the whole answer (not split,
+    or the only part of a split, whose positions column is not the client's); one part of
+    several goes back as a Table, which the gateway merges with the others and encodes."""
+    from executors.wire.messages import Rendered, StageInput
+    from executors.worker.outputs import _rendered
+    from flow.table import Table
+    from optimizer import positions
+
+    h = StageInput(3, 1, "f", 1, "s", "__input__", {}, "gw", None, render=True)
+    rows = Table.from_pylist([{"y": 1}, {"y": 2}], qid=[7, 8])
+    whole = decode(_rendered(h, [], rows, ()))
+    assert isinstance(whole, Rendered) and json.loads(bytes(whole.body))["rows"] == [
+        {"qid": 7, "y": 1},
+        {"qid": 8, "y": 2},
+    ]
+    only = decode(_rendered(h, [], positions.split(rows, np.array([0, 1])), [[0, 1]]))
+    assert json.loads(bytes(only.body))["rows"] == [{"qid": 7, "y": 1}, {"qid": 8, "y": 2}]  # no "#pos"
+    assert _rendered(h, [], positions.split(rows, np.array([1])), [[1, 2]]) is None
+    assert _rendered(h, [], positions.split(rows, np.array([1])), [[0, 1], [1, 2]]) is None  # nested
+
+
 @pytest.mark.parametrize(
     "body, headers, relayed",
     [
