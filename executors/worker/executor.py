@@ -121,6 +121,7 @@ class Executor:
             blackbox,
         )
         self.outputs.hand_local(self.inputs.gather, self.runner.dispatch)
+        self.runner.chain_with(self.stages.hosted, address)
         # what handle() and _run_inline call for each message, looked up once
         self._gather = self.inputs.gather
         self._gather_raw = self.inputs.gather_raw
@@ -278,7 +279,12 @@ class Executor:
             for (flow, _version, name), hosted in list(self.stages.hosted.items())
             if hosted.batcher is not None
         ]
-        out = {"queues": queues, "pool": self.pool._work_queue.qsize(), "batches": self.outputs.batch_counts()}
+        out = {
+            "queues": queues,
+            "pool": self.pool._work_queue.qsize(),
+            "batches": self.outputs.batch_counts(),
+            "chained": self.runner.chained,
+        }
         cache = getattr(self.store, "stats", None)
         if cache is not None:
             c = cache()

@@ -57,6 +57,14 @@ class HostedStage:
         s = self.stage  # one whole input makes it ready (Inputs._gather's short path)
         one = len(s.inputs) == 1 and s.continuation is None and s.competitive <= 1 and s.wait != "first_valid"
         self.single_input = s.inputs[0] if one else None
+        # its one consumer, which may run next in the same run when it is plain and here
+        # (running.Runner._chained): not for a stage whose copies race or that has several
+        consumers = self.consumers
+        self.chains_to = (
+            consumers[0]
+            if len(consumers) == 1 and not self.is_sink and not self.pooled and s.competitive <= 1 and s.hedge is None
+            else None
+        )
 
     def observe(self, ms: float) -> None:
         """Record a run's cost. A stage whose average sits near one threshold would flip

@@ -1,0 +1,105 @@
+"""Consecutive plain stages hosted on one executor run one after the other in one run, on
+one thread (running.Runner._chained): the rows flow.run gives, one trace entry per stage,
+a failure or an operator timeout in a chained stage named as in any run, and the executor
+serving on after either. ``flowserve_executor_chained_runs_total`` counts such runs: the
+tests wait for it to grow, so they fail if nothing is chained."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster_config import ClusterConfig
+from flow import Flow
+
+
+def plus_one(row):
+    return row.x + 1
+
+
+def twice(row):
+    return row.y * 2
+
+
+def less_three(row):
+    if row.z == 26:  # x == 12
+        raise ValueError("no 26 here")
+    if row.z == -2:  # x == -2: the chained stage overruns its timeout_s
+        time.sleep(3)
+    return row.z - 3
+
+
+STAGES = ["plus_one", "twice", "less_three"]
+
+
+def _chained(http: httpx.Client, url: str) -> float:
+    total = 0.0
+    for line in http.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("flowserve_executor_chained_runs_total{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@pytest.fixture(scope="module")
+def chain():
+    with LocalCluster(ClusterConfig(executors=1, request_timeout_s=20)) as cluster:
+        f = Flow("chain")
+        f.map(plus_one, names=["y"]).map(twice, names=["z"]).map(less_three, names=["w"], timeout_s=0.5)
+        d = cluster.deploy(f, optimize=False)  # a stage per operator
+        assert [s["name"] for s in httpx.get(d.url).json()["stages"]] == STAGES
+        yield cluster, d, f
+
+
+def _warm(http: httpx.Client, cluster, url: str) -> None:
+    """Serve until the executor reports chained runs: a stage runs on the IO thread, and so
+    chains, once it is measured quick; its pong reports the count once a second."""
+    before, deadline, x = _chained(http, cluster.url), time.monotonic() + 60, 100
+    while _chained(http, cluster.url) < before + 50:
+        assert time.monotonic() < deadline, "no run was chained"
+        for _ in range(50):
+            x += 1
+            r = http.post(url, json={"x": x})
+            assert r.status_code == 200 and r.json()["rows"][0]["w"] == 2 * (x + 1) - 3, r.text
+
+
+def test_a_chain_answers_flow_runs_rows_with_a_trace_entry_per_stage(chain):
+    cluster, d, f = chain
+    with httpx.Client(timeout=30) as http:
+        _warm(http, cluster, d.url)
+        for x in (0, 7, -40):
+            r = http.post(d.url, json={"x": x})
+            assert r.status_code == 200, r.text
+            (row,) = r.json()["rows"]
+            (expected,) = f.run([{"x": x}]).to_pylist()
+            row.pop("qid"), expected.pop("qid", None)
+            assert row == expected == {"w": 2 * (x + 1) - 3}
+            trace = json.loads(r.headers["x-flowserve-trace"])
+            assert [e[0] for e in trace] == STAGES and len({e[1] for e in trace}) == 1, trace
+            many = http.post(d.url, json=[{"x": x}, {"x": x + 1}])  # rows the gateway parses: chained too
+            assert [r["w"] for r in many.json()["rows"]] == [2 * (x + 1) - 3, 2 * (x + 2) - 3]
+
+
+def test_a_failure_in_a_chained_stage_names_its_operator_and_the_chain_serves_on(chain):
+    cluster, d, _f = chain
+    with httpx.Client(timeout=30) as http:
+        _warm(http, cluster, d.url)
+        r = http.post(d.url, json={"x": 12})
+        assert r.status_code == 500, r.text
+        assert r.json()["operator"] == "less_three" and "no 26 here" in r.text, r.text
+        assert http.post(d.url, json={"x": 13}).json()["rows"][0]["w"] == 25
+
+
+def test_an_overrun_in_a_chained_stage_is_a_504_naming_its_operator(chain):
+    cluster, d, _f = chain
+    with httpx.Client(timeout=30) as http:
+        _warm(http, cluster, d.url)
+        t0 = time.monotonic()
+        r = http.post(d.url, json={"x": -2})
+        assert r.status_code == 504, r.text
+        assert r.json()["operator"] == "less_three" and "timeout_s=0.5" in r.text, r.text
+        assert time.monotonic() - t0 < 2.5  # answered at the operator's timeout, not when it returned
+        assert http.post(d.url, json={"x": 5}).json()["rows"][0]["w"] == 9  # the executor reads on
