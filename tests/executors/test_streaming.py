@@ -95,6 +95,14 @@ def reference(flow: Flow, rows: list[dict], kvs=None) -> list[tuple[int, dict]]:
     return [(r.pop("qid"), r) for r in table.to_pylist()]
 
 
+def whole_answer(http, d, rows: list[dict]) -> list[tuple[int, dict]]:
+    """The rows of a plain (not streamed) POST, numbered from the request's first qid."""
+    plain = http.post(d.url, json=rows)
+    assert plain.status_code == 200 and plain.headers["content-type"] == "application/json", plain.text
+    start = int(plain.headers["x-qid-start"])
+    return [(r.pop("qid") - start, r) for r in plain.json()["rows"]]
+
+
 def streamed(http, d, rows: list[dict]) -> tuple[list[tuple[int, dict]], dict]:
     r = http.post(d.url, json=rows, headers={"Accept": NDJSON})
     assert r.status_code == 200, r.text
@@ -136,10 +144,8 @@ def test_a_streams_rows_are_flow_runs_for_every_operator_kind(cluster, http):
             got, end = streamed(http, d, rows)
             assert by_qid(got) == by_qid(reference(flow, rows, kvs=cluster.kvs)), flow.name
             assert end["trace"], flow.name  # where the stages ran, as X-Flowserve-Trace says
-            plain = http.post(d.url, json=rows)  # the whole answer is unchanged beside it
-            assert plain.status_code == 200 and plain.headers["content-type"] == "application/json"
-            start = int(plain.headers["x-qid-start"])
-            assert [(r.pop("qid") - start, r) for r in plain.json()["rows"]] == reference(flow, rows, kvs=cluster.kvs)
+            # the whole answer is unchanged beside it
+            assert whole_answer(http, d, rows) == reference(flow, rows, kvs=cluster.kvs)
         finally:
             d.undeploy()
 
@@ -214,10 +220,7 @@ def test_a_generator_maps_rows_deployed_and_streamed_are_flow_runs(cluster, http
     ]
     d = flow.deploy(cluster=cluster)
     try:
-        plain = http.post(d.url, json=rows)
-        assert plain.status_code == 200, plain.text
-        start = int(plain.headers["x-qid-start"])
-        assert [(r.pop("qid") - start, r) for r in plain.json()["rows"]] == expected
+        assert whole_answer(http, d, rows) == expected
         got, end = streamed(http, d, rows)
         assert by_qid(got) == expected and end["rows"] == 5
         one = http.post(d.url, json={"s": "x y"})  # one row: the stage's executor parses it
@@ -269,9 +272,7 @@ def test_a_generators_outputs_are_streamed_one_by_one_as_it_yields_them(cluster,
         assert (
             got == reference(flow, rows) == [(0, {"w": "a", "i": 0}), (0, {"w": "b", "i": 1}), (0, {"w": "c", "i": 2})]
         )
-        plain = http.post(d.url, json=rows)  # the whole answer is unchanged
-        start = int(plain.headers["x-qid-start"])
-        assert [(r.pop("qid") - start, r) for r in plain.json()["rows"]] == reference(flow, rows)
+        assert whole_answer(http, d, rows) == reference(flow, rows)  # the whole answer is unchanged
     finally:
         d.undeploy()
 
@@ -300,9 +301,7 @@ def test_a_generator_then_a_fused_map_streams_each_transformed_output(cluster, h
         assert all("final" not in e for e in ahead + rest)
         got = [(e["qid"] - start, e["row"]) for e in ahead + rest]
         assert by_qid(got) == reference(flow, rows)
-        plain = http.post(d.url, json=rows)  # the whole answer is unchanged
-        start = int(plain.headers["x-qid-start"])
-        assert [(r.pop("qid") - start, r) for r in plain.json()["rows"]] == reference(flow, rows)
+        assert whole_answer(http, d, rows) == reference(flow, rows)  # the whole answer is unchanged
     finally:
         d.undeploy()
 
@@ -341,9 +340,7 @@ def test_a_batched_stages_generator_streams_each_requests_outputs_as_yielded(clu
         assert end["end"] is True and end["rows"] == 14
         got = [(e["qid"] - start, e["row"]) for e in ahead + rest]
         assert by_qid(got) == reference(flow, rows)
-        plain = http.post(d.url, json=rows)  # the whole answer is unchanged
-        start = int(plain.headers["x-qid-start"])
-        assert [(r.pop("qid") - start, r) for r in plain.json()["rows"]] == reference(flow, rows)
+        assert whole_answer(http, d, rows) == reference(flow, rows)  # the whole answer is unchanged
     finally:
         d.undeploy()
 
@@ -496,9 +493,7 @@ def test_a_progressive_cascade_sends_two_events_per_unsure_row_and_one_per_sure_
         # each row's last event is flow.run's row; a plain POST answers the final rows only
         final = by_qid([(q, v[-1]["row"]) for q, v in per_row.items()])
         assert final == reference(flow, rows)
-        plain = http.post(d.url, json=rows)
-        start = int(plain.headers["x-qid-start"])
-        assert [(r.pop("qid") - start, r) for r in plain.json()["rows"]] == reference(flow, rows)
+        assert whole_answer(http, d, rows) == reference(flow, rows)
     finally:
         d.undeploy()
 

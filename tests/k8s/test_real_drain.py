@@ -23,13 +23,11 @@ import time
 import pytest
 
 from flow import Flow
-from k8s import KubeConfig, render
 from tests.k8s import realcluster as rc
 
 pytestmark = pytest.mark.skipif(rc.real_node_unavailable() is not None, reason=str(rc.real_node_unavailable()))
 client = pytest.importorskip("kubernetes.client")
-from tests.k8s.test_real_backend import cluster_as  # noqa: E402
-from tests.k8s.test_real_node import SMALL, namespace  # noqa: E402
+from tests.k8s.test_real_node import applied, namespace  # noqa: E402
 
 node = rc.real_node_fixture("k8s-real-drain")
 
@@ -120,26 +118,7 @@ def _ready(pod) -> str | None:
 
 def test_a_gateway_pod_deleted_under_load_drains_answers_what_it_accepted_and_exits_in_its_grace(node):
     core, ns = namespace(node, "drain")
-    admin = node.cp.api_client("admin")
-    from kubernetes import utils
-
-    for doc in rc.deployer_rbac_from_docs(ns):
-        utils.create_from_dict(admin, doc, namespace=ns)
-    cfg = KubeConfig(
-        namespace=ns,
-        image=rc.FLOWSERVE_IMAGE,
-        redis_image=rc.FLOWSERVE_IMAGE,
-        image_pull_policy="Never",
-        kvs_storage=None,
-        cpu_executors=1,
-        gateway_replicas=2,
-        kvs_resources=SMALL,
-        gateway_resources=SMALL,
-        cpu_executor_resources=SMALL,
-    )
-    cluster = cluster_as(node.cp, rc.DEVELOPER, cfg)
-    cluster.ensure_secrets()
-    cluster.apply(render(cfg))
+    cluster, cfg = applied(node, ns, cpu_executors=1, gateway_replicas=2)
     try:
         cluster.wait_ready(wait_s=300)
         gateways = rc.wait_for("two gateway pods", lambda: (p := rc.pod_ips(core, ns, "gateway")) and len(p) == 2 and p)

@@ -19,15 +19,13 @@ import pytest
 import redis
 
 from flow import Flow
-from k8s import KubeConfig, render
 from tests.k8s import realcluster as rc
 
 pytestmark = pytest.mark.skipif(rc.real_node_unavailable() is not None, reason=str(rc.real_node_unavailable()))
 client = pytest.importorskip("kubernetes.client")
 from executors.hosts.autoscale import AutoscalingConfig  # noqa: E402
 from executors.hosts.scaling_board import ScalingBoard  # noqa: E402
-from tests.k8s.test_real_backend import cluster_as  # noqa: E402
-from tests.k8s.test_real_node import SMALL, namespace  # noqa: E402
+from tests.k8s.test_real_node import applied, namespace  # noqa: E402
 
 LEASE = "flowserve-leader"
 
@@ -65,26 +63,7 @@ def _control(url: str) -> dict:
 def test_the_leader_gateway_pod_killed_under_load_another_takes_the_lease_and_nothing_is_doubled(node):
     core, ns = namespace(node, "gateways")
     admin = node.cp.api_client("admin")
-    from kubernetes import utils
-
-    for doc in rc.deployer_rbac_from_docs(ns):
-        utils.create_from_dict(admin, doc, namespace=ns)
-    cfg = KubeConfig(
-        namespace=ns,
-        image=rc.FLOWSERVE_IMAGE,
-        redis_image=rc.FLOWSERVE_IMAGE,
-        image_pull_policy="Never",
-        kvs_storage=None,
-        cpu_executors=1,
-        gateway_replicas=3,
-        autoscaling=policy(),
-        kvs_resources=SMALL,
-        gateway_resources=SMALL,
-        cpu_executor_resources=SMALL,
-    )
-    cluster = cluster_as(node.cp, rc.DEVELOPER, cfg)
-    cluster.ensure_secrets()
-    cluster.apply(render(cfg))
+    cluster, cfg = applied(node, ns, cpu_executors=1, gateway_replicas=3, autoscaling=policy())
     try:
         cluster.wait_ready(wait_s=300)
         gateways = rc.wait_for(

@@ -117,9 +117,10 @@ def test_a_rendered_executor_pod_runs_on_a_real_kubelet(node):
     )
 
 
-def serve(node, ns: str, flow: Flow, **config):
-    """The flow served by the rendered pods in ``ns``, applied by the docs' deployer:
-    (cluster, Deployment, gateway URL). The host reaches the pods at their IPs."""
+def applied(node, ns: str, **config) -> tuple[KubernetesCluster, KubeConfig]:
+    """The rendered manifests applied in ``ns`` by the docs' deployer (its RBAC created
+    first), the FlowServe image for every pod, small resources and no KVS volume unless
+    ``config`` says otherwise: (cluster, its config). Not waited for."""
     admin = node.cp.api_client("admin")
     from kubernetes import utils
 
@@ -139,8 +140,15 @@ def serve(node, ns: str, flow: Flow, **config):
     cluster = cluster_as(node.cp, rc.DEVELOPER, cfg)
     cluster.ensure_secrets()
     cluster.apply(render(cfg))
+    return cluster, cfg
+
+
+def serve(node, ns: str, flow: Flow, **config):
+    """The flow served by the rendered pods in ``ns``, applied by the docs' deployer:
+    (cluster, Deployment, gateway URL). The host reaches the pods at their IPs."""
+    cluster, cfg = applied(node, ns, **config)
     cluster.wait_ready(wait_s=240)
-    core = client.CoreV1Api(admin)
+    core = client.CoreV1Api(node.cp.api_client("admin"))
     (gateway_ip,) = rc.pod_ips(core, ns, "gateway").values()
     (kvs_ip,) = rc.pod_ips(core, ns, "kvs").values()
     url = f"http://{gateway_ip}:{cfg.gateway_port}"
