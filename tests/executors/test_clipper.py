@@ -21,6 +21,7 @@ from flow import CacheSpec, Flow, FlowValueError, OperatorOutputError, current_s
 from flow.prediction import cache_prefix, record_key, weights_key
 from flow.table import Table
 from kvs.cache import CachedKVS
+from optimizer import BatchConfig, OptimizerOptions
 from tests.executors.conftest import unique
 
 
@@ -367,7 +368,10 @@ def test_hedge_on_a_batching_stage(cluster, http):
     f = Flow(unique("hedge-batch"), schema={"x": int})
     f.map(SlowOnOneBatch, names=["y"], batching=True, hedge=0.2)
     requests = [[{"x": 10 * i + j} for j in range(3)] for i in range(16)]
-    d = f.deploy(cluster)
+    # a raced stage runs each batch on the pool as it is cut: a window makes a batch wait
+    # for the requests sent beside its first (with no window, merging needs two to arrive
+    # while the batcher is between two of its takes)
+    d = cluster.deploy(f, options=OptimizerOptions(batch=BatchConfig(max_batch_size=16, max_wait_ms=100.0)))
     try:
 
         def timed(rows):
