@@ -59,7 +59,7 @@ class Outputs:
         write per peer for them all; consumers hosted here start once the messages have
         left (a remote branch must not wait for a local one)."""
         if hosted.batcher is not None:
-            self._count_batch(hosted, batch)
+            self.count_batch(hosted, batch)
         local = []
         with self.outbox.corked():
             for item, out in outputs:
@@ -89,7 +89,8 @@ class Outputs:
         for ready in local:
             self.dispatch(*ready)
 
-    def _count_batch(self, hosted: HostedStage, batch: int) -> None:
+    def count_batch(self, hosted: HostedStage, batch: int) -> None:
+        """One run of ``batch`` requests of a batching stage, for its batch size histogram."""
         key = (hosted.plan.flow_name, hosted.stage.name)
         with self._batches_lock:
             counts = self.batches.get(key)

@@ -62,7 +62,7 @@ class Runner:
         self.send = send
         self.races = races
         self.cancelled = races.cancelled  # Races' own table, read here before each batch
-        self.forward, self.fail = outputs.forward, outputs.fail
+        self.forward, self.fail, self.count_batch = outputs.forward, outputs.fail, outputs.count_batch
         self.io_thread = None
         self.inline = inline  # id(hosted) -> (hosted, ready items) to run after a drain
         self.inline_runs = inline_runs  # (hosted, items): batches cut from inline, next to run
@@ -191,6 +191,8 @@ class Runner:
             with self._chained_lock:
                 self.chained += 1
             hosted.observe(ms)
+            if hosted.batcher is not None:
+                self.count_batch(hosted, 1)  # a batch of one: forward counts the run it ends with
             h = item.message
             trace = item.trace + [[hosted.stage.name, self.id, round(ms, 3), 1]]
             item = WorkItem(h.to(nxt.stage.name, hosted.stage.name, (), 0, out, trace), [out], (), trace)
@@ -214,9 +216,11 @@ class Runner:
     def _chained(self, hosted: HostedStage, item: WorkItem, run: Run) -> HostedStage | None:
         """The stage to run next in this run, on this thread: the one consumer of a stage that
         does not race, when it is hosted here for this request, takes this output alone and
-        whole, runs unbatched, quick and unwatched by Clipper, and nothing else waits on the
-        request (not traced, streamed, given up on or abandoned). None: the output goes on
-        as any output does (Outputs.forward).
+        whole, is quick and unwatched by Clipper, would run this request as a batch of its
+        own (a batching stage whose queue is empty and whose batcher would not wait: what
+        ``dispatch`` runs inline), and nothing else waits on the request (not traced,
+        streamed, given up on or abandoned). None: the output goes on as any output does
+        (Outputs.forward).
 
         Why: what a request's hop from one stage to the next on one executor costs (its
         input gathered, queued and picked up again, the run registered, watched and recorded
@@ -234,7 +238,6 @@ class Runner:
             nxt is None
             or not nxt.cheap
             or nxt.single_input != hosted.stage.name
-            or nxt.batcher is not None
             or nxt.hedger is not None
             or nxt.report is not None
             or nxt.early is not None
@@ -243,6 +246,12 @@ class Runner:
         routes = h.routes.get(name)
         if routes is None or len(routes) != 1 or routes[0] != self.address or _expired(h):
             return None
+        batcher = nxt.batcher
+        if batcher is not None:
+            if batcher.should_wait():
+                return None  # others queued, or a batch worth waiting for: it goes through the queue
+            batcher.note_arrival()  # as dispatch counts a request it runs inline
+            batcher.learn(False, 1)
         return nxt
 
     def run_batch(self, hosted: HostedStage, items: list[WorkItem]) -> None:

@@ -103,3 +103,53 @@ def test_an_overrun_in_a_chained_stage_is_a_504_naming_its_operator(chain):
         assert r.json()["operator"] == "less_three" and "timeout_s=0.5" in r.text, r.text
         assert time.monotonic() - t0 < 2.5  # answered at the operator's timeout, not when it returned
         assert http.post(d.url, json={"x": 5}).json()["rows"][0]["w"] == 9  # the executor reads on
+
+
+def plus_one_t(t):
+    return t.column("x").to_numpy() + 1
+
+
+def twice_t(t):
+    return t.column("y").to_numpy() * 2
+
+
+def _batches(http: httpx.Client, url: str, flow: str) -> dict[str, float]:
+    """Runs per stage of ``flow`` in its batch size histogram (``_count``)."""
+    out: dict[str, float] = {}
+    for line in http.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("flowserve_stage_batch_size_count{") and f'flow="{flow}"' in line:
+            stage = line.split('stage="', 1)[1].split('"', 1)[0]
+            out[stage] = out.get(stage, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_batching_stages_chain_when_a_request_would_run_alone(chain):
+    """Table functions (``batching=True``): one request at a time finds each batcher's queue
+    empty, so each stage would run it as a batch of one; chained, it does, and each stage
+    still counts that batch."""
+    cluster, _d, _f = chain
+    f = Flow("chain-batching", schema={"x": int})
+    f.map(plus_one_t, names=["y"], batching=True).map(twice_t, names=["z"], batching=True)
+    d = cluster.deploy(f, rules=["batching"])  # a stage per operator, each with its batcher
+    try:
+        with httpx.Client(timeout=30) as http:
+            before, deadline, x = _chained(http, cluster.url), time.monotonic() + 60, 0
+            while _chained(http, cluster.url) < before + 50:
+                assert time.monotonic() < deadline, "no batching stage was chained"
+                for _ in range(50):
+                    x += 1
+                    r = http.post(d.url, json={"x": x})
+                    assert r.status_code == 200 and r.json()["rows"][0]["z"] == 2 * (x + 1), r.text
+            counted = _batches(http, cluster.url, f.name)
+            r = http.post(d.url, json=[{"x": 3}, {"x": 4}])
+            rows = [{k: v for k, v in row.items() if k != "qid"} for row in r.json()["rows"]]
+            assert rows == [{k: v for k, v in e.items() if k != "qid"} for e in f.run([{"x": 3}, {"x": 4}]).to_pylist()]
+            trace = json.loads(r.headers["x-flowserve-trace"])
+            assert [e[0] for e in trace] == ["plus_one_t", "twice_t"] and [e[3] for e in trace] == [1, 1], trace
+            # each stage's batches are counted, chained or not (pongs report them once a second)
+            while min(counted.values()) < x:
+                assert time.monotonic() < deadline, counted
+                counted = _batches(http, cluster.url, f.name)
+            assert set(counted) == {"plus_one_t", "twice_t"}, counted
+    finally:
+        d.undeploy()
