@@ -84,6 +84,11 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
+def _counter(exposition: str, name: str) -> int:
+    """The sum of a counter's samples in a Prometheus text exposition (the live executors')."""
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in exposition.splitlines() if line.startswith(name)))
+
+
 def _cluster_pids(cluster) -> dict[str, int]:
     out = subprocess.run(
         ["pgrep", "-f", f"executors.worker.executor .*{cluster.dir}"], capture_output=True, text=True
@@ -100,6 +105,12 @@ def run(argv=None) -> dict:
     p.add_argument("--every", type=float, default=3.0, help="seconds between faults (default 3)")
     p.add_argument("--rate", type=float, default=400.0, help="requests a second, all clients together (default 400)")
     p.add_argument("--executors", type=int, default=2)
+    p.add_argument(
+        "--unfused",
+        action="store_true",
+        help="one stage per operator (optimize=False): the model's output goes on to its consumer "
+        "(a chained run where both are on one executor)",
+    )
     p.add_argument("--name", default="soak", help="results file name (default soak: results/soak.json)")
     args = p.parse_args(argv)
     os.environ.setdefault("FLOWSERVE_QUIET", "1")
@@ -116,7 +127,7 @@ def run(argv=None) -> dict:
 
 def _soak(cluster, args) -> dict:
     version = itertools.count()
-    d = cluster.deploy(soak_flow(next(version)))
+    d = cluster.deploy(soak_flow(next(version)), optimize=not args.unfused)
     url = d.url
     ids = iter(range(args.requests))
     ids_lock = threading.Lock()
@@ -173,7 +184,7 @@ def _soak(cluster, args) -> dict:
                     threading.Thread(target=call, daemon=True).start()
                 else:
                     t0 = time.monotonic()
-                    cluster.deploy(soak_flow(next(version)))
+                    cluster.deploy(soak_flow(next(version)), optimize=not args.unfused)
                     f["seconds"] = round(time.monotonic() - t0, 2)
             except Exception as e:  # a fault that could not be injected is reported, not fatal
                 f["error"] = f"{type(e).__name__}: {e}"
@@ -218,6 +229,7 @@ def _soak(cluster, args) -> dict:
     summary = {
         "requests": args.requests,
         "concurrency": args.concurrency,
+        "unfused": args.unfused,
         "seconds": round(elapsed, 1),
         "throughput_rps": round(args.requests / elapsed, 1),
         "answered_ok": args.requests - len(lost),
@@ -233,6 +245,7 @@ def _soak(cluster, args) -> dict:
     health = cluster.http.get("/healthz").json()
     summary["executors_recycled"] = sum(health.get("recycled", {}).values())
     summary["executors_crashed"] = sum(health.get("crashed", {}).values())
+    summary["chained_runs"] = _counter(cluster.http.get("/metrics").text, "flowserve_executor_chained_runs_total")
     progress(f"soak: {summary}")
     save(
         args.name,
