@@ -154,7 +154,7 @@ def check_table_bytes(rows: int, schema: dict[str, ColumnType] | None, limit: in
     after these (read in pieces)."""
     if not schema or not rows:
         return
-    per_row = 8 + sum(_row_bytes(t) for t in schema.values())  # 8: the qid
+    per_row = row_table_bytes(schema)
     need = rows * per_row
     if need > limit:
         raise RequestTooLargeError(
@@ -162,6 +162,25 @@ def check_table_bytes(rows: int, schema: dict[str, ColumnType] | None, limit: in
             f"over the limit of {limit / 2**20:,.0f} MiB ({TABLE_BYTES_PER_BODY_BYTE}x the body limit); "
             f"send fewer rows a request"
         )
+
+
+def row_table_bytes(schema: dict[str, ColumnType]) -> int:
+    """The bytes one row of ``schema`` takes as columns, whatever its values (``check_table_bytes``)."""
+    return 8 + sum(_row_bytes(t) for t in schema.values())  # 8: the qid
+
+
+def one_row_stream(body) -> bool:
+    """Whether ``body`` is an Arrow IPC stream whose batches declare one row in all and no
+    compressed bytes to inflate, as read from its messages' metadata (``_scan_stream``)
+    without reading the stream: such a body may be relayed to an executor, which reads and
+    checks it (``arrow_table``) as the gateway would, under any limit on inflated bytes.
+    False for anything else, a broken stream included (the gateway reads it and says what
+    is wrong)."""
+    try:
+        rows, inflated = _scan_stream(body)
+    except BadRequestError:
+        return False
+    return rows == 1 and inflated == 0
 
 
 def _row_bytes(t: ColumnType) -> int:

@@ -1,16 +1,16 @@
 """The data plane: ``POST /flows/{name}``, from the body to the answer.
 
 The body is read (under the size limit; a big Arrow body straight into shared memory),
-parsed and checked against the flow's input schema (executors/codec), given query ids and
-a deadline, and submitted to the dispatcher; the answer is encoded as JSON or Arrow (a big
-one is written as it is encoded, on a worker thread). A one-row JSON body for a flow of one
-stage is relayed to that stage's executor unparsed (docs/architecture.md, "Relayed
-bodies"). A client may shorten its deadline with ``X-Request-Timeout: <seconds>``.
-Answers carry ``X-Qid-Start`` (row i of the request was given qid ``X-Qid-Start + i``),
-``X-Flowserve-Trace`` (JSON: ``[stage, executor, ms, batch size]`` per stage run) and
-``Server-Timing``. Every answer, of every route, carries ``X-Request-Id``: the client's
-(``request_id`` says which it keeps) or a new one; it travels with the request to the
-executors, whose log lines about it name it, as the gateway's do.
+parsed and checked against the flow's input schema (executors/codec), given query ids and a
+deadline, and submitted to the dispatcher; the answer is encoded as JSON or Arrow (a big one
+is written as it is encoded, on a worker thread). A one-row body (JSON, or Arrow) for a flow
+whose rows go to one stage is relayed to that stage's executor unparsed
+(docs/architecture.md, "Relayed bodies"). A client may shorten its deadline with
+``X-Request-Timeout: <seconds>``. Answers carry ``X-Qid-Start`` (row i of the request was
+given qid ``X-Qid-Start + i``), ``X-Flowserve-Trace`` (JSON: ``[stage, executor, ms, batch
+size]`` per stage run) and ``Server-Timing``. Every answer, of every route, carries
+``X-Request-Id``: the client's (``request_id`` says which it keeps) or a new one; it travels
+with the request to the executors, whose log lines about it name it, as the gateway's do.
 
 ``InvokeFastPath`` answers invocations as a bare ASGI app in front of Starlette (every
 other route goes through Starlette); the server's lean path (leanhttp.py) calls its
@@ -32,8 +32,10 @@ from executors import tracing
 from executors.codec import jsontensors
 from executors.codec.bodies import (
     ARROW,
+    ARROW_MAX_INFLATED,
     OFF_LOOP_BYTES,
     OFF_LOOP_ROWS,
+    TABLE_BYTES_PER_BODY_BYTE,
     WRITE_SLICE,
     BadRequestError,
     arrow_answer,
@@ -42,6 +44,7 @@ from executors.codec.bodies import (
     is_json,
     json_pieces,
     json_rows,
+    one_row_stream,
     parse_body,
 )
 from executors.errors import JSON_CONTENT_TYPE, encode_error, http_error, http_error_for
@@ -82,6 +85,9 @@ class Invocations:
         self.slo = gateway.slo
         self.output_schemas = gateway.output_schemas  # shared with the status routes (OpenAPI)
         self.max_body_bytes = gateway.max_body_bytes
+        # a relayed row is parsed by an executor under the default limits (parse_body): relay
+        # only rows whose columns fit both those and this gateway's, so both paths accept them
+        self.relay_row_limit = TABLE_BYTES_PER_BODY_BYTE * min(self.max_body_bytes, ARROW_MAX_INFLATED)
         self.max_rows = gateway.max_rows
         self.request_timeout_s = gateway.request_timeout_s
         self.max_request_timeout_s = gateway.max_request_timeout_s
@@ -174,11 +180,13 @@ class Invocations:
         if (
             stream is None
             and _relayable(body, headers)
+            and flow.row_bytes <= self.relay_row_limit
             and self.dispatcher.relays_to(flow) is not None
             and (shadow is None or self.dispatcher.relays_to(shadow) is not None)
         ):
-            # one JSON row for a flow whose rows go to one stage: its executor parses and checks
-            # it (the same code, the same errors), the sink's answers in JSON; this process only relays
+            # one row (JSON or Arrow) for a flow whose rows go to one stage: its executor parses
+            # and checks it (the same code, the same errors), the sink's answers in JSON; this
+            # process only relays
             qid_start = self.dispatcher.new_qid()
             raw = RawBody(body, headers.get("content-type", ""), qid_start)
         else:
@@ -371,16 +379,19 @@ RELAY_MAX_BYTES = 64 * 1024
 
 
 def _relayable(body, headers: dict) -> bool:
-    """A body the flow's first stage may parse itself (RawInput): one JSON object (one row),
-    small (RELAY_MAX_BYTES), for a client that takes a JSON answer. Anything else is
-    parsed here (Arrow, lists of rows, big bodies, answers in Arrow)."""
-    return (
-        isinstance(body, (bytes, bytearray))
-        and 0 < len(body) <= RELAY_MAX_BYTES
-        and (body[:1] == b"{" or body.lstrip()[:1] == b"{")
-        and is_json(headers.get("content-type", ""))
-        and ARROW not in headers.get("accept", "")
-    )
+    """A body the flow's first stage may parse itself (RawInput): one row, as one JSON
+    object or as an Arrow stream of one row (``one_row_stream``: its row count read from
+    the stream's metadata), small (RELAY_MAX_BYTES), for a client that takes a JSON answer.
+    Anything else is parsed here (lists of rows, Arrow streams of other row counts or with
+    compressed buffers, big bodies, answers in Arrow)."""
+    if not isinstance(body, (bytes, bytearray)) or not 0 < len(body) <= RELAY_MAX_BYTES:
+        return False
+    if ARROW in headers.get("accept", ""):
+        return False
+    ctype = headers.get("content-type", "")
+    if is_json(ctype):
+        return body[:1] == b"{" or body.lstrip()[:1] == b"{"
+    return ctype.startswith(ARROW) and one_row_stream(body)
 
 
 def _seconds(text: str) -> float | None:

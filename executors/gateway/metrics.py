@@ -238,6 +238,11 @@ class ExecutorFigures:
             "Stage runs an executor started on the thread of the stage before them, in the same run (no hop)",
             labels=["executor"],
         )
+        relayed = CounterMetricFamily(
+            "flowserve_executor_relayed_bodies",
+            "Request bodies the gateway relayed unparsed that an executor read, by format (json, arrow)",
+            labels=["executor", "format"],
+        )
         batches = HistogramMetricFamily(
             "flowserve_executor_batch_size",
             "Requests per run of a batching stage, on each executor",
@@ -258,13 +263,13 @@ class ExecutorFigures:
         )
         for ex, s in sorted(self.stats.items()):
             try:
-                _executor_figures(ex, s, queue, pool, chained, batches, lookups, evictions, held)
+                _executor_figures(ex, s, queue, pool, chained, relayed, batches, lookups, evictions, held)
             except (TypeError, ValueError, KeyError, IndexError):
                 continue  # a malformed report (an executor of another release) is left out, not a failed scrape
-        yield from (queue, pool, chained, batches, lookups, evictions, held)
+        yield from (queue, pool, chained, relayed, batches, lookups, evictions, held)
 
 
-def _executor_figures(ex: str, s: dict, queue, pool, chained, batches, lookups, evictions, held) -> None:
+def _executor_figures(ex: str, s: dict, queue, pool, chained, relayed, batches, lookups, evictions, held) -> None:
     queued: dict = {}
     for flow, stage, n in s.get("queues", ()):  # a stage hosted in two versions counts once
         queued[(str(flow), str(stage))] = queued.get((str(flow), str(stage)), 0) + int(n)
@@ -272,6 +277,8 @@ def _executor_figures(ex: str, s: dict, queue, pool, chained, batches, lookups, 
         queue.add_metric([ex, flow, stage], n)
     pool.add_metric([ex], int(s.get("pool", 0)))
     chained.add_metric([ex], int(s.get("chained", 0)))
+    for kind, n in s.get("relayed", {}).items():
+        relayed.add_metric([ex, str(kind)], int(n))
     for flow, stage, counts, total in s.get("batches", ()):
         cumulative, buckets = 0, []
         for bound, n in zip((*map(str, EXECUTOR_BATCH_BUCKETS), "+Inf"), counts):

@@ -9,6 +9,7 @@ import functools
 import time
 from dataclasses import dataclass, field
 
+from executors.codec.bodies import row_table_bytes
 from executors.errors import status_for
 from flow.errors import UnavailableError
 from flow.table import Table
@@ -73,11 +74,17 @@ class DeployedFlow:
         """The stage a request's body may go to as it came (``RawBody``; see relay_stage)."""
         return relay_stage(self.plan)
 
+    @functools.cached_property
+    def row_bytes(self) -> int:
+        """What one input row takes as columns (codec/bodies.py ``check_table_bytes``' estimate)."""
+        schema = self.plan.input_schema
+        return row_table_bytes(schema) if schema else 0
+
 
 def relay_stage(plan: Plan) -> str | None:
     """The stage that takes the request's rows, when it is the only one and takes them whole
     (on one replica, or raced by copies; not hedged, key-split or a choice among
-    alternatives): the gateway may then relay a one-row JSON body to it unparsed
+    alternatives): the gateway may then relay a one-row body (JSON or Arrow) to it unparsed
     (messages.RawInput), to each racing copy alike. The stages after it pass the request on
     as for any body, and the sink answers with the client's JSON (outputs.py)."""
     takers = [s for s in plan.stages.values() if INPUT in s.inputs]
@@ -96,7 +103,7 @@ def relay_stage(plan: Plan) -> str | None:
 
 @dataclass(frozen=True)
 class RawBody:
-    """A request's body relayed as it came: one JSON object, the row of query ``qid``."""
+    """A request's body relayed as it came: one row (JSON or Arrow, by ``ctype``), of query ``qid``."""
 
     body: bytes
     ctype: str

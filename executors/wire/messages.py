@@ -426,8 +426,8 @@ class StageInput(Message):
 
 @message("body")
 class RawInput(Message):
-    """Gateway -> executor: a request's body as the client sent it (one JSON object: one
-    row, query id ``qid``), for the flow's one stage that takes the input
+    """Gateway -> executor: a request's body as the client sent it (one row, query id
+    ``qid``: one JSON object, or an Arrow stream of one row, by ``ctype``), for the flow's one stage that takes the input
     (records.relay_stage). The executor parses and checks it as the gateway would
     (codec/bodies.py: the same errors) and runs the stage; the sink, on whichever executor,
     answers with the rows already as the client's JSON (``Rendered``).

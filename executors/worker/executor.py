@@ -284,6 +284,7 @@ class Executor:
             "pool": self.pool._work_queue.qsize(),
             "batches": self.outputs.batch_counts(),
             "chained": self.runner.chained,
+            "relayed": self.inputs.relayed,
         }
         cache = getattr(self.store, "stats", None)
         if cache is not None:

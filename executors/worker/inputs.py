@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from executors.codec.bodies import BadRequestError, input_table, one_row_table, parse_body
+from executors.codec.bodies import ARROW, BadRequestError, input_table, one_row_table, parse_body
 from executors.wire.messages import RawInput, StageInput
 from executors.wire.routing import complete, merge
 from executors.worker.batcher import WorkItem
@@ -62,6 +62,8 @@ class Inputs:
         # (gateway, request, attempt, stage) -> [a parsed relayed row, copies here still to
         # come]: a race's copies sent to this executor parse the body once
         self._raw_rows: OrderedDict = OrderedDict()
+        # relayed bodies read here, by format (for /metrics); only the IO thread reads messages
+        self.relayed = {"json": 0, "arrow": 0}
 
     def gather(self, h: StageInput) -> list:
         """Record one arriving input; returns the (stage, work) pairs it made ready."""
@@ -87,11 +89,12 @@ class Inputs:
             if ready is not None:
                 return ready
         schema = hosted.plan.input_schema
+        self.relayed["arrow" if r.ctype.startswith(ARROW) else "json"] += 1
         try:
             table = one_row_table(r.body, r.ctype, r.qid, schema)
             if table is None:  # not the short way's shape: the general path, which names what is wrong
                 rows = parse_body(r.body, r.ctype, schema)
-                if len(rows) != 1:  # the gateway relays one JSON object only
+                if len(rows) != 1:  # the gateway relays one row only
                     raise BadRequestError(f"a relayed body must be one row, got {len(rows)}")
                 table = input_table(r.flow, rows, np.array([r.qid], dtype=np.int64), schema)
         except (BadRequestError, DataError) as e:

@@ -7,6 +7,7 @@ whether the flow is one stage, several, or ends in a stage whose rows are split 
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import numpy as np
@@ -164,6 +165,15 @@ def test_a_sink_renders_a_whole_answer_and_leaves_one_part_of_several_to_the_gat
     assert _rendered(h, [], positions.split(rows, np.array([1])), [[0, 1], [1, 2]]) is None  # nested
 
 
+def _arrow(columns: dict, compression: str | None = None) -> bytes:
+    table = pa.table(columns if any(columns.values()) else {k: pa.array([], pa.int64()) for k in columns})
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
 @pytest.mark.parametrize(
     "body, headers, relayed",
     [
@@ -173,7 +183,15 @@ def test_a_sink_renders_a_whole_answer_and_leaves_one_part_of_several_to_the_gat
         (bytearray(b'{"x": 1}'), {}, True),  # a body that came in pieces
         (b'[{"x": 1}]', {}, False),  # a list of rows: the gateway counts them and gives their qids
         (b'{"x": 1}', {"accept": ARROW}, False),  # an Arrow answer is encoded by the gateway
-        (b'{"x": 1}', {"content-type": ARROW}, False),
+        (b'{"x": 1}', {"content-type": ARROW}, False),  # not a stream: the gateway reads it and says so
+        (_arrow({"x": [1]}), {"content-type": ARROW}, True),  # one row, its count read from the metadata
+        (_arrow({"x": [1]}), {"content-type": f"{ARROW}; charset=x"}, True),
+        (_arrow({"x": [1, 2]}), {"content-type": ARROW}, False),  # two rows: their qids are given here
+        (_arrow({"x": []}), {"content-type": ARROW}, False),
+        (_arrow({"x": [1]}, "zstd"), {"content-type": ARROW}, False),  # compressed: inflated under this gateway's limit
+        (_arrow({"x": [1]}), {"content-type": ARROW, "accept": ARROW}, False),
+        (_arrow({"x": [1]})[:40], {"content-type": ARROW}, False),  # truncated: the gateway's error
+        (_arrow({"x": [1]}), {}, False),  # read as JSON (and refused) here
         (b'{"x": 1}', {"content-type": "text/plain"}, False),  # parsed (and refused) here
         (memoryview(b'{"x": 1}'), {}, False),  # a body in shared memory
         (b"", {}, False),
@@ -267,6 +285,66 @@ def test_relayed_and_parsed_bodies_answer_the_same_rows(c):
         assert trace[0][0] == plan["relay_stage"] and len(trace) == len(plan["stages"]), (trace, plan)
 
 
+def _arrow_bodies_read(c) -> float:
+    text = httpx.get(f"{c.url}/metrics").text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("flowserve_executor_relayed_bodies_total{") and 'format="arrow"' in line
+    )
+
+
+ARROW_ROWS = [
+    (
+        "typed",
+        {
+            "x": [1],
+            "f": [0.5],
+            "s": ["é"],
+            "b": [b"hi"],
+            "img": pa.array([[[1, 2], [3, 4]]], pa.list_(pa.list_(pa.uint8()))),
+        },
+    ),
+    ("typed-unfused", {"x": [7], "f": [-1.0], "s": ["a"], "b": [b""], "img": [[[0, 255], [9, 8]]]}),
+    ("free", {"x": [41], "s": ["a"], "v": [[1.5, 2.0]]}),
+    ("free-unfused", {"x": [-3]}),
+    ("keyed", {"k": ["a"]}),
+]
+
+
+@pytest.mark.parametrize("flow, columns", ARROW_ROWS, ids=[f for f, _ in ARROW_ROWS])
+def test_a_relayed_arrow_row_answers_what_the_parsed_paths_give(c, flow, columns):
+    one = _arrow(columns)
+    assert _relayable(one, {"content-type": ARROW})
+    before = _arrow_bodies_read(c)
+    relayed = _post(c, flow, one, {"content-type": ARROW})
+    deadline = time.monotonic() + 20
+    while _arrow_bodies_read(c) <= before:  # the executor read it (its pong reports it once a second)
+        assert time.monotonic() < deadline, "the Arrow row was not relayed"
+        time.sleep(0.1)  # polls a condition; the deadline bounds it
+    # the same row twice is parsed by the gateway (two rows); and the row as JSON, relayed too
+    twice = _post(
+        c,
+        flow,
+        _arrow({k: v * 2 if isinstance(v, list) else pa.concat_arrays([v, v]) for k, v in columns.items()}),
+        {"content-type": ARROW},
+    )
+    row = pa.table(columns).to_pylist()[0]
+    as_json = _post(c, flow, json.dumps({k: v.decode() if k == "b" else v for k, v in row.items()}).encode(), {})
+    assert relayed.status_code == twice.status_code == 200, (relayed.text, twice.text)
+    got, parsed = relayed.json()["rows"], twice.json()["rows"]
+    assert [r.pop("qid") for r in got] == [int(relayed.headers["x-qid-start"])]
+    for r in parsed:
+        r.pop("qid")
+    assert got == parsed[:1] == parsed[1:], (got, parsed)
+    if flow.startswith("typed"):  # bytes go as base64 in JSON, as raw bytes in Arrow
+        return
+    assert (
+        as_json.status_code == 200
+        and [{k: v for k, v in r.items() if k != "qid"} for r in as_json.json()["rows"]] == got
+    )
+
+
 def test_qids_stay_unique_and_consecutive_across_both_paths(c):
     starts = []
     for body in (json.dumps(GOOD).encode(), json.dumps([GOOD, GOOD]).encode(), json.dumps(GOOD).encode()):
@@ -311,3 +389,16 @@ def test_relayed_bodies_merged_into_batches_each_get_their_own_row(c):
     assert all([row["y"] for row in rows] == [x + 1] for x, rows, _ in answers)
     assert len({rows[0]["qid"] for _, rows, _ in answers}) == 64
     assert max(trace[0][3] for _, _, trace in answers) > 1  # some ran in a batch of several
+
+
+def test_a_row_over_the_gateways_table_limit_is_refused_alike_on_both_paths(c):
+    """A row takes its schema's bytes as columns whatever its body (a missing tensor: zeros).
+    Over this gateway's limit (4x its 1 MiB body limit) it is a 413 here; the executors read
+    relayed rows under their own default limit, so such a row is not relayed."""
+    big = Flow("big-row", schema={"img": ColumnType.tensor(np.float64, (1000, 1000))})
+    big.map(plus_one, names=["y"])
+    c.deploy(big)
+    relayed = _post(c, "big-row", b'{"img": null}', {})
+    parsed = _post(c, "big-row", b'[{"img": null}]', {})
+    assert relayed.status_code == parsed.status_code == 413, (relayed.text, parsed.text)
+    assert relayed.json() == parsed.json() and "over the limit of 4 MiB" in relayed.text, relayed.text
