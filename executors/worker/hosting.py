@@ -54,9 +54,12 @@ class HostedStage:
         # other copies sent here (not beside them), and its flow.wait could not be stopped,
         # since the Cancel that stops it is read by that same thread
         self.pooled = raced(self.stage)
-        s = self.stage  # one whole input makes it ready (Inputs._gather's short path)
-        one = len(s.inputs) == 1 and s.continuation is None and s.competitive <= 1 and s.wait != "first_valid"
-        self.single_input = s.inputs[0] if one else None
+        s = self.stage
+        # the producer one output of which makes it ready: whole, or (a continuation) one key group
+        sole = len(s.inputs) == 1 and s.competitive <= 1 and s.wait != "first_valid"
+        self.sole_input = s.inputs[0] if sole else None
+        # one whole input makes it ready (Inputs._gather's short path)
+        self.single_input = self.sole_input if s.continuation is None else None
         # its one consumer, which may run next in the same run when it is plain and here
         # (running.Runner._chained): not for a stage whose copies race or that has several
         consumers = self.consumers

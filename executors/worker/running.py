@@ -195,7 +195,10 @@ class Runner:
                 self.count_batch(hosted, 1)  # a batch of one: forward counts the run it ends with
             h = item.message
             trace = item.trace + [[hosted.stage.name, self.id, round(ms, 3), 1]]
-            item = WorkItem(h.to(nxt.stage.name, hosted.stage.name, (), 0, out, trace), [out], (), trace)
+            # the path its input would have come with (routing.deliveries): a continuation's
+            # one key group, all the rows; a plain stage's input merged whole
+            path = item.path + ((0, 1),) if nxt.stage.continuation is not None else ()
+            item = WorkItem(h.to(nxt.stage.name, hosted.stage.name, path, 0, out, trace), [out], path, trace)
             hosted = nxt
             run.stage, run.owner, run.messages, run.node = nxt.stage.name, nxt, [item.message], nxt.stage.nodes[0].name
             if self.blackbox is not None:
@@ -214,13 +217,14 @@ class Runner:
         self.forward(hosted, [(item, out)], ms, 1)
 
     def _chained(self, hosted: HostedStage, item: WorkItem, run: Run) -> HostedStage | None:
-        """The stage to run next in this run, on this thread: the one consumer of a stage that
-        does not race, when it is hosted here for this request, takes this output alone and
-        whole, is quick and unwatched by Clipper, would run this request as a batch of its
-        own (a batching stage whose queue is empty and whose batcher would not wait: what
-        ``dispatch`` runs inline), and nothing else waits on the request (not traced,
-        streamed, given up on or abandoned). None: the output goes on as any output does
-        (Outputs.forward).
+        """The stage to run next in this run, on this thread: the one consumer of a stage
+        that does not race, when it is hosted here for this request (a continuation: here
+        alone, so all the rows are its one key group), takes this output alone and whole
+        (not one part of a split output, which it merges with the others), is quick and
+        unwatched by Clipper, would run this request as a batch of its own (a batching stage
+        whose queue is empty and whose batcher would not wait: what ``dispatch`` runs
+        inline), and nothing else waits on the request (not traced, streamed, given up on or
+        abandoned). None: the output goes on as any output does (Outputs.forward).
 
         Why: what a request's hop from one stage to the next on one executor costs (its
         input gathered, queued and picked up again, the run registered, watched and recorded
@@ -230,6 +234,8 @@ class Runner:
         name = hosted.chains_to
         if name is None or run.answered or run.overdue_at is not None:
             return None
+        if any(n != 1 for _part, n in item.path):
+            return None  # one part of a split output: the consumer merges it with the others (Inputs)
         h = item.message
         if h.tp or h.stream or (self.races.revoked and self.races.given_up(h)) or cancelled():
             return None
@@ -237,7 +243,7 @@ class Runner:
         if (
             nxt is None
             or not nxt.cheap
-            or nxt.single_input != hosted.stage.name
+            or nxt.sole_input != hosted.stage.name
             or nxt.hedger is not None
             or nxt.report is not None
             or nxt.early is not None

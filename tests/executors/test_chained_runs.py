@@ -10,6 +10,7 @@ import json
 import time
 
 import httpx
+import numpy as np
 import pytest
 
 from executors.hosts.cluster import LocalCluster
@@ -153,3 +154,73 @@ def test_batching_stages_chain_when_a_request_would_run_alone(chain):
             assert set(counted) == {"plus_one_t", "twice_t"}, counted
     finally:
         d.undeploy()
+
+
+def to_key(row):
+    return "emb/" + row.k
+
+
+def total(row):
+    return float(row.v.sum())
+
+
+def lookup_flow(name: str) -> Flow:
+    """A per-row lookup between two maps: with the locality rule the lookup is a continuation
+    (its rows go to the executors holding their keys) and each map a plain stage."""
+    f = Flow(name, schema={"k": str}, key_prefixes=["emb/"])
+    f.map(to_key, names=["key"]).lookup(column="key", name="v").map(total, names=["s"])
+    return f
+
+
+VECTORS = {f"emb/{i}": np.full(3, i, dtype=np.float32) for i in range(40)}
+KEYED_ROWS = [{"k": str(i)} for i in range(40)]
+
+
+def _rows(answer: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "qid"} for r in answer]
+
+
+def test_a_lookup_continuation_hosted_here_alone_chains_with_the_stages_around_it(chain):
+    cluster, _d, _f = chain
+    cluster.kvs.mput(VECTORS)
+    f = lookup_flow("chain-lookup")
+    d = cluster.deploy(f, rules=["locality"])
+    try:
+        assert [s["name"] for s in httpx.get(d.url).json()["stages"]] == ["to_key", "lookup(key)", "total"]
+        want = _rows(f.run(KEYED_ROWS[:3], kvs=cluster.kvs).to_pylist())
+        with httpx.Client(timeout=30) as http:
+            before, deadline = _chained(http, cluster.url), time.monotonic() + 60
+            while _chained(http, cluster.url) < before + 100:
+                assert time.monotonic() < deadline, "no run was chained"
+                for _ in range(25):
+                    r = http.post(d.url, json=KEYED_ROWS[:3])
+                    assert r.status_code == 200 and _rows(r.json()["rows"]) == want, r.text
+            # warm: both hops chain (into the lookup and out of it), not only the plain one
+            before = _chained(http, cluster.url)
+            for _ in range(100):
+                r = http.post(d.url, json=KEYED_ROWS[:3])
+                assert r.status_code == 200 and _rows(r.json()["rows"]) == want, r.text
+            while _chained(http, cluster.url) < before + 150:  # pongs report it once a second
+                assert time.monotonic() < deadline, (before, _chained(http, cluster.url))
+            trace = json.loads(r.headers["x-flowserve-trace"])
+            assert [e[0] for e in trace] == ["to_key", "lookup(key)", "total"], trace
+    finally:
+        d.undeploy()
+
+
+def test_a_part_of_a_key_split_output_goes_to_its_merge_not_on_alone():
+    """Over two executors the lookup's rows split by key into two parts, each run where its
+    keys live; the stage after it merges the parts: a part must not run on alone, even where
+    that stage is hosted on the part's executor (the answer would lose the other's rows)."""
+    with LocalCluster(ClusterConfig(executors=2, request_timeout_s=20)) as cluster:
+        cluster.kvs.mput(VECTORS)
+        f = lookup_flow("split-lookup")
+        d = cluster.deploy(f, rules=["locality"])
+        want = _rows(f.run(KEYED_ROWS, kvs=cluster.kvs).to_pylist())
+        with httpx.Client(timeout=30) as http:
+            for _ in range(60):
+                r = http.post(d.url, json=KEYED_ROWS)
+                assert r.status_code == 200, r.text
+                assert _rows(r.json()["rows"]) == want
+            trace = json.loads(r.headers["x-flowserve-trace"])
+            assert len({e[1] for e in trace if e[0] == "lookup(key)"}) == 2, trace  # split over both
