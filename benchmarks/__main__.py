@@ -12,6 +12,7 @@ import sys
 BENCHMARKS = {
     "e2e": "Ensemble and Cascade over HTTP: FlowServe vs Ray Serve vs the in-process floor",
     "matrix": "Ensemble, Cascade, lookup written every way (row/Table, 1/3/6 stages, JSON/Arrow) vs a floor running the same code",
+    "matrix_peers": "the matrix's cells on Ray Serve, LitServe and BentoML beside FlowServe and the floor: FlowServe / peer per cell",
     "overhead": "the e2e Ensemble's CPU per request in each process beside the floor's; the pieces in a hot loop",
     "polling": "a round trip between two processes: busy polling, sleeping, the runtime's back-off; idle and beside CPU hogs",
     "chain": "added latency per stage on a chain of no-op stages",

@@ -328,6 +328,18 @@ PEERS = {
 }
 
 
+def add_peer_options(p) -> None:
+    """One option per peer naming the Python it runs with (its own venv)."""
+    for peer, (_cls, dest, env, default) in PEERS.items():
+        p.add_argument(
+            f"--{peer}-python",
+            dest=dest,
+            default=os.environ.get(env, default),
+            help=f"a Python with {peer} and torch, its own venv (benchmarks/requirements-peers.txt); "
+            f"skipped if missing (default ${env} or {default})",
+        )
+
+
 # -- the run -------------------------------------------------------------------------------------
 
 
@@ -391,14 +403,7 @@ def run(argv=None) -> dict:
         help="executor processes of our local cluster (default: the cluster's own default shape, one per "
         "core but the gateway's, at least 1)",
     )
-    for peer, (_cls, dest, env, default) in PEERS.items():
-        p.add_argument(
-            f"--{peer}-python",
-            dest=dest,
-            default=os.environ.get(env, default),
-            help=f"a Python with {peer} and torch, its own venv (benchmarks/requirements-peers.txt); "
-            f"skipped if missing (default ${env} or {default})",
-        )
+    add_peer_options(p)
     p.add_argument(
         "--peers",
         default=",".join(PEERS),

@@ -66,19 +66,24 @@ def main() -> None:
         accelerator="cpu",
         workers_per_device=1,
     )
+    serve(server, args.port)
+
+
+def serve(server, port: int) -> None:
+    """Run ``server`` on ``port``, printing READY once its /health answers (the benchmark waits for it)."""
     import threading
 
     def ready():
         while True:
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{args.port}/health", timeout=1)
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
                 print("READY", flush=True)
                 return
             except OSError:
                 time.sleep(0.5)
 
     threading.Thread(target=ready, daemon=True).start()
-    server.run(host="127.0.0.1", port=args.port, num_api_servers=1, log_level="warning", generate_client_file=False)
+    server.run(host="127.0.0.1", port=port, num_api_servers=1, log_level="warning", generate_client_file=False)
 
 
 if __name__ == "__main__":

@@ -365,6 +365,28 @@ def floor_app():
     return Starlette(routes=[route(p, s, n) for p in PIPELINES for s in STYLES for n in STAGES])
 
 
+def run_facts(args, took_s: float) -> dict:
+    """What a results file says of its run: the options, how long it took, when."""
+    return {
+        "quick": args.quick,
+        "reps": args.reps,
+        "seconds": args.seconds,
+        "took_s": round(took_s),
+        "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+
+
+def start_floor() -> tuple[subprocess.Popen, int]:
+    """The floor's process (``floor_app`` under uvicorn) and its port."""
+    port = free_port()
+    floor = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "--factory", "benchmarks.matrix:floor_app", "--port", str(port)]
+        + ["--log-level", "warning"],
+        cwd=ROOT,
+    )
+    return floor, port
+
+
 # -- measuring ---------------------------------------------------------------------------------------
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -414,18 +436,20 @@ def measure(url: str, raw: bytes, ctype: str, seconds: float, pids: list[int]) -
     return {"rps_c8": c8["rps"], "p50_c1_ms": c1["p50_ms"], "cpu_us_per_request": used / n * 1e6}
 
 
-def run(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m benchmarks matrix", description=__doc__.split("\n\n")[0])
+AXES = {"pipelines": PIPELINES, "styles": STYLES, "stages": STAGES, "bodies": BODIES}
+
+
+def add_axis_options(p: argparse.ArgumentParser) -> None:
+    """``--quick`` and one option per axis (``--pipelines ensemble,lookup``...)."""
     p.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK}")
-    p.add_argument("--reps", type=int, default=2, help="reps over every cell (default 2)")
-    p.add_argument("--seconds", type=float, default=1.0, help="per wrk measurement, whole seconds (default 1)")
-    p.add_argument("--name", default="matrix", help="results file name (default matrix)")
-    for axis, values in (("pipelines", PIPELINES), ("styles", STYLES), ("stages", STAGES), ("bodies", BODIES)):
+    for axis, values in AXES.items():
         p.add_argument(f"--{axis}", default=None, help=f"only these, comma-separated (of {','.join(map(str, values))})")
-    args = p.parse_args(argv)
-    os.environ.setdefault("FLOWSERVE_QUIET", "1")
-    axes = dict(QUICK) if args.quick else {"pipelines": PIPELINES, "styles": STYLES, "stages": STAGES, "bodies": BODIES}
-    for axis, values in (("pipelines", PIPELINES), ("styles", STYLES), ("stages", STAGES), ("bodies", BODIES)):
+
+
+def chosen_axes(p: argparse.ArgumentParser, args) -> dict:
+    """The values of each axis the options chose (all, ``--quick``'s, or a slice)."""
+    axes = dict(QUICK) if args.quick else dict(AXES)
+    for axis, values in AXES.items():
         chosen = getattr(args, axis)
         if chosen is not None:
             picked = tuple(type(values[0])(v) for v in chosen.split(","))
@@ -433,6 +457,18 @@ def run(argv=None) -> dict:
             if unknown:
                 p.error(f"--{axis}: unknown {unknown}; choose among {list(values)}")
             axes[axis] = picked
+    return axes
+
+
+def run(argv=None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m benchmarks matrix", description=__doc__.split("\n\n")[0])
+    p.add_argument("--reps", type=int, default=2, help="reps over every cell (default 2)")
+    p.add_argument("--seconds", type=float, default=1.0, help="per wrk measurement, whole seconds (default 1)")
+    p.add_argument("--name", default="matrix", help="results file name (default matrix)")
+    add_axis_options(p)
+    args = p.parse_args(argv)
+    os.environ.setdefault("FLOWSERVE_QUIET", "1")
+    axes = chosen_axes(p, args)
     cells = [
         (pl, st, n, b)
         for pl in axes["pipelines"]
@@ -443,12 +479,7 @@ def run(argv=None) -> dict:
     from executors import LocalCluster
 
     started = time.monotonic()
-    port = free_port()
-    floor = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "--factory", "benchmarks.matrix:floor_app", "--port", str(port)]
-        + ["--log-level", "warning"],
-        cwd=ROOT,
-    )
+    floor, port = start_floor()
     per_rep: list[dict] = []
     plans: dict[str, int] = {}
     try:
@@ -531,11 +562,7 @@ def report(per_rep: list[dict], plans: dict, args, took_s: float) -> dict:
     for m in metrics:
         progress(f"{m}: median cell {median[m]:.2f}x; worst {worst[m]} {cells[worst[m]]['ratios'][m]:.2f}x")
     out = {
-        "quick": args.quick,
-        "reps": args.reps,
-        "seconds": args.seconds,
-        "took_s": round(took_s),
-        "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        **run_facts(args, took_s),
         "stages_per_plan": plans,
         "median_ratio": median,
         "worst": {m: {"cell": worst[m], "ratio": cells[worst[m]]["ratios"][m]} for m in metrics},
