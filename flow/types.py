@@ -316,6 +316,10 @@ def build_column(values: Any, column: str, type_: ColumnType | None = None):
             values = [None if m else v for v, m in zip(values.tolist(), missing)]
     if isinstance(values, np.ndarray) and values.dtype != object:
         return _from_typed_array(values, column, type_)
+    if type_ is None and type(values) is list and len(values) == 1 and type(values[0]) is np.ndarray:
+        shared = _shared_row(values[0])
+        if shared is not None:
+            return shared
     if isinstance(values, (str, bytes, np.generic)) or not hasattr(values, "__iter__"):
         raise DataTypeError(f"column {column!r}: expected a sequence of values, got {type(values).__name__}")
     values = list(values)
@@ -437,6 +441,22 @@ def _check_scalars(present: list, kind: str, column: str) -> None:
     for v in present:
         if not isinstance(v, allowed) or (kind in ("int", "float") and isinstance(v, (bool, np.bool_))):
             raise DataTypeError(f"column {column!r}: expected {kind}, got {type(v).__name__} {v!r:.40}")
+
+
+def _shared_row(a: np.ndarray):
+    """The column ``_tensor_column`` makes of one frozen numeric array (a KVS cache hit, read
+    by a per-row lookup): the array itself as the one row, not copied; None for any other
+    array (the general path converts it, or names what is wrong with it)."""
+    if (
+        a.ndim
+        and a.dtype.kind in "biuf"
+        and a.dtype.isnative
+        and a.flags.c_contiguous
+        and a.flags.aligned
+        and _is_frozen(a)
+    ):
+        return ColumnType.tensor(a.dtype, a.shape), a[None], None
+    return None
 
 
 def _tensor_column(values, valid, present, column, type_):

@@ -230,13 +230,18 @@ _SCALARS[np.dtype(np.bool_)] = ColumnType.scalar("bool")
 
 def _values_column(values: list) -> Column | None:
     """The column ``build_column`` makes of a row-wise map's values when they are all Python
-    floats or all Python ints (not bools) that fit in int64; None otherwise."""
+    floats, all Python ints (not bools) that fit in int64, or all Python strings; None
+    otherwise."""
     first = type(values[0])
-    if first is not float and first is not int:
+    if first is not float and first is not int and first is not str:
         return None
     for x in values:
         if type(x) is not first:
             return None
+    if first is str:
+        arr = np.empty(len(values), dtype=object)
+        arr[:] = values
+        return built_column(_STR, arr, None)
     if first is int:
         for x in values:
             if not _INT64_MIN <= x <= _INT64_MAX:
@@ -250,6 +255,7 @@ def _values_column(values: list) -> Column | None:
 
 
 _INT = ColumnType.scalar("int")
+_STR = ColumnType.scalar("str")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 

@@ -16,7 +16,7 @@ from executors import tracing
 from executors.codec.bodies import OFF_LOOP_ROWS, json_rows
 from executors.errors import OperatorTimeoutError, status_for
 from executors.wire.messages import Failure, Rendered, Result, StageInput
-from executors.wire.routing import complete, deliveries, keeps_rows, merge
+from executors.wire.routing import deliveries, keeps_rows, merge
 from executors.worker.batcher import WorkItem
 from executors.worker.hosting import HostedStage
 from executors.worker.races import Races, raced
@@ -217,11 +217,10 @@ def _rendered(h: StageInput, trace: list, out: Table, path) -> list | None:
     gateway then encodes the Table itself, and names the operator, as for any answer."""
     if len(out) > OFF_LOOP_ROWS:
         return None
-    path = tuple(tuple(p) for p in path)
     if path:
-        if not complete((path,)):
-            return None
-        out = merge({path: out})  # the one part of a split: without its positions column
+        if any(n != 1 for _part, n in path):
+            return None  # one part of several (a single path is whole only if every split was of one part)
+        out = merge({tuple(map(tuple, path)): out})  # the one part of a split: without its positions column
     try:
         body = json_rows(out)
     except (TypeError, ValueError):  # orjson's errors are TypeErrors; UnencodableError

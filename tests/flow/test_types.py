@@ -415,3 +415,31 @@ def test_rows_into_a_narrower_float_are_checked_after_the_cast():
         _, arr, valid = build_column([np.array([np.inf, np.nan]), None, np.array([-np.inf, 3.5])], "v", t)
     assert arr.dtype == np.float32 and valid.tolist() == [True, False, True]
     assert str(arr.tolist()) == "[[inf, nan], [0.0, 0.0], [-inf, 3.5]]"
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    """``a``'s values in a read-only array over bytes, as a KVS cache hit holds them."""
+    return np.frombuffer(a.tobytes(), dtype=a.dtype).reshape(a.shape)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.arange(6, dtype=np.float32).reshape(2, 3),
+        np.arange(4, dtype=np.int8),
+        np.array([True, False]),
+        np.arange(3, dtype=np.float16),
+        np.arange(3, dtype=">f4"),  # not native: converted, not shared
+        np.arange(12, dtype=np.float64).reshape(3, 4)[:, ::2],  # not contiguous: copied
+    ],
+    ids=["f32", "i8", "bool", "f16", "big-endian", "strided"],
+)
+@pytest.mark.parametrize("frozen", [True, False], ids=["frozen", "writable"])
+def test_one_array_row_builds_the_column_several_rows_do_and_shares_only_a_frozen_one(value, frozen):
+    a = _frozen(value) if frozen and value.flags.c_contiguous else value
+    ctype, arr, valid = build_column([a], "v")
+    many_type, many, _ = build_column([a, a], "v")  # the general path: rows stacked
+    assert ctype == many_type and valid is None and arr.dtype == many.dtype and arr.shape == many[:1].shape
+    assert arr.tolist() == many[:1].tolist()
+    shared = np.shares_memory(arr, a)
+    assert shared == (frozen and a.dtype.isnative and a.flags.c_contiguous), (shared, a.flags)
