@@ -205,7 +205,11 @@ class Races:
         """A run of ``messages``' requests starts here, told by ``event`` when every one of
         them is given up on; None if that is so already (do not run it). ``end_run`` ends it."""
         with self.lock:
-            keys = {(m.gateway, m.req) for m in messages}
+            if len(messages) == 1:
+                m = messages[0]
+                keys = {(m.gateway, m.req)}
+            else:
+                keys = {(m.gateway, m.req) for m in messages}
             if self.revoked:
                 keys = {k for k in keys if k not in self.revoked}
                 if not keys:

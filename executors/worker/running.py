@@ -168,9 +168,12 @@ class Runner:
         t0 = time.perf_counter()
         while True:
             try:
-                emit = progress.yielding(self.send, hosted, [item])  # a streamed generator's outputs go ahead
-                with progress.sending(self.send, hosted, [item]):  # a first_then's fast rows go ahead
-                    out = self._execute(hosted, item.inputs, item.after_head, run, emit)
+                if not item.message.stream:
+                    out = self._execute(hosted, item.inputs, item.after_head, run)
+                else:
+                    emit = progress.yielding(self.send, hosted, [item])  # a streamed generator's outputs go ahead
+                    with progress.sending(self.send, hosted, [item]):  # a first_then's fast rows go ahead
+                        out = self._execute(hosted, item.inputs, item.after_head, run, emit)
             except FlowError as e:
                 if self._end(key, run):
                     return
