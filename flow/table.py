@@ -828,8 +828,53 @@ def _arrow_column_values(chunked, name: str):
     if pa.types.is_null(arr.type):
         return [None] * len(arr)
     if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type):
+        rows = _regular_list_rows(arr)
+        if rows is not None:
+            return rows
         return [None if v is None else np.asarray(v) for v in arr.to_pylist()]
     return arr.to_pylist()
+
+
+# np.asarray's dtype for a row's Python values, by the Arrow leaf type's kind (ints that
+# all fit int64, floats, bools): what the rows below must come out as
+_ROW_DTYPES = {"i": np.dtype(np.int64), "f": np.dtype(np.float64), "b": np.dtype(np.bool_)}
+
+
+def _regular_list_rows(arr) -> list | None:
+    """The rows of a list column nested k deep (an image as lists of lists) as
+    ``np.asarray(row)`` makes them from each row's Python lists, without making those lists:
+    when no level holds a null, every row has the same non-empty shape and the leaves are
+    numbers (ints up to 32 bits, or signed 64, floats, bools). None for any other column
+    (the rows go through Python values, which name what is ragged or missing)."""
+    import pyarrow as pa
+
+    n, shape, level = len(arr), [], arr
+    if n == 0:
+        return None
+    while pa.types.is_list(level.type) or pa.types.is_large_list(level.type) or pa.types.is_fixed_size_list(level.type):
+        if level.null_count:
+            return None
+        if pa.types.is_fixed_size_list(level.type):
+            size = level.type.list_size
+            start, stop = level.offset * size, (level.offset + len(level)) * size
+        else:
+            offsets = level.offsets.to_numpy()
+            start, stop = int(offsets[0]), int(offsets[-1])
+            size = int(offsets[1]) - start
+            if len(offsets) > 2 and (np.diff(offsets) != size).any():
+                return None
+        if size == 0:
+            return None
+        shape.append(size)
+        level = level.values.slice(start, stop - start)
+    t = level.type
+    if level.null_count or not (
+        pa.types.is_floating(t) or pa.types.is_boolean(t) or (pa.types.is_integer(t) and t != pa.uint64())
+    ):
+        return None
+    values = level.to_numpy(zero_copy_only=False)
+    values = values.astype(_ROW_DTYPES["i" if values.dtype.kind in "iu" else values.dtype.kind], copy=False)
+    return list(values.reshape((n, *shape)))
 
 
 def _arrow_tensor_values(storage, shape: tuple, value_type, name: str):

@@ -97,7 +97,7 @@ def arrow_table(body, max_inflated: int | None = None) -> Any:
     if max_inflated is None:
         max_inflated = ARROW_MAX_INFLATED
 
-    rows, inflated = _scan_stream(body)
+    rows, inflated, _data = scan_stream(body)
     if rows > ARROW_MAX_ROWS or rows < 0:
         raise BadRequestError(f"body is an Arrow IPC stream of {rows} rows, over the limit of {ARROW_MAX_ROWS}")
     if inflated > max_inflated:
@@ -169,18 +169,24 @@ def row_table_bytes(schema: dict[str, ColumnType]) -> int:
     return 8 + sum(_row_bytes(t) for t in schema.values())  # 8: the qid
 
 
-def one_row_stream(body) -> bool:
-    """Whether ``body`` is an Arrow IPC stream whose batches declare one row in all and no
-    compressed bytes to inflate, as read from its messages' metadata (``_scan_stream``)
-    without reading the stream: such a body may be relayed to an executor, which reads and
-    checks it (``arrow_table``) as the gateway would, under any limit on inflated bytes.
-    False for anything else, a broken stream included (the gateway reads it and says what
-    is wrong)."""
+def one_light_row(body) -> bool:
+    """Whether ``body`` is an Arrow IPC stream whose batches declare one row in all, no
+    compressed bytes to inflate and at most ``LIGHT_ROW_BYTES`` of data, as read from its
+    messages' metadata (``scan_stream``) without reading the stream: such a body may be
+    relayed to an executor, which reads and checks it (``arrow_table``) as the gateway
+    would, under any limit on inflated bytes. A row carrying more (an image as lists of
+    lists: its values become a tensor, tens of us) is read by the gateway, which spares
+    that work the executor that also runs the model (benchmarks/README.md, "The benchmark
+    family against its floor"). False for anything else, a broken stream included (the
+    gateway reads it and says what is wrong)."""
     try:
-        rows, inflated = _scan_stream(body)
+        rows, inflated, data = scan_stream(body)
     except BadRequestError:
         return False
-    return rows == 1 and inflated == 0
+    return rows == 1 and inflated == 0 and data <= LIGHT_ROW_BYTES
+
+
+LIGHT_ROW_BYTES = 512  # a row of scalars and short strings; an image's values are more
 
 
 def _row_bytes(t: ColumnType) -> int:
@@ -203,8 +209,9 @@ _I64 = struct.Struct("<q").unpack_from
 _U8 = struct.Struct("<B").unpack_from
 
 
-def _scan_stream(body) -> tuple[int, int]:
-    """(rows, bytes uncompressed) that an Arrow IPC stream's batches declare, read from
+def scan_stream(body) -> tuple[int, int, int]:
+    """(rows, bytes uncompressed, bytes of data) that an Arrow IPC stream's batches declare
+    (the last: their bodies' lengths, as sent), read from
     its messages before Arrow reads it: each message's flatbuffer as far as its header
     (Arrow's Message.fbs: a RecordBatch's length, whether it is compressed, its buffers),
     a compressed buffer's size uncompressed from its first 8 bytes. Arrow verifies the
@@ -213,7 +220,7 @@ def _scan_stream(body) -> tuple[int, int]:
     cannot read is one Arrow refuses too."""
     view = memoryview(body)
     end = len(view)
-    pos = rows = inflated = 0
+    pos = rows = inflated = data = 0
     try:
         while pos + 4 <= end:
             (size,) = _I32(view, pos)
@@ -234,6 +241,7 @@ def _scan_stream(body) -> tuple[int, int]:
                 if batch is not None:
                     if kind == 3:
                         rows += _fb_scalar(view, batch, 0, _I64)  # RecordBatch.length
+                        data += max(length, 0)
                     if _fb_field(view, batch, 3) is not None:  # RecordBatch.compression
                         inflated += _declared_inflated(view, batch, pos, min(pos + length, end), pos)
             if length < 0 or rows < 0 or rows > ARROW_MAX_ROWS:
@@ -243,7 +251,7 @@ def _scan_stream(body) -> tuple[int, int]:
         raise BadRequestError(
             "body is not an Arrow IPC stream: a message's metadata is not a valid flatbuffer"
         ) from None
-    return rows, inflated
+    return rows, inflated, data
 
 
 def _declared_inflated(view: memoryview, batch: int, start: int, stop: int, metadata_end: int) -> int:

@@ -44,7 +44,7 @@ from executors.codec.bodies import (
     is_json,
     json_pieces,
     json_rows,
-    one_row_stream,
+    one_light_row,
     parse_body,
 )
 from executors.errors import JSON_CONTENT_TYPE, encode_error, http_error, http_error_for
@@ -380,10 +380,10 @@ RELAY_MAX_BYTES = 64 * 1024
 
 def _relayable(body, headers: dict) -> bool:
     """A body the flow's first stage may parse itself (RawInput): one row, as one JSON
-    object or as an Arrow stream of one row (``one_row_stream``: its row count read from
-    the stream's metadata), small (RELAY_MAX_BYTES), for a client that takes a JSON answer.
-    Anything else is parsed here (lists of rows, Arrow streams of other row counts or with
-    compressed buffers, big bodies, answers in Arrow)."""
+    object or as an Arrow stream of one light row (``one_light_row``: its row count and
+    size read from the stream's metadata), small (RELAY_MAX_BYTES), for a client that
+    takes a JSON answer. Anything else is parsed here (lists of rows, Arrow streams of
+    other row counts, with compressed buffers or a heavy row, big bodies, answers in Arrow)."""
     if not isinstance(body, (bytes, bytearray)) or not 0 < len(body) <= RELAY_MAX_BYTES:
         return False
     if ARROW in headers.get("accept", ""):
@@ -391,7 +391,7 @@ def _relayable(body, headers: dict) -> bool:
     ctype = headers.get("content-type", "")
     if is_json(ctype):
         return body[:1] == b"{" or body.lstrip()[:1] == b"{"
-    return ctype.startswith(ARROW) and one_row_stream(body)
+    return ctype.startswith(ARROW) and one_light_row(body)
 
 
 def _seconds(text: str) -> float | None:

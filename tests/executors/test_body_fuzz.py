@@ -579,7 +579,7 @@ def _check_declared_sizes(body: bytes) -> None:
     allocates is the inflated buffers, and copies of the body's own (aligned, dictionaries
     joined), never more. (Its values are not touched here: reading a stream is safe.)"""
     try:
-        rows, inflated = httpcodec._scan_stream(body)
+        rows, inflated = httpcodec.scan_stream(body)[:2]
     except BadRequestError:
         return
     if inflated > httpcodec.ARROW_MAX_INFLATED or not 0 <= rows <= httpcodec.ARROW_MAX_ROWS:

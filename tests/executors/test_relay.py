@@ -189,6 +189,8 @@ def _arrow(columns: dict, compression: str | None = None) -> bytes:
         (_arrow({"x": [1, 2]}), {"content-type": ARROW}, False),  # two rows: their qids are given here
         (_arrow({"x": []}), {"content-type": ARROW}, False),
         (_arrow({"x": [1]}, "zstd"), {"content-type": ARROW}, False),  # compressed: inflated under this gateway's limit
+        (_arrow({"v": [list(range(64))]}), {"content-type": ARROW}, False),  # 512 bytes of values and more: read here
+        (_arrow({"v": [list(range(32))]}), {"content-type": ARROW}, True),
         (_arrow({"x": [1]}), {"content-type": ARROW, "accept": ARROW}, False),
         (_arrow({"x": [1]})[:40], {"content-type": ARROW}, False),  # truncated: the gateway's error
         (_arrow({"x": [1]}), {}, False),  # read as JSON (and refused) here

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -517,3 +519,46 @@ def test_repr_shows_the_first_and_last_rows_with_their_values_like_pandas():
     wide = Table.from_dict({f"c{i}": [1.5] for i in range(40)})
     head = repr(wide).splitlines()[0]
     assert head.startswith("qid   c0   c1") and head.endswith("  ...") and len(head) <= 115
+
+
+def _list_cases():
+    import pyarrow as pa
+
+    img = [[[1, 2], [3, 4]], [[5, 6], [7, 8]], [[9, 10], [11, 12]]]
+    yield "uint8 lists of lists", pa.array(img, pa.list_(pa.list_(pa.uint8())))
+    yield "int64", pa.array(img, pa.list_(pa.list_(pa.int64())))
+    yield "float32", pa.array([[0.5, 1.5], [2.5, -1.0]], pa.list_(pa.float32()))
+    yield "bool", pa.array([[True, False], [False, False]], pa.list_(pa.bool_()))
+    yield "large list", pa.array(img, pa.large_list(pa.list_(pa.int16())))
+    yield "fixed size inside a list", pa.array(img, pa.list_(pa.list_(pa.int32(), 2)))
+    yield "sliced", pa.array(img, pa.list_(pa.list_(pa.uint8()))).slice(1, 2)
+    yield "uint64: the Python path", pa.array([[2**64 - 1, 1]], pa.list_(pa.uint64()))
+    yield "ragged: the Python path", pa.array([[1, 2], [3]], pa.list_(pa.int64()))
+    yield "a null row: the Python path", pa.array([[1, 2], None], pa.list_(pa.int64()))
+    yield "a null value: the Python path", pa.array([[1, None]], pa.list_(pa.int64()))
+    yield "empty lists: the Python path", pa.array([[], []], pa.list_(pa.int64()))
+
+
+@pytest.mark.parametrize("case", list(_list_cases()), ids=[c[0] for c in _list_cases()])
+def test_list_columns_from_arrow_make_the_rows_their_python_values_make(case):
+    """A regular list column is read without making each row's Python lists; the rows, and
+    so the column and its errors, are what np.asarray makes of those lists."""
+    import pyarrow as pa
+
+    from flow.table import _arrow_column_values
+
+    _name, arr = case
+    want = [None if v is None else np.asarray(v) for v in arr.to_pylist()]
+    got = _arrow_column_values(pa.chunked_array([arr]), "v")
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert (g is None) == (w is None)
+        if w is not None:
+            assert g.dtype == w.dtype and g.shape == w.shape and (g == w).all()
+    try:
+        expected = Table.from_dict({"v": want})
+    except DataError as e:
+        with pytest.raises(type(e), match=re.escape(str(e))):
+            Table.from_arrow(pa.table({"v": arr}))
+    else:
+        assert Table.from_arrow(pa.table({"v": arr})) == expected
