@@ -130,6 +130,12 @@ def merge(parts: dict) -> Table:
     return positions.merge([parts[p] for p in sorted(parts)])
 
 
+def whole(path) -> bool:
+    """True if the one part at ``path`` is a whole output: every split on its way was of one
+    part (``complete`` of that path alone; the root's path ``()`` is whole)."""
+    return all(n == 1 for _part, n in path)
+
+
 def complete(paths) -> bool:
     """True if the parts at ``paths`` make up a whole output (every split fully present)."""
     paths = set(paths)

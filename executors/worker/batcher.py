@@ -106,6 +106,16 @@ class Batcher:
         """True if a request should go through the queue (to wait, or behind others)."""
         return not self.queue.empty() or self.worth_waiting()
 
+    def alone(self) -> bool:
+        """True if a request arriving now runs as a batch of its own, not through the queue
+        (nothing queued, no wait worth it); it is then counted as an arrival and a batch
+        that did not wait."""
+        if self.should_wait():
+            return False
+        self.note_arrival()
+        self.learn(False, 1)
+        return True
+
     def learn(self, waited: bool, batch_size: int) -> None:
         """Record how a batch formed (inline runs count as batches that did not wait)."""
         if waited:

@@ -16,7 +16,7 @@ from executors import tracing
 from executors.codec.bodies import OFF_LOOP_ROWS, json_rows
 from executors.errors import OperatorTimeoutError, status_for
 from executors.wire.messages import Failure, Rendered, Result, StageInput
-from executors.wire.routing import deliveries, keeps_rows, merge
+from executors.wire.routing import deliveries, keeps_rows, merge, whole
 from executors.worker.batcher import WorkItem
 from executors.worker.hosting import HostedStage
 from executors.worker.races import Races, raced
@@ -218,8 +218,8 @@ def _rendered(h: StageInput, trace: list, out: Table, path) -> list | None:
     if len(out) > OFF_LOOP_ROWS:
         return None
     if path:
-        if any(n != 1 for _part, n in path):
-            return None  # one part of several (a single path is whole only if every split was of one part)
+        if not whole(path):
+            return None  # one part of several
         out = merge({tuple(map(tuple, path)): out})  # the one part of a split: without its positions column
     try:
         body = json_rows(out)

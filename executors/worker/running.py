@@ -20,6 +20,7 @@ import numpy as np
 from executors import tracing
 from executors.errors import OperatorTimeoutError
 from executors.wire.messages import Message, Recycling, StageInput, Stuck, Unstuck
+from executors.wire.routing import whole
 from executors.worker import progress
 from executors.worker.batcher import Batcher, WorkItem, aimd_for
 from executors.worker.hosting import HostedStage
@@ -101,11 +102,9 @@ class Runner:
             return
         on_io = threading.get_ident() == self.io_thread
         if hosted.batcher is not None:
-            if hosted.cheap and not hosted.batcher.should_wait():
+            if hosted.cheap and hosted.batcher.alone():
                 # light load and a quick stage: no thread hop, no waiting; requests that
                 # arrived together (drained in one go) still run as one batch
-                hosted.batcher.note_arrival()
-                hosted.batcher.learn(False, 1)
                 if on_io:
                     self.inline.setdefault(id(hosted), (hosted, []))[1].append(item)
                 else:
@@ -237,7 +236,7 @@ class Runner:
         name = hosted.chains_to
         if name is None or run.answered or run.overdue_at is not None:
             return None
-        if any(n != 1 for _part, n in item.path):
+        if not whole(item.path):
             return None  # one part of a split output: the consumer merges it with the others (Inputs)
         h = item.message
         if h.tp or h.stream or (self.races.revoked and self.races.given_up(h)) or cancelled():
@@ -255,12 +254,8 @@ class Runner:
         routes = h.routes.get(name)
         if routes is None or len(routes) != 1 or routes[0] != self.address or _expired(h):
             return None
-        batcher = nxt.batcher
-        if batcher is not None:
-            if batcher.should_wait():
-                return None  # others queued, or a batch worth waiting for: it goes through the queue
-            batcher.note_arrival()  # as dispatch counts a request it runs inline
-            batcher.learn(False, 1)
+        if nxt.batcher is not None and not nxt.batcher.alone():
+            return None  # others queued, or a batch worth waiting for: it goes through the queue
         return nxt
 
     def run_batch(self, hosted: HostedStage, items: list[WorkItem]) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from executors.hosts.cluster import LocalCluster
 from executors.hosts.cluster_config import ClusterConfig
-from executors.wire.routing import complete, deliveries, keeps_rows, merge, rendezvous
+from executors.wire.routing import complete, deliveries, keeps_rows, merge, rendezvous, whole
 from executors.worker.stage_runner import BoundStage
 from flow import Flow, optimize
 from flow.errors import FlowValueError
@@ -237,3 +237,10 @@ def test_a_cache_that_evicts_sends_rows_to_their_owners(http):
         # reads k1 again (evicting x), so when its row is routed A holds y, k2 and k1
         assert _where(http, w, k1, f"{name}:x,{name}:y,{k2}") == [a]
         assert _where(http, d, k1, k2) == [a, b]  # A holds k2 but evicted lately: to B
+
+
+@pytest.mark.parametrize(
+    "path", [(), ((0, 1),), ((0, 1), (0, 1)), ((0, 2),), ((1, 2),), ((0, 1), (2, 3)), ((0, 3), (0, 1))]
+)
+def test_one_part_is_whole_exactly_when_it_alone_is_complete(path):
+    assert whole(path) == complete((path,))
