@@ -28,6 +28,11 @@ holds the same). Per cell and rep: requests/s at c=8, p50 at c=1 (wrk, closed lo
 CPU seconds per request at c=8 of every process serving it (/proc utime + stime: the
 supervisor, gateway, executors and redis-server; the floor's one process). Floor and
 deployment alternate cell by cell, rep after rep; ratios are medians of per-rep ratios.
+
+With ``--relay``, the two-process floor too (benchmarks/relay_server.py ``--app matrix``:
+an HTTP process relaying the raw body to one worker process that runs the floor's code,
+both busy-polling, nothing else): the least a server that keeps user code out of its HTTP
+process can do, and FlowServe's ratios to it beside those to the floor.
 """
 
 from __future__ import annotations
@@ -345,24 +350,32 @@ def _parse(raw: bytes, content_type: str) -> list[dict]:
     return [doc] if isinstance(doc, dict) else doc
 
 
+def floor_cells() -> dict[str, FloorPipeline]:
+    """Every cell's floor run, by its flow's name (the store's contents in a dict)."""
+    store = store_data()
+    return {flow_name(p, s, n): FloorPipeline(p, s, n, store) for p in PIPELINES for s in STYLES for n in STAGES}
+
+
+def floor_answer(run: FloorPipeline, raw: bytes, content_type: str) -> bytes:
+    """The floor's answer to a request body: its rows run, as JSON."""
+    rows = run(_parse(raw, content_type))
+    return json.dumps({"rows": [{k: _plain(v) for k, v in r.items()} for r in rows]}).encode()
+
+
 def floor_app():
     """The floor's ASGI app, every cell at /flows/<flow name> (``uvicorn --factory``)."""
     from starlette.applications import Starlette
     from starlette.responses import Response
     from starlette.routing import Route
 
-    store = store_data()
-
-    def route(p, s, n):
-        run = FloorPipeline(p, s, n, store)
-
+    def route(name, run):
         async def answer(request):
-            rows = run(_parse(await request.body(), request.headers.get("content-type", JSON)))
-            return Response(json.dumps({"rows": [{k: _plain(v) for k, v in r.items()} for r in rows]}), media_type=JSON)
+            raw = await request.body()
+            return Response(floor_answer(run, raw, request.headers.get("content-type", JSON)), media_type=JSON)
 
-        return Route(f"/flows/{flow_name(p, s, n)}", answer, methods=["POST"])
+        return Route(f"/flows/{name}", answer, methods=["POST"])
 
-    return Starlette(routes=[route(p, s, n) for p in PIPELINES for s in STYLES for n in STAGES])
+    return Starlette(routes=[route(name, run) for name, run in floor_cells().items()])
 
 
 def run_facts(args, took_s: float) -> dict:
@@ -385,6 +398,17 @@ def start_floor() -> tuple[subprocess.Popen, int]:
         cwd=ROOT,
     )
     return floor, port
+
+
+def start_two_process_floor() -> tuple[subprocess.Popen, int]:
+    """The two-process floor's relay process (benchmarks/relay_server.py ``--app matrix``,
+    which starts its worker) and its port."""
+    port = free_port()
+    relay = subprocess.Popen(
+        [sys.executable, str(ROOT / "benchmarks" / "relay_server.py"), "--port", str(port), "--app", "matrix"],
+        cwd=ROOT,
+    )
+    return relay, port
 
 
 # -- measuring ---------------------------------------------------------------------------------------
@@ -424,16 +448,48 @@ def same_answer(ours: str, floor: str, raw: bytes, ctype: str) -> None:
         raise RuntimeError(f"{ours} answered {rows[0]}, the floor {rows[1]}")
 
 
+#: a serving process's role, by what its command line runs
+ROLES = [
+    ("executors.hosts.local_gateway", "gateway"),
+    ("executors.worker.executor", "executor"),
+    ("executors.hosts.supervisor", "supervisor"),
+    ("redis-server", "redis"),
+    ("--worker", "worker"),  # relay_server.py's worker (its relay: the line below)
+    ("relay_server.py", "relay"),
+    ("uvicorn", "floor"),
+]
+
+
+def role(pid: int) -> str:
+    """What process ``pid`` is, for the CPU split (``ROLES``); "other" if none matches."""
+    try:
+        line = open(f"/proc/{pid}/cmdline").read().replace("\0", " ")
+    except OSError:
+        return "other"
+    return next((name for mark, name in ROLES if mark in line), "other")
+
+
 def measure(url: str, raw: bytes, ctype: str, seconds: float, pids: list[int]) -> dict:
-    before = cpu_s(pids)
+    """Requests/s at c=8, p50 at c=1, and CPU per request at c=8 of ``pids`` in all and by
+    role (the gateway, the executors, ...: where the time goes)."""
+    before = {pid: cpu_s([pid]) for pid in pids}
     c8 = wrk(url, raw, 8, seconds, content_type=ctype)
-    used = cpu_s(pids) - before
+    used = {pid: cpu_s([pid]) - t for pid, t in before.items()}
     c1 = wrk(url, raw, 1, seconds, content_type=ctype)
     n = max(1.0, c8["rps"] * max(1, round(seconds)))
     errors = c8["non_2xx"] + c1["non_2xx"]
     if errors:
         raise RuntimeError(f"{url}: {errors} answers were not 2xx")
-    return {"rps_c8": c8["rps"], "p50_c1_ms": c1["p50_ms"], "cpu_us_per_request": used / n * 1e6}
+    by_role: dict[str, float] = {}
+    for pid, t in used.items():
+        r = role(pid)
+        by_role[r] = by_role.get(r, 0.0) + t / n * 1e6
+    return {
+        "rps_c8": c8["rps"],
+        "p50_c1_ms": c1["p50_ms"],
+        "cpu_us_per_request": sum(used.values()) / n * 1e6,
+        "cpu_us_by_process": by_role,
+    }
 
 
 AXES = {"pipelines": PIPELINES, "styles": STYLES, "stages": STAGES, "bodies": BODIES}
@@ -465,6 +521,11 @@ def run(argv=None) -> dict:
     p.add_argument("--reps", type=int, default=2, help="reps over every cell (default 2)")
     p.add_argument("--seconds", type=float, default=1.0, help="per wrk measurement, whole seconds (default 1)")
     p.add_argument("--name", default="matrix", help="results file name (default matrix)")
+    p.add_argument(
+        "--relay",
+        action="store_true",
+        help="also measure the two-process floor (relay_server.py: raw bodies relayed to one worker process)",
+    )
     add_axis_options(p)
     args = p.parse_args(argv)
     os.environ.setdefault("FLOWSERVE_QUIET", "1")
@@ -480,6 +541,7 @@ def run(argv=None) -> dict:
 
     started = time.monotonic()
     floor, port = start_floor()
+    relay, relay_port = start_two_process_floor() if args.relay else (None, None)
     per_rep: list[dict] = []
     plans: dict[str, int] = {}
     try:
@@ -490,31 +552,42 @@ def run(argv=None) -> dict:
                 d = cluster.deploy(build_flow(pl, st, n), optimize=n != 3 and n != 6)
                 urls[(pl, st, n)] = d.url
                 plans[flow_name(pl, st, n)] = len(d.plan.stages) if hasattr(d, "plan") else _stage_count(d)
+            systems = {"floor": (floor, port, [floor.pid])}
+            if relay is not None:
+                systems["two_process"] = (relay, relay_port, process_tree(relay.pid))
             ours_pids = process_tree(cluster.proc.pid)
-            floor_pids = [floor.pid]
             progress(f"deployed {len(urls)} flows; stages per plan: {plans}")
             for pl, st, n, b in cells:
                 raw, ctype = body(pl, b), ARROW if b == "arrow" else JSON
-                floor_url = f"http://127.0.0.1:{port}/flows/{flow_name(pl, st, n)}"
-                for url in (urls[(pl, st, n)], floor_url):
-                    wait_http(url, raw, proc=floor if url == floor_url else None, content_type=ctype)
-                    wrk(url, raw, 8, 1, content_type=ctype)  # warm: models, caches, connections
-                same_answer(urls[(pl, st, n)], floor_url, raw, ctype)
+                ours = urls[(pl, st, n)]
+                wait_http(ours, raw, content_type=ctype)
+                wrk(ours, raw, 8, 1, content_type=ctype)  # warm: models, caches, connections
+                for proc, at, _ in systems.values():
+                    url = f"http://127.0.0.1:{at}/flows/{flow_name(pl, st, n)}"
+                    wait_http(url, raw, proc=proc, content_type=ctype)
+                    wrk(url, raw, 8, 1, content_type=ctype)
+                    same_answer(ours, url, raw, ctype)
+            if relay is not None:  # its worker is up once the relay has answered: count it too
+                systems["two_process"] = (relay, relay_port, process_tree(relay.pid))
             for rep in range(args.reps):
                 figures = {}
                 for pl, st, n, b in cells:
                     raw, ctype = body(pl, b), ARROW if b == "arrow" else JSON
                     name = f"{pl}/{st}/{n}/{b}"
-                    floor_url = f"http://127.0.0.1:{port}/flows/{flow_name(pl, st, n)}"
                     figures[name] = {
-                        "floor": measure(floor_url, raw, ctype, args.seconds, floor_pids),
-                        "flowserve": measure(urls[(pl, st, n)], raw, ctype, args.seconds, ours_pids),
+                        who: measure(
+                            f"http://127.0.0.1:{at}/flows/{flow_name(pl, st, n)}", raw, ctype, args.seconds, pids
+                        )
+                        for who, (_, at, pids) in systems.items()
                     }
+                    figures[name]["flowserve"] = measure(urls[(pl, st, n)], raw, ctype, args.seconds, ours_pids)
                 per_rep.append(figures)
                 progress(f"rep {rep + 1} of {args.reps} done ({time.monotonic() - started:.0f} s)")
     finally:
-        floor.terminate()
-        floor.wait()
+        for proc in (floor, relay):
+            if proc is not None:
+                proc.terminate()
+                proc.wait()
     return report(per_rep, plans, args, time.monotonic() - started)
 
 
@@ -523,8 +596,9 @@ def _stage_count(deployment) -> int:
     return int(text.split("(", 1)[1].split(" stage", 1)[0])
 
 
-def ratios(figures: dict) -> dict:
-    ours, floor = figures["flowserve"], figures["floor"]
+def ratios(figures: dict, to: str = "floor", of: str = "flowserve") -> dict:
+    """``of``'s figures over ``to``'s in one rep of one cell."""
+    ours, floor = figures[of], figures[to]
     return {
         "throughput_c8": ours["rps_c8"] / floor["rps_c8"],
         "p50_c1": ours["p50_c1_ms"] / floor["p50_c1_ms"],
@@ -532,25 +606,44 @@ def ratios(figures: dict) -> dict:
     }
 
 
+METRICS = ("throughput_c8", "p50_c1", "cpu")
+
+
+def _medians(figures: list[dict]) -> dict:
+    """Each figure's median over reps (a dict of figures: each of its figures')."""
+    return {
+        k: _medians([f[k] for f in figures]) if isinstance(v, dict) else statistics.median(f[k] for f in figures)
+        for k, v in figures[0].items()
+    }
+
+
+def _summary(cells: dict, key: str) -> tuple[dict, dict]:
+    """The median cell and the worst cell of each ratio under ``cells[name][key]``."""
+    median = {m: statistics.median(c[key][m] for c in cells.values()) for m in METRICS}
+    worst = {
+        "throughput_c8": min(cells, key=lambda c: cells[c][key]["throughput_c8"]),
+        "p50_c1": max(cells, key=lambda c: cells[c][key]["p50_c1"]),
+        "cpu": max(cells, key=lambda c: cells[c][key]["cpu"]),
+    }
+    return median, {m: {"cell": worst[m], "ratio": cells[worst[m]][key][m]} for m in METRICS}
+
+
 def report(per_rep: list[dict], plans: dict, args, took_s: float) -> dict:
     cells: dict = {}
+    relayed = "two_process" in per_rep[0][next(iter(per_rep[0]))]
     for name in per_rep[0]:
         reps = [r[name] for r in per_rep]
-        rs = [ratios(r) for r in reps]
-        cells[name] = {
-            **{
-                who: {m: statistics.median(r[who][m] for r in reps) for m in reps[0][who]}
-                for who in ("floor", "flowserve")
-            },
-            "ratios": {m: statistics.median(r[m] for r in rs) for m in rs[0]},
-        }
-    metrics = ("throughput_c8", "p50_c1", "cpu")
-    median = {m: statistics.median(c["ratios"][m] for c in cells.values()) for m in metrics}
-    worst = {
-        "throughput_c8": min(cells, key=lambda c: cells[c]["ratios"]["throughput_c8"]),
-        "p50_c1": max(cells, key=lambda c: cells[c]["ratios"]["p50_c1"]),
-        "cpu": max(cells, key=lambda c: cells[c]["ratios"]["cpu"]),
-    }
+        cells[name] = {who: _medians([r[who] for r in reps]) for who in reps[0]}
+        pairs = [("floor", "flowserve", "ratios")]
+        if relayed:  # FlowServe against the two-process floor, and that against the floor
+            pairs += [
+                ("two_process", "flowserve", "ratios_two_process"),
+                ("floor", "two_process", "two_process_vs_floor"),
+            ]
+        for to, of, key in pairs:
+            rs = [ratios(r, to, of) for r in reps]
+            cells[name][key] = {m: statistics.median(r[m] for r in rs) for m in METRICS}
+    median, worst = _summary(cells, "ratios")
     for name, c in cells.items():
         r = c["ratios"]
         progress(
@@ -559,16 +652,25 @@ def report(per_rep: list[dict], plans: dict, args, took_s: float) -> dict:
             f"{c['floor']['p50_c1_ms']:.3f} ms ({r['p50_c1']:.2f}x); CPU {c['flowserve']['cpu_us_per_request']:.0f}"
             f" vs {c['floor']['cpu_us_per_request']:.0f} us ({r['cpu']:.2f}x)"
         )
-    for m in metrics:
-        progress(f"{m}: median cell {median[m]:.2f}x; worst {worst[m]} {cells[worst[m]]['ratios'][m]:.2f}x")
+    for m in METRICS:
+        progress(f"{m}: median cell {median[m]:.2f}x; worst {worst[m]['cell']} {worst[m]['ratio']:.2f}x")
     out = {
         **run_facts(args, took_s),
         "stages_per_plan": plans,
         "median_ratio": median,
-        "worst": {m: {"cell": worst[m], "ratio": cells[worst[m]]["ratios"][m]} for m in metrics},
-        "cells": cells,
-        "per_rep": per_rep,
+        "worst": worst,
     }
+    if relayed:
+        out["two_process"] = {
+            "vs_floor": dict(zip(("median_ratio", "worst"), _summary(cells, "two_process_vs_floor"))),
+            "flowserve_vs_it": dict(zip(("median_ratio", "worst"), _summary(cells, "ratios_two_process"))),
+        }
+        for what, s in out["two_process"].items():
+            for m in METRICS:
+                progress(
+                    f"two-process floor, {what}: {m} median {s['median_ratio'][m]:.2f}x; worst {s['worst'][m]['cell']} {s['worst'][m]['ratio']:.2f}x"
+                )
+    out["cells"], out["per_rep"] = cells, per_rep
     save(args.name, out)
     _plot(cells, args.name)
     return out

@@ -42,6 +42,7 @@ from benchmarks.matrix import (
     ARROW,
     JSON,
     FloorPipeline,
+    _medians,
     _plain,
     add_axis_options,
     body,
@@ -414,9 +415,7 @@ def report(per_round: dict, plans: dict, peers: list[str], args, took_s: float) 
     for name, rounds in per_round.items():
         rs = [ratios(r) for r in rounds]
         cells[name] = {
-            "figures": {
-                who: {m: statistics.median(r[who][m] for r in rounds) for m in rounds[0][who]} for who in rounds[0]
-            },
+            "figures": {who: _medians([r[who] for r in rounds]) for who in rounds[0]},
             "ratios": {who: {m: statistics.median(r[who][m] for r in rs) for m in METRICS} for who in rs[0]},
         }
     summary: dict = {}

@@ -1,16 +1,18 @@
 """The two-process floor: the least any server that keeps the model out of the HTTP
 process can do per request -- an HTTP process that relays the raw body over a Unix socket
 to one worker process, which computes the floor's pipeline in-process (the floor's own
-code, benchmarks/floor_server.py) and sends back the answer's bytes.
+code: benchmarks/floor_server.py for e2e, ``--app matrix`` for every cell of the matrix,
+benchmarks/matrix.py) and sends back the answer's bytes.
 
 No parsing in the relay, no Table, no routing, no deadlines, no retries, no metrics, no
 fault handling: what is left is two processes and two hops. Both sides can busy-poll for
 ``--busy-poll-ms`` after a message (as FlowServe's gateway and executors do by default),
 so the figure is the two-process design's own cost, not a sleeping process's wake-up.
 
-    python benchmarks/relay_server.py --port 8002 [--busy-poll-ms 10]
+    python benchmarks/relay_server.py --port 8002 [--busy-poll-ms 10] [--app matrix]
 
-e2e measures it beside the floor and FlowServe (``python -m benchmarks e2e --relay``).
+e2e and matrix measure it beside the floor and FlowServe (``python -m benchmarks e2e
+--relay``, ``python -m benchmarks matrix --relay``).
 """
 
 from __future__ import annotations
@@ -26,9 +28,34 @@ import sys
 import tempfile
 import time
 
-_HEAD = struct.Struct("<IIB")  # body length, request id, flow (0: ensemble, 1: cascade)
+_HEAD = struct.Struct("<IIHB")  # body length, request id, flow (its index in the app's paths), Arrow (1) or JSON
 _ANSWER = struct.Struct("<II")  # answer length, request id
-FLOWS = {b"/flows/ensemble": 0, b"/flows/cascade": 1}
+APPS = ("e2e", "matrix")
+
+
+def _root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def paths(app: str) -> list[bytes]:
+    """The app's flow paths; a request's flow is its path's index here."""
+    if app == "e2e":
+        return [b"/flows/ensemble", b"/flows/cascade"]
+    from benchmarks import matrix
+
+    return [f"/flows/{name}".encode() for name in matrix.floor_cells()]
+
+
+def computer(app: str):
+    """``compute(flow, arrow, body) -> answer bytes`` for the app's flows, in the floor's code."""
+    if app == "e2e":
+        from benchmarks.floor_server import compute  # its models pin one torch thread, as in every system
+
+        return lambda flow, arrow, body: compute(flow, body)
+    from benchmarks import matrix
+
+    runs = list(matrix.floor_cells().values())
+    return lambda flow, arrow, body: matrix.floor_answer(runs[flow], body, matrix.ARROW if arrow else matrix.JSON)
 
 
 # -- the worker: the floor's code, fed by the socket ---------------------------------------------
@@ -57,10 +84,9 @@ def _recv_exact(sock: socket.socket, n: int, hot_until: list) -> bytes:
     return bytes(buf)
 
 
-def worker(path: str, busy_poll_ms: float) -> None:
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from benchmarks.floor_server import compute  # its models pin one torch thread, as in every system
-
+def worker(path: str, busy_poll_ms: float, app: str) -> None:
+    sys.path.insert(0, _root())
+    compute = computer(app)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(1)
@@ -71,11 +97,11 @@ def worker(path: str, busy_poll_ms: float) -> None:
     hot_until = [0.0]
     while True:
         try:
-            length, rid, flow = _HEAD.unpack(_recv_exact(conn, _HEAD.size, hot_until))
+            length, rid, flow, arrow = _HEAD.unpack(_recv_exact(conn, _HEAD.size, hot_until))
             body = _recv_exact(conn, length, hot_until)
         except ConnectionError:
             return
-        answer = compute(flow, body)
+        answer = compute(flow, arrow, body)
         conn.setblocking(True)
         conn.sendall(_ANSWER.pack(len(answer), rid) + answer)
         conn.setblocking(False)
@@ -86,8 +112,9 @@ def worker(path: str, busy_poll_ms: float) -> None:
 
 
 class Relay:
-    def __init__(self, path: str, busy_poll_ms: float):
+    def __init__(self, path: str, busy_poll_ms: float, app: str):
         self.path = path
+        self.flows = {p: i for i, p in enumerate(paths(app))}
         self.poll_s = busy_poll_ms / 1000.0
         self.waiting: dict[int, asyncio.Future] = {}
         self.next_id = 0
@@ -125,7 +152,7 @@ class Relay:
                 elif msg["type"] == "lifespan.shutdown":
                     await send({"type": "lifespan.shutdown.complete"})
                     return
-        flow = FLOWS.get(scope["raw_path"])
+        flow = self.flows.get(scope["raw_path"])
         body = b""
         while True:
             msg = await receive()
@@ -139,7 +166,8 @@ class Relay:
         rid = self.next_id = self.next_id + 1
         fut = asyncio.get_running_loop().create_future()
         self.waiting[rid] = fut
-        self.writer.write(_HEAD.pack(len(body), rid, flow) + body)
+        arrow = any(k == b"content-type" and v.startswith(b"application/vnd.apache.arrow") for k, v in scope["headers"])
+        self.writer.write(_HEAD.pack(len(body), rid, flow, arrow) + body)
         if self.poll_s:
             self._hot_until = time.perf_counter() + self.poll_s
             if not self._polling:
@@ -155,12 +183,14 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--busy-poll-ms", type=float, default=10.0)
+    p.add_argument("--app", choices=APPS, default="e2e", help="whose flows: e2e's two, or every matrix cell")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        return worker(args.worker, args.busy_poll_ms)
+        return worker(args.worker, args.busy_poll_ms, args.app)
     import uvicorn
 
+    sys.path.insert(0, _root())
     path = os.path.join(tempfile.mkdtemp(prefix="relay-"), "worker.sock")
     child = subprocess.Popen(
         [
@@ -170,6 +200,8 @@ def main() -> None:
             "0",
             "--busy-poll-ms",
             str(args.busy_poll_ms),
+            "--app",
+            args.app,
             "--worker",
             path,
         ],
@@ -178,7 +210,7 @@ def main() -> None:
     )
     try:
         assert child.stdout.readline().strip() == "READY"
-        uvicorn.run(Relay(path, args.busy_poll_ms), port=args.port, log_level="warning", lifespan="on")
+        uvicorn.run(Relay(path, args.busy_poll_ms, args.app), port=args.port, log_level="warning", lifespan="on")
     finally:
         child.terminate()
         child.wait()

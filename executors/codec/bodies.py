@@ -169,24 +169,18 @@ def row_table_bytes(schema: dict[str, ColumnType]) -> int:
     return 8 + sum(_row_bytes(t) for t in schema.values())  # 8: the qid
 
 
-def one_light_row(body) -> bool:
-    """Whether ``body`` is an Arrow IPC stream whose batches declare one row in all, no
-    compressed bytes to inflate and at most ``LIGHT_ROW_BYTES`` of data, as read from its
-    messages' metadata (``scan_stream``) without reading the stream: such a body may be
-    relayed to an executor, which reads and checks it (``arrow_table``) as the gateway
-    would, under any limit on inflated bytes. A row carrying more (an image as lists of
-    lists: its values become a tensor, tens of us) is read by the gateway, which spares
-    that work the executor that also runs the model (benchmarks/README.md, "The benchmark
-    family against its floor"). False for anything else, a broken stream included (the
-    gateway reads it and says what is wrong)."""
+def one_row_bytes(body) -> int | None:
+    """The data bytes of ``body`` when it is an Arrow IPC stream whose batches declare one
+    row in all and no compressed bytes to inflate, as read from its messages' metadata
+    (``scan_stream``) without reading the stream: such a body may be relayed to an
+    executor, which reads and checks it (``arrow_table``) as the gateway would, under any
+    limit on inflated bytes. None for anything else, a broken stream included (the gateway
+    reads it and says what is wrong)."""
     try:
         rows, inflated, data = scan_stream(body)
     except BadRequestError:
-        return False
-    return rows == 1 and inflated == 0 and data <= LIGHT_ROW_BYTES
-
-
-LIGHT_ROW_BYTES = 512  # a row of scalars and short strings; an image's values are more
+        return None
+    return data if rows == 1 and inflated == 0 else None
 
 
 def _row_bytes(t: ColumnType) -> int:

@@ -126,6 +126,13 @@ class Dispatcher:
         self._loop = asyncio.get_running_loop()
         self.links.start()
 
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop this dispatcher runs on: the one it started on, while it runs (a
+        request's path asks several times, and ``asyncio.get_running_loop`` costs a
+        ``getpid`` system call each time in this Python); else the running one."""
+        loop = self._loop
+        return loop if loop is not None and loop.is_running() else asyncio.get_running_loop()
+
     async def close(self) -> None:
         self.links.close()
 
@@ -401,6 +408,18 @@ class Dispatcher:
             return None
         return stage
 
+    def relay_idle(self, flow: DeployedFlow) -> bool:
+        """Whether every executor hosting ``flow``'s relay stage has no request in flight:
+        one that parses a relayed body now delays nobody (invoke._relayable)."""
+        stage, executors = flow.relay_stage, self.executors
+        if stage is None:
+            return False
+        for i in flow.placement[stage]:
+            info = executors.get(i)
+            if info is not None and info.inflight:
+                return False
+        return True
+
     def _render_anywhere(self, executor_ids) -> bool:
         """Whether every one of these executors said it passes a relayed body's rendering on."""
         return all(self.renders.get(i, False) for i in executor_ids)
@@ -445,7 +464,7 @@ class Dispatcher:
         first_then's fast rows, a generator's outputs as it yields them), as they arrive;
         its run messages say the request is streamed (``StageInput.stream``)."""
         flow = self.flows[name] if flow is None else flow  # ``flow``: the version rollouts.py picked
-        loop = asyncio.get_running_loop()
+        loop = self.loop()
         req = Request(
             next(self._ids),
             flow,
@@ -816,19 +835,24 @@ class Dispatcher:
         return out
 
     def _record(self, flow: DeployedFlow, trace) -> None:
+        name = flow.plan.flow_name
         if self.metrics:
-            self.metrics.observe_trace(flow.plan.flow_name, trace, flow.plan)
+            self.metrics.observe_trace(name, trace, flow.plan)
+        now = time.monotonic()  # one answer: one moment for all its stages
         for entry in trace:
             stage, ex, ms, batch = entry[:4]
-            c = self.stage_counters(flow.plan.flow_name, stage)
-            c.service_ms += float(ms) / max(1, int(batch))
+            ms, batch = float(ms), max(1, int(batch))
+            c = self.stage_counters(name, stage)
+            c.service_ms += ms / batch
             c.served += 1
-            now = time.monotonic()
-            c.batches.append((now, max(1, int(batch))))
-            extra = entry[4] if len(entry) > 4 and isinstance(entry[4], dict) else None
-            if extra is not None and isinstance(extra.get("cap"), int):
-                c.caps[str(ex)] = (now, extra["cap"])
-            recent = flow.stats.setdefault(stage, [])
-            recent.append(float(ms))
+            c.batches.append((now, batch))
+            if len(entry) > 4:
+                extra = entry[4]
+                if isinstance(extra, dict) and isinstance(extra.get("cap"), int):
+                    c.caps[str(ex)] = (now, extra["cap"])
+            recent = flow.stats.get(stage)
+            if recent is None:
+                recent = flow.stats[stage] = []
+            recent.append(ms)
             if len(recent) > 200:
                 del recent[:100]

@@ -23,6 +23,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import secrets
 import time
 
@@ -44,7 +45,7 @@ from executors.codec.bodies import (
     is_json,
     json_pieces,
     json_rows,
-    one_light_row,
+    one_row_bytes,
     parse_body,
 )
 from executors.errors import JSON_CONTENT_TYPE, encode_error, http_error, http_error_for
@@ -68,10 +69,15 @@ REQUEST_ID_MAX = 128  # characters: a longer X-Request-Id from a client is repla
 def request_id(given: str | None) -> str:
     """The request id an answer carries: the client's ``X-Request-Id`` when it is 1 to
     REQUEST_ID_MAX visible ASCII characters (no spaces or control characters: it is one
-    word in log lines, and a header value), else a new random one (16 hex digits)."""
+    word in log lines, and a header value), else a new random one (16 hex digits: from a
+    generator seeded by the system once, not a ``getrandom`` call a request; an id names a
+    request, it guards nothing)."""
     if given and len(given) <= REQUEST_ID_MAX and given.isascii() and given.isprintable() and " " not in given:
         return given
-    return secrets.token_hex(8)
+    return f"{_IDS.getrandbits(64):016x}"
+
+
+_IDS = random.Random(secrets.randbits(128))
 
 
 class Invocations:
@@ -126,7 +132,7 @@ class Invocations:
         label = name if name in self.dispatcher.flows else "-"
         error = body if status >= 400 else None  # an answer's body is not kept past its write
         tp = "" if span is None else tracing.traceparent(span)
-        asyncio.get_running_loop().call_soon(self._count, label, status, rid, t0, error, tp)
+        self.dispatcher.loop().call_soon(self._count, label, status, rid, t0, error, tp)
         return status, body, [*extra, (b"x-request-id", rid.encode("ascii"))]
 
     def _count(self, label: str, status: int, rid: str, t0: float, error, tp: str = "") -> None:
@@ -179,7 +185,7 @@ class Invocations:
         stream = streaming.media_type(headers.get("accept", ""))
         if (
             stream is None
-            and _relayable(body, headers)
+            and _relayable(body, headers, lambda: self.dispatcher.relay_idle(flow))
             and flow.row_bytes <= self.relay_row_limit
             and self.dispatcher.relays_to(flow) is not None
             and (shadow is None or self.dispatcher.relays_to(shadow) is not None)
@@ -224,7 +230,7 @@ class Invocations:
                 self.slo.answered(name, flow.plan, float("inf"))
             return e.status, encode_error(e.body), [JSON_CONTENT_TYPE]
         ms = (time.perf_counter() - t0) * 1000
-        asyncio.get_running_loop().call_soon(self._timed, name, flow.plan, ms)  # after the write, as _count
+        self.dispatcher.loop().call_soon(self._timed, name, flow.plan, ms)  # after the write, as _count
         if isinstance(result, Rendered):  # a relayed body's answer: the client's JSON already
             if self.output_schemas.get(name, (None,))[0] != flow.version and result.rows:
                 schema = {c: ColumnType.from_json(t) for c, t in result.schema.items()}
@@ -272,7 +278,7 @@ class Invocations:
         return status, body, extra
 
     def _timed(self, name: str, plan, ms: float) -> None:
-        self.metrics.child(self.metrics.latency, name).observe(ms)
+        self.metrics.latency.observe((name,), ms)
         self.slo.answered(name, plan, ms)
 
     async def _parse(self, name: str, flow: DeployedFlow, body, headers: dict):
@@ -378,12 +384,25 @@ async def _read_body(receive, limit: int, shared: int | None = None) -> bytes | 
 RELAY_MAX_BYTES = 64 * 1024
 
 
-def _relayable(body, headers: dict) -> bool:
+#: the data of a one-row Arrow body always relayed: scalars and short strings. A heavier row
+#: (an image as lists of lists: its values become a tensor, tens of us) is relayed only while
+#: the executor it goes to has nothing in flight (``Dispatcher.relay_idle``)
+LIGHT_ROW_BYTES = 512
+
+
+def _relayable(body, headers: dict, executor_idle) -> bool:
     """A body the flow's first stage may parse itself (RawInput): one row, as one JSON
-    object or as an Arrow stream of one light row (``one_light_row``: its row count and
-    size read from the stream's metadata), small (RELAY_MAX_BYTES), for a client that
+    object or as an Arrow stream of one uncompressed row (``one_row_bytes``: its row count
+    and size read from the stream's metadata), small (RELAY_MAX_BYTES), for a client that
     takes a JSON answer. Anything else is parsed here (lists of rows, Arrow streams of
-    other row counts, with compressed buffers or a heavy row, big bodies, answers in Arrow)."""
+    other row counts or with compressed buffers, big bodies, answers in Arrow).
+
+    A heavy Arrow row (over LIGHT_ROW_BYTES of data) is relayed only when
+    ``executor_idle()``: an idle executor parses it at no cost to anyone, and the request
+    skips the gateway's Table and its round trip (-10 to -14% p50 at c=1 on the matrix's
+    Arrow image cells); a busy one is the bottleneck, so the gateway spares it the parse
+    (relaying every image row measured -5 to -12% throughput at c=8; benchmarks/README.md,
+    "The benchmark family against its floor")."""
     if not isinstance(body, (bytes, bytearray)) or not 0 < len(body) <= RELAY_MAX_BYTES:
         return False
     if ARROW in headers.get("accept", ""):
@@ -391,7 +410,10 @@ def _relayable(body, headers: dict) -> bool:
     ctype = headers.get("content-type", "")
     if is_json(ctype):
         return body[:1] == b"{" or body.lstrip()[:1] == b"{"
-    return ctype.startswith(ARROW) and one_light_row(body)
+    if not ctype.startswith(ARROW):
+        return False
+    data = one_row_bytes(body)
+    return data is not None and (data <= LIGHT_ROW_BYTES or executor_idle())
 
 
 def _seconds(text: str) -> float | None:

@@ -16,8 +16,11 @@ A figure is then at most a ping period old, well under a scrape interval.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from bisect import bisect_left
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 #: upper bounds of the executors' batch-size buckets (executors/worker/outputs.py BATCH_BUCKETS)
 EXECUTOR_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -30,17 +33,17 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("flowserve_requests", "Requests answered", ["flow", "status"], registry=r)
-        self.latency = Histogram(
-            "flowserve_request_latency_ms", "End-to-end request latency (ms)", ["flow"], buckets=_MS, registry=r
+        self.latency = LoopHistogram(
+            "flowserve_request_latency_ms", "End-to-end request latency (ms)", ["flow"], _MS, registry=r
         )
-        self.stage_latency = Histogram(
-            "flowserve_stage_latency_ms", "Stage run time per call (ms)", ["flow", "stage"], buckets=_MS, registry=r
+        self.stage_latency = LoopHistogram(
+            "flowserve_stage_latency_ms", "Stage run time per call (ms)", ["flow", "stage"], _MS, registry=r
         )
-        self.batch_size = Histogram(
+        self.batch_size = LoopHistogram(
             "flowserve_stage_batch_size",
             "Size of the batch each request ran in, per stage",
             ["flow", "stage"],
-            buckets=(1, 2, 4, 8, 16, 32, 64),
+            (1, 2, 4, 8, 16, 32, 64),
             registry=r,
         )
         self.errors = Counter("flowserve_errors", "Requests answered with an error", ["flow", "status"], registry=r)
@@ -182,10 +185,12 @@ class Metrics:
         """Count an answer's trace: each stage's run time and batch size, a racing stage's
         winner (``plan``: the flow's, which says which stages race), Clipper's figures."""
         stages = plan.stages if plan is not None else {}
+        latency, batch_size = self.stage_latency.observe, self.batch_size.observe
         for entry in trace:
             stage, executor, ms, batch = entry[:4]
-            self.child(self.stage_latency, flow, stage).observe(float(ms))
-            self.child(self.batch_size, flow, stage).observe(int(batch))
+            labels = (flow, stage)
+            latency(labels, float(ms))
+            batch_size(labels, int(batch))
             s = stages.get(stage)
             if s is not None and s.competitive > 1 and s.continuation is None:
                 self.child(self.race_wins, flow, stage, str(executor)).inc()
@@ -207,6 +212,43 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class LoopHistogram:
+    """A histogram family observed and scraped on the gateway's event loop (a collector,
+    read by the async /metrics route): no other thread touches it, so an observation is a bucket search and two
+    additions, without the lock and per-series objects of prometheus_client's Histogram
+    (~0.15 us against ~0.7 us; a 6-stage flow's answer observes 12). Exposed as any
+    histogram: ``_bucket`` (cumulative, ``le``), ``_count`` and ``_sum`` per label set."""
+
+    def __init__(self, name: str, documentation: str, labelnames: list[str], buckets, registry=None):
+        self.name, self.documentation, self.labelnames = name, documentation, list(labelnames)
+        self.bounds = tuple(float(b) for b in buckets)
+        self._les = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
+        # label values -> observations per bucket (the last: above every bound), then their sum
+        self.series: dict[tuple, list] = {}
+        if registry is not None:
+            registry.register(self)
+
+    def observe(self, labels: tuple, value: float) -> None:
+        s = self.series.get(labels)
+        if s is None:
+            s = self.series[labels] = [0] * (len(self.bounds) + 1) + [0.0]
+        s[bisect_left(self.bounds, value)] += 1  # the first bound >= value: Prometheus's ``le``
+        s[-1] += value
+
+    def describe(self):
+        return [HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)]
+
+    def collect(self):
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for labels, s in list(self.series.items()):
+            cumulative, buckets = 0, []
+            for le, n in zip(self._les, s):  # zip stops at the last bucket; s[-1] is the sum
+                cumulative += n
+                buckets.append((le, cumulative))
+            family.add_metric(list(labels), buckets, s[-1])
+        yield family
 
 
 class ExecutorFigures:

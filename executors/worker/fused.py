@@ -284,9 +284,10 @@ class _RowMap:
         cols = {}
         for c, values in zip(self.names, outputs):
             column = _values_column(values)
-            if column is None:
-                return Table.built(_columns_from_values(name, self.names, outputs, None), qid)
-            cols[c] = column
+            # a column the short way does not take (arrays, None, mixed types) alone by the
+            # general one, which names what is wrong: the columns before it were plain values
+            # that it would have taken, so the first error is the general path's first
+            cols[c] = column if column is not None else _columns_from_values(name, (c,), (values,), None)[c]
         return Table.built(cols, qid)
 
 

@@ -204,7 +204,7 @@ class Runner:
             hosted = nxt
             run.stage, run.owner, run.messages, run.node = nxt.stage.name, nxt, [item.message], nxt.stage.nodes[0].name
             if self.blackbox is not None:
-                self.blackbox.record(run)  # the record names the stage running now
+                self.blackbox.restage(run)  # the record names the stage running now
             t0 = time.perf_counter()
         if self._end(key, run):
             return  # abandoned (answered 504): its output is dropped

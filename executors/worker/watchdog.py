@@ -230,14 +230,26 @@ class Blackbox:
         else:
             reqs = ",".join(f"{m.req}:{m.attempt}" for m in messages)
             gw = messages[0].gateway if messages else ""
+        tail = f"\t{gw}\t{'' if run.qid is None else run.qid}\t{reqs}".encode("utf-8", "replace")
+        run.record_parts = (self._head(run), tail)
+        self._write(slot, run.record_parts[0] + run.node.encode("utf-8", "replace") + tail)
+        self._map[slot * self.SLOT] = 1  # written last: a slot is valid once its first byte is set
+        run.slot = slot
+
+    def _head(self, run: Run) -> bytes:
         head = self._heads.get((run.flow, run.stage))
         if head is None:  # the same for every run of a stage: encoded once
             head = self._heads[(run.flow, run.stage)] = f"{run.flow}\t{run.stage}\t".encode("utf-8", "replace")
-        tail = f"\t{gw}\t{'' if run.qid is None else run.qid}\t{reqs}".encode("utf-8", "replace")
-        run.record_parts = (head, tail)
-        self._write(slot, head + run.node.encode("utf-8", "replace") + tail)
-        self._map[slot * self.SLOT] = 1  # written last: a slot is valid once its first byte is set
-        run.slot = slot
+        return head
+
+    def restage(self, run: Run) -> None:
+        """The run went on to the next stage of a chained run (running.Runner._chained):
+        rewrite its record (only while it is recorded); the requests are the same, the
+        stage and the operator are new."""
+        if run.slot >= 0:
+            head, tail = self._head(run), run.record_parts[1]
+            run.record_parts = (head, tail)
+            self._write(run.slot, head + run.node.encode("utf-8", "replace") + tail)
 
     def _write(self, slot: int, data: bytes) -> None:
         data = data[: self.SLOT - 1]

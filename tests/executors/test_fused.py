@@ -377,6 +377,39 @@ def test_row_map_values_make_the_same_columns(kind, rows):
     _same(flow, _ints(rows))
 
 
+MIXED = {
+    # (first column, second column): each row's pair; the first takes the short way, the second not
+    "str and array": [("a", np.arange(3.0)), ("b", np.ones(3))],
+    "int and None": [(1, None), (2, 2.5)],
+    "float and list": [(0.5, [1, 2]), (1.5, [3, 4])],
+    "str and frozen array": [("a", np.arange(2.0)), ("b", np.arange(2.0))],
+}
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("kind", list(MIXED))
+def test_a_row_maps_columns_each_take_their_own_path_to_the_same_columns(kind, rows):
+    values = MIXED[kind]
+    if kind == "str and frozen array":  # an array nobody can change (a KVS cache hit): shared
+        for _, a in values:
+            a.flags.writeable = False
+    flow = _flow()
+    flow.map(RowReturns(values), names=["y", "z"]).join(flow.map(plus_one, names=["a", "b"], batching=True))
+    _same(flow, _ints(rows))
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[("a", object())], [("a", [[1], [2, 3]])], [(object(), np.arange(2.0))], [("a", "b")] * 1 + [("a", 1)]],
+    ids=["str then object", "str then ragged", "object then array", "mixed in the second column"],
+)
+def test_a_row_maps_bad_column_fails_as_the_generic_loop_does(values):
+    flow = _flow()
+    flow.map(RowReturns(values), names=["y", "z"]).join(flow)
+    compiled, generic = _errors(flow, _ints(2))
+    assert isinstance(compiled, OperatorOutputError) and str(compiled) == str(generic), (compiled, generic)
+
+
 def test_row_map_int_beyond_int64_fails_as_the_generic_loop_does():
     flow = _flow()
     flow.map(RowReturns([2**70]), names=["y"]).join(flow)

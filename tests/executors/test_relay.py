@@ -6,6 +6,7 @@ whether the flow is one stage, several, or ends in a stage whose rows are split 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -21,7 +22,7 @@ from executors.gateway.records import DeployedFlow, RawBody, Request, RequestFai
 from executors.hosts.cluster import LocalCluster
 from executors.hosts.cluster_config import ClusterConfig
 from executors.wire.messages import Pong, decode
-from flow import ColumnType, Flow
+from flow import ColumnType, Flow, current_store, wait
 from optimizer import OptimizerOptions, optimize
 from tests.executors.test_bad_inputs import CASES, nan_tensor, plus_one
 
@@ -36,6 +37,16 @@ def slow(row):
 
 def to_key(row):
     return "emb/" + row.k
+
+
+def held(row):
+    """Waits (at most 20 s) until the test sets its release key: a request in flight."""
+    r = current_store().redis
+    r.set(f"relay:held:{row.x}", 1)
+    until = time.monotonic() + 20
+    while not r.get(f"relay:release:{row.x}") and time.monotonic() < until:
+        wait(0.005)  # polls the store under a deadline: what the test releases it by
+    return row.x
 
 
 def add_one_batch(table):
@@ -88,8 +99,6 @@ def test_a_body_goes_only_where_every_replica_said_it_takes_bodies(tmp_path):
     """An executor of a release before relayed bodies answers pings without ``relays``: a
     newer gateway must then parse (in a rolling upgrade a body must never go where it
     cannot be read), and a re-run that lands on one fails at once, 503, not at its deadline."""
-    import asyncio
-
     old = Pong.from_header({"type": "pong", "executor": "e0", "token": "t", "device": "cpu", "gpus": []}, {})
     assert decode(old.encode()).relays is False
     d = Dispatcher(f"ipc://{tmp_path}/gw")
@@ -189,7 +198,11 @@ def _arrow(columns: dict, compression: str | None = None) -> bytes:
         (_arrow({"x": [1, 2]}), {"content-type": ARROW}, False),  # two rows: their qids are given here
         (_arrow({"x": []}), {"content-type": ARROW}, False),
         (_arrow({"x": [1]}, "zstd"), {"content-type": ARROW}, False),  # compressed: inflated under this gateway's limit
-        (_arrow({"v": [list(range(64))]}), {"content-type": ARROW}, False),  # 512 bytes of values and more: read here
+        (
+            _arrow({"v": [list(range(64))]}),
+            {"content-type": ARROW},
+            False,
+        ),  # 512 bytes of values, a busy executor: read here
         (_arrow({"v": [list(range(32))]}), {"content-type": ARROW}, True),
         (_arrow({"x": [1]}), {"content-type": ARROW, "accept": ARROW}, False),
         (_arrow({"x": [1]})[:40], {"content-type": ARROW}, False),  # truncated: the gateway's error
@@ -202,7 +215,57 @@ def _arrow(columns: dict, compression: str | None = None) -> bytes:
     ],
 )
 def test_which_bodies_are_relayed(body, headers, relayed):
-    assert _relayable(body, headers) is relayed
+    assert _relayable(body, headers, lambda: False) is relayed
+
+
+HEAVY = _arrow({"v": [list(range(64))]})  # one row of 512 bytes of values: heavier than LIGHT_ROW_BYTES
+
+
+def test_a_heavy_arrow_row_is_relayed_only_to_an_idle_executor_and_nothing_else_asks():
+    asked = []
+
+    def idle():
+        asked.append(1)
+        return True
+
+    assert _relayable(HEAVY, {"content-type": ARROW}, idle) and asked == [1]
+    assert not _relayable(HEAVY, {"content-type": ARROW}, lambda: False)
+    # a light row, a JSON object, two rows or a compressed row: decided without asking
+    for body, headers in [
+        (_arrow({"v": [list(range(32))]}), {"content-type": ARROW}),
+        (b'{"x": 1}', {}),
+        (_arrow({"v": [list(range(64))] * 2}), {"content-type": ARROW}),
+        (_arrow({"v": [list(range(64))]}, "zstd"), {"content-type": ARROW}),
+    ]:
+        _relayable(body, headers, lambda: pytest.fail("asked whether the executor is idle"))
+
+
+def test_an_executor_is_idle_for_relaying_while_no_request_is_in_flight_on_it(tmp_path):
+    d = Dispatcher(f"ipc://{tmp_path}/gw")
+    try:
+        plan = optimize(typed_flow(stages=2), rules=[])
+        first, second = (s.name for s in plan.stages.values())
+        for i in range(2):
+            d.add_executor(f"e{i}", f"ipc://{tmp_path}/e{i}")
+        flow = DeployedFlow(plan, 1, {first: ["e0"], second: ["e1"]})
+        loop = asyncio.new_event_loop()
+        req = Request(1, flow, None, 0.0, loop.create_future())
+        assert d.relay_idle(flow)
+        d._account(req, {"e1"}, [])  # in flight on the sink's executor only
+        assert d.relay_idle(flow)
+        d.requests[req.id] = req
+        d._finish(req)
+        d._account(req, {"e0"}, [])  # on the executor the body would go to
+        assert not d.relay_idle(flow)
+        d.requests[req.id] = req
+        d._finish(req)  # answered: idle again
+        assert d.relay_idle(flow)
+        one = DeployedFlow(optimize(typed_flow()), 1, {})  # no relay stage here: nothing to relay to
+        one.__dict__["relay_stage"] = None
+        assert not d.relay_idle(one)
+        loop.close()
+    finally:
+        d.links.listener.close()
 
 
 # -- the relayed path answers what the parsed path answers -------------------------------------
@@ -229,6 +292,9 @@ def c():
         nan = Flow("nan-tensor")
         nan.map(nan_tensor, names=["t"])
         cluster.deploy(nan)
+        hold = Flow("held", schema={"x": int})
+        hold.map(held, names=["y"])
+        cluster.deploy(hold)
         yield cluster
 
 
@@ -237,7 +303,7 @@ GOOD = {"x": 1, "f": 0.5, "s": "é", "b": "aGk=", "img": [[1, 2], [3, 4]]}
 OBJECTS = [
     (name, flow, case["content"], case["headers"])
     for name, flow, case, _status, _says in CASES
-    if flow in ("typed", "free") and _status == 400 and _relayable(case["content"], case["headers"])
+    if flow in ("typed", "free") and _status == 400 and _relayable(case["content"], case["headers"], lambda: True)
 ]
 
 
@@ -317,7 +383,7 @@ ARROW_ROWS = [
 @pytest.mark.parametrize("flow, columns", ARROW_ROWS, ids=[f for f, _ in ARROW_ROWS])
 def test_a_relayed_arrow_row_answers_what_the_parsed_paths_give(c, flow, columns):
     one = _arrow(columns)
-    assert _relayable(one, {"content-type": ARROW})
+    assert _relayable(one, {"content-type": ARROW}, lambda: False)  # light: relayed, busy or not
     before = _arrow_bodies_read(c)
     relayed = _post(c, flow, one, {"content-type": ARROW})
     deadline = time.monotonic() + 20
@@ -345,6 +411,51 @@ def test_a_relayed_arrow_row_answers_what_the_parsed_paths_give(c, flow, columns
         as_json.status_code == 200
         and [{k: v for k, v in r.items() if k != "qid"} for r in as_json.json()["rows"]] == got
     )
+
+
+def _relayed_arrow_rows_settle(c, at_least: float) -> float:
+    """The executors' count of relayed Arrow bodies once it reaches ``at_least`` (pongs
+    report it once a second)."""
+    deadline = time.monotonic() + 20
+    while (n := _arrow_bodies_read(c)) < at_least:
+        assert time.monotonic() < deadline, f"relayed Arrow bodies stayed at {n}, expected {at_least}"
+        time.sleep(0.1)  # polls a condition; the deadline bounds it
+    return n
+
+
+def test_a_heavy_arrow_row_goes_to_an_idle_executor_and_is_read_here_while_it_is_busy(c):
+    """An image-sized Arrow row is relayed while its executor has nothing in flight, and
+    parsed by the gateway while the executor runs another request: the same answer both ways."""
+    import threading
+
+    heavy = _arrow({"x": [41], "s": ["a"], "v": [[float(i) for i in range(100)]]})  # 800 bytes of values
+    assert not _relayable(heavy, {"content-type": ARROW}, lambda: False)
+    before = _arrow_bodies_read(c)
+    idle = _post(c, "free", heavy, {"content-type": ARROW})
+    assert idle.status_code == 200, idle.text
+    assert _relayed_arrow_rows_settle(c, before + 1) == before + 1  # the executor read it
+
+    redis, x = c.kvs.redis, int(time.time_ns() % 1_000_000_000)
+    answers = {}
+    holding = threading.Thread(target=lambda: answers.update(held=_post(c, "held", json.dumps({"x": x}).encode(), {})))
+    holding.start()
+    deadline = time.monotonic() + 20
+    while not redis.get(f"relay:held:{x}"):  # the executor runs the held request
+        assert time.monotonic() < deadline, "the held request never started"
+        time.sleep(0.01)  # polls a condition; the deadline bounds it
+    # the held request stays in flight on the one executor (its pool runs it) until released
+    busy = _post(c, "free", heavy, {"content-type": ARROW})
+    assert not answers, "the held request was answered before its release"
+    redis.set(f"relay:release:{x}", 1)
+    holding.join(30)
+    assert answers["held"].status_code == 200 and answers["held"].json()["rows"][0]["y"] == x
+    assert busy.status_code == 200, busy.text
+    strip = [{k: v for k, v in r.items() if k != "qid"} for r in idle.json()["rows"]]
+    assert [{k: v for k, v in r.items() if k != "qid"} for r in busy.json()["rows"]] == strip
+    # a light row after both: once the executors report it, the count says the busy heavy row was not relayed
+    light = _post(c, "free", _arrow({"x": [1]}), {"content-type": ARROW})
+    assert light.status_code == 200, light.text
+    assert _relayed_arrow_rows_settle(c, before + 2) == before + 2
 
 
 def test_qids_stay_unique_and_consecutive_across_both_paths(c):

@@ -128,6 +128,25 @@ def test_blackbox_lists_what_each_thread_was_running(tmp_path):
     box.close()
 
 
+def test_a_chained_runs_record_names_each_stage_as_it_starts(tmp_path):
+    box = Blackbox(str(tmp_path / "e0.running"))
+    run = _run(n=2)
+    run.node = "first_op"
+    box.record(run)
+    run.stage, run.node = "next", "next_op"  # the run goes on to the next stage (running.Runner._chained)
+    box.restage(run)
+    (record,) = Blackbox.read(tmp_path / "e0.running")
+    assert (record["stage"], record["operator"]) == ("next", "next_op")
+    assert record["requests"] == [(10, 0), (11, 0)] and record["qid"] == 7 and record["gateway"] == "ipc:///tmp/gw"
+    run.node = "next_op2"
+    box.note_node(run)  # an operator of the new stage: its record still names that stage
+    (record,) = Blackbox.read(tmp_path / "e0.running")
+    assert (record["stage"], record["operator"]) == ("next", "next_op2")
+    box.clear(run)
+    assert Blackbox.read(tmp_path / "e0.running") == []
+    box.close()
+
+
 def test_blackbox_of_a_missing_file_is_empty(tmp_path):
     assert Blackbox.read(tmp_path / "nothing") == []
 
