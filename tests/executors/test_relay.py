@@ -7,6 +7,7 @@ whether the flow is one stage, several, or ends in a stage whose rows are split 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 
@@ -126,19 +127,28 @@ def test_a_body_goes_only_where_every_replica_said_it_takes_bodies(tmp_path):
         d.links.listener.close()
 
 
-def test_a_flow_of_several_stages_is_relayed_only_where_every_executor_passes_the_rendering_on(tmp_path):
-    """An executor of a release before multi-stage relaying takes bodies but does not pass
-    the JSON answer on to a sink elsewhere (nor does such a sink render a split answer whole):
-    while one hosts any stage of a flow of several, its bodies are parsed by the gateway."""
-    old = Pong("e1", "t", "cpu", [], relays=True)
-    assert decode(Pong.from_header({k: v for k, v in old.header().items() if k != "rn"}, {}).encode()).renders is False
+@contextlib.contextmanager
+def _two_stages_on_two_executors(tmp_path):
+    """A dispatcher and a flow of two stages, the first (the relay stage) on e0, the second on e1."""
     d = Dispatcher(f"ipc://{tmp_path}/gw")
     try:
         plan = optimize(typed_flow(stages=2), rules=[])
         first, second = (s.name for s in plan.stages.values())
         for i in range(2):
             d.add_executor(f"e{i}", f"ipc://{tmp_path}/e{i}")
-        flow = DeployedFlow(plan, 1, {first: ["e0"], second: ["e1"]})
+        yield d, DeployedFlow(plan, 1, {first: ["e0"], second: ["e1"]})
+    finally:
+        d.links.listener.close()
+
+
+def test_a_flow_of_several_stages_is_relayed_only_where_every_executor_passes_the_rendering_on(tmp_path):
+    """An executor of a release before multi-stage relaying takes bodies but does not pass
+    the JSON answer on to a sink elsewhere (nor does such a sink render a split answer whole):
+    while one hosts any stage of a flow of several, its bodies are parsed by the gateway."""
+    old = Pong("e1", "t", "cpu", [], relays=True)
+    assert decode(Pong.from_header({k: v for k, v in old.header().items() if k != "rn"}, {}).encode()).renders is False
+    with _two_stages_on_two_executors(tmp_path) as (d, flow):
+        first = next(iter(flow.plan.stages))  # the stage that takes the rows
         d._on_message(Pong("e0", "t", "cpu", [], relays=True, renders=True))
         d._on_message(old)  # hosts the sink only, and is of the older release
         assert d.relays_to(flow) is None
@@ -148,8 +158,6 @@ def test_a_flow_of_several_stages_is_relayed_only_where_every_executor_passes_th
         d.add_executor("e2", f"ipc://{tmp_path}/e2")
         d._on_message(Pong("e2", "t", "cpu", [], relays=True))  # one stage: the sink is its executor
         assert d.relays_to(one) == "plus_one"
-    finally:
-        d.links.listener.close()
 
 
 def test_a_sink_renders_a_whole_answer_and_leaves_one_part_of_several_to_the_gateway():
@@ -241,13 +249,7 @@ def test_a_heavy_arrow_row_is_relayed_only_to_an_idle_executor_and_nothing_else_
 
 
 def test_an_executor_is_idle_for_relaying_while_no_request_is_in_flight_on_it(tmp_path):
-    d = Dispatcher(f"ipc://{tmp_path}/gw")
-    try:
-        plan = optimize(typed_flow(stages=2), rules=[])
-        first, second = (s.name for s in plan.stages.values())
-        for i in range(2):
-            d.add_executor(f"e{i}", f"ipc://{tmp_path}/e{i}")
-        flow = DeployedFlow(plan, 1, {first: ["e0"], second: ["e1"]})
+    with _two_stages_on_two_executors(tmp_path) as (d, flow):
         loop = asyncio.new_event_loop()
         req = Request(1, flow, None, 0.0, loop.create_future())
         assert d.relay_idle(flow)
@@ -264,8 +266,6 @@ def test_an_executor_is_idle_for_relaying_while_no_request_is_in_flight_on_it(tm
         one.__dict__["relay_stage"] = None
         assert not d.relay_idle(one)
         loop.close()
-    finally:
-        d.links.listener.close()
 
 
 # -- the relayed path answers what the parsed path answers -------------------------------------
