@@ -399,10 +399,10 @@ def _relayable(body, headers: dict, executor_idle) -> bool:
 
     A heavy Arrow row (over LIGHT_ROW_BYTES of data) is relayed only when
     ``executor_idle()``: an idle executor parses it at no cost to anyone, and the request
-    skips the gateway's Table and its round trip (-10 to -14% p50 at c=1 on the matrix's
-    Arrow image cells); a busy one is the bottleneck, so the gateway spares it the parse
-    (relaying every image row measured -5 to -12% throughput at c=8; benchmarks/README.md,
-    "The benchmark family against its floor")."""
+    skips the gateway's Table and its round trip (p50 at c=1 x0.89 on the matrix's Arrow
+    image cells); a busy one is the bottleneck, so the gateway spares it the parse (relaying
+    every image row measured -5 to -12% throughput at c=8; benchmarks/README.md, "The
+    benchmark family against its floor")."""
     if not isinstance(body, (bytes, bytearray)) or not 0 < len(body) <= RELAY_MAX_BYTES:
         return False
     if ARROW in headers.get("accept", ""):
