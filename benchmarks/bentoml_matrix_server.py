@@ -28,8 +28,8 @@ from starlette.requests import Request  # noqa: E402
 from starlette.responses import Response  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
-from benchmarks.matrix import ARROW, JSON, FloorPipeline, _parse, flow_name, store_data  # noqa: E402
-from benchmarks.matrix_peers import answer, parse_cells, run_whole  # noqa: E402
+from benchmarks.matrix import ARROW, JSON, FloorPipeline, _parse, answer, flow_name, run_whole, store_data  # noqa: E402
+from benchmarks.matrix_peers import parse_cells  # noqa: E402
 
 CELLS = parse_cells(os.environ.get("MATRIX_CELLS", "ensemble/row/1"))
 

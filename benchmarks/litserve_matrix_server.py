@@ -23,8 +23,15 @@ import litserve as ls  # noqa: E402
 from fastapi import Body  # noqa: E402
 
 from benchmarks.litserve_server import serve  # noqa: E402
-from benchmarks.matrix import ARROW, FloorPipeline, _parse, flow_name, store_data  # noqa: E402
-from benchmarks.matrix_peers import parse_cells, run_whole  # noqa: E402
+from benchmarks.matrix import (  # noqa: E402
+    ARROW,
+    FloorPipeline,
+    _parse,
+    flow_name,
+    run_whole,  # noqa: E402
+    store_data,
+)
+from benchmarks.matrix_peers import parse_cells  # noqa: E402
 
 
 class Cell(ls.LitAPI):

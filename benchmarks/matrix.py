@@ -356,10 +356,20 @@ def floor_cells() -> dict[str, FloorPipeline]:
     return {flow_name(p, s, n): FloorPipeline(p, s, n, store) for p in PIPELINES for s in STYLES for n in STAGES}
 
 
+def run_whole(pipeline: FloorPipeline, rows: list[dict]) -> list[dict]:
+    """All of a cell's operators in one process (the floor's code), the rows' values plain
+    Python: the floor, the two-process floor, LitServe, BentoML, Ray Serve's 1 stage."""
+    return [{k: _plain(v) for k, v in r.items()} for r in pipeline(rows)]
+
+
+def answer(rows: list[dict]) -> str:
+    """The JSON answer every system gives: ``{"rows": [...]}``."""
+    return json.dumps({"rows": rows})
+
+
 def floor_answer(run: FloorPipeline, raw: bytes, content_type: str) -> bytes:
     """The floor's answer to a request body: its rows run, as JSON."""
-    rows = run(_parse(raw, content_type))
-    return json.dumps({"rows": [{k: _plain(v) for k, v in r.items()} for r in rows]}).encode()
+    return answer(run_whole(run, _parse(raw, content_type))).encode()
 
 
 def floor_app():

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import statistics
@@ -41,7 +40,6 @@ from benchmarks.common import ROOT, free_port, plt, progress, save, save_plot, w
 from benchmarks.matrix import (
     ARROW,
     JSON,
-    FloorPipeline,
     _medians,
     _plain,
     add_axis_options,
@@ -121,15 +119,6 @@ def run_chain(pipeline: str, style: str, operators: list[Operator], rows: list[d
     for op in operators:
         state = op(state)
     return final_rows(style, state)
-
-
-def run_whole(pipeline: FloorPipeline, rows: list[dict]) -> list[dict]:
-    """All of a cell's operators in one process (the floor's code): LitServe, BentoML, Ray Serve's 1 stage."""
-    return [{k: _plain(v) for k, v in r.items()} for r in pipeline(rows)]
-
-
-def answer(rows: list[dict]) -> str:
-    return json.dumps({"rows": rows})
 
 
 def parse_cells(text: str) -> list[tuple[str, str, int]]:

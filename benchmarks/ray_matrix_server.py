@@ -25,13 +25,11 @@ from ray import serve  # noqa: E402
 from starlette.requests import Request  # noqa: E402
 from starlette.responses import Response  # noqa: E402
 
-from benchmarks.matrix import JSON, FloorPipeline, _parse, flow_name, steps, store_data  # noqa: E402
+from benchmarks.matrix import JSON, FloorPipeline, _parse, answer, flow_name, run_whole, steps, store_data  # noqa: E402
 from benchmarks.matrix_peers import (  # noqa: E402
     Operator,
-    answer,
     final_rows,
     parse_cells,
-    run_whole,
     start_state,
     tensor_column,
 )

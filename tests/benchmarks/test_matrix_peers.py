@@ -39,10 +39,10 @@ def test_the_peers_code_answers_the_floors_rows(pipeline, style, stages, kind):
     want = _floor_rows(cell, rows)
     operators = matrix_peers.operator_chain(*cell)
     assert len(operators) == (3 if stages == 1 else stages)
-    chained = json.loads(matrix_peers.answer(matrix_peers.run_chain(pipeline, style, operators, rows)))["rows"]
+    chained = json.loads(matrix.answer(matrix_peers.run_chain(pipeline, style, operators, rows)))["rows"]
     _same(chained, want)
-    whole = matrix_peers.run_whole(matrix.FloorPipeline(*cell, matrix.store_data()), rows)
-    _same(json.loads(matrix_peers.answer(whole))["rows"], want)
+    whole = matrix.run_whole(matrix.FloorPipeline(*cell, matrix.store_data()), rows)
+    _same(json.loads(matrix.answer(whole))["rows"], want)
 
 
 def test_an_operator_alone_runs_only_its_own_step():
