@@ -15,10 +15,13 @@ Arrow IPC body and answers JSON ``{"rows": [...]}``:
   compose separately scaled stages: each runs all of a cell's operators in one service
   (``FloorPipeline``), one LitAPI / one BentoML route per cell. No peer batches.
 
-Per cell, every system must answer the floor's rows first. Then, in rounds, each system is
-measured in turn (requests/s at c=8, p50 at c=1, wrk, the order rotating round by round);
-ratios are FlowServe / system, medians of per-round ratios. FlowServe, the floor, LitServe and
-BentoML serve every selected cell for the whole run; Ray Serve serves one cell's flow at a
+Each peer is measured in a phase of its own beside FlowServe, as ``e2e`` does: a peer's
+idle processes (Ray's cluster above all) would otherwise share the 2 cores with the others'
+measurements. The floor is measured in the first phase. Per cell, every system of the phase
+must answer the floor's rows first; then, in rounds, each is measured in turn (requests/s at
+c=8, p50 at c=1, wrk, the order rotating round by round). Ratios are FlowServe / system,
+medians of per-round ratios taken within the phase. FlowServe serves every selected cell for
+the whole run, LitServe and BentoML for their phase; Ray Serve serves one cell's flow at a
 time (its replicas' processes, 1 to 7 a cell, would crowd 2 cores if all were up).
 """
 
@@ -299,7 +302,11 @@ def _args(argv):
     p.add_argument("--seconds", type=float, default=1.0, help="per wrk measurement, whole seconds (default 1)")
     p.add_argument("--name", default="matrix_peers", help="results file name (default matrix_peers)")
     add_axis_options(p)
-    p.add_argument("--peers", default=",".join(PEERS), help="peers to measure (default: all; '' for none)")
+    p.add_argument(
+        "--peers",
+        default=",".join(PEERS),
+        help="peers to measure, each in a phase of its own beside FlowServe (default: all; '' for none)",
+    )
     add_peer_options(p)
     args = p.parse_args(argv)
     axes = chosen_axes(p, args)
@@ -326,48 +333,65 @@ def run(argv=None) -> dict:
 
     started = time.monotonic()
     floor, floor_port = start_floor()
-    peers = [PEER_CLASSES[name](python, groups) for name, python in args.peer_list]
+    phases = [PEER_CLASSES[name](python, groups) for name, python in args.peer_list] or [None]
     per_round: dict[str, list[dict]] = {}
     plans: dict[str, int] = {}
     try:
-        with LocalCluster() as cluster, contextlib.ExitStack() as stack:
-            for peer in peers:  # the peers start while FlowServe deploys
-                stack.callback(peer.stop)
-                peer.start()
-            cluster.kvs.mput(store_data())
-            ours = {}
-            for cell in groups:
-                d = cluster.deploy(build_flow(*cell), optimize=cell[2] == 1)
-                ours[cell] = d.url
-                plans[flow_name(*cell)] = len(d.plan.stages)
-            ours_pids = process_tree(cluster.proc.pid)
-            progress(f"deployed {len(ours)} flows; stages per plan: {plans} ({time.monotonic() - started:.0f} s)")
-            for cell in groups:
-                ray = next((x for x in peers if isinstance(x, RayServe)), None)
-                if ray is not None:
-                    ray.deploy(cell)
-                urls = {
-                    "floor": lambda cell, kind: f"http://127.0.0.1:{floor_port}/flows/{flow_name(*cell)}",
-                    "flowserve": lambda cell, kind: ours[cell],
-                    **{x.name: x.url for x in peers},
-                }
-                pids = {"floor": lambda: [floor.pid], "flowserve": lambda: ours_pids, **{x.name: x.pids for x in peers}}
-                for kind in bodies:
-                    per_round.update(_cell(cell, kind, urls, pids, args, floor))
-                if ray is not None:
-                    ray.delete(cell)
-                progress(f"{flow_name(*cell)} done ({time.monotonic() - started:.0f} s)")
+        with LocalCluster() as cluster:
+            with contextlib.ExitStack() as stack:  # the first peer starts while FlowServe deploys
+                if phases[0] is not None:
+                    stack.callback(phases[0].stop)
+                    phases[0].start()
+                cluster.kvs.mput(store_data())
+                ours = {}
+                for cell in groups:
+                    d = cluster.deploy(build_flow(*cell), optimize=cell[2] == 1)
+                    ours[cell] = d.url
+                    plans[flow_name(*cell)] = len(d.plan.stages)
+                ours_pids = process_tree(cluster.proc.pid)
+                progress(f"deployed {len(ours)} flows; stages per plan: {plans} ({time.monotonic() - started:.0f} s)")
+                stack.pop_all()
+            urls = {
+                "floor": lambda cell, kind: f"http://127.0.0.1:{floor_port}/flows/{flow_name(*cell)}",
+                "flowserve": lambda cell, kind: ours[cell],
+            }
+            pids = {"floor": lambda: [floor.pid], "flowserve": lambda: ours_pids}
+            for i, peer in enumerate(phases):
+                with contextlib.ExitStack() as stack:
+                    if peer is not None:
+                        stack.callback(peer.stop)
+                        if i > 0:
+                            peer.start()
+                    progress(f"phase {i + 1}: flowserve{', floor' if i == 0 else ''}{', ' + peer.name if peer else ''}")
+                    _phase(groups, bodies, peer, urls, pids, i == 0, args, floor, per_round, started)
     finally:
         floor.terminate()
         floor.wait()
-    return report(per_round, plans, [x.name for x in peers], args, time.monotonic() - started)
+    return report(per_round, plans, [x.name for x in phases if x is not None], args, time.monotonic() - started)
 
 
-def _cell(cell, kind: str, urls: dict, pids: dict, args, floor) -> dict:
+def _phase(groups, bodies, peer, urls, pids, with_floor: bool, args, floor, per_round: dict, started: float) -> None:
+    """Every cell with FlowServe and ``peer`` (and the floor in the first phase); rounds appended to ``per_round``."""
+    here = {who: urls[who] for who in (["floor"] if with_floor else []) + ["flowserve"]}
+    procs = {who: pids[who] for who in here}
+    if peer is not None:
+        here[peer.name], procs[peer.name] = peer.url, peer.pids
+    for cell in groups:
+        if isinstance(peer, RayServe):
+            peer.deploy(cell)
+        for kind in bodies:
+            for name, rounds in _cell(cell, kind, here, procs, urls["floor"], args, floor).items():
+                per_round.setdefault(name, []).extend(rounds)
+        if isinstance(peer, RayServe):
+            peer.delete(cell)
+        progress(f"{flow_name(*cell)} done ({time.monotonic() - started:.0f} s)")
+
+
+def _cell(cell, kind: str, urls: dict, pids: dict, floor_at, args, floor) -> dict:
     """One cell: every system answers the floor's rows, then ``args.reps`` rounds over all."""
     raw, ctype = body(cell[0], kind), ARROW if kind == "arrow" else JSON
     name = f"{cell[0]}/{cell[1]}/{cell[2]}/{kind}"
-    floor_url = urls["floor"](cell, kind)
+    floor_url = floor_at(cell, kind)
     for who, url in urls.items():
         wait_http(url(cell, kind), raw, proc=floor if who == "floor" else None, content_type=ctype)
         wrk(url(cell, kind), raw, 8, 1, content_type=ctype)  # warm: models, caches, connections
@@ -403,9 +427,14 @@ def report(per_round: dict, plans: dict, peers: list[str], args, took_s: float) 
     cells: dict = {}
     for name, rounds in per_round.items():
         rs = [ratios(r) for r in rounds]
+        systems = list(dict.fromkeys(who for r in rounds for who in r))  # a peer appears in its phase's rounds
         cells[name] = {
-            "figures": {who: _medians([r[who] for r in rounds]) for who in rounds[0]},
-            "ratios": {who: {m: statistics.median(r[who][m] for r in rs) for m in METRICS} for who in rs[0]},
+            "figures": {who: _medians([r[who] for r in rounds if who in r]) for who in systems},
+            "ratios": {
+                who: {m: statistics.median(r[who][m] for r in rs if who in r) for m in METRICS}
+                for who in systems
+                if who != "flowserve"
+            },
         }
     summary: dict = {}
     for who in ["floor", *peers]:
