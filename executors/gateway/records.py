@@ -68,6 +68,9 @@ class DeployedFlow:
     placement: dict[str, list[str]]  # stage -> executor ids that host a replica
     stats: dict = field(default_factory=dict)  # stage -> recent latencies (ms)
     plan_blob: bytes | None = None  # the plan as stored: re-published if the store loses it
+    # the last routes (Dispatcher._routes) while no stage had replicas to rank, with the
+    # executors they were read from: (((id, info, live), ...), (routes, used, assigned))
+    fixed_routes: tuple | None = None
 
     @functools.cached_property
     def relay_stage(self) -> str | None:

@@ -101,3 +101,49 @@ def test_at_a_trickle_a_stage_stays_on_the_executor_that_took_it_last(dispatcher
         picked.append(routes[second][0])
         d._finish(req)
     assert len(set(picked)) == 1, picked
+
+
+@pytest.fixture
+def one_each(tmp_path):
+    """Each stage on one executor: no replicas to rank, so routes are kept on the flow."""
+    d = Dispatcher(f"ipc://{tmp_path}/gw")
+    f = Flow("fixed")
+    f.map(double, names=["y"], batching=True).map(plus_one, names=["z"], batching=True)
+    plan = optimize(f, rules=["batching"])
+    first, second = plan.stages
+    for i in range(3):
+        d.add_executor(f"e{i}", f"ipc://{tmp_path}/e{i}")
+        d.executors[f"e{i}"].loaded.add(("fixed", 1))
+    d.executors["e2"].loaded.clear()  # placed, but has not built the flow yet
+    flow = DeployedFlow(plan, 1, {first: ["e0"], second: ["e1", "e2"]})
+    yield d, flow, first, second
+    d.links.listener.close()
+
+
+def test_routes_without_replicas_to_rank_are_kept_until_an_executor_changes(one_each, tmp_path):
+    from executors.errors import NoExecutorError
+
+    d, flow, first, second = one_each
+    routes, used, _ = d._routes(flow)
+    assert routes == {first: [f"ipc://{tmp_path}/e0"], second: [f"ipc://{tmp_path}/e1"]} and used == {"e0", "e1"}
+    assert d._routes(flow)[0] is routes  # the same answer, kept
+    d.executors["e2"].loaded.add(("fixed", 1))  # a second replica of the second stage built: now ranked
+
+    def second_routes(n):  # n requests in flight together, as _dispatch routes them; then answered
+        reqs = _enter(d, flow, n)
+        for req, _ in reqs:
+            d._finish(req)
+        return collections.Counter(routes[second][0] for _, routes in reqs)
+
+    assert second_routes(4) == {f"ipc://{tmp_path}/e1": 2, f"ipc://{tmp_path}/e2": 2}
+    d.executors["e1"].alive = False  # as the local gateway marks one whose process ended
+    assert second_routes(4) == {f"ipc://{tmp_path}/e2": 4}
+    d.executor_died("e2")
+    with pytest.raises(NoExecutorError, match="no live executor hosts stage"):
+        d._routes(flow)
+    d.executor_back("e1")  # back and still holding the flow's stages
+    assert d._routes(flow)[0][second] == [f"ipc://{tmp_path}/e1"]
+    d.remove_executor("e1")
+    d.add_executor("e1", f"ipc://{tmp_path}/e1-new")  # the same id, a new process that built nothing yet
+    with pytest.raises(NoExecutorError):
+        d._routes(flow)
