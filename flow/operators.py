@@ -46,7 +46,7 @@ from flow.errors import (
 )
 from flow.table import Column, Row, Table, built_column
 from flow.tracebacks import restore_files
-from flow.types import ColumnType, build_column, unify
+from flow.types import ColumnType, any_true, build_column, unify
 
 AGGREGATES = ("count", "sum", "min", "max", "mean")
 JOIN_HOWS = ("inner", "left", "outer")
@@ -400,6 +400,11 @@ def batch_output(name, names, table: Table, result) -> Table:
                     f"expected one value per input row",
                     operator=name,
                 )
+            if type(v) is np.ndarray:
+                same = _passed_through(table, v)
+                if same is not None:
+                    cols[c] = same
+                    continue
             if _is_torch(v):
                 v = v.detach().cpu().numpy()
             try:
@@ -414,6 +419,26 @@ def batch_output(name, names, table: Table, result) -> Table:
                 operator=name,
             )
     return Table(cols, table.qid)
+
+
+def _passed_through(table: Table, v: np.ndarray) -> Column | None:
+    """The column of ``table`` whose array ``v`` is (as ``table[name]`` gave it, not a
+    copy), where building ``v`` again would give that same column: a column the function
+    passed on is then kept as it is instead of being checked and built again (on a Table
+    flow's pass-through stage that was most of the runtime's cost). Not where the function
+    may have written a missing value into the array in place (NaN into a float column, None
+    into an object one) or the storage would change (another dtype, a strided tensor)."""
+    for col in table._cols.values():
+        if type(col) is not Column or col.values is not v:
+            continue
+        if col.valid is not None or v.dtype.kind not in "biuf" or v.dtype != col.type.dtype:
+            return None
+        if v.ndim == 1 and v.dtype.kind == "f" and any_true(np.isnan(v)):
+            return None
+        if v.ndim > 1 and not v.flags.c_contiguous:
+            return None
+        return col
+    return None
 
 
 def _is_torch(v) -> bool:

@@ -222,6 +222,34 @@ def test_batching_map_wrong_results_name_the_operator(result, match):
         run(lambda f: f.map(result, names=names, batching=True))
 
 
+def test_batching_map_passing_columns_on_keeps_them_as_they_are():
+    from flow.operators import batch_output
+
+    table = Table.from_dict(
+        {"i": [1, 2, 3], "f": [0.5, 1.5, 2.5], "t": np.arange(6, dtype=np.float32).reshape(3, 2), "s": ["a", "b", None]}
+    )
+    out = batch_output("pass", ["i", "f", "t", "renamed"], table, (table["i"], table["f"], table["t"], table["i"]))
+    for name, source in (("i", "i"), ("f", "f"), ("t", "t"), ("renamed", "i")):
+        assert out.column(name) is table.column(source)  # kept, not built again
+    rebuilt = batch_output("copy", ["i", "f", "t"], table, (table["i"].copy(), table["f"].copy(), table["t"].copy()))
+    assert out.select(["i", "f", "t"]).equals(rebuilt) and out.schema["t"] == rebuilt.schema["t"]
+    assert batch_output("obj", ["s"], table, table["s"]).column("s") is not table.column("s")  # built again
+
+
+@pytest.mark.parametrize("column, missing", [("f", np.nan), ("s", None)])
+def test_batching_map_writing_a_missing_value_into_an_input_column_marks_it_missing(column, missing):
+    data = [{"f": 0.5, "s": "a"}, {"f": 1.5, "s": "b"}, {"f": 2.5, "s": "c"}]
+
+    def blank_the_second(t):
+        values = t[column]
+        values[1] = missing  # in place, into the array the input Table holds
+        return values
+
+    out = run(lambda f: f.map(blank_the_second, names=["y"], batching=True), data=data)
+    assert out["y"].tolist()[1] is None or np.isnan(out["y"][1])
+    assert out.to_pylist()[1]["y"] is None
+
+
 def test_batching_operators_are_not_called_on_empty_tables():
     def never(t):
         raise AssertionError("called")
