@@ -11,9 +11,10 @@ Ensemble side by side with the previous runtime: p50 at concurrency 1 went from 
 
 It costs CPU only right after traffic: each poll yields the CPU to any runnable process
 (``sched_yield``), so a polling process uses idle time rather than taking it from the
-work, and an idle cluster sleeps. It is for requests that come one at a time: where they
-come concurrently (a gateway with more in flight than half the CPUs, an executor that reads
-several requests at once) the process sleeps between messages (``BusyPoll.cool``). ``busy_poll_ms=0`` turns it off (e.g. on machines billed
+work, and an idle cluster sleeps. It is for requests that come one at a time, or fewer at a
+time than the CPUs can take: where more come concurrently than half the CPUs (in flight at
+a gateway, in one read of an executor's sockets) the process sleeps between messages
+(``BusyPoll.cool``). ``busy_poll_ms=0`` turns it off (e.g. on machines billed
 per CPU-second, or where power matters more than latency).
 """
 
