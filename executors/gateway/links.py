@@ -41,7 +41,6 @@ class ExecutorLinks:
         self._unsent: dict[str, list] = {}  # address -> messages sent this turn of the loop
         self.busy_poll = BusyPoll(busy_poll_ms)  # busypoll.py: why the loop polls after a message
         self._polling = False
-        self._concurrent = max(1, self.busy_poll.cpus // 2)  # more in flight: no polling (_keep_hot)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -78,12 +77,7 @@ class ExecutorLinks:
 
     def _keep_hot(self) -> None:
         """A message came or went: keep the event loop polling (a ready callback makes it poll
-        without sleeping) for the busy-poll window, so the answer is read at once; unless
-        more requests are in flight than half the machine's CPUs, each keeping a gateway and
-        an executor at work: then the CPUs are taken and a poll would take one from the work
-        (BusyPoll.cool)."""
-        if self.in_flight() > self._concurrent:
-            return self.busy_poll.cool()
+        without sleeping) for the busy-poll window, so the answer is read at once."""
         self.busy_poll.touch()
         if not self._polling and self.busy_poll.window_s:
             self._polling = True

@@ -155,8 +155,7 @@ class ClusterConfig(Config):
     busy_poll_ms: after a message, the gateway and each executor keep polling for this long
         before sleeping (default 10): a woken process runs slowly for a while, so polling
         cuts each hop's latency; each poll yields the CPU to runnable work, so it uses idle
-        time only, and under concurrent requests the processes sleep between messages.
-        0 turns it off (executors/wire/busypoll.py).
+        time only. 0 turns it off (executors/wire/busypoll.py).
     stuck_grace_s: an executor whose abandoned work (a run past its deadline or its
         operator's ``timeout_s``, already answered 504) has not come back within this long
         is recycled: a new process takes its place (default 10; executors/worker/watchdog.py).

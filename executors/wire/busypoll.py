@@ -11,10 +11,7 @@ Ensemble side by side with the previous runtime: p50 at concurrency 1 went from 
 
 It costs CPU only right after traffic: each poll yields the CPU to any runnable process
 (``sched_yield``), so a polling process uses idle time rather than taking it from the
-work, and an idle cluster sleeps. It is for requests that come one at a time, or fewer at a
-time than the CPUs can take: where more come concurrently than half the CPUs (in flight at
-a gateway, in one read of an executor's sockets) the process sleeps between messages
-(``BusyPoll.cool``). ``busy_poll_ms=0`` turns it off (e.g. on machines billed
+work, and an idle cluster sleeps. ``busy_poll_ms=0`` turns it off (e.g. on machines billed
 per CPU-second, or where power matters more than latency).
 """
 
@@ -40,13 +37,6 @@ LOST_WINDOW_S = 0.1
 BUSY_BACKOFF_S = 0.5
 
 
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
-
-
 class BusyPoll:
     """The window after the last message during which polling is worth it."""
 
@@ -57,7 +47,6 @@ class BusyPoll:
         self._cold_until = 0.0  # no polling before this: yields kept losing the CPU
         self._lost = 0  # yields lost since _first_lost
         self._first_lost = 0.0
-        self.cpus = _cpus()
 
     def touch(self) -> None:
         """A message came or went: stay hot for the window from now (unless backing off)."""
@@ -65,22 +54,6 @@ class BusyPoll:
             now = time.perf_counter()
             if now >= self._cold_until:
                 self._until = now + self.window_s
-
-    def cool(self) -> None:
-        """Requests are arriving concurrently: stop polling until the window has passed
-        without such a sign (``touch`` does not restart it before then).
-
-        Why: a poller keeps a CPU for itself between messages. Where several requests are
-        in flight the next message comes soon anyway (the loop rarely sleeps for long), and
-        on a machine whose CPUs are all at work a yield does not reliably hand the CPU to
-        the thread waiting for it (that one is often queued on another CPU). Measured on the
-        2-core VM, ``lookup/row/1/json`` at concurrency 8: 7,700-8,200 req/s with the
-        gateway and executor polling, 9,300-10,400 with either one not polling, while at
-        concurrency 1 polling keeps p50 at 0.20 ms against 0.27 ms for either one not
-        polling (benchmarks/README.md, "Busy polling")."""
-        if self.window_s:
-            self._until = 0.0
-            self._cold_until = max(self._cold_until, time.perf_counter() + self.window_s)
 
     def hot(self) -> bool:
         return self.window_s > 0 and time.perf_counter() < self._until

@@ -89,10 +89,6 @@ class Executor:
         self._selector = None
         self._io: threading.Thread | None = None
         self.busy_poll = BusyPoll(busy_poll_ms)  # busypoll.py: why the IO thread polls after a message
-        self._drained: set = set()  # the requests one read of the sockets brought (_io_loop)
-        # more of them than half the CPUs (each request keeps a gateway and an executor at
-        # work): the CPUs are taken, and a poll would take one from the work (BusyPoll.cool)
-        self._concurrent = max(1, self.busy_poll.cpus // 2)
         self.on_exit: list = []  # called before a recycle exits the process (deregistration)
         # the IO thread's quick work, filled by Runner.dispatch while it reads and run by
         # _run_inline after: one batch per batching stage, one run per request otherwise
@@ -191,9 +187,6 @@ class Executor:
                 with self.outbox.corked():  # what reading sends (pongs, errors): one write per peer
                     for key, _ in events:
                         self._read(selector, key)
-                    if len(self._drained) > self._concurrent:
-                        self.busy_poll.cool()  # requests arrive concurrently: sleep between them
-                    self._drained.clear()
             elif hot:
                 self.busy_poll.pause()
             # cheap ready work gathered while reading runs here, as batches
@@ -303,11 +296,9 @@ class Executor:
         msg = decode(frames)
         kind = type(msg)
         if kind is StageInput:
-            self._drained.add(msg.req)
             for hosted, item in self._gather(msg):
                 self._dispatch(hosted, item)
         elif kind is RawInput:
-            self._drained.add(msg.req)
             for hosted, item in self._gather_raw(msg):
                 self._dispatch(hosted, item)
         elif kind is Cancel:
