@@ -28,16 +28,23 @@ def plus_one(t):
     return t.column("y").to_numpy() + 1
 
 
-@pytest.fixture
-def dispatcher(tmp_path):
+def _two_stages(tmp_path, name: str, executors: int):
+    """A real Dispatcher with ``executors`` executors that have built flow ``name`` (two
+    batching stages), and that flow's plan."""
     d = Dispatcher(f"ipc://{tmp_path}/gw")
-    f = Flow("balanced")
+    f = Flow(name)
     f.map(double, names=["y"], batching=True).map(plus_one, names=["z"], batching=True)
     plan = optimize(f, rules=["batching"])
-    first, second = plan.stages
-    for i in range(2):
+    for i in range(executors):
         d.add_executor(f"e{i}", f"ipc://{tmp_path}/e{i}")
-        d.executors[f"e{i}"].loaded.add(("balanced", 1))
+        d.executors[f"e{i}"].loaded.add((name, 1))
+    return d, plan
+
+
+@pytest.fixture
+def dispatcher(tmp_path):
+    d, plan = _two_stages(tmp_path, "balanced", 2)
+    first, second = plan.stages
     flow = DeployedFlow(plan, 1, {first: ["e0"], second: ["e1", "e0"]})
     yield d, flow, second
     d.links.listener.close()
@@ -106,14 +113,8 @@ def test_at_a_trickle_a_stage_stays_on_the_executor_that_took_it_last(dispatcher
 @pytest.fixture
 def one_each(tmp_path):
     """Each stage on one executor: no replicas to rank, so routes are kept on the flow."""
-    d = Dispatcher(f"ipc://{tmp_path}/gw")
-    f = Flow("fixed")
-    f.map(double, names=["y"], batching=True).map(plus_one, names=["z"], batching=True)
-    plan = optimize(f, rules=["batching"])
+    d, plan = _two_stages(tmp_path, "fixed", 3)
     first, second = plan.stages
-    for i in range(3):
-        d.add_executor(f"e{i}", f"ipc://{tmp_path}/e{i}")
-        d.executors[f"e{i}"].loaded.add(("fixed", 1))
     d.executors["e2"].loaded.clear()  # placed, but has not built the flow yet
     flow = DeployedFlow(plan, 1, {first: ["e0"], second: ["e1", "e2"]})
     yield d, flow, first, second
