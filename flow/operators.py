@@ -424,8 +424,8 @@ def batch_output(name, names, table: Table, result) -> Table:
 def _passed_through(table: Table, v: np.ndarray) -> Column | None:
     """The column of ``table`` whose array ``v`` is (as ``table[name]`` gave it, not a
     copy), where building ``v`` again would give that same column: a column the function
-    passed on is then kept as it is instead of being checked and built again (on a Table
-    flow's pass-through stage that was most of the runtime's cost). Not where the function
+    passed on is then kept as it is instead of being checked and built again (about 1 us a
+    column saved, on every stage that passes columns on). Not where the function
     may have written a missing value into the array in place (NaN into a float column, None
     into an object one) or the storage would change (another dtype, a strided tensor)."""
     for col in table._cols.values():
