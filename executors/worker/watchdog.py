@@ -247,9 +247,8 @@ class Blackbox:
         rewrite its record (only while it is recorded); the requests are the same, the
         stage and the operator are new."""
         if run.slot >= 0:
-            head, tail = self._head(run), run.record_parts[1]
-            run.record_parts = (head, tail)
-            self._write(run.slot, head + run.node.encode("utf-8", "replace") + tail)
+            run.record_parts = (self._head(run), run.record_parts[1])
+            self.note_node(run)
 
     def _write(self, slot: int, data: bytes) -> None:
         data = data[: self.SLOT - 1]
