@@ -218,6 +218,7 @@ class _BoundMap(BoundOperator):
     def __init__(self, op: MapOp, name: str, call: Callable):
         super().__init__(op, name)
         self.call = call
+        self.generates = op.generates  # inspect's answer, once a replica, not once a call
 
     def __call__(self, inputs, store=None):
         (table,) = inputs
@@ -228,7 +229,7 @@ class _BoundMap(BoundOperator):
             )
         if op.batching:
             return _map_batch(self.name, self.call, op.names, op.col, table)
-        if op.generates:
+        if self.generates:
             return _map_generated(self.name, self.call, op.names, op.col, table)
         return _map_rows(self.name, self.call, op.names, op.col, table)
 

@@ -26,7 +26,7 @@ from typing import Any, TypeGuard
 import numpy as np
 
 from flow.errors import DataTypeError, SchemaError
-from flow.types import ColumnType, any_true, build_column, unify
+from flow.types import ColumnType, any_true, build_column, may_not_fit, unify
 
 QID = "qid"
 
@@ -400,13 +400,18 @@ class Table:
             dup = next(n for n in names if names.count(n) > 1)
             raise SchemaError(f"duplicate column name {dup!r}")
         data: dict[str, Any] = {}
-        hints: dict[str, ColumnType] = {}
         for name in names:
-            data[name] = _arrow_column_values(table.column(name), name)
-            hint = _arrow_type_hint(table.schema.field(name).type)
-            if hint is not None:
+            want = ColumnType.parse(schema[name], name) if schema and name in schema else None
+            data[name] = _arrow_column_values(table.column(name), name, want)
+        out = cls.from_dict(data, qid=qid, schema=schema)
+        # a column of no values to infer from (all null) takes its Arrow type: looked up
+        # for those alone (a few us a column otherwise)
+        hints = {}
+        for name, field in zip(names, table.schema):
+            col = out._cols.get(name)  # not the qid column (qid="qid")
+            if col is not None and col.type.kind == "null" and (hint := _arrow_type_hint(field.type)) is not None:
                 hints[name] = hint
-        return _apply_hints(cls.from_dict(data, qid=qid, schema=schema), hints, schema)
+        return _apply_hints(out, hints, schema) if hints else out
 
     @classmethod
     def from_any(cls, data, qid=None, schema: Mapping[str, Any] | None = None) -> Table:
@@ -810,7 +815,9 @@ def _arrow_type_hint(t) -> ColumnType | None:
     return None
 
 
-def _arrow_column_values(chunked, name: str):
+def _arrow_column_values(chunked, name: str, want: ColumnType | None = None):
+    """A column's values for ``build_column``: an array where Arrow's storage is one
+    already, else Python values. ``want``: the column's declared type, if any."""
     import pyarrow as pa
 
     if chunked.num_chunks == 1:
@@ -828,7 +835,7 @@ def _arrow_column_values(chunked, name: str):
     if pa.types.is_null(arr.type):
         return [None] * len(arr)
     if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type):
-        rows = _regular_list_rows(arr)
+        rows = _regular_list_rows(arr, want)
         if rows is not None:
             return rows
         return [None if v is None else np.asarray(v) for v in arr.to_pylist()]
@@ -840,28 +847,54 @@ def _arrow_column_values(chunked, name: str):
 _ROW_DTYPES = {"i": np.dtype(np.int64), "f": np.dtype(np.float64), "b": np.dtype(np.bool_)}
 
 
-def _regular_list_rows(arr) -> list | None:
+def _list_type_ids() -> frozenset:
+    """The type ids of Arrow's list types (a list, a large list, a fixed-size list)."""
+    global _LIST_IDS
+    if _LIST_IDS is None:
+        import pyarrow as pa
+
+        _LIST_IDS = frozenset((pa.lib.Type_LIST, pa.lib.Type_LARGE_LIST, pa.lib.Type_FIXED_SIZE_LIST))
+    return _LIST_IDS
+
+
+_LIST_IDS: frozenset | None = None
+
+
+def _regular_list_rows(arr, want: ColumnType | None = None) -> np.ndarray | None:
     """The rows of a list column nested k deep (an image as lists of lists) as
     ``np.asarray(row)`` makes them from each row's Python lists, without making those lists:
-    when no level holds a null, every row has the same non-empty shape and the leaves are
-    numbers (ints up to 32 bits, or signed 64, floats, bools). None for any other column
-    (the rows go through Python values, which name what is ragged or missing)."""
+    one fresh (n, *shape) array, whose rows are those arrays, when no level holds a null,
+    every row has the same non-empty shape and the leaves are numbers (ints up to 32 bits,
+    or signed 64, floats, bools). None for any other column (the rows go through Python
+    values, which name what is ragged or missing), or one declared other than a tensor
+    (``build_column`` names the rows' type).
+
+    Declared a tensor of a dtype that holds every leaf value as it is (uint8 leaves for a
+    uint8 or float32 tensor), the array has that dtype already: the same numbers the
+    Python values' int64 or float64 would give cast to it, without the detour and its
+    range check (an image's column: 4 us instead of 30)."""
     import pyarrow as pa
+
+    if want is not None and want.kind != "tensor":
+        return None
 
     n, shape, level = len(arr), [], arr
     if n == 0:
         return None
-    while pa.types.is_list(level.type) or pa.types.is_large_list(level.type) or pa.types.is_fixed_size_list(level.type):
+    lists = _list_type_ids()
+    while level.type.id in lists:
         if level.null_count:
             return None
-        if pa.types.is_fixed_size_list(level.type):
+        if level.type.id == pa.lib.Type_FIXED_SIZE_LIST:
             size = level.type.list_size
             start, stop = level.offset * size, (level.offset + len(level)) * size
         else:
             offsets = level.offsets.to_numpy()
             start, stop = int(offsets[0]), int(offsets[-1])
             size = int(offsets[1]) - start
-            if len(offsets) > 2 and (np.diff(offsets) != size).any():
+            if stop - start != size * (len(offsets) - 1) or (
+                len(offsets) > 2 and (offsets[1:] - offsets[:-1] != size).any()
+            ):
                 return None
         if size == 0:
             return None
@@ -872,9 +905,12 @@ def _regular_list_rows(arr) -> list | None:
         pa.types.is_floating(t) or pa.types.is_boolean(t) or (pa.types.is_integer(t) and t != pa.uint64())
     ):
         return None
-    values = level.to_numpy(zero_copy_only=False)
-    values = values.astype(_ROW_DTYPES["i" if values.dtype.kind in "iu" else values.dtype.kind], copy=False)
-    return list(values.reshape((n, *shape)))
+    values = level.to_numpy(zero_copy_only=False)  # a view of the body's buffer, read-only: copied below
+    if want is not None and want.shape == tuple(shape) and not may_not_fit(values.dtype, want.dtype):
+        dtype = want.dtype
+    else:
+        dtype = _ROW_DTYPES["i" if values.dtype.kind in "iu" else values.dtype.kind]
+    return values.astype(dtype).reshape((n, *shape))
 
 
 def _arrow_tensor_values(storage, shape: tuple, value_type, name: str):

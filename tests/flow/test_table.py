@@ -528,6 +528,7 @@ def _list_cases():
     yield "uint8 lists of lists", pa.array(img, pa.list_(pa.list_(pa.uint8())))
     yield "int64", pa.array(img, pa.list_(pa.list_(pa.int64())))
     yield "float32", pa.array([[0.5, 1.5], [2.5, -1.0]], pa.list_(pa.float32()))
+    yield "int64 beyond a byte", pa.array([[300, -1], [2, 3]], pa.list_(pa.int64()))
     yield "bool", pa.array([[True, False], [False, False]], pa.list_(pa.bool_()))
     yield "large list", pa.array(img, pa.large_list(pa.list_(pa.int16())))
     yield "fixed size inside a list", pa.array(img, pa.list_(pa.list_(pa.int32(), 2)))
@@ -562,3 +563,39 @@ def test_list_columns_from_arrow_make_the_rows_their_python_values_make(case):
             Table.from_arrow(pa.table({"v": arr}))
     else:
         assert Table.from_arrow(pa.table({"v": arr})) == expected
+
+
+_DECLARED = [
+    ColumnType.tensor(np.uint8, (2, 2)),
+    ColumnType.tensor(np.float32, (2, 2)),
+    ColumnType.tensor(np.int16, (2, 2)),
+    ColumnType.tensor(np.bool_, (2, 2)),
+    ColumnType.tensor(np.uint8, (2,)),
+    ColumnType.tensor(np.float64, (2,)),
+    ColumnType.tensor(np.uint8, (4,)),  # the wrong shape for every case
+    ColumnType("int"),  # not a tensor: the rows' own type error
+]
+
+
+@pytest.mark.parametrize("declared", _DECLARED, ids=str)
+@pytest.mark.parametrize("case", list(_list_cases()), ids=[c[0] for c in _list_cases()])
+def test_list_columns_from_arrow_under_a_declared_type_are_what_their_python_values_make(case, declared):
+    """Declared a tensor whose dtype holds the list's leaves as they are, a regular list
+    column is cast straight to it (no int64 detour); the column, or the error, is the
+    one the rows' Python values give under the same schema, and the column is the
+    Table's own (writable, not a view of the Arrow buffers)."""
+    _name, arr = case
+    schema = {"v": declared}
+    try:
+        expected = Table.from_dict({"v": [None if v is None else np.asarray(v) for v in arr.to_pylist()]}, schema=schema)
+    except DataError as e:
+        with pytest.raises(type(e), match=re.escape(str(e))):
+            Table.from_arrow(pa.table({"v": arr}), schema=schema)
+        return
+    got = Table.from_arrow(pa.table({"v": arr}), schema=schema)
+    assert got == expected and got.schema == expected.schema
+    values = got["v"]
+    if isinstance(values, np.ndarray) and values.dtype != object:
+        assert values.flags.writeable and values.flags.c_contiguous
+        values[...] = 0  # the Table's own array: writing it leaves the request's buffers be
+        assert Table.from_arrow(pa.table({"v": arr}), schema=schema) == expected
