@@ -388,6 +388,9 @@ RELAY_MAX_BYTES = 64 * 1024
 #: (an image as lists of lists: its values become a tensor, tens of us) is relayed only while
 #: the executor it goes to has nothing in flight (``Dispatcher.relay_idle``)
 LIGHT_ROW_BYTES = 512
+#: the same for a one-row JSON body, by its length: a few scalars always; an image (~3 KiB
+#: for 28x28) only to an idle executor
+LIGHT_JSON_BYTES = 1024
 
 
 def _relayable(body, headers: dict, executor_idle) -> bool:
@@ -397,19 +400,23 @@ def _relayable(body, headers: dict, executor_idle) -> bool:
     takes a JSON answer. Anything else is parsed here (lists of rows, Arrow streams of
     other row counts or with compressed buffers, big bodies, answers in Arrow).
 
-    A heavy Arrow row (over LIGHT_ROW_BYTES of data) is relayed only when
-    ``executor_idle()``: an idle executor parses it at no cost to anyone, and the request
-    skips the gateway's Table and its round trip (p50 at c=1 x0.89 on the matrix's Arrow
-    image cells); a busy one is the bottleneck, so the gateway spares it the parse (relaying
-    every image row measured -5 to -12% throughput at c=8; benchmarks/README.md, "The
-    benchmark family against its floor")."""
+    A heavy row (an Arrow row over LIGHT_ROW_BYTES of data, a JSON body over
+    LIGHT_JSON_BYTES) is relayed only when ``executor_idle()``: an idle executor parses it
+    at no cost to anyone, and the request skips the gateway's Table and its round trip (p50
+    at c=1 x0.89 on the matrix's Arrow image cells); a busy one is the bottleneck, so the
+    gateway spares it the parse (relaying every image row measured -5 to -12% throughput at
+    c=8 for Arrow; for JSON, the Ensemble's row functions on an untyped image went from
+    ~3,200 to ~4,500 req/s at c=8 reading busy executors' bodies here; benchmarks/README.md,
+    "The benchmark family against its floor")."""
     if not isinstance(body, (bytes, bytearray)) or not 0 < len(body) <= RELAY_MAX_BYTES:
         return False
     if ARROW in headers.get("accept", ""):
         return False
     ctype = headers.get("content-type", "")
     if is_json(ctype):
-        return body[:1] == b"{" or body.lstrip()[:1] == b"{"
+        if not (body[:1] == b"{" or body.lstrip()[:1] == b"{"):
+            return False
+        return len(body) <= LIGHT_JSON_BYTES or executor_idle()
     if not ctype.startswith(ARROW):
         return False
     data = one_row_bytes(body)

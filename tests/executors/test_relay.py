@@ -218,15 +218,27 @@ def _arrow(columns: dict, compression: str | None = None) -> bytes:
         (b'{"x": 1}', {"content-type": "text/plain"}, False),  # parsed (and refused) here
         (memoryview(b'{"x": 1}'), {}, False),  # a body in shared memory
         (b"", {}, False),
-        (b"{" + b" " * (RELAY_MAX_BYTES - 2) + b"}", {}, True),
-        (b"{" + b" " * (RELAY_MAX_BYTES - 1) + b"}", {}, False),  # big: parsed by the gateway, not relayed
+        (b'{"v": ' + b"1, " * 338 + b"1}", {}, True),  # 1,022 bytes of JSON: light
+        (b'{"v": ' + b"1, " * 339 + b"1}", {}, False),  # 1,025 bytes, a busy executor: read here
     ],
 )
 def test_which_bodies_are_relayed(body, headers, relayed):
     assert _relayable(body, headers, lambda: False) is relayed
 
 
+@pytest.mark.parametrize(
+    "body, relayed",
+    [
+        (b"{" + b" " * (RELAY_MAX_BYTES - 2) + b"}", True),
+        (b"{" + b" " * (RELAY_MAX_BYTES - 1) + b"}", False),  # big: parsed by the gateway, not relayed
+    ],
+)
+def test_a_big_body_is_relayed_up_to_the_limit_to_an_idle_executor(body, relayed):
+    assert _relayable(body, {}, lambda: True) is relayed
+
+
 HEAVY = _arrow({"v": [list(range(64))]})  # one row of 512 bytes of values: heavier than LIGHT_ROW_BYTES
+HEAVY_JSON = json.dumps({"img": [[7] * 28] * 28}).encode()  # 2.4 KiB: heavier than LIGHT_JSON_BYTES
 
 
 def test_a_heavy_arrow_row_is_relayed_only_to_an_idle_executor_and_nothing_else_asks():
@@ -238,10 +250,14 @@ def test_a_heavy_arrow_row_is_relayed_only_to_an_idle_executor_and_nothing_else_
 
     assert _relayable(HEAVY, {"content-type": ARROW}, idle) and asked == [1]
     assert not _relayable(HEAVY, {"content-type": ARROW}, lambda: False)
-    # a light row, a JSON object, two rows or a compressed row: decided without asking
+    # a heavy JSON object (an image as lists of lists, ~3 KiB) likewise
+    assert _relayable(HEAVY_JSON, {}, idle) and asked == [1, 1]
+    assert not _relayable(HEAVY_JSON, {}, lambda: False)
+    # a light row, a light JSON object, two rows or a compressed row: decided without asking
     for body, headers in [
         (_arrow({"v": [list(range(32))]}), {"content-type": ARROW}),
         (b'{"x": 1}', {}),
+        (b'[{"img": ' + HEAVY_JSON[8:-1] + b"}]", {}),
         (_arrow({"v": [list(range(64))] * 2}), {"content-type": ARROW}),
         (_arrow({"v": [list(range(64))]}, "zstd"), {"content-type": ARROW}),
     ]:
