@@ -185,7 +185,7 @@ class Invocations:
         stream = streaming.media_type(headers.get("accept", ""))
         if (
             stream is None
-            and _relayable(body, headers, lambda: self.dispatcher.relay_idle(flow))
+            and _relayable(body, headers, lambda: self.dispatcher.relay_idle(flow), bool(flow.plan.input_schema))
             and flow.row_bytes <= self.relay_row_limit
             and self.dispatcher.relays_to(flow) is not None
             and (shadow is None or self.dispatcher.relays_to(shadow) is not None)
@@ -388,26 +388,29 @@ RELAY_MAX_BYTES = 64 * 1024
 #: (an image as lists of lists: its values become a tensor, tens of us) is relayed only while
 #: the executor it goes to has nothing in flight (``Dispatcher.relay_idle``)
 LIGHT_ROW_BYTES = 512
-#: the same for a one-row JSON body, by its length: a few scalars always; an image (~3 KiB
-#: for 28x28) only to an idle executor
+#: the same for a one-row JSON body of an untyped flow, by its length: a few scalars always;
+#: an image (~3 KiB for 28x28) only to an idle executor. A typed flow's row is always
+#: relayed: its executor reads it the short way (bodies.one_row_table, the tensor reader)
 LIGHT_JSON_BYTES = 1024
 
 
-def _relayable(body, headers: dict, executor_idle) -> bool:
+def _relayable(body, headers: dict, executor_idle, typed: bool = False) -> bool:
     """A body the flow's first stage may parse itself (RawInput): one row, as one JSON
     object or as an Arrow stream of one uncompressed row (``one_row_bytes``: its row count
     and size read from the stream's metadata), small (RELAY_MAX_BYTES), for a client that
     takes a JSON answer. Anything else is parsed here (lists of rows, Arrow streams of
     other row counts or with compressed buffers, big bodies, answers in Arrow).
 
-    A heavy row (an Arrow row over LIGHT_ROW_BYTES of data, a JSON body over
-    LIGHT_JSON_BYTES) is relayed only when ``executor_idle()``: an idle executor parses it
-    at no cost to anyone, and the request skips the gateway's Table and its round trip (p50
-    at c=1 x0.89 on the matrix's Arrow image cells); a busy one is the bottleneck, so the
-    gateway spares it the parse (relaying every image row measured -5 to -12% throughput at
-    c=8 for Arrow; for JSON, the Ensemble's row functions on an untyped image went from
-    ~3,200 to ~4,500 req/s at c=8 reading busy executors' bodies here; benchmarks/README.md,
-    "The benchmark family against its floor")."""
+    A heavy row (an Arrow row over LIGHT_ROW_BYTES of data; a JSON body over
+    LIGHT_JSON_BYTES for a flow that is not ``typed``) is relayed only when
+    ``executor_idle()``: an idle executor parses it at no cost to anyone, and the request
+    skips the gateway's Table and its round trip (p50 at c=1 x0.89 on the matrix's Arrow
+    image cells); a busy one is the bottleneck, so the gateway spares it the parse.
+    Measured at c=8 against the floor (benchmarks/README.md, "The benchmark family against
+    its floor"): relaying every Arrow image row cost 5-12% throughput; reading an untyped
+    JSON image here for a busy executor took the 1-stage Ensemble and Cascade from
+    0.59-0.91x to 0.98-1.20x, while the typed ones did better relayed (1.39-1.58x, against
+    1.18-1.41x read here)."""
     if not isinstance(body, (bytes, bytearray)) or not 0 < len(body) <= RELAY_MAX_BYTES:
         return False
     if ARROW in headers.get("accept", ""):
@@ -416,7 +419,7 @@ def _relayable(body, headers: dict, executor_idle) -> bool:
     if is_json(ctype):
         if not (body[:1] == b"{" or body.lstrip()[:1] == b"{"):
             return False
-        return len(body) <= LIGHT_JSON_BYTES or executor_idle()
+        return typed or len(body) <= LIGHT_JSON_BYTES or executor_idle()
     if not ctype.startswith(ARROW):
         return False
     data = one_row_bytes(body)

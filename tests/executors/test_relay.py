@@ -250,9 +250,11 @@ def test_a_heavy_arrow_row_is_relayed_only_to_an_idle_executor_and_nothing_else_
 
     assert _relayable(HEAVY, {"content-type": ARROW}, idle) and asked == [1]
     assert not _relayable(HEAVY, {"content-type": ARROW}, lambda: False)
-    # a heavy JSON object (an image as lists of lists, ~3 KiB) likewise
+    # a heavy JSON object (an image as lists of lists, ~3 KiB) likewise, for an untyped flow
     assert _relayable(HEAVY_JSON, {}, idle) and asked == [1, 1]
     assert not _relayable(HEAVY_JSON, {}, lambda: False)
+    # a typed flow's row is read the short way by its executor: relayed without asking
+    assert _relayable(HEAVY_JSON, {}, lambda: pytest.fail("asked whether the executor is idle"), typed=True)
     # a light row, a light JSON object, two rows or a compressed row: decided without asking
     for body, headers in [
         (_arrow({"v": [list(range(32))]}), {"content-type": ARROW}),
