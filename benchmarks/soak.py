@@ -25,6 +25,9 @@ import time
 from benchmarks.client import BareClient, ClientError
 from benchmarks.common import machine, plt, progress, save, save_plot
 
+#: how long a hang or poison request may take to be answered (504 after timeout_s=2 plus the
+#: stuck grace, 500 once its executor died): the run waits for each at its end
+FAULT_ANSWER_S = 60.0
 MODEL_MB = 20  # each replica holds a model this big: a redeploy that leaked it would show
 
 
@@ -159,6 +162,7 @@ def _soak(cluster, args) -> dict:
                 answers[x] = got
 
     faults: list[dict] = []
+    callers: list[threading.Thread] = []  # the hang and poison requests: awaited before the count
 
     def inject():
         # a hang is recycled (timeout_s 2 s + stuck_grace_s 2 s) before the poison that follows
@@ -177,11 +181,16 @@ def _soak(cluster, args) -> dict:
                 elif kind in ("hang", "poison"):
 
                     def call(x=-1 if kind == "hang" else -2, f=f):
-                        with BareClient(timeout=120) as http:
-                            r = http.post(url, json={"x": x})
-                            f["status"], f["answer"] = r.status_code, r.json()
+                        try:
+                            with BareClient(timeout=FAULT_ANSWER_S) as http:
+                                r = http.post(url, json={"x": x})
+                                f["status"], f["answer"] = r.status_code, r.json()
+                        except (ClientError, OSError, ValueError) as e:  # reported as the fault's error
+                            f["error"] = f"{type(e).__name__}: {e}"
 
-                    threading.Thread(target=call, daemon=True).start()
+                    caller = threading.Thread(target=call, daemon=True)
+                    callers.append(caller)
+                    caller.start()
                 else:
                     t0 = time.monotonic()
                     cluster.deploy(soak_flow(next(version)), optimize=not args.unfused)
@@ -213,7 +222,12 @@ def _soak(cluster, args) -> dict:
         t.join()
     done.set()
     elapsed = time.monotonic() - t_start
-    time.sleep(0.5)  # the last fault's request may still be answering
+    helpers[0].join()  # a fault being injected (a redeploy) ends first
+    for caller in callers:  # every hang and poison request is answered (504 and 500 within seconds)
+        caller.join(FAULT_ANSWER_S)
+    for f in faults:
+        if f["kind"] in ("hang", "poison") and "status" not in f and "error" not in f:
+            f["error"] = f"no answer within {FAULT_ANSWER_S:g} s of the run's end"
 
     wrong, lost, duplicated, qids = [], [], 0, []
     for x in range(args.requests):

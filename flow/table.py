@@ -816,8 +816,9 @@ def _arrow_type_hint(t) -> ColumnType | None:
 
 
 def _arrow_column_values(chunked, name: str, want: ColumnType | None = None):
-    """A column's values for ``build_column``: an array where Arrow's storage is one
-    already, else Python values. ``want``: the column's declared type, if any."""
+    """A column's values for ``build_column``: a numpy array where they are numbers (a
+    regular list column's as one (n, *shape) array), else Python values. ``want``: the
+    column's declared type, if any."""
     import pyarrow as pa
 
     if chunked.num_chunks == 1:

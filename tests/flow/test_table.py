@@ -587,7 +587,9 @@ def test_list_columns_from_arrow_under_a_declared_type_are_what_their_python_val
     _name, arr = case
     schema = {"v": declared}
     try:
-        expected = Table.from_dict({"v": [None if v is None else np.asarray(v) for v in arr.to_pylist()]}, schema=schema)
+        expected = Table.from_dict(
+            {"v": [None if v is None else np.asarray(v) for v in arr.to_pylist()]}, schema=schema
+        )
     except DataError as e:
         with pytest.raises(type(e), match=re.escape(str(e))):
             Table.from_arrow(pa.table({"v": arr}), schema=schema)
