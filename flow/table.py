@@ -835,7 +835,7 @@ def _arrow_column_values(chunked, name: str, want: ColumnType | None = None):
         return arr.to_numpy(zero_copy_only=False)
     if pa.types.is_null(arr.type):
         return [None] * len(arr)
-    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type):
+    if arr.type.id in _list_type_ids():
         rows = _regular_list_rows(arr, want)
         if rows is not None:
             return rows
@@ -893,9 +893,7 @@ def _regular_list_rows(arr, want: ColumnType | None = None) -> np.ndarray | None
             offsets = level.offsets.to_numpy()
             start, stop = int(offsets[0]), int(offsets[-1])
             size = int(offsets[1]) - start
-            if stop - start != size * (len(offsets) - 1) or (
-                len(offsets) > 2 and (offsets[1:] - offsets[:-1] != size).any()
-            ):
+            if len(offsets) > 2 and (offsets[1:] - offsets[:-1] != size).any():
                 return None
         if size == 0:
             return None
