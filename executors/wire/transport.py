@@ -408,6 +408,9 @@ class _Peer:
         self.owner = owner
         self.lock = threading.Lock()
         self.sock: socket.socket | None = None
+        # TCP, where a restarted peer's dead connection must be checked before each write
+        # (send): known from the address, not asked of the socket each time
+        self.tcp = not address.startswith("ipc://")
         self.backlog: deque = deque()  # memoryviews still to send, in order
         self.wake = threading.Condition(self.lock)
         self.writer: threading.Thread | None = None
@@ -439,7 +442,7 @@ class _Peer:
             if self.backlog:
                 self.backlog.extend(b if isinstance(b, _Fds) else memoryview(b).cast("B") for b in buffers)
                 return True
-            if self.sock.family != socket.AF_UNIX and _peer_closed(self.sock):
+            if self.tcp and _peer_closed(self.sock):
                 # the peer restarted since the last message (same address): over TCP the
                 # first write to the dead connection would be accepted and then lost (over a
                 # Unix socket that write fails at once, and is retried below)

@@ -135,11 +135,16 @@ def test_every_message_round_trips_through_bytes(msg):
     assert same(back, msg), (back, msg)
 
 
-def test_messages_are_frozen():
+def test_messages_take_no_attribute_that_is_not_a_field():
     with pytest.raises(AttributeError):
-        RUN.req = 13
-    with pytest.raises((AttributeError, TypeError)):  # Python 3.11's frozen+slots raises TypeError here
-        RUN.extra = 1  # slots: no new attributes either
+        RUN.extra = 1  # slots: a misspelt field is an error, not a new attribute
+
+
+def test_a_run_for_the_next_stage_is_a_new_message_and_leaves_the_first_as_it_was():
+    before = {f.name: getattr(RUN, f.name) for f in fields(RUN)}
+    nxt = RUN.to("next", RUN.stage, (), 0, None, [["s", "e", 1.0, 1]])
+    assert nxt is not RUN and (nxt.stage, nxt.source, nxt.table) == ("next", RUN.stage, None)
+    assert {f.name: getattr(RUN, f.name) for f in fields(RUN)} == before
 
 
 def test_a_run_message_keeps_the_short_keys_and_leaves_defaults_off():
