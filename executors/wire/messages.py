@@ -203,9 +203,56 @@ def message(kind: str):
         cls._TABLE_FIELD = tables[0] if tables else None
         blobs = [f.name for f in fields(cls) if "blob" in f.metadata]
         cls._BLOB_FIELD = blobs[0] if blobs else None
+        cls.header, cls.from_header = _compiled_codec(cls)
         return cls
 
     return declare
+
+
+def _compiled_codec(cls) -> tuple:
+    """``header`` and ``from_header`` for a message class: what ``Message.header`` and
+    ``Message.from_header`` do in a loop over ``_FIELDS``, written out for this class's
+    fields and compiled once (as ``dataclass`` writes its ``__init__``).
+
+    Why: every hop of every request encodes one message and decodes another. For a run
+    message (17 fields) the loop takes 1.2 us to read a header and 0.9 us to write one,
+    the written-out form 0.66 and 0.31 us. A header that does not pass the written-out
+    checks is handed to the loop, which raises naming the field (test_messages checks both
+    agree, accepting and refusing, for every message type)."""
+    ns: dict = {"_REQUIRED": _REQUIRED, "_TABLE": _TABLE, "_checked": Message.from_header.__func__}
+    put, get, ok, args = [], [], [], []
+    for i, (attr, key, types, default) in enumerate(cls._FIELDS):
+        ns[f"D{i}"], ns[f"T{i}"] = default, types[0] if len(types) == 1 else types
+        if default is _REQUIRED:
+            put.append(f"{key!r}: self.{attr}")
+        get.append(f"v{i} = g({key!r}, D{i})")
+        check = f"v{i}.__class__ is T{i}" if len(types) == 1 else f"v{i}.__class__ in T{i}"
+        ok.append(check if default is _REQUIRED else f"({check} or v{i} is D{i})")
+        args.append(f"v{i}")
+    lines = ["def header(self):", f"    h = {{'type': {cls.TYPE!r}, {', '.join(put)}}}"]
+    for i, (attr, key, _types, default) in enumerate(cls._FIELDS):
+        if default is not _REQUIRED:
+            lines += [f"    v = self.{attr}", f"    if v is not D{i}:", f"        h[{key!r}] = v"]
+    lines.append("    return h")
+    lines += ["def from_header(cls, h, tables, blob=None):", "    g = h.get"]
+    lines += [f"    {line}" for line in get]
+    last = ""
+    if cls._TABLE_FIELD is not None:
+        lines.append("    t = tables.get(_TABLE)")
+        args.append("t")
+        if cls._TABLE_FIELD[1]:
+            last = " and t is not None"
+    if cls._BLOB_FIELD is not None:
+        args.append("blob")
+        last = " and blob is not None"
+    lines.append(f"    if {' and '.join(ok) or 'True'}{last}:")
+    lines.append(f"        return cls({', '.join(args)})")
+    lines.append("    return _checked(cls, h, tables, blob)  # raises naming what is wrong")
+    exec("\n".join(lines), ns)
+    header, from_header = ns["header"], ns["from_header"]
+    for fn in (header, from_header):
+        fn.__qualname__ = f"{cls.__name__}.{fn.__name__}"
+    return header, classmethod(from_header)
 
 
 def _field_error(kind: str, key: str, value, types: tuple) -> WireError:
@@ -311,96 +358,6 @@ class StageInput(Message):
     tp: str = wire(_STR, default="")  # traceparent of the request's span (executors/tracing.py); "": untraced
     stream: bool = wire((bool,), key="st", default=False)  # streamed: a generator's outputs go ahead (Partial)
     table: Table | None = carried(required=False)
-
-    # The two methods below are the generic ones written out, for the hot path (each hop of
-    # each request decodes one of these); test_messages checks they agree with the generic.
-    def header(self) -> dict:
-        h = {
-            "type": "run",
-            "req": self.req,
-            "att": self.attempt,
-            "flow": self.flow,
-            "ver": self.version,
-            "stage": self.stage,
-            "from": self.source,
-            "routes": self.routes,
-            "gw": self.gateway,
-        }
-        if self.deadline is not None:
-            h["dl"] = self.deadline
-        if self.trace:
-            h["trace"] = self.trace
-        if self.path:
-            h["path"] = self.path
-        if self.copy:
-            h["copy"] = self.copy
-        if self.solo:
-            h["solo"] = True
-        if self.render:
-            h["rj"] = True
-        if self.rid:
-            h["rid"] = self.rid
-        if self.tp:
-            h["tp"] = self.tp
-        if self.stream:
-            h["st"] = True
-        return h
-
-    @classmethod
-    def from_header(cls, h: dict, tables: dict[str, Table]) -> StageInput:
-        g = h.get
-        req, att, flow, ver, stage, src, routes, gw = (
-            g("req"),
-            g("att"),
-            g("flow"),
-            g("ver"),
-            g("stage"),
-            g("from"),
-            g("routes"),
-            g("gw"),
-        )
-        dl, trace, path, copy, solo = g("dl"), g("trace", _EMPTY), g("path", _EMPTY), g("copy", 0), g("solo", False)
-        render, rid, tp, stream = g("rj", False), g("rid", ""), g("tp", ""), g("st", False)
-        if (
-            req.__class__ is int
-            and att.__class__ is int
-            and flow.__class__ is str
-            and ver.__class__ is int
-            and stage.__class__ is str
-            and src.__class__ is str
-            and routes.__class__ is dict
-            and gw.__class__ is str
-            and (dl is None or dl.__class__ is float or dl.__class__ is int)
-            and (trace.__class__ is list or trace is _EMPTY)
-            and (path.__class__ is list or path is _EMPTY)
-            and copy.__class__ is int
-            and solo.__class__ is bool
-            and render.__class__ is bool
-            and rid.__class__ is str
-            and tp.__class__ is str
-            and stream.__class__ is bool
-        ):
-            return cls(
-                req,
-                att,
-                flow,
-                ver,
-                stage,
-                src,
-                routes,
-                gw,
-                dl,
-                trace,
-                path,
-                copy,
-                solo,
-                render,
-                rid,
-                tp,
-                stream,
-                tables.get(_TABLE),
-            )
-        return Message.from_header.__func__(cls, h, tables)  # raises naming the field
 
     def to(
         self, stage: str, source: str, path, copy: int, table: Table | None, trace: list | tuple | None = None

@@ -96,6 +96,7 @@ EVERY = [
         12, 1, 422, "NoValidResultError", "operator 'pick': no alternative gave a valid result", operator="pick", qid=7
     ),
     Failure(12, 1, 500, "ZeroDivisionError", "stage 'a' raised ZeroDivisionError: division by zero"),
+    Failure(12, 1, 400, "DataTypeError", "row 0 is bad", operator="parse", qid=0),  # qid 0: falsy, not absent
     Stuck("e0", "cascade", "slow", "BigNet", 1.8e9),
     Unstuck("e0", "cascade", "slow", "BigNet"),
     Recycling("e0", "cascade", "BigNet", "operator 'BigNet' stuck"),
@@ -164,20 +165,53 @@ def test_a_run_message_keeps_the_short_keys_and_leaves_defaults_off():
     }
 
 
-@pytest.mark.parametrize(
-    "msg",
-    [
-        RUN,
-        StageInput(1, 0, "f", 1, "s", "__input__", {}, "gw"),
-        StageInput(1, 0, "f", 1, "s", "__input__", {}, "gw", deadline=5),
-        StageInput(1, 0, "f", 1, "s", "__input__", {}, "gw", render=True, table=table()),
-        StageInput(1, 0, "f", 1, "s", "__input__", {}, "gw", stream=True, table=table()),
-    ],
-)
-def test_the_hot_path_run_codec_agrees_with_the_generic_one(msg):
+CODEC_CASES = EVERY + [
+    StageInput(1, 0, "f", 1, "s", "__input__", {}, "gw"),
+    StageInput(1, 0, "f", 1, "s", "__input__", {}, "gw", deadline=5),
+    StageInput(1, 0, "f", 1, "s", "__input__", {}, "gw", render=True, table=table()),
+]
+
+
+def _generic_decode(msg: Message, h: dict):
+    blob = getattr(msg, msg._BLOB_FIELD) if msg._BLOB_FIELD else None
+    return Message.from_header.__func__(type(msg), h, msg.tables() or {}, blob)
+
+
+@pytest.mark.parametrize("msg", CODEC_CASES, ids=lambda m: m.TYPE)
+def test_each_message_types_compiled_codec_agrees_with_the_generic_loop(msg):
     assert msg.header() == Message.header(msg)
     h, tables = msg.header(), msg.tables() or {}
-    assert same(StageInput.from_header(h, tables), Message.from_header.__func__(StageInput, h, tables))
+    blob = getattr(msg, msg._BLOB_FIELD) if msg._BLOB_FIELD else None
+    assert same(type(msg).from_header(h, tables, blob), _generic_decode(msg, h))
+
+
+def _wrong(types: tuple):
+    """A JSON value of none of ``types``."""
+    return next(v for v in ({"x": 1}, [1], "s", 1.5, True, None) if v.__class__ not in types)
+
+
+@pytest.mark.parametrize("msg", EVERY, ids=lambda m: m.TYPE)
+def test_each_message_types_compiled_decoder_rejects_what_the_generic_loop_rejects(msg):
+    cls = type(msg)
+    for _attr, key, types, _default in cls._FIELDS:
+        for h in ({**msg.header(), key: _wrong(types)}, {k: v for k, v in msg.header().items() if k != key}):
+            try:
+                want = _generic_decode(msg, h)
+            except WireError as e:
+                with pytest.raises(WireError) as got:
+                    cls.from_header(h, msg.tables() or {}, getattr(msg, msg._BLOB_FIELD) if msg._BLOB_FIELD else None)
+                assert str(got.value) == str(e), key
+            else:  # a field left off that has a default
+                assert same(
+                    cls.from_header(h, msg.tables() or {}, getattr(msg, msg._BLOB_FIELD) if msg._BLOB_FIELD else None),
+                    want,
+                )
+    if cls._TABLE_FIELD is not None and cls._TABLE_FIELD[1]:
+        with pytest.raises(WireError, match="its table 't' is missing"):
+            cls.from_header(msg.header(), {})
+    if cls._BLOB_FIELD is not None:
+        with pytest.raises(WireError, match=r"body \(frame 1\) is missing"):
+            cls.from_header(msg.header(), {})
 
 
 def test_to_gives_the_same_request_for_another_stage():
