@@ -219,7 +219,7 @@ def _compiled_codec(cls) -> tuple:
     the written-out form 0.66 and 0.31 us. A header that does not pass the written-out
     checks is handed to the loop, which raises naming the field (test_messages checks both
     agree, accepting and refusing, for every message type)."""
-    ns: dict = {"_REQUIRED": _REQUIRED, "_TABLE": _TABLE, "_checked": Message.from_header.__func__}
+    ns: dict = {"_TABLE": _TABLE, "_checked": Message.from_header.__func__}
     put, get, ok, args = [], [], [], []
     for i, (attr, key, types, default) in enumerate(cls._FIELDS):
         ns[f"D{i}"], ns[f"T{i}"] = default, types[0] if len(types) == 1 else types

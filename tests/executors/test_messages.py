@@ -172,17 +172,19 @@ CODEC_CASES = EVERY + [
 ]
 
 
+def _blob(msg: Message):
+    return getattr(msg, msg._BLOB_FIELD) if msg._BLOB_FIELD else None
+
+
 def _generic_decode(msg: Message, h: dict):
-    blob = getattr(msg, msg._BLOB_FIELD) if msg._BLOB_FIELD else None
-    return Message.from_header.__func__(type(msg), h, msg.tables() or {}, blob)
+    return Message.from_header.__func__(type(msg), h, msg.tables() or {}, _blob(msg))
 
 
 @pytest.mark.parametrize("msg", CODEC_CASES, ids=lambda m: m.TYPE)
 def test_each_message_types_compiled_codec_agrees_with_the_generic_loop(msg):
     assert msg.header() == Message.header(msg)
-    h, tables = msg.header(), msg.tables() or {}
-    blob = getattr(msg, msg._BLOB_FIELD) if msg._BLOB_FIELD else None
-    assert same(type(msg).from_header(h, tables, blob), _generic_decode(msg, h))
+    h = msg.header()
+    assert same(type(msg).from_header(h, msg.tables() or {}, _blob(msg)), _generic_decode(msg, h))
 
 
 def _wrong(types: tuple):
@@ -199,13 +201,10 @@ def test_each_message_types_compiled_decoder_rejects_what_the_generic_loop_rejec
                 want = _generic_decode(msg, h)
             except WireError as e:
                 with pytest.raises(WireError) as got:
-                    cls.from_header(h, msg.tables() or {}, getattr(msg, msg._BLOB_FIELD) if msg._BLOB_FIELD else None)
+                    cls.from_header(h, msg.tables() or {}, _blob(msg))
                 assert str(got.value) == str(e), key
             else:  # a field left off that has a default
-                assert same(
-                    cls.from_header(h, msg.tables() or {}, getattr(msg, msg._BLOB_FIELD) if msg._BLOB_FIELD else None),
-                    want,
-                )
+                assert same(cls.from_header(h, msg.tables() or {}, _blob(msg)), want)
     if cls._TABLE_FIELD is not None and cls._TABLE_FIELD[1]:
         with pytest.raises(WireError, match="its table 't' is missing"):
             cls.from_header(msg.header(), {})
