@@ -929,19 +929,23 @@ class _BoundLookup(BoundOperator):
         op: LookupOp = self.op
         if store is None:
             raise FlowValueError(f"operator {self.name!r} reads the store: pass kvs= (a KVS client or a dict) to run()")
-        if op.name in table.columns:
+        cols = table._cols
+        if op.name in cols:
             raise SchemaError(
                 f"operator {self.name!r}: output column {op.name!r} already exists in its input; pass name="
             )
         if op.dynamic:
-            if op.column not in table.columns:
+            if op.column not in cols:
                 raise SchemaError(
                     f"operator {self.name!r}: input has no column {op.column!r}; columns are {list(table.columns)}"
                 )
-            keys = table.column(op.column).to_list()
+            keys = cols[op.column].to_list()
         else:
             keys = [op.key] * len(table)
-        unique = list(dict.fromkeys(k for k in keys if k is not None))
+        if len(keys) == 1:  # one row (a relayed request's): no generator pass for its one key
+            unique = list(dict.fromkeys(keys)) if keys[0] is not None else []
+        else:
+            unique = list(dict.fromkeys(k for k in keys if k is not None))
         for k in unique:
             if not isinstance(k, (str, bytes)):
                 raise DataTypeError(

@@ -317,9 +317,11 @@ def build_column(values: Any, column: str, type_: ColumnType | None = None):
     if isinstance(values, np.ndarray) and values.dtype != object:
         return _from_typed_array(values, column, type_)
     if type_ is None and type(values) is list and len(values) == 1 and type(values[0]) is np.ndarray:
-        shared = _shared_row(values[0])
-        if shared is not None:
-            return shared
+        one = _shared_row(values[0])
+        if one is None:
+            one = _copied_row(values[0])
+        if one is not None:
+            return one
     if isinstance(values, (str, bytes, np.generic)) or not hasattr(values, "__iter__"):
         raise DataTypeError(f"column {column!r}: expected a sequence of values, got {type(values).__name__}")
     values = list(values)
@@ -456,6 +458,18 @@ def _shared_row(a: np.ndarray):
         and _is_frozen(a)
     ):
         return ColumnType.tensor(a.dtype, a.shape), a[None], None
+    return None
+
+
+def _copied_row(a: np.ndarray):
+    """The column ``_tensor_column`` makes of one numeric array that is not frozen (a
+    row-wise map's output, say): a fresh C-order copy of it as the one row, of its dtype
+    and shape; None for any other array (the general path converts it, or names what is
+    wrong with it)."""
+    if a.ndim and a.dtype.kind in "biuf" and a.dtype.isnative:
+        out = np.empty((1,) + a.shape, dtype=a.dtype)
+        out[0] = a
+        return ColumnType.tensor(a.dtype, a.shape), out, None
     return None
 
 

@@ -23,7 +23,7 @@ import orjson
 
 from executors.errors import BadRequestError, RequestTooLargeError  # the client raises these for 4xx too
 from flow.errors import DataError, DataTypeError, SchemaError
-from flow.table import Table, built_column
+from flow.table import Column, Table, built_column
 from flow.types import ColumnType, build_column, check_fits, int_bounds, tensor_value
 from flow.validation import check_schema
 from optimizer.positions import POS
@@ -731,10 +731,13 @@ def one_row_table(body, content_type: str, qid: int, schema) -> Table | None:
     (``types.build_column``; a tensor's array is its column as it is). None, for the
     general path to read and say what is wrong, when the body is anything else (a list,
     other or missing columns, a null) or a column does not build as the schema's type.
+    A flow without a schema takes the body's columns as they come (``_untyped_row_table``).
     tests/executors/test_httpcodec.py compares the two on random bodies."""
-    if not schema or len(body) > CHUNKED_JSON_BYTES or _media_type(content_type) not in _JSON_TYPES:
+    if len(body) > CHUNKED_JSON_BYTES or _media_type(content_type) not in _JSON_TYPES:
         return None
-    if "qid" in schema or POS in schema:  # the server's columns: _check_rows' errors
+    if schema is None:
+        return _untyped_row_table(body, qid)
+    if not schema or "qid" in schema or POS in schema:  # the server's columns: _check_rows' errors
         return None
     doc = _loads(body or b"null")
     if type(doc) is not dict or doc.keys() != schema.keys():
@@ -758,6 +761,25 @@ def one_row_table(body, content_type: str, qid: int, schema) -> Table | None:
         if ctype != t:
             return None  # a cast, or a type error: check_schema's to decide
         cols[name] = built_column(ctype, arr, valid)
+    return Table.built(cols, np.array([qid], dtype=np.int64))
+
+
+def _untyped_row_table(body, qid: int) -> Table | None:
+    """``one_row_table`` for a flow without a schema: the body's columns in its own order,
+    each value built as ``Table.from_dict`` builds a column of one value (``build_column``
+    infers its type; the same ``Column``). None, for the general path, when the body is
+    not one object of columns, names a server column, or a value does not build (the
+    general path's error is then its own)."""
+    doc = _loads(body or b"null")
+    if type(doc) is not dict or not doc or "qid" in doc or POS in doc or "" in doc:
+        return None
+    cols = {}
+    for name, value in doc.items():
+        try:
+            ctype, arr, valid = build_column([value], name)
+        except (DataError, ValueError, TypeError):
+            return None
+        cols[name] = Column(ctype, arr, valid)
     return Table.built(cols, np.array([qid], dtype=np.int64))
 
 

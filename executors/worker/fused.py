@@ -254,6 +254,25 @@ def _values_column(values: list) -> Column | None:
     return built_column(_FLOAT, arr, None)
 
 
+def _value_column(x) -> Column | None:
+    """``_values_column([x])``: one row's value as its column, without the list's passes."""
+    t = type(x)
+    if t is float:
+        arr = np.array([x], dtype=np.float64)
+        if x != x:  # NaN: a missing value
+            return Column(_FLOAT, arr, np.zeros(1, dtype=bool))
+        return built_column(_FLOAT, arr, None)
+    if t is int:
+        if not _INT64_MIN <= x <= _INT64_MAX:
+            return None
+        return built_column(_INT, np.array([x], dtype=np.int64), None)
+    if t is str:
+        arr = np.empty(1, dtype=object)
+        arr[0] = x
+        return built_column(_STR, arr, None)
+    return None
+
+
 _INT = ColumnType.scalar("int")
 _STR = ColumnType.scalar("str")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -273,6 +292,8 @@ class _RowMap:
         qid = table._qid
         if self.b.op.col is not None or len(qid) == 0:
             return self.b(inputs, store)
+        if len(qid) == 1:
+            return self._one(table, qid)
         name, call, k = self.name, self.call, self.k
         results = []
         for i, q in enumerate(qid.tolist()):
@@ -288,6 +309,24 @@ class _RowMap:
             # general one, which names what is wrong: the columns before it were plain values
             # that it would have taken, so the first error is the general path's first
             cols[c] = column if column is not None else _columns_from_values(name, (c,), (values,), None)[c]
+        return Table.built(cols, qid)
+
+    def _one(self, table: Table, qid: np.ndarray) -> Table:
+        """A one-row input (a relayed request's): the loop above for one row, its one value
+        per column built by ``_value_column`` (the column ``_values_column`` makes of it)."""
+        name, k = self.name, self.k
+        q = qid.item(0)
+        r = _invoke(name, self.call, Row(table, 0), q)
+        if k == 1:
+            values: Sequence = (r,)
+        elif (type(r) is tuple or isinstance(r, (tuple, list))) and len(r) == k:
+            values = r
+        else:
+            raise arity_error(name, self.names, r, q)
+        cols = {}
+        for c, v in zip(self.names, values):
+            column = _value_column(v)
+            cols[c] = column if column is not None else _columns_from_values(name, (c,), ([v],), None)[c]
         return Table.built(cols, qid)
 
 

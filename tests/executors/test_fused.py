@@ -403,17 +403,39 @@ def test_a_row_maps_columns_each_take_their_own_path_to_the_same_columns(kind, r
     [[("a", object())], [("a", [[1], [2, 3]])], [(object(), np.arange(2.0))], [("a", "b")] * 1 + [("a", 1)]],
     ids=["str then object", "str then ragged", "object then array", "mixed in the second column"],
 )
-def test_a_row_maps_bad_column_fails_as_the_generic_loop_does(values):
+@pytest.mark.parametrize("rows", [1, 2])
+def test_a_row_maps_bad_column_fails_as_the_generic_loop_does(values, rows):
     flow = _flow()
     flow.map(RowReturns(values), names=["y", "z"]).join(flow)
-    compiled, generic = _errors(flow, _ints(2))
+    compiled, generic = _errors(flow, _ints(rows))
+    assert type(compiled) is type(generic) and str(compiled) == str(generic), (compiled, generic)
+    # one row sees the first pair alone: the second column mixes types only over two
+    assert isinstance(compiled, OperatorOutputError) or (rows == 1 and len(values) > 1)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("returns", [7, (1, 2, 3), [1], "ab"], ids=["not a pair", "three", "a list of one", "str"])
+def test_a_row_map_of_the_wrong_arity_fails_as_the_generic_loop_does(returns, rows):
+    flow = _flow()
+    flow.map(RowReturns([returns]), names=["y", "z"]).join(flow)
+    compiled, generic = _errors(flow, _ints(rows))
     assert isinstance(compiled, OperatorOutputError) and str(compiled) == str(generic), (compiled, generic)
 
 
-def test_row_map_int_beyond_int64_fails_as_the_generic_loop_does():
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_row_map_may_return_its_columns_as_a_list(rows):
+    flow = _flow()
+    flow.map(RowReturns([[1, "a"], (2, "b")]), names=["y", "z"]).join(
+        flow.map(plus_one, names=["a", "b"], batching=True)
+    )
+    _same(flow, _ints(rows))
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_row_map_int_beyond_int64_fails_as_the_generic_loop_does(rows):
     flow = _flow()
     flow.map(RowReturns([2**70]), names=["y"]).join(flow)
-    compiled, generic = _errors(flow, _ints(2))
+    compiled, generic = _errors(flow, _ints(rows))
     assert isinstance(compiled, OperatorOutputError) and str(compiled) == str(generic)
     assert "RowReturns" in str(compiled) and "int64" in str(compiled)
 
@@ -431,3 +453,26 @@ def test_a_row_maps_values_make_the_column_build_column_makes(values):
     ctype, arr, valid = build_column(values, "c")
     assert column.type == ctype and arr.dtype == column.values.dtype
     assert column.to_list() == Column(ctype, arr, valid).to_list()
+
+
+def test_one_rows_value_makes_the_column_of_a_list_of_it():
+    """``_value_column(x)`` (a one-row map's value) is ``_values_column([x])``: the same
+    type, storage, mask and values, or None for the same values (the general path's)."""
+    odd = [float("nan"), -0.0, float("inf"), 2**63 - 1, -(2**63), 2**63, -(2**63) - 1, True, False, None, "", "é",
+           b"x", np.float64(1.5), np.int64(3), np.arange(2.0), [1, 2], (1,), {"a": 1}, 1e308]  # fmt: skip
+    rng = np.random.default_rng(11)
+    values = (
+        odd
+        + [float(rng.standard_normal()) for _ in range(20)]
+        + [int(rng.integers(-(2**62), 2**62)) for _ in range(20)]
+    )
+    for x in values:
+        one, many = fused._value_column(x), fused._values_column([x])
+        if many is None:
+            assert one is None, x
+            continue
+        assert one is not None and one.type == many.type and one.values.dtype == many.values.dtype, x
+        assert (one.valid is None) == (many.valid is None) and one.to_list() == many.to_list() or x != x, x
+        assert np.array_equal(one.values, many.values, equal_nan=one.values.dtype.kind == "f"), x
+        if many.valid is not None:
+            assert one.valid.tolist() == many.valid.tolist(), x

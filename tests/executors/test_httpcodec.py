@@ -322,6 +322,44 @@ def test_random_rows_read_the_short_way_are_what_the_general_path_reads():
     assert taken > 300 and errors > 30, (taken, errors)  # both sides of the short way were tried
 
 
+def _untyped_value(rng):
+    """A JSON value a flow without a schema may be sent: scalars of every kind, nested lists
+    (ragged, mixed, empty), objects, and the edges of int64."""
+    values = [None, 7, -0.0, 2.5, 1e308, True, False, "", "é", 2**63, -(2**63), 2**63 - 1, 2**64, [1, 2],
+              [[1, 2], [3, 4]], [[1, 2], [3]], [1, "a"], [], [True, False], [1.5, None], {"a": 1}, [[0.5], [2]]]  # fmt: skip
+    if rng.random() < 0.5:
+        return values[rng.integers(len(values))]
+    return int(rng.integers(-(2**62), 2**62)) if rng.random() < 0.5 else float(rng.standard_normal())
+
+
+def test_random_rows_of_a_flow_without_a_schema_read_the_short_way_are_the_general_paths():
+    """Without a schema a one-row body's columns are its own: whatever the short way makes
+    of it is the general path's Table to the bit; what it leaves (None) the general path
+    reads itself, and the short way never raises where the general path would not."""
+    rng = np.random.default_rng(20261128)
+    taken = left = 0
+    for _ in range(1500):
+        names = ["b", "a", "x", "qid", "", "img"]
+        doc = {n: _untyped_value(rng) for n in names[: rng.integers(0, len(names) + 1)] if rng.random() < 0.7}
+        if rng.random() < 0.05:
+            doc = [doc] if rng.random() < 0.5 else None
+        body = json.dumps(doc).encode()
+        short = one_row_table(body, "application/json", 9, None)
+        general = _general(body, None)
+        if short is None:
+            left += 1
+            continue
+        taken += 1
+        assert not isinstance(general, Exception), (doc, general)
+        assert _same_table(short, general), (doc, short, general)
+    assert taken > 300 and left > 100, (taken, left)  # both sides of the short way were tried
+
+
+def test_a_flow_with_an_empty_schema_is_left_to_the_general_path():
+    assert one_row_table(b'{"x": 1}', "application/json", 9, {}) is None
+    assert isinstance(one_row_table(b'{"x": 1}', "application/json", 9, None), Table)
+
+
 # -- numbers a narrower float cannot hold -----------------------------------------------------
 
 _FLOATS = {"v": ColumnType.tensor(np.float32, (2,)), "h": ColumnType.tensor(np.float16, (2,))}

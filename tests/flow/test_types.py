@@ -443,3 +443,37 @@ def test_one_array_row_builds_the_column_several_rows_do_and_shares_only_a_froze
     assert arr.tolist() == many[:1].tolist()
     shared = np.shares_memory(arr, a)
     assert shared == (frozen and a.dtype.isnative and a.flags.c_contiguous), (shared, a.flags)
+
+
+def test_random_one_array_rows_build_the_column_of_the_general_path():
+    """One array row that is not frozen (a row-wise map's output) is copied as its one row:
+    the general path's type, dtype, values and C order, never a writable array's memory, for
+    arrays of every dtype, shape, order and stride; what the short way does not take (a
+    0-d array, complex, strings, a foreign byte order) the general path takes or names.
+    The general path is given the same value in a tuple (the short way takes a list)."""
+    rng = np.random.default_rng(20261128)
+    dtypes = [np.float32, np.float64, np.float16, np.int8, np.int64, np.uint8, np.uint64, np.bool_, ">f4", "<i2",
+              np.complex64, "U3", object]  # fmt: skip
+    taken = 0
+    for _ in range(400):
+        shape = tuple(int(d) for d in rng.integers(0, 4, rng.integers(0, 4)))
+        dtype = np.dtype(dtypes[rng.integers(len(dtypes))])
+        a = np.asarray(rng.standard_normal(shape) * 50).astype(dtype) if dtype.kind != "O" else np.full(shape, None)
+        if a.ndim >= 2 and rng.random() < 0.3:
+            a = a.T if rng.random() < 0.5 else a[:, ::2]
+        if rng.random() < 0.2:
+            a.flags.writeable = False  # read-only: shared where it is frozen (the test above), copied otherwise
+        try:
+            want = build_column((a,), "v")
+        except DataTypeError as e:
+            with pytest.raises(DataTypeError) as got:
+                build_column([a], "v")
+            assert str(got.value) == str(e)
+            continue
+        ctype, arr, valid = build_column([a], "v")
+        assert (ctype, valid) == (want[0], want[2]) and arr.dtype == want[1].dtype and arr.shape == want[1].shape
+        assert arr.flags.c_contiguous and np.array_equal(arr, want[1])
+        if a.flags.writeable:
+            assert not np.shares_memory(arr, a)  # a writable array's row is a copy
+        taken += 1
+    assert taken > 150, taken
