@@ -187,13 +187,15 @@ def _close(ex) -> None:
 
 
 def restart_kvs(c: LocalCluster) -> None:
-    """kill -9 the KVS server; returns once the supervisor has restarted it."""
+    """kill -9 the KVS server; returns once the supervisor has restarted it and it has
+    loaded its data (INFO answers while it loads; other commands get LOADING then)."""
     old = int(c.kvs.redis.info("server")["process_id"])
     os.kill(old, signal.SIGKILL)
 
     def back():
         try:
-            return int(c.kvs.redis.info("server")["process_id"]) != old
+            info = c.kvs.redis.info()  # the server and persistence sections
+            return int(info["process_id"]) != old and int(info.get("loading", 1)) == 0
         except Exception:
             return False
 
