@@ -34,6 +34,7 @@ BENCHMARKS = {
     "soak": "N requests at concurrency C while kill -9, hangs, poison inputs and redeploys are injected",
     "gateway_restart": "the gateway process killed (kill -9, SIGSEGV) under load: gap, answered / lost / wrong",
     "store_failover": "a Sentinel / Cluster store's primary killed under load: answered / lost / wrong; WAIT 1's cost",
+    "store_restart": "the embedded store killed under load holding GBs: what clients meet while it reads its AOF back; its data after",
     "value_checks": "checking that request values fit their column's type (300 in uint8): its cost on JSON, flow.run and Arrow inputs",
     "leanhttp": "the gateway's HTTP layer alone: the lean invocation path vs the same through the ASGI app",
     "large_requests": "5/50 MB JSON and 200 MB Arrow bodies: time, gateway memory / body, other clients' p99",

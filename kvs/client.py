@@ -109,6 +109,12 @@ class Retrier:
             )
         except (AuthenticationError, AuthorizationError) as exc:
             raise AccessDeniedError(f"Redis at {self.url} refused the credentials: {exc}") from exc
+        except redis.BusyLoadingError as exc:  # a ConnectionError in redis-py: said apart, as it ends by itself
+            raise UnreachableError(
+                f"Redis at {self.url} is loading its data (it has just restarted): {what} waited "
+                f"retry_timeout={o.retry_timeout:g} s for it; try again shortly",
+                url=self.url,
+            ) from exc
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise UnreachableError(
                 f"Redis at {self.url} unreachable: {what} failed {backoff.failures + 1} time(s) within "

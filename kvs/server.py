@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import logging
 import os
 import queue
 import re
@@ -35,10 +36,16 @@ from concurrent.futures import Future
 from pathlib import Path
 from urllib.parse import quote
 
+import redis
+
 from flow.configuration import ConfigError
 from flow.errors import FlowValueError, InternalError, NotInstalledError
 
+log = logging.getLogger(__name__)
+
 ENV_BINARY = "FLOWSERVE_REDIS_SERVER"
+#: how often a server that is loading its data (after a restart) has its progress logged
+LOADING_REPORT_S = 5.0
 _MIN_VERSION = (6, 0)  # CLIENT TRACKING appeared in Redis 6
 _PORT_ATTEMPTS = 5
 _LOG_TAIL_LINES = 20
@@ -205,7 +212,10 @@ class RedisServer:
         die_with_parent: the kernel kills the server if this process dies (tests, the
             embedded cluster); ``flowserve up`` passes False so the server outlives it.
         binary: server executable; None to look it up with ``find_server_binary``.
-        startup_timeout: seconds to wait for the first PING answer.
+        startup_timeout: seconds to wait for the server to answer. A server reading its
+            data back (an AOF, after a restart) answers LOADING until it is done: each such
+            answer starts the count again, so a big store takes the time it needs (its
+            progress logged every ``LOADING_REPORT_S``) and only a silent one is killed.
         maxmemory: optional limit such as ``"512mb"`` (evicts least-recently-used keys).
         extra_config: more ``redis.conf`` lines (a replica's ``replicaof``, a Cluster
             node's ``cluster-enabled yes``: ``kvs/replicated.py``).
@@ -416,6 +426,7 @@ class RedisServer:
         self._version = None
         deadline = time.monotonic() + self.startup_timeout
         last_error: Exception | None = None
+        loading = _Loading(self._port)
         while True:
             if self._proc.poll() is not None:
                 tail = self._log_tail()
@@ -430,9 +441,18 @@ class RedisServer:
                 )
             try:
                 with self._client(timeout=0.5) as client:
-                    if client.ping():
-                        return
-            except Exception as exc:  # not up yet: connection refused, LOADING, ...
+                    try:
+                        if client.ping():
+                            loading.done()
+                            return
+                    except redis.BusyLoadingError as exc:
+                        # up, and reading its data (the AOF) back: that takes as long as the
+                        # data is big (seconds a GB), and killing it would only start it over,
+                        # so the startup timeout counts from its latest answer, not its start
+                        last_error = exc
+                        deadline = time.monotonic() + self.startup_timeout
+                        loading.report(client)
+            except Exception as exc:  # not up yet: connection refused, no answer, ...
                 last_error = exc
             if time.monotonic() > deadline:
                 self._stop_process(2.0)
@@ -444,7 +464,6 @@ class RedisServer:
             time.sleep(0.01)
 
     def _client(self, timeout: float = 5.0):
-        import redis
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
@@ -469,6 +488,39 @@ class RedisServer:
                 continue
             lines += text.splitlines()
         return "\n".join(lines[-_LOG_TAIL_LINES:]) or "(empty log)"
+
+
+class _Loading:
+    """A starting server's progress through its data, logged every LOADING_REPORT_S."""
+
+    def __init__(self, port: int | None):
+        self.port = port
+        self.started: float | None = None
+        self.next_report = 0.0
+
+    def report(self, client) -> None:
+        now = time.monotonic()
+        if self.started is None:
+            self.started = now
+            self.next_report = now + LOADING_REPORT_S
+        if now < self.next_report:
+            return
+        self.next_report = now + LOADING_REPORT_S
+        try:
+            info = client.info("persistence")
+        except Exception:  # between two answers: the next report says
+            return
+        log.info(
+            "the KVS server on port %s is loading its data: %s%% after %.0f s (about %s s left)",
+            self.port,
+            info.get("loading_loaded_perc", "?"),
+            now - self.started,
+            info.get("loading_eta_seconds", "?"),
+        )
+
+    def done(self) -> None:
+        if self.started is not None:
+            log.info("the KVS server on port %s loaded its data in %.1f s", self.port, time.monotonic() - self.started)
 
 
 def _conf_quote(text: str) -> str:

@@ -8,13 +8,17 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import redis
 
 from flow.configuration import ConfigError
-from flow.errors import InternalError
+from flow.errors import InternalError, UnreachableError
 from kvs import KVS, RedisServer, find_server_binary
+from kvs import server as server_module
 from kvs.server import ENV_BINARY
 from tests.kvs.helpers import wait_until
 
@@ -91,6 +95,80 @@ def test_without_persistence_data_is_gone_after_restart(tmp_path):
             store.put("k", 1)
             server.restart()
             assert store.get("k", None) is None
+
+
+# Data that loads slowly: the server sleeps 40 ms after each key it reads back, and answers
+# clients (LOADING) after each KB it reads, as a big store does every few MB
+SLOW_LOAD = ("key-load-delay 40000", "loading-process-events-interval-bytes 1024")
+SLOW_KEYS = 75  # about 3 s to load
+
+
+def slow_data(server: RedisServer) -> dict[str, bytes]:
+    """Write SLOW_KEYS keys into the AOF's base file (the AOF rewritten), where
+    ``key-load-delay`` applies when the server reads them back."""
+    data = {f"k{i}": os.urandom(2048) for i in range(SLOW_KEYS)}  # incompressible: 2 KB a key on disk too
+    r = redis.Redis.from_url(server.url)
+    r.mset(data)
+    r.bgrewriteaof()
+
+    def rewritten():
+        p = r.info("persistence")
+        return not int(p["aof_rewrite_in_progress"]) and not int(p["aof_rewrite_scheduled"])
+
+    assert wait_until(rewritten, timeout=30)
+    r.close()
+    return data
+
+
+def loading(server: RedisServer) -> bool:
+    """True while the server answers that it is loading its data."""
+    with redis.Redis.from_url(server.url, socket_timeout=1) as r:
+        try:
+            r.ping()
+        except redis.BusyLoadingError:
+            return True
+        except redis.RedisError:  # not up yet
+            pass
+    return False
+
+
+def test_a_server_loading_its_data_for_longer_than_the_startup_timeout_comes_back_whole(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(server_module, "LOADING_REPORT_S", 0.5)
+    with RedisServer(dir=tmp_path, appendonly=True, startup_timeout=1.0, extra_config=SLOW_LOAD) as server:
+        data = slow_data(server)
+        server.kill()  # a crash: the data comes back from the AOF
+        started = time.monotonic()
+        with caplog.at_level("INFO", logger="kvs.server"):
+            server.restart()
+        # the premise: it loaded for longer than the startup timeout (before, it was killed then)
+        assert time.monotonic() - started > 2 * server.startup_timeout
+        r = redis.Redis.from_url(server.url)
+        assert r.dbsize() == SLOW_KEYS and r.mget(list(data)) == list(data.values())
+        r.close()
+    assert "is loading its data" in caplog.text and "loaded its data in" in caplog.text
+
+
+def test_a_read_while_the_server_loads_waits_for_it_within_the_retry_timeout(tmp_path):
+    with RedisServer(dir=tmp_path, appendonly=True, extra_config=SLOW_LOAD) as server:
+        data = slow_data(server)
+        server.kill()
+        with ThreadPoolExecutor(1) as pool, KVS.from_url(server.url, retry_timeout=60) as patient:
+            back = pool.submit(server.restart)
+            assert wait_until(lambda: loading(server), timeout=30), "the server never answered LOADING"
+            assert patient.get_bytes("k7") == data["k7"]  # waited for the load, not failed
+            back.result(timeout=60)
+
+
+def test_a_read_that_outwaits_its_retry_timeout_while_the_server_loads_says_so(tmp_path):
+    with RedisServer(dir=tmp_path, appendonly=True, extra_config=SLOW_LOAD) as server:
+        slow_data(server)
+        server.kill()
+        with ThreadPoolExecutor(1) as pool, KVS.from_url(server.url, retry_timeout=0.2) as hasty:
+            back = pool.submit(server.restart)
+            assert wait_until(lambda: loading(server), timeout=30), "the server never answered LOADING"
+            with pytest.raises(UnreachableError, match="is loading its data .* retry_timeout=0.2 s"):
+                hasty.get_bytes("k7")
+            back.result(timeout=60)
 
 
 def test_two_servers_get_different_ports():
