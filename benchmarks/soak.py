@@ -1,8 +1,9 @@
 """A soak under faults: N requests at concurrency C on the local cluster while, every few
 seconds, one fault is injected in turn: an executor killed with SIGKILL, a request that
-hangs its operator, a poison request that crashes its executor, a redeploy of the flow
-(changed code, same answers). Every good request must be answered correctly, none lost or
-duplicated, and the cluster's memory must stay flat.
+hangs its operator, a redeploy of the flow (changed code, same answers), a poison request
+that crashes its executor, the store (the cluster's redis-server, persistence on) killed
+with SIGKILL. Every good request must be answered correctly, none lost or duplicated, and
+the cluster's memory must stay flat.
 
     python -m benchmarks soak [--requests 20000] [--concurrency 32] [--rate 400] [--every 3]
 
@@ -29,6 +30,9 @@ from benchmarks.common import machine, plt, progress, save, save_plot
 #: stuck grace, 500 once its executor died): the run waits for each at its end
 FAULT_ANSWER_S = 60.0
 MODEL_MB = 20  # each replica holds a model this big: a redeploy that leaked it would show
+#: the faults, injected in this order: a hang is recycled (timeout_s 2 s + stuck_grace_s 2 s)
+#: before the poison request that follows two faults later takes both executors down
+FAULTS = ("kill", "hang", "redeploy", "poison", "store")
 
 
 class Model:
@@ -165,9 +169,7 @@ def _soak(cluster, args) -> dict:
     callers: list[threading.Thread] = []  # the hang and poison requests: awaited before the count
 
     def inject():
-        # a hang is recycled (timeout_s 2 s + stuck_grace_s 2 s) before the poison that follows
-        # two faults later takes both executors down
-        kinds = itertools.cycle(["kill", "hang", "redeploy", "poison"])
+        kinds = itertools.cycle(FAULTS)
         while not done.wait(args.every):
             kind = next(kinds)
             t = time.monotonic() - t_start
@@ -178,6 +180,9 @@ def _soak(cluster, args) -> dict:
                     if pids:
                         os.kill(pids[0], signal.SIGKILL)
                         f["pid"] = pids[0]
+                elif kind == "store":
+                    f["pid"] = int(cluster.kvs.redis.info("server")["process_id"])
+                    os.kill(f["pid"], signal.SIGKILL)  # the supervisor starts it again; its AOF holds the plans
                 elif kind in ("hang", "poison"):
 
                     def call(x=-1 if kind == "hang" else -2, f=f):
@@ -251,7 +256,7 @@ def _soak(cluster, args) -> dict:
         "wrong": len(wrong),
         "duplicated_rows": duplicated,
         "repeated_qids": len(qids) - len(set(qids)),
-        "faults": {k: sum(1 for f in faults if f["kind"] == k) for k in ("kill", "hang", "poison", "redeploy")},
+        "faults": {k: sum(1 for f in faults if f["kind"] == k) for k in FAULTS},
         "hang_answers": sorted({f.get("status") for f in faults if f["kind"] == "hang"}, key=str),
         "poison_answers": sorted({f.get("status") for f in faults if f["kind"] == "poison"}, key=str),
     }
@@ -308,10 +313,12 @@ def _plot(memory, timeline, faults, name: str) -> None:
         for ax in axes:
             ax.axvline(
                 f["t"],
-                color={"kill": "red", "hang": "orange", "poison": "purple", "redeploy": "green"}[f["kind"]],
+                color={"kill": "red", "hang": "orange", "poison": "purple", "redeploy": "green", "store": "blue"}[
+                    f["kind"]
+                ],
                 alpha=0.3,
             )
-    axes[1].set_xlabel("seconds (red: kill -9, orange: hang, purple: poison, green: redeploy)")
+    axes[1].set_xlabel("seconds (red: kill -9, orange: hang, purple: poison, green: redeploy, blue: store kill -9)")
     axes[1].legend(fontsize=8)
     save_plot(fig, name)
 
