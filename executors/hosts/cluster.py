@@ -37,7 +37,7 @@ import numpy as np
 from executors.codec.bodies import ARROW
 from executors.errors import ClusterNotOwnedError, ClusterStartError, DeployConflictError, error_for_answer
 from executors.gateway.streaming import NDJSON
-from executors.hosts.cluster_config import CONFIG_ENV, STATE_FILE, ClusterConfig
+from executors.hosts.cluster_config import CONFIG_ENV, STARTING_FILE, STATE_FILE, ClusterConfig
 from executors.plans import PLAN_KEY, next_version
 from flow.errors import DeadlineExceededError, FlowError, UnreachableError
 from flow.flow import as_rows
@@ -53,6 +53,49 @@ DEFAULT_DIR = Path(os.environ.get("FLOWSERVE_HOME", Path.home() / ".flowserve"))
 def _progress(msg: str) -> None:
     if os.environ.get("FLOWSERVE_QUIET") != "1":
         print(f"[flowserve] {msg}", file=sys.stderr, flush=True)
+
+
+class _Starting:
+    """A starting cluster's progress on a long step, as its supervisor writes it
+    (STARTING_FILE): each new report moves the start's deadline on; one in SAY_S is said."""
+
+    SAY_S = 5.0
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.seen: dict | None = None
+        self.said_at = 0.0
+
+    def moved(self) -> bool:
+        """True when a report newer than the last one seen is there, or the step it
+        reported on is over (its report gone)."""
+        try:
+            report = json.loads(self.path.read_text())
+        except FileNotFoundError:  # none (the usual start), or the step is over
+            if self.seen is None or self.seen.get("over"):
+                return False
+            self.seen = {**self.seen, "over": True}
+            return True
+        except (OSError, ValueError):  # being replaced
+            return False
+        if not isinstance(report, dict) or report == self.seen:
+            return False
+        self.seen = report
+        now = time.monotonic()
+        if now - self.said_at >= self.SAY_S:
+            self.said_at = now
+            _progress(self._said(report))
+        return True
+
+    def last(self) -> str:
+        return "" if self.seen is None else f" (last: {self._said(self.seen)})"
+
+    @staticmethod
+    def _said(report: dict) -> str:
+        return (
+            f"{report.get('step', 'starting')}: {report.get('percent', 0):.0f}% after "
+            f"{report.get('elapsed_s', 0):.0f} s, about {report.get('eta_s', '?')} s left"
+        )
 
 
 class ClusterClient:
@@ -331,11 +374,15 @@ class LocalCluster(ClusterClient):
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self, timeout: float = 120.0) -> LocalCluster:
+        """Start the cluster's processes; returns once it serves. ``timeout``: seconds the
+        start may go without progress: a store with persistence reads its data back first
+        (seconds a GB), and while it reports progress (said every 5 s) the start waits."""
         if self.dir is None:
             self.dir = Path(tempfile.mkdtemp(prefix="flowserve-"))
             self._owns_dir = True
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / STATE_FILE).unlink(missing_ok=True)
+        (self.dir / STARTING_FILE).unlink(missing_ok=True)  # a crashed start's last report
         store = "" if self.config.kvs_url is None else f" on the store at {redact_url(self.config.kvs_url)}"
         _progress(f"starting local cluster ({self.config.executors} executors) in {self.dir}{store}")
         t0 = time.monotonic()
@@ -356,12 +403,18 @@ class LocalCluster(ClusterClient):
         )
         log.close()
         state_file = self.dir / STATE_FILE
+        starting = _Starting(self.dir / STARTING_FILE)
+        deadline = t0 + timeout
         while not state_file.exists():
             if self.proc.poll() is not None:
                 raise ClusterStartError(f"the local cluster exited with {self.proc.returncode}:\n{self._log_tail()}")
-            if time.monotonic() - t0 > timeout:
+            if starting.moved():  # a long step that moves on (a big store loading): no time limit
+                deadline = time.monotonic() + timeout
+            if time.monotonic() > deadline:
                 self.stop()
-                raise ClusterStartError(f"the local cluster did not start within {timeout:.0f} s:\n{self._log_tail()}")
+                raise ClusterStartError(
+                    f"the local cluster did not start within {timeout:.0f} s{starting.last()}:\n{self._log_tail()}"
+                )
             time.sleep(0.05)
         self.state = json.loads(state_file.read_text())
         if not self.detached:

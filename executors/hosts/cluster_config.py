@@ -25,6 +25,9 @@ from kvs.options import KVSOptions
 from kvs.urls import parse_store_url
 
 STATE_FILE = "cluster.json"  # a running local cluster's state (URL, tokens; mode 0600) in its directory
+# a starting cluster's progress on a long step (its store loading its data), for whoever waits
+# for it to start (LocalCluster.start): rewritten about once a second, removed when done
+STARTING_FILE = "starting.json"
 CONFIG_ENV = "FLOWSERVE_CLUSTER_CONFIG"  # the daemon's ClusterConfig JSON: the environment, not argv (a token)
 
 

@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 from executors.gateway.durability import mark_started
-from executors.hosts.cluster_config import CONFIG_ENV, STATE_FILE, ClusterConfig, math_thread_env
+from executors.hosts.cluster_config import CONFIG_ENV, STARTING_FILE, STATE_FILE, ClusterConfig, math_thread_env
 from executors.hosts.control import Channel
 from executors.hosts.leadership import Fence
 from executors.plans import KEY_ENV
@@ -176,6 +176,7 @@ class ClusterSupervisor:
                 appendonly=config.persistence,
                 password=secrets.token_urlsafe(24),
                 die_with_parent=True,
+                on_loading=self._store_loading,
             )
         self.kvs_url: str | None = config.kvs_url  # the cluster's own store's, once it runs
         self.store_backoff = Backoff(*RESTART_BACKOFF)
@@ -260,6 +261,15 @@ class ClusterSupervisor:
             return
         self.store_restarting = True
         asyncio.get_running_loop().create_task(self._restart_store())
+
+    def _store_loading(self, progress: dict | None) -> None:
+        """The store's progress through its data as it starts (RedisServer.on_loading), in
+        STARTING_FILE for LocalCluster.start, which waits as long as it moves on."""
+        path = self.dir / STARTING_FILE
+        if progress is None:
+            path.unlink(missing_ok=True)
+            return
+        _write_private(path, json.dumps({"step": "the store is loading its data", **progress}))
 
     async def _restart_store(self) -> None:
         """Start the KVS server again on its port (clients reconnect by themselves; with

@@ -4,7 +4,8 @@ real executor processes, real HTTP.
 * redeploys and undeploys free the old versions' replicas (executor RSS falls back);
 * a KVS that restarts empty: versions stay unique, gateways re-publish their flows,
   restarted executors rebuild them, lookups of lost keys answer 503 (not 422);
-* with persistence (the default) a KVS kill loses nothing;
+* with persistence (the default) a KVS kill loses nothing, and a cluster whose store takes
+  longer to load its data than the start's timeout starts, telling its progress;
 * concurrent deploys of one name end in one agreed state: the newest version is served,
   registered and listed; the others got 409.
 """
@@ -21,12 +22,15 @@ import numpy as np
 import pytest
 
 from executors.errors import DeployConflictError
-from executors.hosts.cluster import LocalCluster
+from executors.hosts.cluster import LocalCluster, _Starting
 from executors.hosts.cluster_config import ClusterConfig
 from executors.plans import DEPLOYED_KEY
 from flow import Flow
+from kvs import find_server_binary
+from kvs.server import ENV_BINARY
 from tests.executors.conftest import unique
 from tests.executors.processes import wait_until
+from tests.kvs.helpers import SLOW_KEYS, SLOW_LOAD
 
 MODEL_BYTES = 50 * 1024 * 1024
 
@@ -276,6 +280,53 @@ def test_with_persistence_a_kvs_kill_loses_neither_data_nor_flows():
         kill_executors(c)
         wait_until("the restarted executors to answer", lambda: post(d, {"k": "vec"}).status_code == 200, timeout=60)
         assert post(d, {"k": "nope"}).status_code == 422
+
+
+def test_a_cluster_whose_store_loads_for_longer_than_its_start_timeout_starts_with_its_data(
+    tmp_path, monkeypatch, capsys
+):
+    """A big store reads its data back for minutes before it serves: `flowserve up` on it
+    must wait as long as the load moves on, and say how far it is, not give up."""
+    cluster_dir = tmp_path / "cluster"
+    # about 12 s to load: four times the start's timeout and more than the rest of the start
+    data = {f"k{i}": np.frombuffer(os.urandom(2048), dtype=np.uint8) for i in range(4 * SLOW_KEYS)}
+    c = started(ClusterConfig(dir=str(cluster_dir), executors=1))
+    try:
+        c.kvs.mput(data)
+        looked = Flow(unique("kept"))
+        looked.lookup(column="k", name="v").map(lambda r: int(r.v.sum()), names=["s"])
+        c.deploy(looked)
+        c.kvs.redis.bgrewriteaof()  # the data in the AOF's base file, where the load's delay applies
+        wait_until("the AOF rewrite", lambda: aof_rewritten(c), timeout=30)
+    finally:
+        c.stop()
+    # the same real server, told to take 40 ms a key to read its data back
+    slow = tmp_path / "slow-redis-server"
+    slow.write_text(f'#!/bin/sh\nexec {find_server_binary()} "$@" {" ".join("--" + o for o in SLOW_LOAD)}\n')
+    slow.chmod(0o755)
+    monkeypatch.setenv(ENV_BINARY, str(slow))
+    monkeypatch.delenv("FLOWSERVE_QUIET", raising=False)
+    monkeypatch.setattr(_Starting, "SAY_S", 0.5)
+    capsys.readouterr()
+    c = LocalCluster(ClusterConfig(dir=str(cluster_dir), executors=1)).start(timeout=3.0)
+    try:
+        said = capsys.readouterr().err
+        assert "the store is loading its data: " in said, said
+        got = c.kvs.mget(list(data))
+        assert all(np.array_equal(a, b) for a, b in zip(got, data.values()))
+
+        def ask():
+            return c.http.post(f"/flows/{looked.name}", json={"k": "k3"}, timeout=30)
+
+        wait_until("the flow to answer", lambda: ask().status_code == 200, timeout=30)
+        assert ask().json()["rows"][0]["s"] == int(data["k3"].sum())
+    finally:
+        c.stop()
+
+
+def aof_rewritten(c: LocalCluster) -> bool:
+    p = c.kvs.redis.info("persistence")
+    return not int(p["aof_rewrite_in_progress"]) and not int(p["aof_rewrite_scheduled"])
 
 
 # -- item 5: concurrent deploys ----------------------------------------------------------------

@@ -43,6 +43,13 @@ def run_in_fork(fn: Callable[[], Any], timeout: float = 30.0) -> Any:
     return value
 
 
+# Data that loads slowly: a server given these settings sleeps 40 ms after each key it
+# reads back, and answers clients (LOADING) after each KB it reads, as a big store does every
+# few MB; SLOW_KEYS incompressible keys of 2 KB in its AOF's base file take about 3 s
+SLOW_LOAD = ("key-load-delay 40000", "loading-process-events-interval-bytes 1024")
+SLOW_KEYS = 75
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, interval: float = 0.01) -> bool:
     """Poll ``predicate`` until it is true or ``timeout`` passes (bounded; returns the
     last result so the caller can assert on it)."""

@@ -20,7 +20,7 @@ from flow.errors import InternalError, UnreachableError
 from kvs import KVS, RedisServer, find_server_binary
 from kvs import server as server_module
 from kvs.server import ENV_BINARY
-from tests.kvs.helpers import wait_until
+from tests.kvs.helpers import SLOW_KEYS, SLOW_LOAD, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -97,12 +97,6 @@ def test_without_persistence_data_is_gone_after_restart(tmp_path):
             assert store.get("k", None) is None
 
 
-# Data that loads slowly: the server sleeps 40 ms after each key it reads back, and answers
-# clients (LOADING) after each KB it reads, as a big store does every few MB
-SLOW_LOAD = ("key-load-delay 40000", "loading-process-events-interval-bytes 1024")
-SLOW_KEYS = 75  # about 3 s to load
-
-
 def slow_data(server: RedisServer) -> dict[str, bytes]:
     """Write SLOW_KEYS keys into the AOF's base file (the AOF rewritten), where
     ``key-load-delay`` applies when the server reads them back."""
@@ -134,7 +128,11 @@ def loading(server: RedisServer) -> bool:
 
 def test_a_server_loading_its_data_for_longer_than_the_startup_timeout_comes_back_whole(tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(server_module, "LOADING_REPORT_S", 0.5)
-    with RedisServer(dir=tmp_path, appendonly=True, startup_timeout=1.0, extra_config=SLOW_LOAD) as server:
+    told: list = []  # what on_loading was told: progress about once a second, then None
+    slow = RedisServer(
+        dir=tmp_path, appendonly=True, startup_timeout=1.0, extra_config=SLOW_LOAD, on_loading=told.append
+    )
+    with slow as server:
         data = slow_data(server)
         server.kill()  # a crash: the data comes back from the AOF
         started = time.monotonic()
@@ -146,6 +144,9 @@ def test_a_server_loading_its_data_for_longer_than_the_startup_timeout_comes_bac
         assert r.dbsize() == SLOW_KEYS and r.mget(list(data)) == list(data.values())
         r.close()
     assert "is loading its data" in caplog.text and "loaded its data in" in caplog.text
+    assert told[-1] is None and len(told) >= 3, told  # the empty first start told nothing
+    assert [r["percent"] for r in told[:-1]] == sorted(r["percent"] for r in told[:-1])
+    assert all(0 <= r["percent"] <= 100 and r["eta_s"] >= 0 for r in told[:-1])
 
 
 def test_a_read_while_the_server_loads_waits_for_it_within_the_retry_timeout(tmp_path):
