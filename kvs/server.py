@@ -470,7 +470,8 @@ class RedisServer:
                     f"{self.startup_timeout:g} s (last error: {last_error}); log tail "
                     f"({log}):\n{self._log_tail()}"
                 )
-            time.sleep(0.01)
+            # a load takes seconds: no need to ask a loading server 100 times a second
+            time.sleep(0.01 if loading.started is None else 0.1)
 
     def _client(self, timeout: float = 5.0):
         from redis.backoff import NoBackoff
