@@ -67,8 +67,9 @@ class _Starting:
         self.said_at = 0.0
 
     def moved(self) -> bool:
-        """True when a report newer than the last one seen is there, or the step it
-        reported on is over (its report gone)."""
+        """True when a new report says the step got further (a higher percentage), or
+        the step it reported on is over (its report gone). A store that answers while its
+        load stands still does not move the deadline."""
         try:
             report = json.loads(self.path.read_text())
         except FileNotFoundError:  # none (the usual start), or the step is over
@@ -80,12 +81,13 @@ class _Starting:
             return False
         if not isinstance(report, dict) or report == self.seen:
             return False
+        further = self.seen is None or report.get("percent", 0) > self.seen.get("percent", 0)
         self.seen = report
         now = time.monotonic()
         if now - self.said_at >= self.SAY_S:
             self.said_at = now
             _progress(self._said(report))
-        return True
+        return further
 
     def last(self) -> str:
         return "" if self.seen is None else f" (last: {self._said(self.seen)})"

@@ -12,6 +12,7 @@ real executor processes, real HTTP.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -322,6 +323,25 @@ def test_a_cluster_whose_store_loads_for_longer_than_its_start_timeout_starts_wi
         assert ask().json()["rows"][0]["s"] == int(data["k3"].sum())
     finally:
         c.stop()
+
+
+def test_a_start_waits_on_a_load_that_gets_further_not_on_one_that_stands_still(tmp_path):
+    path = tmp_path / "starting.json"
+    starting = _Starting(path)
+
+    def report(percent: float, elapsed: float) -> None:
+        path.write_text(json.dumps({"step": "the store is loading its data", "percent": percent, "elapsed_s": elapsed}))
+
+    assert not starting.moved()  # no report: the usual start
+    report(10.0, 1.0)
+    assert starting.moved() and not starting.moved()  # a report counts once
+    report(10.0, 2.0)
+    assert not starting.moved()  # answering, but no further: the deadline stays
+    report(35.0, 3.0)
+    assert starting.moved()
+    assert "the store is loading its data: 35% after 3 s" in starting.last()
+    path.unlink()
+    assert starting.moved() and not starting.moved()  # the load is over: once
 
 
 def aof_rewritten(c: LocalCluster) -> bool:
