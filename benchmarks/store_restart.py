@@ -106,6 +106,7 @@ def restart_run(args) -> dict:
         stop = threading.Event()
         t_start = time.monotonic()
         calls: dict[str, list] = {"lookups": [], "plain": []}  # (sent, answered, outcome)
+        messages: dict[str, dict] = {}  # each failed outcome's messages: {message: count}
 
         def client(flow: str, k: int) -> None:
             stretch = range(k * n // args.clients, (k + 1) * n // args.clients)
@@ -123,6 +124,10 @@ def restart_run(args) -> dict:
                     else:
                         if resp.status_code != 200:
                             outcome = f"{resp.status_code} {resp.json().get('error', '?')}"
+                            seen = messages.setdefault(outcome, {})
+                            text = resp.json().get("message", "?")
+                            if text in seen or len(seen) < 5:  # the distinct messages, a few
+                                seen[text] = seen.get(text, 0) + 1
                         else:
                             got = resp.json()["rows"][0]
                             right = got["s"] == expected[i] if flow == "lookups" else got["y"] == i + 1
@@ -177,6 +182,18 @@ def restart_run(args) -> dict:
             "outcomes": dict(outcomes),
             "longest_wait_s": round(max(waits), 3) if waits else None,
             "answered_after_kill": sum(1 for a, _, o in rows if a >= t_kill - t_start and o == "answered"),
+            # once the store has loaded, lookups are answered again: how many, and the first
+            "answered_after_load": sum(
+                1 for a, _, o in rows if t_loaded and a >= t_loaded - t_start and o == "answered"
+            ),
+            "first_answer_after_load_s": min(
+                (
+                    round(b - (t_loaded - t_start), 3)
+                    for a, b, o in rows
+                    if t_loaded and a >= t_loaded - t_start and o == "answered"
+                ),
+                default=None,
+            ),
         }
     figures = {
         "mb": n,
@@ -190,11 +207,15 @@ def restart_run(args) -> dict:
         "values_checked": len(range(0, n, max(1, n // 64))) if t_loaded is not None else 0,
         "values_damaged": damaged,
         "flows": per_flow,
+        "messages": messages,
         # answers a bin of BIN_S, by outcome, for the plot
         "timeline": {f: _binned(rows) for f, rows in calls.items()},
     }
     for flow, f in per_flow.items():
-        progress(f"{flow}: {f['outcomes']}, longest wait after the kill {f['longest_wait_s']} s")
+        progress(
+            f"{flow}: {f['outcomes']}, longest wait after the kill {f['longest_wait_s']} s, "
+            f"answered after the load {f['answered_after_load']} (the first {f['first_answer_after_load_s']} s after it)"
+        )
     return figures
 
 

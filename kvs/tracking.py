@@ -423,7 +423,14 @@ class _TrackingMixin(_ConnectionBase):
                 f"the cache invalidation connection is on {address}, this read on {address_of(self)}: reconnecting"
             )
         self.send_command("CLIENT", "TRACKING", "ON", "REDIRECT", client_id, check_health=False)
-        reply = str_if_bytes(self.read_response())
+        try:
+            reply = str_if_bytes(self.read_response())
+        except redis.ResponseError as e:
+            # "the client ID you want redirect to does not exist": the listener's connection
+            # is gone (the server restarted, or dropped it) and its thread has not noticed
+            # yet. It will subscribe again: a connection error, so the read is retried
+            # (as a ResponseError it was the request's 500)
+            raise redis.ConnectionError(f"CLIENT TRACKING refused the cache's listener: {e}") from e
         if reply != "OK":
             raise redis.ConnectionError(f"CLIENT TRACKING answered {reply!r}")
         self._tracked_by, self._tracking_epoch = tracker, epoch

@@ -381,6 +381,53 @@ def test_server_restart_flushes_and_recovers(tmp_path):
         other.close()
 
 
+def test_reads_through_repeated_server_kills_are_answered_not_failed(tmp_path):
+    """A read that reconnects to a restarted server before the cache's listener has noticed
+    the restart names a listener the new server does not know: that read must wait for
+    the listener (retried), not fail (it was a 500 InternalError: "The client ID you want
+    redirect to does not exist")."""
+    # 64 MiB: each restart reads them back for a moment, answering LOADING, and a listener
+    # that subscribes then loses its connection to the first PING (LOADING) and comes back
+    # with a new id: reads registered with the first one in between meet the refusal
+    values = {f"k{i}": np.random.default_rng(i).standard_normal(2**18, dtype=np.float32) for i in range(64)}
+    with RedisServer(dir=tmp_path, appendonly=True) as server:
+        with KVS.from_url(server.url) as writer:
+            writer.mput(values)
+        stop = threading.Event()
+        failures: list[str] = []
+        reads = [0]
+
+        def reader(first: int) -> None:
+            # no value fits the cache: every read goes to the server, over connections that
+            # register with the cache's listener anew after each restart
+            with CachedKVS.from_url(server.url, retry_timeout=20.0, cache_max_bytes=2**20) as store:
+                i = first
+                while not stop.is_set():
+                    key = f"k{i % 64}"
+                    try:
+                        got = store.get(key)
+                    except Exception as e:  # any failure is the test's
+                        failures.append(f"{type(e).__name__}: {e}")
+                    else:
+                        if not np.array_equal(got, values[key]):
+                            failures.append(f"{key}: wrong value")
+                        reads[0] += 1
+                    i += 7
+
+        threads = [threading.Thread(target=reader, args=(j,)) for j in range(3)]
+        for t in threads:
+            t.start()
+        for _ in range(10):
+            stop.wait(0.2)  # the faults' schedule: reads go on between kills, whatever state they are in
+            server.kill()
+            server.restart()
+        assert wait_until(lambda: reads[0] > 100, timeout=30), "no read was answered"
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert not failures, failures[:5]
+
+
 def test_server_down_gives_a_clear_error_not_a_stale_value(tmp_path):
     with RedisServer(dir=tmp_path) as server:
         store = CachedKVS.from_url(server.url, retry_timeout=0.5, connect_timeout=0.5)
