@@ -429,7 +429,7 @@ class _TrackingMixin(_ConnectionBase):
             # "the client ID you want redirect to does not exist": the listener's connection
             # is gone (the server restarted, or dropped it) and its thread has not noticed
             # yet. It will subscribe again: a connection error, so the read is retried
-            # (as a ResponseError it was the request's 500)
+            # (a ResponseError would be the request's 500)
             raise redis.ConnectionError(f"CLIENT TRACKING refused the cache's listener: {e}") from e
         if reply != "OK":
             raise redis.ConnectionError(f"CLIENT TRACKING answered {reply!r}")

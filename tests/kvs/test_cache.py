@@ -384,7 +384,7 @@ def test_server_restart_flushes_and_recovers(tmp_path):
 def test_reads_through_repeated_server_kills_are_answered_not_failed(tmp_path):
     """A read that reconnects to a restarted server before the cache's listener has noticed
     the restart names a listener the new server does not know: that read must wait for
-    the listener (retried), not fail (it was a 500 InternalError: "The client ID you want
+    the listener (retried), not fail (a 500 InternalError: "The client ID you want
     redirect to does not exist")."""
     # 64 MiB: each restart reads them back for a moment, answering LOADING, and a listener
     # that subscribes then loses its connection to the first PING (LOADING) and comes back

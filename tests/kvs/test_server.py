@@ -138,7 +138,7 @@ def test_a_server_loading_its_data_for_longer_than_the_startup_timeout_comes_bac
         started = time.monotonic()
         with caplog.at_level("INFO", logger="kvs.server"):
             server.restart()
-        # the premise: it loaded for longer than the startup timeout (before, it was killed then)
+        # the premise: it loaded for longer than the startup timeout, past which a silent server is killed
         assert time.monotonic() - started > 2 * server.startup_timeout
         r = redis.Redis.from_url(server.url)
         assert r.dbsize() == SLOW_KEYS and r.mget(list(data)) == list(data.values())
